@@ -1,0 +1,30 @@
+# Two entry points (README): `make demo` runs the main job end to end on the CPU; `make test` runs the checks.
+# Both install into .venv from pinned versions first, so a fresh clone needs nothing else.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU build of torch, pinned: any other request pulls a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[runtime,api,highs,dev]'
+	touch $(STAMP)
+
+.PHONY: install demo test lint unit
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/memsched demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy memsched optimizer runtime api
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit

@@ -1,0 +1,40 @@
+"""User-facing error types. Every one of them is a ValueError whose message names the problem and the fix.
+
+The CLI maps them to exit code 2 and the API to a 4xx; anything else is an internal error.
+"""
+
+from __future__ import annotations
+
+
+class MemschedError(ValueError):
+    """A problem with the user's input (file, budget, options) that the user can fix."""
+
+
+class TraceFormatError(MemschedError):
+    """A trace, schedule or profile file that cannot be read or does not validate."""
+
+
+class ScheduleMismatchError(MemschedError):
+    """A schedule applied to a trace or model it was not made for."""
+
+
+class InfeasibleBudgetError(MemschedError):
+    """No schedule fits the budget. Carries the smallest budget that is feasible, computed, not guessed."""
+
+    def __init__(self, budget_bytes: int, min_feasible_bytes: int, detail: str = "") -> None:
+        self.budget_bytes = budget_bytes
+        self.min_feasible_bytes = min_feasible_bytes
+        from memsched.units import format_bytes
+
+        msg = (
+            f"budget: {format_bytes(budget_bytes)} ({budget_bytes} bytes) is infeasible; the smallest feasible "
+            f"budget for this trace is {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes). "
+            "Raise --budget to at least that"
+        )
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+
+class SolverError(RuntimeError):
+    """A solver backend failed (crashed, missing binary, bad status). Reported, never silently replaced."""

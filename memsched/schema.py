@@ -1,0 +1,404 @@
+"""The contracts between the parts: Trace (what the tracer measured) and Schedule (what the optimizer chose).
+
+Units are seconds and bytes everywhere. Both models carry a `schema_version`; readers reject versions they
+do not know instead of guessing. Cross-checks that need both a trace and a schedule live in `check_schedule`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from memsched.errors import ScheduleMismatchError
+
+TRACE_SCHEMA_VERSION = "1"
+SCHEDULE_SCHEMA_VERSION = "1"
+
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False, description="seconds, finite, >= 0")]
+Bytes = Annotated[int, Field(ge=0, description="bytes, >= 0")]
+PositiveBytes = Annotated[int, Field(gt=0, description="bytes, > 0")]
+PositiveRate = Annotated[float, Field(gt=0, allow_inf_nan=False, description="bytes per second, > 0")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=False)
+
+
+def _check_version(value: str, supported: str, what: str) -> str:
+    if value != supported:
+        raise ValueError(
+            f"unknown {what} schema_version {value!r}; this memsched reads version {supported!r}. "
+            f"Re-export the {what} with this memsched version or upgrade memsched"
+        )
+    return value
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Trace
+# --------------------------------------------------------------------------------------------------------------
+
+
+class DeviceInfo(_Strict):
+    """The device the trace was measured on, with its copy engine's measured speeds."""
+
+    name: str = Field(min_length=1, description="device name, e.g. 'NVIDIA H100 80GB HBM3' or 'cpu'")
+    """Device name as the framework reports it."""
+    memory_bytes: PositiveBytes = Field(description="device memory capacity in bytes")
+    """Total device memory capacity."""
+    h2d_bytes_per_s: PositiveRate = Field(description="measured pinned host->device copy bandwidth")
+    """Measured pinned host->device bandwidth (prefetch speed)."""
+    d2h_bytes_per_s: PositiveRate = Field(description="measured pinned device->host copy bandwidth")
+    """Measured pinned device->host bandwidth (offload speed)."""
+    copy_latency_s: Seconds = Field(default=0.0, description="fixed cost per copy, seconds")
+    """Fixed per-copy latency added to every transfer."""
+
+
+class StaticBytes(_Strict):
+    """Memory no schedule can move: parameters, their gradients and optimizer state."""
+
+    params: Bytes = 0
+    """Parameter bytes."""
+    grads: Bytes = 0
+    """Gradient bytes (same as params for dense training)."""
+    optimizer_state: Bytes = 0
+    """Optimizer state bytes (e.g. 2x params for Adam)."""
+    other: Bytes = 0
+    """Anything else resident for the whole step (input batch, buffers, allocator reserve)."""
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer_state + self.other
+
+
+class Baseline(_Strict):
+    """The unscheduled (keep-all) training step as measured."""
+
+    step_s: Seconds
+    """Median measured step time (forward + backward + optimizer)."""
+    peak_bytes: Bytes
+    """Measured device-memory peak of the step."""
+
+
+class Layer(_Strict):
+    """One traced layer, in forward order. Its saved tensors follow the attribution rule of DESIGN.md."""
+
+    name: str = Field(min_length=1, description="module path, e.g. 'transformer.h.3'")
+    """Module path in the model (unique within the trace)."""
+    kind: str = Field(default="", description="module class, e.g. 'GPT2Block'")
+    """Module class name or operator kind."""
+    forward_s: Seconds
+    """Forward compute time of this layer."""
+    backward_s: Seconds
+    """Backward compute time of this layer."""
+    saved_bytes: Bytes
+    """Bytes autograd keeps for this layer's backward, deduplicated by storage."""
+    saved_tensor_bytes: list[Bytes] = Field(default_factory=list)
+    """Sizes of the individual saved tensors (sum == saved_bytes); empty means one tensor of saved_bytes."""
+    input_bytes: Bytes = 0
+    """Bytes of the tensors this layer reads (its gradient is produced during backward)."""
+    output_bytes: Bytes = 0
+    """Bytes of this layer's output (kept as a checkpoint input when a consumer is recomputed)."""
+    workspace_bytes: Bytes = 0
+    """Transient bytes allocated and freed inside the layer's forward or backward."""
+    deps: list[int] = Field(default_factory=list)
+    """Indices of earlier layers whose outputs this layer consumes (a DAG: residuals are real)."""
+
+    @model_validator(mode="after")
+    def _tensors_sum(self) -> Layer:
+        if self.saved_tensor_bytes and sum(self.saved_tensor_bytes) != self.saved_bytes:
+            raise ValueError(
+                f"saved_tensor_bytes sum to {sum(self.saved_tensor_bytes)} but saved_bytes is {self.saved_bytes}; "
+                "make saved_bytes the sum of the individual tensors (or leave saved_tensor_bytes empty)"
+            )
+        return self
+
+    @property
+    def tensors(self) -> list[int]:
+        """The saved tensors' sizes; a layer with no breakdown counts as one tensor."""
+        if self.saved_tensor_bytes:
+            return list(self.saved_tensor_bytes)
+        return [self.saved_bytes] if self.saved_bytes else []
+
+
+class Trace(_Strict):
+    """A layer-level cost trace of one training step (see DESIGN.md, 'Trace')."""
+
+    schema_version: str = TRACE_SCHEMA_VERSION
+    """Trace format version; unknown versions are rejected."""
+    model: str = Field(min_length=1)
+    """Model identifier, e.g. 'gpt2' or 'pipedream/resnet50'."""
+    batch_size: int = Field(ge=1)
+    """Batch size the trace was measured at."""
+    seq_len: int | None = Field(default=None, ge=1)
+    """Sequence length for sequence models, else None."""
+    dtype: str = "float32"
+    """Activation dtype, e.g. 'float32' or 'bfloat16'."""
+    framework: dict[str, str] = Field(default_factory=dict)
+    """Versions of the software that produced the trace, e.g. {'torch': '2.13.0'}."""
+    source: str = "tracer"
+    """What produced the trace: 'tracer', 'import:pipedream', 'synthetic', ..."""
+    device: DeviceInfo
+    """The device the trace was measured on."""
+    static: StaticBytes = Field(default_factory=StaticBytes)
+    """Memory no schedule can move."""
+    baseline: Baseline
+    """Measured keep-all step time and peak."""
+    layers: list[Layer]
+    """Layers in forward order."""
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        return _check_version(v, TRACE_SCHEMA_VERSION, "trace")
+
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, layers: list[Layer]) -> list[Layer]:
+        if not layers:
+            raise ValueError("the trace has no layers; trace at least one layer (check the layer patterns)")
+        seen: dict[str, int] = {}
+        for i, layer in enumerate(layers):
+            if layer.name in seen:
+                raise ValueError(
+                    f"layers[{i}].name {layer.name!r} repeats layers[{seen[layer.name]}].name; "
+                    "layer names must be unique module paths"
+                )
+            seen[layer.name] = i
+            for k, d in enumerate(layer.deps):
+                if not 0 <= d < i:
+                    raise ValueError(
+                        f"layers[{i}].deps[{k}] = {d} points "
+                        f"{'forward or at itself' if d >= i else 'out of range'}; deps must be indices of "
+                        f"earlier layers (0..{i - 1})"
+                    )
+            if len(set(layer.deps)) != len(layer.deps):
+                raise ValueError(f"layers[{i}].deps {layer.deps} repeats an index; list each producer once")
+        return layers
+
+    @property
+    def n(self) -> int:
+        return len(self.layers)
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def content_hash(self) -> str:
+        """sha256 of the canonical JSON form: identical traces hash identically, whatever the key order."""
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Schedule
+# --------------------------------------------------------------------------------------------------------------
+
+
+class Action(StrEnum):
+    KEEP = "keep"
+    OFFLOAD = "offload"
+    RECOMPUTE = "recompute"
+
+
+class SolverStatus(StrEnum):
+    OPTIMAL = "optimal"
+    """Proven optimal within the requested gap."""
+    FEASIBLE = "feasible"
+    """A valid schedule, with a bound and a gap, but not proven optimal in the time limit."""
+    HEURISTIC = "heuristic"
+    """A valid schedule from the heuristic or a baseline; no bound was proven."""
+    INFEASIBLE = "infeasible"
+    """No schedule fits the budget."""
+
+
+class OffloadPlan(_Strict):
+    """Which of a layer's saved tensors go to host memory, and when the copies happen."""
+
+    tensors: list[int]
+    """Indices into the layer's saved_tensor_bytes that are offloaded (memory object sectioning)."""
+    bytes: Bytes
+    """Sum of the offloaded tensors' sizes."""
+    done_by_layer: int = Field(ge=0)
+    """Forward stage (layer index >= this layer) at whose end the device->host copy must be done and freed."""
+    prefetch_at_layer: int = Field(ge=0)
+    """Backward stage (layer index >= this layer) at whose start the host->device prefetch is issued."""
+
+
+class LayerAction(_Strict):
+    """What the runtime does with one layer's saved tensors."""
+
+    layer: str
+    """Layer name (module path), as in the trace."""
+    action: Action
+    """keep | offload | recompute."""
+    offload: OffloadPlan | None = None
+    """Present iff action == offload."""
+    recompute_group: int | None = None
+    """For recompute: index of the first layer of the checkpointed segment this layer belongs to
+    (None = a segment of its own). A segment keeps only its input and recomputes all its layers."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LayerAction:
+        if (self.action == Action.OFFLOAD) != (self.offload is not None):
+            raise ValueError(
+                f"layer {self.layer!r}: 'offload' must be given exactly when action is 'offload' "
+                f"(action is {self.action.value!r})"
+            )
+        if self.recompute_group is not None and self.action != Action.RECOMPUTE:
+            raise ValueError(f"layer {self.layer!r}: recompute_group is only allowed with action 'recompute'")
+        return self
+
+
+class Prediction(_Strict):
+    """What the simulator predicts for the schedule."""
+
+    peak_bytes: Bytes
+    """Predicted device-memory peak (static + activations + in-flight copies + workspace)."""
+    step_s: Seconds
+    """Predicted step time."""
+    keepall_step_s: Seconds
+    """Predicted step time of the in-core (keep-all) step."""
+    overhead_s: Seconds
+    """step_s - keepall_step_s = stall_s + recompute_s."""
+    overhead_pct: float
+    """overhead_s as a percentage of keepall_step_s."""
+    stall_s: Seconds
+    """Time compute waits for copies."""
+    recompute_s: Seconds
+    """Time spent re-running forwards."""
+
+
+class SolverRecord(_Strict):
+    """How the schedule was obtained."""
+
+    backend: str
+    """'cbc', 'highs', 'cpsat', 'heuristic' or a baseline policy name."""
+    status: SolverStatus
+    """optimal / feasible / heuristic / infeasible."""
+    objective_s: float | None = None
+    """Solver objective (predicted overhead in seconds) of the returned schedule."""
+    best_bound_s: float | None = None
+    """Best proven lower bound on the overhead, when the backend proves one."""
+    gap: float | None = None
+    """Relative gap (objective - bound) / objective, when a bound is known."""
+    wall_s: Seconds = 0.0
+    """Wall-clock time spent solving."""
+    message: str = ""
+    """Anything the user should know (time limit hit, fallback taken and why)."""
+
+
+class Schedule(_Strict):
+    """A keep / offload / recompute plan for every layer of one trace under one budget."""
+
+    schema_version: str = SCHEDULE_SCHEMA_VERSION
+    """Schedule format version; unknown versions are rejected."""
+    trace_hash: str = Field(min_length=1)
+    """Trace.content_hash() of the trace this schedule was made for."""
+    layer_names: list[str]
+    """The trace's layer names, in forward order."""
+    budget_bytes: PositiveBytes
+    """The device-memory budget (whole peak) in bytes."""
+    policy: str = "ilp"
+    """Which policy produced it: 'ilp', 'heuristic', 'keep-all', 'checkpoint-all', ..."""
+    actions: list[LayerAction]
+    """One action per layer, in forward order."""
+    prediction: Prediction
+    """The simulator's prediction for this schedule."""
+    solver: SolverRecord
+    """How it was obtained."""
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        return _check_version(v, SCHEDULE_SCHEMA_VERSION, "schedule")
+
+    @model_validator(mode="after")
+    def _names(self) -> Schedule:
+        if len(self.actions) != len(self.layer_names):
+            raise ValueError(
+                f"actions has {len(self.actions)} entries but layer_names has {len(self.layer_names)}; "
+                "give exactly one action per layer"
+            )
+        for i, (a, name) in enumerate(zip(self.actions, self.layer_names, strict=True)):
+            if a.layer != name:
+                raise ValueError(f"actions[{i}].layer is {a.layer!r} but layer_names[{i}] is {name!r}")
+        return self
+
+
+def check_schedule(schedule: Schedule, trace: Trace) -> None:
+    """Raise ScheduleMismatchError naming the first way the schedule does not fit the trace."""
+    if schedule.layer_names != trace.layer_names:
+        if len(schedule.layer_names) != trace.n:
+            raise ScheduleMismatchError(
+                f"schedule has {len(schedule.layer_names)} layers but the trace has {trace.n}; "
+                "solve again for this trace"
+            )
+        for i, (a, b) in enumerate(zip(schedule.layer_names, trace.layer_names, strict=True)):
+            if a != b:
+                raise ScheduleMismatchError(
+                    f"schedule layer_names[{i}] is {a!r} but the trace's layer {i} is {b!r}; "
+                    "solve again for this trace"
+                )
+    h = trace.content_hash()
+    if schedule.trace_hash != h:
+        raise ScheduleMismatchError(
+            f"schedule trace_hash {schedule.trace_hash[:12]}... does not match the trace ({h[:12]}...): "
+            "the schedule was made for a different trace; solve again for this trace"
+        )
+    validate_actions(schedule.actions, trace)
+
+
+def validate_actions(actions: list[LayerAction], trace: Trace) -> None:
+    """Structural checks of actions against the trace: indices, bytes, stages, segments, prefetch order."""
+    n = trace.n
+    last_prefetch: tuple[int, int] | None = None  # (layer index, prefetch stage) of the last offloaded layer
+    for i, a in enumerate(actions):
+        layer = trace.layers[i]
+        where = f"actions[{i}] ({layer.name})"
+        if a.offload is not None:
+            o = a.offload
+            tensors = layer.tensors
+            if not o.tensors or len(set(o.tensors)) != len(o.tensors):
+                raise ScheduleMismatchError(f"{where}.offload.tensors must list distinct tensor indices")
+            bad = [t for t in o.tensors if not 0 <= t < len(tensors)]
+            if bad:
+                raise ScheduleMismatchError(
+                    f"{where}.offload.tensors {bad} out of range: the layer has {len(tensors)} saved tensors"
+                )
+            if sum(tensors[t] for t in o.tensors) != o.bytes:
+                raise ScheduleMismatchError(
+                    f"{where}.offload.bytes is {o.bytes} but the listed tensors sum to "
+                    f"{sum(tensors[t] for t in o.tensors)}"
+                )
+            for fld, v in (("done_by_layer", o.done_by_layer), ("prefetch_at_layer", o.prefetch_at_layer)):
+                if not i <= v < n:
+                    raise ScheduleMismatchError(f"{where}.offload.{fld} = {v} must be in [{i}, {n - 1}]")
+            if last_prefetch is not None and o.prefetch_at_layer < last_prefetch[1]:
+                # Backward runs from layer n-1 down to 0: a lower layer's prefetch may not be issued
+                # before that of a higher one, so the single host->device stream serves them in need order.
+                raise ScheduleMismatchError(
+                    f"{where}.offload.prefetch_at_layer = {o.prefetch_at_layer} is issued earlier in backward "
+                    f"than the prefetch of layer {last_prefetch[0]} ({last_prefetch[1]}); prefetches must be "
+                    f"issued in the order backward needs them"
+                )
+            last_prefetch = (i, o.prefetch_at_layer)
+        if a.recompute_group is not None:
+            g = a.recompute_group
+            if not 0 <= g <= i:
+                raise ScheduleMismatchError(f"{where}.recompute_group = {g} must be in [0, {i}]")
+            for j in range(g, i):
+                aj = actions[j]
+                if aj.action != Action.RECOMPUTE or (aj.recompute_group if aj.recompute_group is not None else j) != g:
+                    raise ScheduleMismatchError(
+                        f"{where}.recompute_group = {g} but layer {j} is not in that segment; "
+                        "a segment is a contiguous run of recompute layers sharing one group index"
+                    )
+
+
+def json_schema(kind: Literal["trace", "schedule"]) -> dict[str, Any]:
+    model: type[BaseModel] = Trace if kind == "trace" else Schedule
+    return model.model_json_schema()

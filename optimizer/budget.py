@@ -1,0 +1,59 @@
+"""Budgets: resolve 'N%' against a trace, and the smallest feasible budget (computed, not guessed)."""
+
+from __future__ import annotations
+
+from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.optimizer.plan import KEEP, Decision, offload_all
+from memsched.optimizer.simulate import simulate, stage_memory
+from memsched.schema import Trace
+from memsched.units import BudgetSpec, format_bytes, parse_budget
+
+
+def keepall_activation_peak(trace: Trace) -> int:
+    """Peak non-static bytes of the in-core step: the '100%' of a percentage budget."""
+    return max(stage_memory(trace, [KEEP] * trace.n))
+
+
+def resolve_budget(spec: BudgetSpec | str | int, trace: Trace) -> int:
+    """Budget in bytes: absolute as given, or static + N% of the keep-all peak activation bytes."""
+    if not isinstance(spec, BudgetSpec):
+        spec = parse_budget(spec)
+    if spec.percent is None:
+        assert spec.bytes is not None
+        return spec.bytes
+    value = trace.static.total + round(keepall_activation_peak(trace) * spec.percent / 100.0)
+    if value <= 0:
+        raise MemschedError(f"budget: {spec.describe()} of this trace is 0 bytes; give a larger percentage")
+    return value
+
+
+def min_feasible_decisions(trace: Trace) -> list[Decision]:
+    """The schedule that minimises every stage's memory at once: offload every saved tensor and copy it
+    synchronously (done by the end of its own forward, prefetched at the start of its own backward).
+    In the cost model every layer then holds its saved bytes only during its own two stages, the pointwise
+    minimum over all actions, and transients do not depend on the schedule; so its peak is the exact
+    smallest feasible budget."""
+    out = []
+    for i in range(trace.n):
+        d = offload_all(trace, i, done_by=i, prefetch_at=i)
+        out.append(d)
+    return out
+
+
+def min_feasible_budget(trace: Trace) -> int:
+    return simulate(trace, min_feasible_decisions(trace), with_events=False).peak_bytes
+
+
+def check_budget_feasible(trace: Trace, budget_bytes: int) -> None:
+    """Raise InfeasibleBudgetError (with the computed minimum) if no schedule can fit the budget."""
+    if budget_bytes <= 0:
+        raise MemschedError(f"budget: must be > 0 bytes, got {budget_bytes}; give a positive size such as 8GiB")
+    minimum = min_feasible_budget(trace)
+    if budget_bytes < minimum:
+        static = trace.static.total
+        detail = (
+            f"static memory alone is {format_bytes(static)}"
+            if budget_bytes < static
+            else "even offloading every saved tensor synchronously peaks higher"
+        )
+        raise InfeasibleBudgetError(budget_bytes, minimum, detail)

@@ -1,0 +1,158 @@
+"""The optimizer's internal per-layer decision and its conversion to and from the Schedule contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from memsched.schema import (
+    Action,
+    LayerAction,
+    OffloadPlan,
+    Prediction,
+    Schedule,
+    SolverRecord,
+    Trace,
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one layer's saved tensors. Stages are layer indices (forward for done_by,
+    backward for prefetch_at); -1 means 'not set yet' and is filled in by `default_timing`."""
+
+    action: Action = Action.KEEP
+    """keep | offload | recompute."""
+    offload_tensors: tuple[int, ...] = ()
+    """Indices of the layer's saved tensors that are offloaded (offload only)."""
+    offload_bytes: int = 0
+    """Sum of the offloaded tensors' bytes (offload only)."""
+    done_by: int = -1
+    """Forward stage at whose end the device->host copy must have finished (offload only)."""
+    prefetch_at: int = -1
+    """Backward stage at whose start the host->device prefetch is issued (offload only)."""
+    group: int = -1
+    """First layer of this layer's recompute segment; -1 means a segment of its own (recompute only)."""
+
+
+KEEP = Decision()
+
+
+def recompute(group: int = -1) -> Decision:
+    return Decision(action=Action.RECOMPUTE, group=group)
+
+
+def offload_all(trace: Trace, i: int, done_by: int = -1, prefetch_at: int = -1) -> Decision:
+    """Offload every saved tensor of layer i (or keep it, if it saves nothing)."""
+    tensors = trace.layers[i].tensors
+    if not tensors:
+        return KEEP
+    return Decision(
+        action=Action.OFFLOAD,
+        offload_tensors=tuple(range(len(tensors))),
+        offload_bytes=sum(tensors),
+        done_by=done_by,
+        prefetch_at=prefetch_at,
+    )
+
+
+def offload_subset(trace: Trace, i: int, tensors: tuple[int, ...], done_by: int = -1, prefetch_at: int = -1) -> Decision:
+    sizes = trace.layers[i].tensors
+    return Decision(
+        action=Action.OFFLOAD,
+        offload_tensors=tuple(tensors),
+        offload_bytes=sum(sizes[t] for t in tensors),
+        done_by=done_by,
+        prefetch_at=prefetch_at,
+    )
+
+
+def group_start(decisions: list[Decision], i: int) -> int:
+    d = decisions[i]
+    return d.group if d.group >= 0 else i
+
+
+def decisions_from_schedule(schedule: Schedule) -> list[Decision]:
+    out: list[Decision] = []
+    for a in schedule.actions:
+        if a.action == Action.OFFLOAD:
+            assert a.offload is not None
+            out.append(
+                Decision(
+                    action=Action.OFFLOAD,
+                    offload_tensors=tuple(a.offload.tensors),
+                    offload_bytes=a.offload.bytes,
+                    done_by=a.offload.done_by_layer,
+                    prefetch_at=a.offload.prefetch_at_layer,
+                )
+            )
+        elif a.action == Action.RECOMPUTE:
+            out.append(recompute(a.recompute_group if a.recompute_group is not None else -1))
+        else:
+            out.append(KEEP)
+    return out
+
+
+def to_actions(trace: Trace, decisions: list[Decision]) -> list[LayerAction]:
+    actions: list[LayerAction] = []
+    for i, (layer, d) in enumerate(zip(trace.layers, decisions, strict=True)):
+        if d.action == Action.OFFLOAD:
+            assert d.done_by >= i and d.prefetch_at >= i, "timing must be filled in before export"
+            actions.append(
+                LayerAction(
+                    layer=layer.name,
+                    action=Action.OFFLOAD,
+                    offload=OffloadPlan(
+                        tensors=list(d.offload_tensors),
+                        bytes=d.offload_bytes,
+                        done_by_layer=d.done_by,
+                        prefetch_at_layer=d.prefetch_at,
+                    ),
+                )
+            )
+        elif d.action == Action.RECOMPUTE:
+            g = d.group if 0 <= d.group < i else None
+            actions.append(LayerAction(layer=layer.name, action=Action.RECOMPUTE, recompute_group=g))
+        else:
+            actions.append(LayerAction(layer=layer.name, action=Action.KEEP))
+    return actions
+
+
+def make_schedule(
+    trace: Trace,
+    decisions: list[Decision],
+    budget_bytes: int,
+    policy: str,
+    solver: SolverRecord,
+) -> Schedule:
+    """Build a Schedule whose prediction is the simulator's (the one yardstick for every policy)."""
+    from memsched.optimizer.simulate import simulate
+
+    sim = simulate(trace, decisions, budget_bytes)
+    return Schedule(
+        trace_hash=trace.content_hash(),
+        layer_names=trace.layer_names,
+        budget_bytes=budget_bytes,
+        policy=policy,
+        actions=to_actions(trace, sim.decisions),
+        prediction=sim.prediction(),
+        solver=solver,
+    )
+
+
+def with_timing(d: Decision, done_by: int, prefetch_at: int) -> Decision:
+    return replace(d, done_by=done_by, prefetch_at=prefetch_at)
+
+
+__all__ = [
+    "KEEP",
+    "Decision",
+    "Prediction",
+    "decisions_from_schedule",
+    "group_start",
+    "make_schedule",
+    "offload_all",
+    "offload_subset",
+    "recompute",
+    "to_actions",
+    "with_timing",
+]

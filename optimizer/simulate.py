@@ -1,0 +1,344 @@
+"""The simulator: the one place that says what a schedule costs (docs/cost-model.md is its specification).
+
+A training step is 2n stages in time order: forward stages F_0..F_{n-1} (global stage t = i), then backward
+stages B_{n-1}..B_0 (global stage t = 2n-1-i). Memory is accounted per stage (the peak within a stage);
+time is event-driven over three FIFO streams: compute, device->host (offloads) and host->device (prefetches).
+The ILP models exactly these rules, so its objective equals `simulate(...).overhead_s` of its schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from memsched.errors import ScheduleMismatchError
+from memsched.optimizer.plan import Decision, group_start, to_actions
+from memsched.schema import Action, Prediction, Schedule, Trace, validate_actions
+
+COMPUTE, D2H, H2D = "compute", "d2h", "h2d"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One interval on one stream of the timeline."""
+
+    stream: str
+    """'compute', 'd2h' or 'h2d'."""
+    kind: str
+    """'forward', 'backward', 'recompute', 'stall', 'offload' or 'prefetch'."""
+    layer: int
+    """Layer index the event belongs to."""
+    start: float
+    """Start time, seconds from the start of the step."""
+    end: float
+    """End time, seconds."""
+    bytes: int = 0
+    """Bytes moved (copies only)."""
+
+
+@dataclass
+class SimResult:
+    """Everything the simulator says about one schedule."""
+
+    decisions: list[Decision]
+    """The decisions simulated, with offload timing filled in."""
+    static_bytes: int
+    """Static bytes of the trace (params, grads, optimizer state, other)."""
+    stage_bytes: list[int]
+    """Non-static device bytes at each of the 2n stages (activations + in-flight copies + workspace)."""
+    stage_start: list[float]
+    """Start time of each stage."""
+    stage_end: list[float]
+    """End time of each stage."""
+    step_s: float
+    """Predicted step time."""
+    keepall_step_s: float
+    """Predicted step time with every layer kept (no stall, no recompute)."""
+    stall_s: float
+    """Time the compute stream waits for copies."""
+    recompute_s: float
+    """Time spent recomputing forwards."""
+    events: list[Event] = field(default_factory=list)
+    """The timeline."""
+    budget_bytes: int | None = None
+    """The budget the schedule was checked against, if any."""
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.static_bytes + max(self.stage_bytes)
+
+    @property
+    def peak_stage(self) -> int:
+        return max(range(len(self.stage_bytes)), key=self.stage_bytes.__getitem__)
+
+    @property
+    def overhead_s(self) -> float:
+        return self.stall_s + self.recompute_s
+
+    @property
+    def overhead_pct(self) -> float:
+        return 100.0 * self.overhead_s / self.keepall_step_s if self.keepall_step_s > 0 else 0.0
+
+    @property
+    def feasible(self) -> bool:
+        return self.budget_bytes is None or self.peak_bytes <= self.budget_bytes
+
+    def prediction(self) -> Prediction:
+        return Prediction(
+            peak_bytes=self.peak_bytes,
+            step_s=self.step_s,
+            keepall_step_s=self.keepall_step_s,
+            overhead_s=self.overhead_s,
+            overhead_pct=self.overhead_pct,
+            stall_s=self.stall_s,
+            recompute_s=self.recompute_s,
+        )
+
+
+def other_step_s(trace: Trace) -> float:
+    """Time of the step outside the traced layers (loss, optimizer): never negative."""
+    return max(0.0, trace.baseline.step_s - sum(x.forward_s + x.backward_s for x in trace.layers))
+
+
+def keepall_step_s(trace: Trace) -> float:
+    return sum(x.forward_s + x.backward_s for x in trace.layers) + other_step_s(trace)
+
+
+def copy_seconds(trace: Trace, nbytes: int, direction: str) -> float:
+    """Duration of one copy on one stream: latency + bytes / measured bandwidth."""
+    if nbytes <= 0:
+        return 0.0
+    bw = trace.device.d2h_bytes_per_s if direction == D2H else trace.device.h2d_bytes_per_s
+    return trace.device.copy_latency_s + nbytes / bw
+
+
+def forward_transient(trace: Trace, i: int) -> int:
+    """Bytes that exist only during F_i: the layer's workspace and the output it produces."""
+    layer = trace.layers[i]
+    return layer.workspace_bytes + layer.output_bytes
+
+
+def backward_transient(trace: Trace, i: int) -> int:
+    """Bytes that exist only during B_i: workspace, the incoming output gradient and the input gradient."""
+    layer = trace.layers[i]
+    return layer.workspace_bytes + layer.output_bytes + layer.input_bytes
+
+
+def checkpoint_inputs(trace: Trace, decisions: list[Decision]) -> dict[int, int]:
+    """For each producer j whose output some recompute segment keeps as its input: the earliest such
+    segment start. Segments' retention intervals are nested, so the earliest one covers the others and the
+    tensor is counted once (the DAG case: one output consumed by several recomputed layers)."""
+    earliest: dict[int, int] = {}
+    for i, d in enumerate(decisions):
+        if d.action != Action.RECOMPUTE:
+            continue
+        a = group_start(decisions, i)
+        for j in trace.layers[i].deps:
+            if j < a:  # produced outside the segment: the checkpoint holds it
+                earliest[j] = min(earliest.get(j, a), a)
+    return earliest
+
+
+def stage_memory(trace: Trace, decisions: list[Decision]) -> list[int]:
+    """Non-static bytes at each global stage 0..2n-1 (see docs/cost-model.md, 'Memory')."""
+    n = trace.n
+    last = 2 * n - 1
+    diff = [0] * (2 * n + 1)
+
+    def add(lo: int, hi: int, nbytes: int) -> None:
+        if nbytes and lo <= hi:
+            diff[lo] += nbytes
+            diff[hi + 1] -= nbytes
+
+    group_end: dict[int, int] = {}
+    for i, d in enumerate(decisions):
+        if d.action == Action.RECOMPUTE:
+            group_end[group_start(decisions, i)] = i
+    for i, (layer, d) in enumerate(zip(trace.layers, decisions, strict=True)):
+        s, fwd, bwd = layer.saved_bytes, i, last - i
+        if d.action == Action.KEEP:
+            add(fwd, bwd, s)
+        elif d.action == Action.OFFLOAD:
+            x = d.offload_bytes
+            add(fwd, bwd, s - x)
+            add(fwd, d.done_by, x)  # still on device until the copy is done, at the end of F_done_by
+            add(last - d.prefetch_at, bwd, x)  # prefetch destination allocated when it is issued
+        else:
+            add(fwd, fwd, s)  # produced during its own forward, then dropped
+            b = group_end[group_start(decisions, i)]
+            add(last - b, bwd, s)  # rematerialised when the segment's backward starts
+    for j, a in checkpoint_inputs(trace, decisions).items():
+        add(a + 1, last - a - 1, trace.layers[j].output_bytes)
+    for i in range(n):
+        add(i, i, forward_transient(trace, i))
+        add(last - i, last - i, backward_transient(trace, i))
+    out, run = [], 0
+    for t in range(2 * n):
+        run += diff[t]
+        out.append(run)
+    return out
+
+
+def _check(trace: Trace, decisions: list[Decision]) -> None:
+    if len(decisions) != trace.n:
+        raise ScheduleMismatchError(f"{len(decisions)} decisions for a trace of {trace.n} layers")
+    validate_actions(to_actions(trace, decisions), trace)
+
+
+def default_timing(trace: Trace, decisions: list[Decision], budget_bytes: int | None = None) -> list[Decision]:
+    """Fill in unset offload timing: copy right after the forward and wait for it where it is done (or
+    earlier where the budget needs the memory back); prefetch as early as the budget allows, in need order.
+    Runs in O(n + offloads x stages spanned), so it is usable on traces of thousands of layers."""
+    n = trace.n
+    last = 2 * n - 1
+    out = list(decisions)
+    todo = [i for i, d in enumerate(out) if d.action == Action.OFFLOAD and (d.done_by < 0 or d.prefetch_at < 0)]
+    if not todo:
+        return out
+    unset_done = sorted(i for i in todo if out[i].done_by < 0)
+    unset_pref = {i for i in todo if out[i].prefetch_at < 0}
+    # Done-by: the first forward stage whose compute ends after the copy (no-stall FIFO estimate).
+    fwd_end, clock = [], 0.0
+    for layer in trace.layers:
+        clock += layer.forward_s
+        fwd_end.append(clock)
+    free = 0.0
+    for i, d in enumerate(out):
+        if d.action != Action.OFFLOAD:
+            continue
+        free = max(free, fwd_end[i]) + copy_seconds(trace, d.offload_bytes, D2H)
+        if d.done_by < 0:
+            k = i
+            while k < n - 1 and fwd_end[k] < free:
+                k += 1
+            out[i] = replace(d, done_by=k)
+    # Provisional prefetch at the layer's own stage: undecided layers count at their low memory.
+    for i in unset_pref:
+        out[i] = replace(out[i], prefetch_at=i)
+    limit = None if budget_bytes is None else budget_bytes - trace.static.total
+    mem = stage_memory(trace, out)
+    if limit is not None:
+        # Pull done-by earlier (the copy then stalls) where a forward stage is over budget.
+        for t in range(1, n):
+            for j in unset_done:
+                if mem[t] <= limit or j >= t:
+                    break
+                d = out[j]
+                if d.done_by >= t:
+                    for s in range(t, d.done_by + 1):
+                        mem[s] -= d.offload_bytes
+                    out[j] = replace(d, done_by=t - 1)
+    cap = n - 1
+    for i in sorted(todo, reverse=True):
+        if i not in unset_pref:
+            cap = min(cap, out[i].prefetch_at)
+            continue
+        x = out[i].offload_bytes
+        p = i
+        # Move the issue stage earlier (p up) while the newly covered stage still fits the budget.
+        while p < cap and (limit is None or mem[last - (p + 1)] + x <= limit):
+            p += 1
+        for s in range(last - p, last - i):
+            mem[s] += x
+        out[i] = replace(out[i], prefetch_at=p)
+        cap = p
+    return out
+
+
+def simulate(
+    trace: Trace,
+    schedule: Schedule | list[Decision],
+    budget_bytes: int | None = None,
+    with_events: bool = True,
+) -> SimResult:
+    """Simulate one training step under a schedule (or raw decisions; unset timing gets `default_timing`)."""
+    if isinstance(schedule, Schedule):
+        from memsched.optimizer.plan import decisions_from_schedule
+        from memsched.schema import check_schedule
+
+        check_schedule(schedule, trace)
+        decisions = decisions_from_schedule(schedule)
+        if budget_bytes is None:
+            budget_bytes = schedule.budget_bytes
+    else:
+        decisions = default_timing(trace, schedule, budget_bytes)
+    _check(trace, decisions)
+    n = trace.n
+    last = 2 * n - 1
+    layers = trace.layers
+    events: list[Event] = []
+    stage_start = [0.0] * (2 * n)
+    stage_end = [0.0] * (2 * n)
+    ev = events.append if with_events else (lambda _e: None)
+
+    waits: dict[int, list[int]] = {}  # forward stage -> offloaded layers whose copy must be done by its end
+    prefetches: dict[int, list[int]] = {}  # backward stage (layer index) -> layers prefetched at its start
+    for i, d in enumerate(decisions):
+        if d.action == Action.OFFLOAD:
+            waits.setdefault(d.done_by, []).append(i)
+            prefetches.setdefault(d.prefetch_at, []).append(i)
+    group_end: dict[int, int] = {}
+    for i, d in enumerate(decisions):
+        if d.action == Action.RECOMPUTE:
+            group_end[group_start(decisions, i)] = i
+    segments_ending_at = {b: a for a, b in group_end.items()}
+
+    t = 0.0
+    stall = 0.0
+    recompute_s = 0.0
+    d2h_free = 0.0
+    copy_done: dict[int, float] = {}
+    for i, layer in enumerate(layers):
+        stage_start[i] = t
+        ev(Event(COMPUTE, "forward", i, t, t + layer.forward_s))
+        t += layer.forward_s
+        d = decisions[i]
+        if d.action == Action.OFFLOAD:
+            start = max(t, d2h_free)
+            d2h_free = start + copy_seconds(trace, d.offload_bytes, D2H)
+            copy_done[i] = d2h_free
+            ev(Event(D2H, "offload", i, start, d2h_free, d.offload_bytes))
+        for j in waits.get(i, ()):
+            if copy_done[j] > t:
+                ev(Event(COMPUTE, "stall", j, t, copy_done[j]))
+                stall += copy_done[j] - t
+                t = copy_done[j]
+        stage_end[i] = t
+    # The loss and the optimizer step take the rest of the measured step; they are placed between the
+    # forward and the backward on the timeline (where the loss is), which moves no copy relative to compute
+    # in a way that changes stalls: prefetches are issued by backward stages.
+    t += other_step_s(trace)
+    h2d_free = 0.0
+    prefetch_done: dict[int, float] = {}
+    for i in range(n - 1, -1, -1):
+        s = last - i
+        stage_start[s] = t
+        for j in sorted(prefetches.get(i, ()), reverse=True):
+            start = max(t, h2d_free)
+            h2d_free = start + copy_seconds(trace, decisions[j].offload_bytes, H2D)
+            prefetch_done[j] = h2d_free
+            ev(Event(H2D, "prefetch", j, start, h2d_free, decisions[j].offload_bytes))
+        if i in segments_ending_at:
+            for k in range(segments_ending_at[i], i + 1):
+                ev(Event(COMPUTE, "recompute", k, t, t + layers[k].forward_s))
+                t += layers[k].forward_s
+                recompute_s += layers[k].forward_s
+        if i in prefetch_done and prefetch_done[i] > t:
+            ev(Event(COMPUTE, "stall", i, t, prefetch_done[i]))
+            stall += prefetch_done[i] - t
+            t = prefetch_done[i]
+        ev(Event(COMPUTE, "backward", i, t, t + layers[i].backward_s))
+        t += layers[i].backward_s
+        stage_end[s] = t
+    return SimResult(
+        decisions=decisions,
+        static_bytes=trace.static.total,
+        stage_bytes=stage_memory(trace, decisions),
+        stage_start=stage_start,
+        stage_end=stage_end,
+        step_s=t,
+        keepall_step_s=keepall_step_s(trace),
+        stall_s=stall,
+        recompute_s=recompute_s,
+        events=events,
+        budget_bytes=budget_bytes,
+    )
