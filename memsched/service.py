@@ -1,0 +1,83 @@
+"""Service functions shared by the CLI and the REST API: no logic lives in only one front end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memsched.optimizer.baselines import evaluate_baselines
+from memsched.optimizer.budget import keepall_activation_peak, resolve_budget
+from memsched.optimizer.simulate import SimResult, simulate
+from memsched.optimizer.solve import SolveOptions, solve
+from memsched.schema import Schedule, Trace
+from memsched.units import BudgetSpec
+
+
+@dataclass
+class CompareRow:
+    """One policy in the comparison table."""
+
+    policy: str
+    """Policy name."""
+    feasible: bool
+    """Whether its predicted peak fits the budget."""
+    peak_bytes: int
+    """Predicted peak bytes."""
+    step_s: float
+    """Predicted step time, seconds."""
+    overhead_pct: float
+    """Predicted overhead vs. keep-all, percent."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "feasible": self.feasible,
+            "peak_bytes": self.peak_bytes,
+            "step_s": self.step_s,
+            "overhead_pct": self.overhead_pct,
+        }
+
+
+@dataclass
+class Comparison:
+    """The baseline table for one trace and budget."""
+
+    budget_bytes: int
+    """Resolved budget in bytes."""
+    static_bytes: int
+    """Static bytes of the trace."""
+    keepall_activation_bytes: int
+    """Keep-all peak activation bytes (what 100% means)."""
+    rows: list[CompareRow]
+    """One row per policy."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "budget_bytes": self.budget_bytes,
+            "static_bytes": self.static_bytes,
+            "keepall_activation_bytes": self.keepall_activation_bytes,
+            "rows": [r.to_json() for r in self.rows],
+        }
+
+
+def budget_bytes_for(trace: Trace, budget: BudgetSpec | str | int) -> int:
+    return resolve_budget(budget, trace)
+
+
+def compare_policies(trace: Trace, budget: BudgetSpec | str | int) -> Comparison:
+    """Every baseline under one budget, judged by the simulator."""
+    b = resolve_budget(budget, trace)
+    rows = [
+        CompareRow(r.policy, r.feasible, r.sim.peak_bytes, r.sim.step_s, r.sim.overhead_pct)
+        for r in evaluate_baselines(trace, b)
+    ]
+    return Comparison(b, trace.static.total, keepall_activation_peak(trace), rows)
+
+
+def solve_trace(trace: Trace, budget: BudgetSpec | str | int, options: SolveOptions | None = None) -> Schedule:
+    """Resolve the budget and solve. Raises InfeasibleBudgetError with the smallest feasible budget."""
+    return solve(trace, resolve_budget(budget, trace), options)
+
+
+def simulate_schedule(trace: Trace, schedule: Schedule) -> SimResult:
+    """Check that the schedule belongs to the trace and simulate it under its own budget."""
+    return simulate(trace, schedule)
