@@ -1,0 +1,296 @@
+"""The `memsched` command line. Thin: every command calls memsched.service (shared with the REST API).
+
+Exit codes: 0 success, 2 user error (one line naming the problem, no traceback), 1 internal error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from memsched.errors import MemschedError
+from memsched.io import load_schedule, load_trace, save_model
+from memsched.schema import json_schema
+from memsched.units import format_bytes, format_seconds, parse_budget
+
+app = typer.Typer(
+    name="memsched",
+    help="Memory schedules (keep / offload / recompute per layer) for training under a GPU memory budget.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+import_app = typer.Typer(help="Import profiles from other tools into a memsched trace.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+
+out = Console()
+err = Console(stderr=True)
+log = logging.getLogger("memsched")
+F = TypeVar("F", bound=Callable[..., Any])
+
+BudgetOpt = Annotated[
+    str, typer.Option("--budget", "-b", help="Whole-device budget: 12GiB, 500MB, bytes, or N% (static + N% of activations).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+@app.command()
+def schema(
+    kind: Annotated[str, typer.Argument(help="trace or schedule")],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write to this file instead of stdout.")] = None,
+) -> None:
+    """Print the JSON Schema of the Trace or Schedule format."""
+    if kind not in ("trace", "schedule"):
+        raise MemschedError(f"schema: unknown kind {kind!r}; use 'trace' or 'schedule'")
+    text = json.dumps(json_schema(kind), indent=2) + "\n"  # type: ignore[arg-type]
+    if output:
+        output.write_text(text)
+        out.print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)
+
+
+@app.command()
+def validate(
+    file: Annotated[Path, typer.Argument(help="A trace or schedule JSON file.")],
+    trace: Annotated[Path | None, typer.Option("--trace", help="Also check a schedule against this trace.")] = None,
+) -> None:
+    """Validate a trace or schedule file (a schedule also against its trace with --trace)."""
+    from memsched.schema import check_schedule
+
+    try:
+        head = json.loads(file.read_text()) if file.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        head = None
+    if isinstance(head, dict) and "actions" in head:
+        sched = load_schedule(file)
+        if trace is not None:
+            check_schedule(sched, load_trace(trace))
+        out.print(f"[green]ok[/]: schedule for {len(sched.layer_names)} layers, budget {format_bytes(sched.budget_bytes)}")
+    else:
+        tr = load_trace(file)
+        out.print(f"[green]ok[/]: trace of {tr.model}, {tr.n} layers, batch {tr.batch_size}, hash {tr.content_hash()[:12]}")
+
+
+@app.command("simulate")
+def simulate_cmd(
+    trace: Annotated[Path, typer.Argument(help="Trace JSON.")],
+    schedule: Annotated[Path, typer.Argument(help="Schedule JSON made for that trace.")],
+    as_json: JsonOpt = False,
+    timeline: Annotated[bool, typer.Option("--timeline", help="Include the event timeline in --json.")] = False,
+) -> None:
+    """Simulate a schedule on its trace: peak, step time, overhead, stall and recompute parts."""
+    from memsched.service import simulate_schedule
+
+    tr, sc = load_trace(trace), load_schedule(schedule)
+    sim = simulate_schedule(tr, sc)
+    if as_json:
+        doc: dict[str, Any] = {
+            "feasible": sim.feasible,
+            "budget_bytes": sc.budget_bytes,
+            **sim.prediction().model_dump(),
+        }
+        if timeline:
+            doc["events"] = [e.__dict__ for e in sim.events]
+        _print_json(doc)
+        return
+    t = Table(title=f"{tr.model}: {sc.policy} schedule", show_header=True)
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_row("budget", format_bytes(sc.budget_bytes))
+    t.add_row("predicted peak", format_bytes(sim.peak_bytes))
+    t.add_row("feasible", "yes" if sim.feasible else "[red]NO[/]")
+    t.add_row("step time", format_seconds(sim.step_s))
+    t.add_row("keep-all step time", format_seconds(sim.keepall_step_s))
+    t.add_row("overhead", f"{format_seconds(sim.overhead_s)} ({sim.overhead_pct:.2f}%)")
+    t.add_row("  stall", format_seconds(sim.stall_s))
+    t.add_row("  recompute", format_seconds(sim.recompute_s))
+    out.print(t)
+
+
+@app.command()
+def compare(trace: Annotated[Path, typer.Argument(help="Trace JSON.")], budget: BudgetOpt, as_json: JsonOpt = False) -> None:
+    """Compare the baseline policies under a budget: feasible, predicted peak, step time, overhead."""
+    from memsched.service import compare_policies
+
+    tr = load_trace(trace)
+    cmp = compare_policies(tr, parse_budget(budget))
+    if as_json:
+        _print_json(cmp.to_json())
+        return
+    t = Table(
+        title=f"{tr.model} (batch {tr.batch_size}, {tr.n} layers) — budget {format_bytes(cmp.budget_bytes)}",
+        caption=f"static {format_bytes(cmp.static_bytes)}, keep-all activations {format_bytes(cmp.keepall_activation_bytes)}",
+    )
+    for col, just in (("policy", "left"), ("feasible", "center"), ("predicted peak", "right"), ("step time", "right"), ("overhead", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in cmp.rows:
+        t.add_row(
+            r.policy,
+            "[green]yes[/]" if r.feasible else "[red]no[/]",
+            format_bytes(r.peak_bytes),
+            format_seconds(r.step_s),
+            f"{r.overhead_pct:+.1f}%",
+        )
+    out.print(t)
+
+
+@import_app.command("pipedream")
+def import_pipedream_cmd(
+    graph: Annotated[Path, typer.Argument(help="PipeDream profiler graph.txt.")],
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size the profile was taken at.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Trace JSON to write.")],
+    device_memory: Annotated[str, typer.Option(help="Device memory capacity (the profile does not record it).")] = "16GiB",
+    h2d_bandwidth: Annotated[float, typer.Option(help="Pinned host->device bytes/s.")] = 12e9,
+    d2h_bandwidth: Annotated[float, typer.Option(help="Pinned device->host bytes/s.")] = 12e9,
+    copy_latency: Annotated[float, typer.Option(help="Per-copy latency, seconds.")] = 10e-6,
+    optimizer_state_factor: Annotated[float, typer.Option(help="Optimizer state bytes per parameter byte (1 = SGD momentum, 2 = Adam).")] = 1.0,
+) -> None:
+    """Import a PipeDream profile (keeps its DAG edges) into a memsched trace."""
+    from memsched.importers import import_pipedream
+    from memsched.units import parse_bytes
+
+    for name, v in (("--h2d-bandwidth", h2d_bandwidth), ("--d2h-bandwidth", d2h_bandwidth)):
+        if not v > 0:
+            raise MemschedError(f"{name} must be > 0 bytes/s, got {v}")
+    if copy_latency < 0 or optimizer_state_factor < 0:
+        raise MemschedError("--copy-latency and --optimizer-state-factor must be >= 0")
+    tr = import_pipedream(
+        graph,
+        batch_size,
+        device_memory_bytes=parse_bytes(device_memory, "--device-memory"),
+        h2d_bytes_per_s=h2d_bandwidth,
+        d2h_bytes_per_s=d2h_bandwidth,
+        copy_latency_s=copy_latency,
+        optimizer_state_factor=optimizer_state_factor,
+    )
+    save_model(tr, output)
+    out.print(f"wrote {output}: {tr.n} layers, static {format_bytes(tr.static.total)}, keep-all peak {format_bytes(tr.baseline.peak_bytes)}")
+
+
+@app.command()
+def plot(
+    trace: Annotated[Path, typer.Argument(help="Trace JSON.")],
+    schedule: Annotated[Path, typer.Argument(help="Schedule JSON.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="PNG to write.")] = Path("timeline.png"),
+) -> None:
+    """Plot memory against the budget over one step, above a Gantt chart of the three streams."""
+    from memsched.plot import plot_timeline
+    from memsched.schema import check_schedule
+
+    tr, sc = load_trace(trace), load_schedule(schedule)
+    check_schedule(sc, tr)
+    if output.suffix.lower() != ".png":
+        raise MemschedError(f"--output {str(output)!r}: the plot is a PNG; give a path ending in .png")
+    path = plot_timeline(tr, sc, output)
+    out.print(f"wrote {path}")
+
+
+@app.command()
+def solve(
+    trace: Annotated[Path, typer.Argument(help="Trace JSON.")],
+    budget: BudgetOpt,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Schedule JSON to write.")] = Path("schedule.json"),
+    solver: Annotated[str, typer.Option(help="auto | cbc | highs | cpsat | heuristic")] = "auto",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Exact solver time limit, seconds.")] = 30.0,
+    gap: Annotated[float, typer.Option(help="Relative gap at which the exact solver may stop.")] = 0.01,
+    export_model: Annotated[Path | None, typer.Option("--export-model", help="Write the solver model here.")] = None,
+    server: Annotated[str | None, typer.Option("--server", help="Solve on a memsched service at this URL.")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="MEMSCHED_API_KEY", help="Bearer key for --server.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Find the fastest schedule that fits the budget, and write it."""
+    from memsched.optimizer.solve import SOLVERS, SolveOptions
+
+    if solver not in SOLVERS:
+        raise MemschedError(f"--solver {solver!r} is unknown; use one of {', '.join(SOLVERS)}")
+    if not time_limit > 0:
+        raise MemschedError(f"--time-limit must be > 0 seconds, got {time_limit}")
+    if not 0 <= gap < 1:
+        raise MemschedError(f"--gap must be in [0, 1), got {gap}")
+    tr = load_trace(trace)
+    spec = parse_budget(budget)
+    options = SolveOptions(solver=solver, time_limit_s=time_limit, gap=gap, export_model=export_model)
+    if server:
+        from memsched.cli_api import solve_via_server
+
+        sc = solve_via_server(server, tr, budget, options, api_key)
+    else:
+        from memsched.service import solve_trace
+
+        sc = solve_trace(tr, spec, options)
+    save_model(sc, output)
+    p, r = sc.prediction, sc.solver
+    if as_json:
+        _print_json({"output": str(output), "policy": sc.policy, "prediction": p.model_dump(), "solver": r.model_dump(mode="json")})
+        return
+    counts = {a: sum(1 for x in sc.actions if x.action == a) for a in ("keep", "offload", "recompute")}
+    t = Table(title=f"{tr.model}: schedule under {format_bytes(sc.budget_bytes)} → {output}")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_row("policy / backend", f"{sc.policy} / {r.backend}")
+    t.add_row("status", r.status.value)
+    t.add_row("layers keep / offload / recompute", f"{counts['keep']} / {counts['offload']} / {counts['recompute']}")
+    t.add_row("predicted peak", format_bytes(p.peak_bytes))
+    t.add_row("predicted step", f"{format_seconds(p.step_s)} ({p.overhead_pct:+.2f}% vs keep-all)")
+    if r.best_bound_s is not None:
+        t.add_row("best bound / gap", f"{format_seconds(r.best_bound_s)} / {100 * (r.gap or 0):.2f}%")
+    t.add_row("solve wall time", f"{r.wall_s:.2f} s")
+    if r.message:
+        t.add_row("note", r.message)
+    out.print(t)
+
+
+def _register_optional() -> None:
+    """Commands contributed by the runtime and the API live next to their code."""
+    for module in ("memsched.cli_runtime", "memsched.cli_api"):
+        try:
+            mod = __import__(module, fromlist=["register"])
+        except ModuleNotFoundError as e:
+            if e.name not in (module, "torch", "fastapi", "uvicorn", "sqlalchemy", "transformers"):
+                raise
+            log.debug("commands of %s unavailable: %s", module, e)
+            continue
+        mod.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=os.environ.get("MEMSCHED_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    _register_optional()
+    try:
+        # Standalone mode: typer/click report usage errors themselves (exit 2) and turn typer.Exit into
+        # sys.exit; everything else reaches the handlers below.
+        app(args=argv)
+    except MemschedError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except Exception as e:  # noqa: BLE001 - the one place that turns any other failure into exit code 1
+        if os.environ.get("MEMSCHED_DEBUG"):
+            raise
+        err.print(
+            f"[bold red]internal error:[/] {type(e).__name__}: {e} (set MEMSCHED_DEBUG=1 for the traceback)",
+            highlight=False,
+        )
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
