@@ -48,6 +48,11 @@ def describe_validation_error(err: ValidationError, what: str) -> str:
     for e in err.errors()[:5]:
         msg = e["msg"].removeprefix("Value error, ")
         fix = _FIXES.get(e["type"], "")
+        ctx = e.get("ctx") or {}
+        if e["type"] == "greater_than_equal":
+            fix = f"use a value >= {ctx.get('ge')}"
+        elif e["type"] == "greater_than":
+            fix = f"use a value > {ctx.get('gt')}"
         got = f" (got {e['input']!r})" if e["type"] not in ("missing", "value_error") and "input" in e else ""
         if len(got) > 80:
             got = ""

@@ -1,0 +1,125 @@
+"""The CLI's contract: tables and --json, exit 0 / 2 (user error, one line, no traceback) / 1 (internal)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import require_pipedream, tiny_trace
+
+from memsched.cli import main
+from memsched.io import save_model
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return e.value.code, captured.out, captured.err
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    tr = tiny_trace([0.01, 0.02, 0.03, 0.02], [0.02, 0.04, 0.06, 0.04], [1000, 2000, 3000, 2000], output=[100] * 4, inputs=[0, 100, 100, 100], static=500, bandwidth=1e6)
+    p = tmp_path / "trace.json"
+    save_model(tr, p)
+    return p
+
+
+def test_compare_table_and_json(trace_file, capsys):
+    code, out, _ = run(["compare", trace_file, "--budget", "50%"], capsys)
+    assert code == 0
+    for policy in ("keep-all", "checkpoint-all", "sqrt-segments", "offload-all-sync", "offload-all-overlapped"):
+        assert policy in out
+    code, out, _ = run(["compare", trace_file, "--budget", "50%", "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and len(doc["rows"]) == 5
+    assert {"policy", "feasible", "peak_bytes", "step_s", "overhead_pct"} <= set(doc["rows"][0])
+
+
+def test_solve_simulate_plot_validate(trace_file, tmp_path, capsys):
+    sched = tmp_path / "s.json"
+    code, out, err = run(["solve", trace_file, "--budget", "60%", "-o", sched, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["prediction"]["peak_bytes"] > 0
+    code, out, _ = run(["simulate", trace_file, sched, "--json"], capsys)
+    sim = json.loads(out)
+    assert code == 0 and sim["feasible"] and sim["overhead_s"] == pytest.approx(doc["prediction"]["overhead_s"])
+    png = tmp_path / "t.png"
+    code, out, _ = run(["plot", trace_file, sched, "-o", png], capsys)
+    assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, out, _ = run(["validate", sched, "--trace", trace_file], capsys)
+    assert code == 0 and "ok" in out
+    code, out, _ = run(["validate", trace_file], capsys)
+    assert code == 0 and "4 layers" in out
+
+
+def test_impossible_budget_exits_2_naming_the_minimum(trace_file, capsys):
+    code, out, err = run(["solve", trace_file, "--budget", "100B"], capsys)
+    assert code == 2
+    assert "budget" in err and "smallest feasible budget" in err and "Traceback" not in err
+
+
+def test_malformed_trace_exits_2_naming_the_field(tmp_path, trace_file, capsys):
+    doc = json.loads(trace_file.read_text())
+    doc["layers"][2]["backward_s"] = -1
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    code, _, err = run(["compare", bad, "--budget", "50%"], capsys)
+    assert code == 2 and "layers[2].backward_s" in err and "Traceback" not in err
+    bad.write_text("{not json")
+    code, _, err = run(["validate", bad], capsys)
+    assert code == 2 and "not valid JSON" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--budget", "lots"], "cannot read 'lots'"),
+        (["--budget", "50%", "--solver", "magic"], "--solver 'magic' is unknown"),
+        (["--budget", "50%", "--time-limit", "0"], "--time-limit must be > 0"),
+    ],
+)
+def test_bad_options_exit_2(trace_file, capsys, args, needle):
+    code, _, err = run(["solve", trace_file, *args], capsys)
+    assert code == 2 and needle in err
+
+
+def test_schedule_for_another_trace_exits_2(trace_file, tmp_path, capsys):
+    sched = tmp_path / "s.json"
+    assert run(["solve", trace_file, "--budget", "80%", "-o", sched], capsys)[0] == 0
+    other = tmp_path / "other.json"
+    save_model(tiny_trace([1, 1, 1, 1], [1, 1, 1, 1], [1, 2, 3, 4]), other)
+    code, _, err = run(["simulate", other, sched], capsys)
+    assert code == 2 and "trace_hash" in err
+
+
+def test_schema_command(capsys):
+    code, out, _ = run(["schema", "schedule"], capsys)
+    assert code == 0 and json.loads(out)["title"] == "Schedule"
+    code, _, err = run(["schema", "plan"], capsys)
+    assert code == 2 and "use 'trace' or 'schedule'" in err
+
+
+def test_console_script_import_and_compare_under_5s(tmp_path):
+    """The issue's 'done when': import the PipeDream ResNet-50 profile, then compare at 50% in < 5 s."""
+    graph = require_pipedream() / "resnet50.graph.txt"
+    exe = shutil.which("memsched") or f"{sys.executable} -m memsched.cli"
+    r50 = tmp_path / "r50.json"
+    r = subprocess.run([*exe.split(), "import", "pipedream", str(graph), "--batch-size", "128", "-o", str(r50)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    t0 = time.perf_counter()
+    r = subprocess.run([*exe.split(), "compare", str(r50), "--budget", "50%"], capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr
+    assert "sqrt-segments" in r.stdout
+    assert elapsed < 5, f"compare took {elapsed:.1f} s"
+    r = subprocess.run([*exe.split(), "compare", str(r50), "--budget", "1MiB"], capture_output=True, text=True)
+    assert r.returncode == 0  # compare reports infeasible rows, it does not fail
+    r = subprocess.run([*exe.split(), "solve", str(r50), "--budget", "1MiB", "-o", str(tmp_path / "s.json")], capture_output=True, text=True)
+    assert r.returncode == 2 and "smallest feasible budget" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,145 @@
+"""The simulator against timelines and peaks worked out by hand (docs/cost-model.md).
+
+Stage numbering: F_i is stage i, B_i is stage 2n-1-i. Copies move 100 bytes/s with no latency.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import tiny_trace
+
+from memsched.optimizer.plan import KEEP, Decision, offload_all, recompute
+from memsched.optimizer.simulate import simulate
+from memsched.schema import Action
+
+
+def spans(sim, stream):
+    return [(e.kind, e.layer, e.start, e.end) for e in sim.events if e.stream == stream]
+
+
+def test_keep_all():
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [10, 20, 30], static=5)
+    sim = simulate(tr, [KEEP] * 3)
+    # Stage memory: F0 10, F1 30, F2 60, B2 60, B1 30, B0 10.
+    assert sim.stage_bytes == [10, 30, 60, 60, 30, 10]
+    assert sim.peak_bytes == 65
+    assert sim.step_s == 18 and sim.overhead_s == 0 and sim.keepall_step_s == 18
+    assert spans(sim, "compute") == [
+        ("forward", 0, 0, 1), ("forward", 1, 1, 3), ("forward", 2, 3, 6),
+        ("backward", 2, 6, 12), ("backward", 1, 12, 16), ("backward", 0, 16, 18),
+    ]
+
+
+def test_recompute_middle_layer_keeps_its_input():
+    # outputs (4, 5, 6), inputs (0, 4, 5): forward transient = output, backward = output + input.
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [10, 20, 30], output=[4, 5, 6], inputs=[0, 4, 5], static=5)
+    sim = simulate(tr, [KEEP, recompute(), KEEP])
+    # F0: 10 + 4 | F1: 10 + 20 + 5 | F2: 10 + 30 + ckpt(o0=4) + 6 | B2: 10 + 30 + 4 + 11
+    # B1: 10 + 20 (rematerialised) + 9 | B0: 10 + 4
+    assert sim.stage_bytes == [14, 35, 50, 55, 39, 14]
+    assert sim.peak_bytes == 60
+    assert sim.recompute_s == 2 and sim.stall_s == 0 and sim.step_s == 20
+    assert ("recompute", 1, 12, 14) in spans(sim, "compute")
+    assert ("backward", 1, 14, 18) in spans(sim, "compute")
+    keep = simulate(tr, [KEEP] * 3)
+    assert keep.peak_bytes == 5 + 71  # B2: 10 + 20 + 30 + 11
+
+
+def test_offload_fully_hidden_behind_compute():
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [100, 20, 30])
+    sim = simulate(tr, [offload_all(tr, 0, done_by=1, prefetch_at=1), KEEP, KEEP])
+    # D2H 1->2 finishes inside F1 (1->3); prefetch issued at B1's start (12) ends at 13 < B0's start (16).
+    assert spans(sim, "d2h") == [("offload", 0, 1, 2)]
+    assert spans(sim, "h2d") == [("prefetch", 0, 12, 13)]
+    assert sim.stall_s == 0 and sim.step_s == 18
+    # Layer 0 is on the device during F0, F1 (done-by) and from B1 (prefetch) on.
+    assert sim.stage_bytes == [100, 120, 50, 50, 120, 100]
+    assert simulate(tr, [KEEP] * 3).peak_bytes == 150
+
+
+def test_offload_that_stalls():
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [300, 20, 30])
+    sim = simulate(tr, [offload_all(tr, 0, done_by=1, prefetch_at=1), KEEP, KEEP])
+    # The 3 s copy (1->4) is not done when F1 ends (3): compute waits 1 s, F2 runs 4->7.
+    assert spans(sim, "d2h") == [("offload", 0, 1, 4)]
+    assert ("stall", 0, 3, 4) in spans(sim, "compute")
+    assert ("forward", 2, 4, 7) in spans(sim, "compute")
+    # Prefetch at B1's start (13) takes 3 s: done at 16 < B0's start (17).
+    assert spans(sim, "h2d") == [("prefetch", 0, 13, 16)]
+    assert sim.stall_s == 1 and sim.step_s == 19
+
+
+def test_prefetch_issued_too_late():
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [100, 20, 30])
+    sim = simulate(tr, [offload_all(tr, 0, done_by=2, prefetch_at=0), KEEP, KEEP])
+    # Forward: copy 1->2 hidden. Backward: B2 6->12, B1 12->16; prefetch issued only at B0's start: 16->17.
+    assert spans(sim, "h2d") == [("prefetch", 0, 16, 17)]
+    assert ("stall", 0, 16, 17) in spans(sim, "compute")
+    assert sim.stall_s == 1 and sim.step_s == 19
+    # Only B0 has layer 0 back; F2 still holds it (done-by 2).
+    assert sim.stage_bytes == [100, 120, 150, 50, 20, 100]
+
+
+def test_dag_output_feeding_two_recomputed_layers_is_held_once():
+    # Layer 0 feeds layers 1 and 3 (a skip connection); 1 and 3 are recomputed.
+    tr = tiny_trace(
+        [1] * 5, [2] * 5, [10, 20, 30, 40, 50],
+        output=[8, 5, 6, 7, 9], inputs=[0, 8, 5, 14, 7],
+        deps=[[], [0], [1], [2, 0], [3]],
+    )
+    sim = simulate(tr, [KEEP, recompute(), KEEP, recompute(), KEEP])
+    # o0 is held by the segment at 1 over stages 2..7 (covers the segment at 3's 4..5): counted once.
+    # o2 is held by the segment at 3 over stages 4..5.
+    assert sim.stage_bytes == [18, 35, 54, 95, 113, 120, 109, 59, 43, 18]
+    assert sim.peak_bytes == 120
+    assert sim.recompute_s == 2 and sim.step_s == 17
+
+
+def test_recompute_segment_keeps_only_its_input():
+    tr = tiny_trace([1, 1, 1], [1, 1, 1], [10, 20, 30], output=[3, 4, 5])
+    sim = simulate(tr, [recompute(), recompute(group=0), KEEP])
+    # Segment [0, 1]: F0 10+3, F1 20+4, F2 30+5 (nothing of the segment retained: it has no outside input),
+    # B2 30 + 5, B1: layers 0 and 1 rematerialised: 10 + 20 + 4, B0: 10 + 3.
+    assert sim.stage_bytes == [13, 24, 35, 35, 34, 13]
+    assert sim.recompute_s == 2 and sim.step_s == 8
+
+
+def test_partial_offload_moves_only_the_listed_tensors():
+    tr = tiny_trace([1, 1], [1, 1], [[60, 40], 10])
+    d = Decision(action=Action.OFFLOAD, offload_tensors=(0,), offload_bytes=60, done_by=0, prefetch_at=0)
+    sim = simulate(tr, [d, KEEP])
+    # F0 100 | F1 40 + 10 | B1 40 + 10 | B0 100; D2H 0.6 s copy: stall 0.6 at F0's end, 0.6 at B0's start.
+    assert sim.stage_bytes == [100, 50, 50, 100]
+    assert sim.stall_s == pytest.approx(1.2)
+
+
+def test_default_timing_hides_copy_and_prefetches_early():
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [100, 20, 30])
+    sim = simulate(tr, [offload_all(tr, 0), KEEP, KEEP])
+    d = sim.decisions[0]
+    # Copy 1->2 ends inside F1 (ends at 3): done-by 1. No budget: prefetch at the first backward stage.
+    assert (d.done_by, d.prefetch_at) == (1, 2)
+    assert sim.stall_s == 0
+
+
+def test_default_timing_respects_the_budget():
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [100, 20, 30])
+    # Prefetching at B2 would put B2 at 150 > 130: the earliest that fits is B1 (120).
+    sim = simulate(tr, [offload_all(tr, 0), KEEP, KEEP], budget_bytes=130)
+    assert sim.decisions[0].prefetch_at == 1
+    assert sim.feasible and sim.peak_bytes == 120
+
+
+def test_other_step_time_is_added_once():
+    tr = tiny_trace([1], [1], [5], other_s=3)
+    sim = simulate(tr, [KEEP])
+    assert sim.step_s == 5 and sim.keepall_step_s == 5 and sim.overhead_s == 0
+
+
+def test_non_monotone_prefetch_is_rejected():
+    from memsched.errors import ScheduleMismatchError
+
+    tr = tiny_trace([1, 1, 1], [1, 1, 1], [10, 10, 10])
+    bad = [offload_all(tr, 0, done_by=0, prefetch_at=2), offload_all(tr, 1, done_by=1, prefetch_at=1), KEEP]
+    with pytest.raises(ScheduleMismatchError, match="order backward needs them"):
+        simulate(tr, bad)

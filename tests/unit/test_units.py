@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+from conftest import tiny_trace
+
+from memsched.errors import MemschedError
+from memsched.optimizer.budget import keepall_activation_peak, resolve_budget
+from memsched.units import format_bytes, parse_budget, parse_bytes
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("12GiB", 12 * 2**30), ("500MB", 500 * 10**6), ("1048576", 2**20), ("1.5 GiB", 3 * 2**29), (" 2kib ", 2048), (4096, 4096), ("1e9", 10**9)],
+)
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "12 parsecs", "-5", "0", "0GiB", "abc", "5XB"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(MemschedError, match="budget"):
+        parse_bytes(text)
+
+
+def test_percent_budget_is_static_plus_share_of_activations():
+    tr = tiny_trace([1, 1], [1, 1], [100, 300], static=1000)
+    act = keepall_activation_peak(tr)
+    assert act == 400
+    assert resolve_budget("50%", tr) == 1000 + 200
+    assert resolve_budget("100%", tr) == 1000 + 400
+    assert resolve_budget(parse_budget("2GiB"), tr) == 2 * 2**30
+
+
+@pytest.mark.parametrize("text", ["0%", "-3%", "x%", "nan%"])
+def test_percent_rejects(text):
+    with pytest.raises(MemschedError, match="budget"):
+        parse_budget(text)
+
+
+def test_format_bytes():
+    assert format_bytes(3 * 2**30) == "3.00 GiB"
+    assert format_bytes(512) == "512 B"
