@@ -38,7 +38,10 @@ log = logging.getLogger("memsched")
 F = TypeVar("F", bound=Callable[..., Any])
 
 BudgetOpt = Annotated[
-    str, typer.Option("--budget", "-b", help="Whole-device budget: 12GiB, 500MB, bytes, or N% (static + N% of activations).")
+    str,
+    typer.Option(
+        "--budget", "-b", help="Whole-device budget: 12GiB, 500MB, bytes, or N% (static + N% of activations)."
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -84,10 +87,14 @@ def validate(
         sched = load_schedule(file)
         if trace is not None:
             check_schedule(sched, load_trace(trace))
-        out.print(f"[green]ok[/]: schedule for {len(sched.layer_names)} layers, budget {format_bytes(sched.budget_bytes)}")
+        out.print(
+            f"[green]ok[/]: schedule for {len(sched.layer_names)} layers, budget {format_bytes(sched.budget_bytes)}"
+        )
     else:
         tr = load_trace(file)
-        out.print(f"[green]ok[/]: trace of {tr.model}, {tr.n} layers, batch {tr.batch_size}, hash {tr.content_hash()[:12]}")
+        out.print(
+            f"[green]ok[/]: trace of {tr.model}, {tr.n} layers, batch {tr.batch_size}, hash {tr.content_hash()[:12]}"
+        )
 
 
 @app.command("simulate")
@@ -127,7 +134,9 @@ def simulate_cmd(
 
 
 @app.command()
-def compare(trace: Annotated[Path, typer.Argument(help="Trace JSON.")], budget: BudgetOpt, as_json: JsonOpt = False) -> None:
+def compare(
+    trace: Annotated[Path, typer.Argument(help="Trace JSON.")], budget: BudgetOpt, as_json: JsonOpt = False
+) -> None:
     """Compare the baseline policies under a budget: feasible, predicted peak, step time, overhead."""
     from memsched.service import compare_policies
 
@@ -138,9 +147,18 @@ def compare(trace: Annotated[Path, typer.Argument(help="Trace JSON.")], budget: 
         return
     t = Table(
         title=f"{tr.model} (batch {tr.batch_size}, {tr.n} layers) — budget {format_bytes(cmp.budget_bytes)}",
-        caption=f"static {format_bytes(cmp.static_bytes)}, keep-all activations {format_bytes(cmp.keepall_activation_bytes)}",
+        caption=(
+            f"static {format_bytes(cmp.static_bytes)}, "
+            f"keep-all activations {format_bytes(cmp.keepall_activation_bytes)}"
+        ),
     )
-    for col, just in (("policy", "left"), ("feasible", "center"), ("predicted peak", "right"), ("step time", "right"), ("overhead", "right")):
+    for col, just in (
+        ("policy", "left"),
+        ("feasible", "center"),
+        ("predicted peak", "right"),
+        ("step time", "right"),
+        ("overhead", "right"),
+    ):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in cmp.rows:
         t.add_row(
@@ -158,11 +176,15 @@ def import_pipedream_cmd(
     graph: Annotated[Path, typer.Argument(help="PipeDream profiler graph.txt.")],
     batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size the profile was taken at.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Trace JSON to write.")],
-    device_memory: Annotated[str, typer.Option(help="Device memory capacity (the profile does not record it).")] = "16GiB",
+    device_memory: Annotated[
+        str, typer.Option(help="Device memory capacity (the profile does not record it).")
+    ] = "16GiB",
     h2d_bandwidth: Annotated[float, typer.Option(help="Pinned host->device bytes/s.")] = 12e9,
     d2h_bandwidth: Annotated[float, typer.Option(help="Pinned device->host bytes/s.")] = 12e9,
     copy_latency: Annotated[float, typer.Option(help="Per-copy latency, seconds.")] = 10e-6,
-    optimizer_state_factor: Annotated[float, typer.Option(help="Optimizer state bytes per parameter byte (1 = SGD momentum, 2 = Adam).")] = 1.0,
+    optimizer_state_factor: Annotated[
+        float, typer.Option(help="Optimizer state bytes per parameter byte (1 = SGD momentum, 2 = Adam).")
+    ] = 1.0,
 ) -> None:
     """Import a PipeDream profile (keeps its DAG edges) into a memsched trace."""
     from memsched.importers import import_pipedream
@@ -183,7 +205,10 @@ def import_pipedream_cmd(
         optimizer_state_factor=optimizer_state_factor,
     )
     save_model(tr, output)
-    out.print(f"wrote {output}: {tr.n} layers, static {format_bytes(tr.static.total)}, keep-all peak {format_bytes(tr.baseline.peak_bytes)}")
+    out.print(
+        f"wrote {output}: {tr.n} layers, static {format_bytes(tr.static.total)}, "
+        f"keep-all peak {format_bytes(tr.baseline.peak_bytes)}"
+    )
 
 
 @app.command()
@@ -214,7 +239,9 @@ def solve(
     gap: Annotated[float, typer.Option(help="Relative gap at which the exact solver may stop.")] = 0.01,
     export_model: Annotated[Path | None, typer.Option("--export-model", help="Write the solver model here.")] = None,
     server: Annotated[str | None, typer.Option("--server", help="Solve on a memsched service at this URL.")] = None,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="MEMSCHED_API_KEY", help="Bearer key for --server.")] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="MEMSCHED_API_KEY", help="Bearer key for --server.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the fastest schedule that fits the budget, and write it."""
@@ -240,7 +267,14 @@ def solve(
     save_model(sc, output)
     p, r = sc.prediction, sc.solver
     if as_json:
-        _print_json({"output": str(output), "policy": sc.policy, "prediction": p.model_dump(), "solver": r.model_dump(mode="json")})
+        _print_json(
+            {
+                "output": str(output),
+                "policy": sc.policy,
+                "prediction": p.model_dump(),
+                "solver": r.model_dump(mode="json"),
+            }
+        )
         return
     counts = {a: sum(1 for x in sc.actions if x.action == a) for a in ("keep", "offload", "recompute")}
     t = Table(title=f"{tr.model}: schedule under {format_bytes(sc.budget_bytes)} → {output}")
@@ -282,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     except MemschedError as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except Exception as e:  # noqa: BLE001 - the one place that turns any other failure into exit code 1
+    except Exception as e:
         if os.environ.get("MEMSCHED_DEBUG"):
             raise
         err.print(

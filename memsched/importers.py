@@ -8,6 +8,7 @@ saves it. It does not name the device either: copy speeds and capacity come from
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,7 @@ def _number(text: str, path: str, line: int, what: str) -> float:
         value = float(text)
     except ValueError:
         raise TraceFormatError(f"{path}:{line}: {what} {text!r} is not a number; fix the profile line") from None
-    if value < 0 or value != value or value in (float("inf"), float("-inf")):
+    if value < 0 or not math.isfinite(value):
         raise TraceFormatError(f"{path}:{line}: {what} {text!r} must be a finite number >= 0")
     return value
 
@@ -153,7 +154,7 @@ def import_pipedream(
     index = {n.id: i for i, n in enumerate(layers_nodes)}
     claimed: set[str] = {n.id for n in inputs}  # tensors already counted (inputs are resident anyway)
     layers: list[Layer] = []
-    for i, node in enumerate(layers_nodes):
+    for node in layers_nodes:
         deps = sorted({index[q] for q in node.preds if q in index})
         in_bytes = sum(nodes[q].output_bytes for q in node.preds)
         saved: list[int] = []

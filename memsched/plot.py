@@ -60,11 +60,17 @@ def plot_sim(trace: Trace, sim: SimResult, out_path: str | Path, budget_bytes: i
         xs += [sim.stage_start[t] * ms, sim.stage_end[t] * ms]
         y = static + sim.stage_bytes[t] / _GIB
         ys += [y, y]
-    ax_mem.fill_between(xs, 0, [static] * len(xs), color="#BBBBBB", alpha=0.6, label="static (params, grads, optimizer)")
-    ax_mem.fill_between(xs, static, ys, color="#4C72B0", alpha=0.35, step=None, label="activations + copies + workspace")
+    ax_mem.fill_between(
+        xs, 0, [static] * len(xs), color="#BBBBBB", alpha=0.6, label="static (params, grads, optimizer)"
+    )
+    ax_mem.fill_between(
+        xs, static, ys, color="#4C72B0", alpha=0.35, step=None, label="activations + copies + workspace"
+    )
     ax_mem.plot(xs, ys, color="#2B4C7E", lw=1.4)
     if budget_bytes is not None:
-        ax_mem.axhline(budget_bytes / _GIB, color="#C44E52", ls="--", lw=1.5, label=f"budget {budget_bytes / _GIB:.2f} GiB")
+        ax_mem.axhline(
+            budget_bytes / _GIB, color="#C44E52", ls="--", lw=1.5, label=f"budget {budget_bytes / _GIB:.2f} GiB"
+        )
     peak_t = sim.peak_stage
     ax_mem.annotate(
         f"peak {sim.peak_bytes / _GIB:.2f} GiB",
@@ -93,7 +99,9 @@ def plot_sim(trace: Trace, sim: SimResult, out_path: str | Path, budget_bytes: i
         width = (e.end - e.start) * ms
         if width <= 0:
             continue
-        ax_gantt.broken_barh([(e.start * ms, width)], (row - 0.4, 0.8), color=_COLORS[e.kind], edgecolor="white", lw=0.3)
+        ax_gantt.broken_barh(
+            [(e.start * ms, width)], (row - 0.4, 0.8), color=_COLORS[e.kind], edgecolor="white", lw=0.3
+        )
         if width >= label_room and n <= 64:
             ax_gantt.text(
                 e.start * ms + width / 2,

@@ -340,8 +340,7 @@ def check_schedule(schedule: Schedule, trace: Trace) -> None:
         for i, (a, b) in enumerate(zip(schedule.layer_names, trace.layer_names, strict=True)):
             if a != b:
                 raise ScheduleMismatchError(
-                    f"schedule layer_names[{i}] is {a!r} but the trace's layer {i} is {b!r}; "
-                    "solve again for this trace"
+                    f"schedule layer_names[{i}] is {a!r} but the trace's layer {i} is {b!r}; solve again for this trace"
                 )
     h = trace.content_hash()
     if schedule.trace_hash != h:

@@ -32,9 +32,7 @@ def parse_bytes(text: str | int, field: str = "budget") -> int:
     else:
         m = _SIZE_RE.match(text)
         if not m or m.group(3).lower() not in _UNITS:
-            raise MemschedError(
-                f"{field}: cannot read {text!r} as a size; write it like 12GiB, 500MB, 1048576 or 50%"
-            )
+            raise MemschedError(f"{field}: cannot read {text!r} as a size; write it like 12GiB, 500MB, 1048576 or 50%")
         number = float(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
         value = round(number * _UNITS[m.group(3).lower()])
     if value <= 0:

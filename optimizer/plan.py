@@ -55,7 +55,9 @@ def offload_all(trace: Trace, i: int, done_by: int = -1, prefetch_at: int = -1) 
     )
 
 
-def offload_subset(trace: Trace, i: int, tensors: tuple[int, ...], done_by: int = -1, prefetch_at: int = -1) -> Decision:
+def offload_subset(
+    trace: Trace, i: int, tensors: tuple[int, ...], done_by: int = -1, prefetch_at: int = -1
+) -> Decision:
     sizes = trace.layers[i].tensors
     return Decision(
         action=Action.OFFLOAD,

@@ -50,7 +50,13 @@ def tiny_trace(
     return Trace(
         model="tiny",
         batch_size=1,
-        device=DeviceInfo(name="test", memory_bytes=10**9, h2d_bytes_per_s=bandwidth, d2h_bytes_per_s=bandwidth, copy_latency_s=latency),
+        device=DeviceInfo(
+            name="test",
+            memory_bytes=10**9,
+            h2d_bytes_per_s=bandwidth,
+            d2h_bytes_per_s=bandwidth,
+            copy_latency_s=latency,
+        ),
         static=StaticBytes(params=static),
         baseline=Baseline(step_s=sum(forward) + sum(backward) + other_s, peak_bytes=0),
         layers=layers,

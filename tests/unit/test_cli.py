@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
-from conftest import require_pipedream, tiny_trace
 
+from conftest import require_pipedream, tiny_trace
 from memsched.cli import main
 from memsched.io import save_model
 
@@ -24,7 +24,15 @@ def run(argv, capsys):
 
 @pytest.fixture
 def trace_file(tmp_path):
-    tr = tiny_trace([0.01, 0.02, 0.03, 0.02], [0.02, 0.04, 0.06, 0.04], [1000, 2000, 3000, 2000], output=[100] * 4, inputs=[0, 100, 100, 100], static=500, bandwidth=1e6)
+    tr = tiny_trace(
+        [0.01, 0.02, 0.03, 0.02],
+        [0.02, 0.04, 0.06, 0.04],
+        [1000, 2000, 3000, 2000],
+        output=[100] * 4,
+        inputs=[0, 100, 100, 100],
+        static=500,
+        bandwidth=1e6,
+    )
     p = tmp_path / "trace.json"
     save_model(tr, p)
     return p
@@ -111,7 +119,11 @@ def test_console_script_import_and_compare_under_5s(tmp_path):
     graph = require_pipedream() / "resnet50.graph.txt"
     exe = shutil.which("memsched") or f"{sys.executable} -m memsched.cli"
     r50 = tmp_path / "r50.json"
-    r = subprocess.run([*exe.split(), "import", "pipedream", str(graph), "--batch-size", "128", "-o", str(r50)], capture_output=True, text=True)
+    r = subprocess.run(
+        [*exe.split(), "import", "pipedream", str(graph), "--batch-size", "128", "-o", str(r50)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     t0 = time.perf_counter()
     r = subprocess.run([*exe.split(), "compare", str(r50), "--budget", "50%"], capture_output=True, text=True)
@@ -121,5 +133,9 @@ def test_console_script_import_and_compare_under_5s(tmp_path):
     assert elapsed < 5, f"compare took {elapsed:.1f} s"
     r = subprocess.run([*exe.split(), "compare", str(r50), "--budget", "1MiB"], capture_output=True, text=True)
     assert r.returncode == 0  # compare reports infeasible rows, it does not fail
-    r = subprocess.run([*exe.split(), "solve", str(r50), "--budget", "1MiB", "-o", str(tmp_path / "s.json")], capture_output=True, text=True)
+    r = subprocess.run(
+        [*exe.split(), "solve", str(r50), "--budget", "1MiB", "-o", str(tmp_path / "s.json")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "smallest feasible budget" in r.stderr and "Traceback" not in r.stderr

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import require_pipedream
 
+from conftest import require_pipedream
 from memsched.errors import TraceFormatError
 from memsched.importers import import_pipedream
-from memsched.service import compare_policies
-from memsched.optimizer.simulate import simulate
 from memsched.optimizer.baselines import keep_all
+from memsched.optimizer.simulate import simulate
+from memsched.service import compare_policies
 
 BATCH = {"alexnet": 256, "resnet18": 256, "vgg16": 128, "resnet50": 128, "densenet121": 64, "gnmt": 64}
 
@@ -35,7 +35,9 @@ def test_dag_edges_are_kept():
 
 def test_malformed_profile_names_the_line(tmp_path):
     p = tmp_path / "g.txt"
-    p.write_text("node1 -- Conv2d(3, 64) -- forward_compute_time=1.0, backward_compute_time=oops, activation_size=8.0, parameter_size=0.0\n")
+    p.write_text(
+        "node1 -- Conv2d(3, 64) -- forward_compute_time=1.0, backward_compute_time=oops, activation_size=8.0, parameter_size=0.0\n"
+    )
     with pytest.raises(TraceFormatError, match=r"g.txt:1: backward_compute_time 'oops' is not a number"):
         import_pipedream(p, 8)
     p.write_text("garbage\n")

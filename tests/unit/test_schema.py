@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-from conftest import tiny_trace
 
+from conftest import tiny_trace
 from memsched.errors import MemschedError, ScheduleMismatchError, TraceFormatError
 from memsched.io import load_schedule, load_trace, parse_model, save_model
 from memsched.optimizer.baselines import best_baseline
@@ -50,7 +50,9 @@ def test_rejects_duplicate_layer_names(trace_doc):
     reject(trace_doc, "layers[2].name", "repeats layers[0].name", "unique")
 
 
-@pytest.mark.parametrize(("deps", "needle"), [([2], "points forward or at itself"), ([5], "points forward"), ([-1], "out of range")])
+@pytest.mark.parametrize(
+    ("deps", "needle"), [([2], "points forward or at itself"), ([5], "points forward"), ([-1], "out of range")]
+)
 def test_rejects_bad_dependencies(trace_doc, deps, needle):
     trace_doc["layers"][1]["deps"] = deps
     reject(trace_doc, "layers[1].deps[0]", needle, "earlier layers")
@@ -133,4 +135,6 @@ def test_json_schema_is_exported_and_committed():
     docs = Path(__file__).resolve().parents[2] / "docs"
     for kind in ("trace", "schedule"):
         committed = json.loads((docs / f"{kind}.schema.json").read_text())
-        assert committed == json_schema(kind), f"docs/{kind}.schema.json is stale: run memsched schema {kind} -o docs/{kind}.schema.json"
+        assert committed == json_schema(kind), (
+            f"docs/{kind}.schema.json is stale: run memsched schema {kind} -o docs/{kind}.schema.json"
+        )

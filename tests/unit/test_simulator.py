@@ -6,8 +6,8 @@ Stage numbering: F_i is stage i, B_i is stage 2n-1-i. Copies move 100 bytes/s wi
 from __future__ import annotations
 
 import pytest
-from conftest import tiny_trace
 
+from conftest import tiny_trace
 from memsched.optimizer.plan import KEEP, Decision, offload_all, recompute
 from memsched.optimizer.simulate import simulate
 from memsched.schema import Action
@@ -25,8 +25,12 @@ def test_keep_all():
     assert sim.peak_bytes == 65
     assert sim.step_s == 18 and sim.overhead_s == 0 and sim.keepall_step_s == 18
     assert spans(sim, "compute") == [
-        ("forward", 0, 0, 1), ("forward", 1, 1, 3), ("forward", 2, 3, 6),
-        ("backward", 2, 6, 12), ("backward", 1, 12, 16), ("backward", 0, 16, 18),
+        ("forward", 0, 0, 1),
+        ("forward", 1, 1, 3),
+        ("forward", 2, 3, 6),
+        ("backward", 2, 6, 12),
+        ("backward", 1, 12, 16),
+        ("backward", 0, 16, 18),
     ]
 
 
@@ -83,8 +87,11 @@ def test_prefetch_issued_too_late():
 def test_dag_output_feeding_two_recomputed_layers_is_held_once():
     # Layer 0 feeds layers 1 and 3 (a skip connection); 1 and 3 are recomputed.
     tr = tiny_trace(
-        [1] * 5, [2] * 5, [10, 20, 30, 40, 50],
-        output=[8, 5, 6, 7, 9], inputs=[0, 8, 5, 14, 7],
+        [1] * 5,
+        [2] * 5,
+        [10, 20, 30, 40, 50],
+        output=[8, 5, 6, 7, 9],
+        inputs=[0, 8, 5, 14, 7],
         deps=[[], [0], [1], [2, 0], [3]],
     )
     sim = simulate(tr, [KEEP, recompute(), KEEP, recompute(), KEEP])

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import tiny_trace
 
+from conftest import tiny_trace
 from memsched.errors import MemschedError
 from memsched.optimizer.budget import keepall_activation_peak, resolve_budget
 from memsched.units import format_bytes, parse_budget, parse_bytes
@@ -10,7 +10,15 @@ from memsched.units import format_bytes, parse_budget, parse_bytes
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("12GiB", 12 * 2**30), ("500MB", 500 * 10**6), ("1048576", 2**20), ("1.5 GiB", 3 * 2**29), (" 2kib ", 2048), (4096, 4096), ("1e9", 10**9)],
+    [
+        ("12GiB", 12 * 2**30),
+        ("500MB", 500 * 10**6),
+        ("1048576", 2**20),
+        ("1.5 GiB", 3 * 2**29),
+        (" 2kib ", 2048),
+        (4096, 4096),
+        ("1e9", 10**9),
+    ],
 )
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
