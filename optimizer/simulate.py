@@ -8,10 +8,12 @@ The ILP models exactly these rules, so its objective equals `simulate(...).overh
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.plan import Decision, group_start, to_actions
+from memsched.optimizer.segtree import MaxSegTree
 from memsched.schema import Action, Prediction, Schedule, Trace, validate_actions
 
 COMPUTE, D2H, H2D = "compute", "d2h", "h2d"
@@ -217,28 +219,32 @@ def default_timing(trace: Trace, decisions: list[Decision], budget_bytes: int | 
     limit = None if budget_bytes is None else budget_bytes - trace.static.total
     mem = stage_memory(trace, out)
     if limit is not None:
-        # Pull done-by earlier (the copy then stalls) where a forward stage is over budget.
+        # Pull done-by earlier (the copy then stalls) where a forward stage is over budget, earliest layer
+        # first. Each layer leaves the queue once, so this is linear in layers plus stages freed.
+        pending = deque(unset_done)
         for t in range(1, n):
-            for j in unset_done:
-                if mem[t] <= limit or j >= t:
-                    break
+            while pending and mem[t] > limit and pending[0] < t:
+                j = pending.popleft()
                 d = out[j]
                 if d.done_by >= t:
                     for s in range(t, d.done_by + 1):
                         mem[s] -= d.offload_bytes
                     out[j] = replace(d, done_by=t - 1)
     cap = n - 1
+    tree = MaxSegTree(mem) if limit is not None else None
     for i in sorted(todo, reverse=True):
         if i not in unset_pref:
             cap = min(cap, out[i].prefetch_at)
             continue
         x = out[i].offload_bytes
-        p = i
-        # Move the issue stage earlier (p up) while the newly covered stage still fits the budget.
-        while p < cap and (limit is None or mem[last - (p + 1)] + x <= limit):
-            p += 1
-        for s in range(last - p, last - i):
-            mem[s] += x
+        p = cap
+        if tree is not None and limit is not None:
+            # Earliest issue stage p (<= cap) such that every stage from B_p up to B_i still fits with x
+            # added: the first stage scanning back from B_{i+1} that would overflow bounds it.
+            blocked = tree.rightmost_above(last - i - 1, limit - x)
+            p = min(cap, max(i, last - blocked - 1)) if blocked >= last - cap else cap
+            if p > i:
+                tree.add(last - p, last - i - 1, x)
         out[i] = replace(out[i], prefetch_at=p)
         cap = p
     return out

@@ -150,3 +150,49 @@ def test_non_monotone_prefetch_is_rejected():
     bad = [offload_all(tr, 0, done_by=0, prefetch_at=2), offload_all(tr, 1, done_by=1, prefetch_at=1), KEEP]
     with pytest.raises(ScheduleMismatchError, match="order backward needs them"):
         simulate(tr, bad)
+
+
+def _naive_prefetch(tr, decisions, budget):
+    """The definition, stage by stage: the earliest issue stage whose whole holding span fits."""
+    from dataclasses import replace
+
+    from memsched.optimizer.simulate import stage_memory
+
+    n, last, out = tr.n, 2 * tr.n - 1, list(decisions)
+    cap = n - 1
+    for i in range(n - 1, -1, -1):
+        if out[i].action != Action.OFFLOAD:
+            continue
+        chosen = i
+        for p in range(cap, i - 1, -1):
+            trial = list(out)
+            trial[i] = replace(out[i], prefetch_at=p)
+            mem = stage_memory(tr, trial)
+            if all(tr.static.total + mem[t] <= budget for t in range(last - p, last - i)):
+                chosen = p
+                break
+        out[i] = replace(out[i], prefetch_at=chosen)
+        cap = chosen
+    return [d.prefetch_at for d in out]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fast_prefetch_placement_matches_its_definition(seed):
+    import random
+    from dataclasses import replace
+
+    from memsched.optimizer.simulate import default_timing
+
+    rng = random.Random(seed)
+    n = rng.randint(2, 9)
+    tr = tiny_trace(
+        [rng.uniform(0.1, 2) for _ in range(n)],
+        [rng.uniform(0.1, 2) for _ in range(n)],
+        [rng.randint(1, 100) for _ in range(n)],
+        output=[rng.randint(0, 20) for _ in range(n)],
+    )
+    ds = [offload_all(tr, i, done_by=i) if rng.random() < 0.6 else KEEP for i in range(n)]
+    budget = rng.randint(60, 400)
+    fast = default_timing(tr, ds, budget)
+    provisional = [replace(d, prefetch_at=i) if d.action == Action.OFFLOAD else d for i, d in enumerate(ds)]
+    assert [d.prefetch_at for d in fast] == _naive_prefetch(tr, provisional, budget)
