@@ -1,0 +1,236 @@
+"""Database operations of the routes and the job runner. Synchronous (SQLAlchemy sessions); the async code
+calls them in worker threads so the event loop never waits on the database."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from memsched.api.models import JobRow, JobStatus, TraceRow, utcnow
+from memsched.schema import Trace
+
+
+def cache_key(trace_hash: str, budget_bytes: int, solver: str, time_limit_s: float, gap: float) -> str:
+    """Equal keys mean the same question: the same trace, budget bytes and solve options."""
+    payload = json.dumps(
+        {"trace": trace_hash, "budget_bytes": budget_bytes, "solver": solver, "time_limit_s": time_limit_s,
+         "gap": gap},
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def store_trace(s: Session, owner: str, trace: Trace) -> tuple[TraceRow, bool]:
+    """Store a trace under its content hash; (row, created). Storing it again is a no-op."""
+    tid = trace.content_hash()
+    row = s.get(TraceRow, (owner, tid))
+    if row is not None:
+        return row, False
+    row = TraceRow(owner=owner, id=tid, model=trace.model[:256], n_layers=trace.n, body=trace.model_dump_json())
+    s.add(row)
+    try:
+        s.commit()
+    except IntegrityError:
+        # A concurrent request stored the same trace first: the database's primary key settled it.
+        s.rollback()
+        existing = s.get(TraceRow, (owner, tid))
+        assert existing is not None
+        return existing, False
+    return row, True
+
+
+def get_trace(s: Session, owner: str, trace_id: str) -> TraceRow | None:
+    return s.get(TraceRow, (owner, trace_id))
+
+
+def get_job(s: Session, owner: str, job_id: str) -> JobRow | None:
+    row = s.get(JobRow, job_id)
+    return row if row is not None and row.owner == owner else None
+
+
+def is_finished(s: Session, job_id: str) -> bool:
+    status = s.scalar(select(JobRow.status).where(JobRow.id == job_id))
+    return status in (JobStatus.DONE, JobStatus.FAILED, None)
+
+
+def has_job(s: Session, owner: str, key: str) -> bool:
+    return s.scalar(select(JobRow.id).where(JobRow.owner == owner, JobRow.cache_key == key)) is not None
+
+
+def count_queued(s: Session) -> int:
+    return s.scalar(select(func.count()).select_from(JobRow).where(JobRow.status == JobStatus.QUEUED)) or 0
+
+
+def jobs_by_state(s: Session) -> dict[str, int]:
+    rows = s.execute(select(JobRow.status, func.count()).group_by(JobRow.status)).all()
+    counts = {st.value: 0 for st in JobStatus}
+    counts.update({str(status): int(n) for status, n in rows})
+    return counts
+
+
+@dataclass
+class Submission:
+    job: JobRow
+    new_solve: bool
+    """True when this request queued a solve; False when an existing job or a cached schedule answered it."""
+
+
+def submit_job(
+    s: Session,
+    owner: str,
+    trace_row: TraceRow,
+    budget_spec: str,
+    budget_bytes: int,
+    solver: str,
+    time_limit_s: float,
+    gap: float,
+) -> Submission:
+    """Find or create the job for (owner, cache key): a repeat returns the same job; a question another
+    owner already had answered is copied from that answer; a failed job is retried; else a new job is queued."""
+    key = cache_key(trace_row.id, budget_bytes, solver, time_limit_s, gap)
+    for _ in range(3):
+        existing = s.scalars(select(JobRow).where(JobRow.owner == owner, JobRow.cache_key == key)).first()
+        if existing is not None:
+            if existing.status != JobStatus.FAILED:
+                return Submission(existing, False)
+            # A failure (time limit, crashed worker) may not repeat: asking again retries it.
+            existing.status = JobStatus.QUEUED
+            existing.reason = f"resubmitted after failure: {existing.reason}"
+            existing.attempts = 0
+            existing.started_at = existing.finished_at = None
+            s.commit()
+            return Submission(existing, True)
+        done = s.scalars(
+            select(JobRow).where(JobRow.cache_key == key, JobRow.status == JobStatus.DONE).limit(1)
+        ).first()
+        row = JobRow(
+            id=uuid.uuid4().hex,
+            owner=owner,
+            trace_id=trace_row.id,
+            cache_key=key,
+            budget_bytes=budget_bytes,
+            budget_spec=budget_spec[:64],
+            solver=solver,
+            time_limit_s=time_limit_s,
+            gap=gap,
+            status=JobStatus.QUEUED,
+            attempts=0,
+        )
+        if done is not None:
+            now = utcnow()
+            row.status, row.schedule, row.cached = JobStatus.DONE, done.schedule, True
+            row.solve_s, row.started_at, row.finished_at = done.solve_s, now, now
+        s.add(row)
+        try:
+            s.commit()
+        except IntegrityError:
+            # The same owner submitted the same question concurrently; the unique (owner, cache_key)
+            # constraint let exactly one insert win. Loop to return the winner's job.
+            s.rollback()
+            continue
+        return Submission(row, done is None)
+    raise RuntimeError("could not insert or find the job after 3 tries")  # unreachable in practice
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: str
+    trace_json: str
+    budget_bytes: int
+    solver: str
+    time_limit_s: float
+    gap: float
+    attempts: int
+
+
+def claim_next(s: Session) -> ClaimedJob | None:
+    """Move the oldest queued job to running and return it. The conditional UPDATE makes the claim atomic,
+    so a job is never started twice even if two runners share the database."""
+    for _ in range(5):
+        row = s.scalars(
+            select(JobRow).where(JobRow.status == JobStatus.QUEUED).order_by(JobRow.created_at).limit(1)
+        ).first()
+        if row is None:
+            return None
+        res = s.execute(
+            update(JobRow)
+            .where(JobRow.id == row.id, JobRow.status == JobStatus.QUEUED)
+            .values(status=JobStatus.RUNNING, started_at=utcnow(), attempts=JobRow.attempts + 1)
+            .execution_options(synchronize_session=False)
+        )
+        s.commit()
+        if res.rowcount != 1:  # type: ignore[attr-defined]
+            continue
+        s.refresh(row)
+        trace = s.get(TraceRow, (row.owner, row.trace_id))
+        if trace is None:  # the trace row is written before its jobs and never deleted
+            finish_job(s, row.id, None, "the job's trace is missing from the database; submit the trace again")
+            continue
+        return ClaimedJob(row.id, trace.body, row.budget_bytes, row.solver, row.time_limit_s, row.gap, row.attempts)
+    return None
+
+
+def finish_job(
+    s: Session,
+    job_id: str,
+    schedule_json: str | None,
+    error: str | None,
+    min_feasible_bytes: int | None = None,
+    solve_s: float | None = None,
+) -> None:
+    row = s.get(JobRow, job_id)
+    if row is None:
+        return
+    row.status = JobStatus.DONE if schedule_json is not None else JobStatus.FAILED
+    row.schedule = schedule_json
+    row.reason = error
+    row.min_feasible_bytes = min_feasible_bytes
+    row.solve_s = solve_s
+    row.finished_at = utcnow()
+    s.commit()
+
+
+def requeue_job(s: Session, job_id: str, reason: str, max_attempts: int) -> bool:
+    """Put an interrupted job back in the queue, or fail it after max_attempts; True if re-queued."""
+    row = s.get(JobRow, job_id)
+    if row is None or row.status != JobStatus.RUNNING:
+        return False
+    if row.attempts >= max_attempts:
+        row.status = JobStatus.FAILED
+        row.reason = (
+            f"{reason}; interrupted {row.attempts} times, so it is not retried again (it may be what crashes "
+            "the worker): resubmit it, perhaps with solver 'heuristic' or a shorter time_limit_s"
+        )
+        row.finished_at = utcnow()
+        s.commit()
+        return False
+    row.status = JobStatus.QUEUED
+    row.reason = f"{reason}; re-queued (attempt {row.attempts + 1} of {max_attempts})"
+    row.started_at = None
+    s.commit()
+    return True
+
+
+def recover(s: Session, max_attempts: int) -> tuple[int, int, int]:
+    """After a restart: jobs left running were interrupted; re-queue or fail each. Returns
+    (re-queued, failed, still queued)."""
+    requeued = failed = 0
+    for jid in s.scalars(select(JobRow.id).where(JobRow.status == JobStatus.RUNNING)).all():
+        if requeue_job(s, jid, "interrupted by a server restart", max_attempts):
+            requeued += 1
+        else:
+            failed += 1
+    return requeued, failed, count_queued(s)
+
+
+def store_plot(s: Session, job_id: str, png: bytes) -> None:
+    row = s.get(JobRow, job_id)
+    if row is not None:
+        row.plot_png = png
+        s.commit()

@@ -1,0 +1,83 @@
+"""Engine and sessions. SQLite is the embedded default; PostgreSQL is picked by URL (postgresql+psycopg://)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import Session, sessionmaker
+
+from memsched.api.models import Base
+from memsched.errors import MemschedError
+
+log = logging.getLogger(__name__)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    # WAL lets readers run while the single writer commits; without it concurrent submissions see
+    # "database is locked" as soon as a job finishes during a burst of requests.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def make_engine(url: str) -> Engine:
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise MemschedError(
+            f"MEMSCHED_DATABASE_URL {url!r} is not a database URL; use sqlite:///path/to/memsched.db or "
+            "postgresql+psycopg://user:password@host:5432/dbname"
+        ) from None
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        # Route handlers run in a thread pool, so connections cross threads; the long busy timeout makes
+        # writers queue behind each other instead of failing under a burst.
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() != "psycopg":
+        raise MemschedError(
+            f"MEMSCHED_DATABASE_URL uses driver {parsed.get_driver_name()!r}; memsched ships psycopg 3: "
+            "write postgresql+psycopg://..."
+        )
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+class Database:
+    """One engine and its session factory; the app keeps one for its lifetime."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def create_all(self) -> None:
+        """Create missing tables (no migrations yet: the schema is new)."""
+        Base.metadata.create_all(self.engine)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self._sessions() as s:
+            yield s
+
+    def ping(self) -> None:
+        """Raise if the database cannot answer a trivial query (used by /readyz)."""
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @property
+    def safe_url(self) -> str:
+        """The URL with the password masked, for logs."""
+        return make_url(self.url).render_as_string(hide_password=True)

@@ -1,0 +1,119 @@
+"""Every error leaves the service as a JSON ErrorBody with a 4xx status: {"detail", "field", ...}."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, cast
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.io import describe_validation_error
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """An answer other than success: status, a message naming the problem and its fix, and the field."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        field: str | None = None,
+        *,
+        min_feasible_bytes: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.field = field
+        self.min_feasible_bytes = min_feasible_bytes
+        self.headers = headers
+
+
+def from_memsched_error(err: MemschedError, field: str | None = None) -> ApiError:
+    """A user-fixable core error as a 422. Infeasible budgets carry the smallest feasible budget."""
+    if isinstance(err, InfeasibleBudgetError):
+        return ApiError(422, str(err), field or "budget", min_feasible_bytes=err.min_feasible_bytes)
+    return ApiError(422, str(err), field)
+
+
+def error_json(status: int, detail: str, field: str | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"detail": detail, "field": field})
+
+
+class _Errors:
+    """Request-validation errors with the 'body'/'query'/'path' prefix dropped from each location, so the
+    messages name the field the client wrote (budget, trace.layers[2].name), not FastAPI's bookkeeping."""
+
+    def __init__(self, errors: Sequence[Any]) -> None:
+        self._errors = [dict(e) for e in errors]
+        for e in self._errors:
+            loc = tuple(e.get("loc", ()))
+            e["loc"] = loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc
+
+    def errors(self) -> list[dict[str, Any]]:
+        return self._errors
+
+
+def _field(loc: Sequence[Any]) -> str | None:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out or None
+
+
+async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
+    e = cast(ApiError, exc)
+    body: dict[str, Any] = {"detail": e.detail, "field": e.field}
+    if e.min_feasible_bytes is not None:
+        body["min_feasible_bytes"] = e.min_feasible_bytes
+    return JSONResponse(status_code=e.status, content=body, headers=e.headers)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    raw = cast(RequestValidationError, exc).errors()
+    if raw and raw[0].get("type") == "json_invalid":
+        ctx = raw[0].get("ctx") or {}
+        return error_json(
+            400, f"request body is not valid JSON ({ctx.get('error', 'parse error')}); send a JSON document"
+        )
+    if raw and raw[0].get("loc") == ("body",) and raw[0].get("type") == "missing":
+        return error_json(422, "request body is missing; send a JSON document (see the OpenAPI docs)", "body")
+    wrapped = _Errors(raw)
+    # describe_validation_error only calls .errors(), which the wrapper provides with the cleaned locations;
+    # it keeps the API's messages identical to the CLI's ("field: problem; fix: ...").
+    detail = describe_validation_error(cast(ValidationError, wrapped), "request")
+    return error_json(422, detail, _field(wrapped.errors()[0]["loc"]) if raw else None)
+
+
+async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    e = cast(StarletteHTTPException, exc)
+    return JSONResponse(
+        status_code=e.status_code, content={"detail": str(e.detail), "field": None}, headers=e.headers
+    )
+
+
+async def _memsched_error(_request: Request, exc: Exception) -> JSONResponse:
+    return await _api_error(_request, from_memsched_error(cast(MemschedError, exc)))
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    # Reaching this is a bug: log it with the traceback; the client gets a JSON body without internals.
+    log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_json(500, "internal server error; it has been logged")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(MemschedError, _memsched_error)
+    app.add_exception_handler(Exception, _internal_error)

@@ -1,0 +1,39 @@
+"""A small synthetic trace: the OpenAPI examples show it, and the tests and docs post it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsched.schema import Baseline, DeviceInfo, Layer, StaticBytes, Trace
+
+
+def synthetic_trace(n_layers: int = 3, model: str = "synthetic/mlp", scale: int = 1) -> Trace:
+    """A chain of `n_layers` linear layers with growing costs; `scale` multiplies every byte count, so
+    different scales give different traces (and content hashes) of the same shape."""
+    layers = [
+        Layer(
+            name=f"layers.{i}",
+            kind="Linear",
+            forward_s=0.001 * (i + 1),
+            backward_s=0.002 * (i + 1),
+            saved_bytes=1_000_000 * (i + 1) * scale,
+            saved_tensor_bytes=[500_000 * (i + 1) * scale] * 2,
+            input_bytes=100_000 * scale,
+            output_bytes=100_000 * scale,
+            workspace_bytes=10_000 * scale,
+            deps=[i - 1] if i else [],
+        )
+        for i in range(n_layers)
+    ]
+    return Trace(
+        model=model,
+        batch_size=8,
+        source="synthetic",
+        device=DeviceInfo(name="cpu", memory_bytes=2**30, h2d_bytes_per_s=1e10, d2h_bytes_per_s=1e10),
+        static=StaticBytes(params=10_000_000),
+        baseline=Baseline(step_s=0.05, peak_bytes=40_000_000),
+        layers=layers,
+    )
+
+
+EXAMPLE_TRACE: dict[str, Any] = synthetic_trace(3).model_dump(mode="json")

@@ -1,0 +1,98 @@
+"""Helpers the routes share: trace lookup, limits, budget resolution, and the job view."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from memsched.api import crud
+from memsched.api.errors import ApiError, from_memsched_error
+from memsched.api.models import JobRow, TraceRow
+from memsched.api.schemas import JobOut
+from memsched.api.settings import Settings
+from memsched.errors import MemschedError
+from memsched.optimizer.budget import check_budget_feasible
+from memsched.schema import Schedule, Trace
+from memsched.service import budget_bytes_for
+
+# Budgets are stored as 64-bit integers (PostgreSQL BIGINT); nothing real comes near this.
+MAX_BUDGET_BYTES = 2**62
+
+
+def check_trace_limits(trace: Trace, settings: Settings, field: str) -> None:
+    if trace.n > settings.max_layers:
+        raise ApiError(
+            422,
+            f"the trace has {trace.n} layers, above this server's limit of {settings.max_layers} "
+            "(MEMSCHED_MAX_LAYERS); trace at a coarser layer granularity, or raise the limit",
+            f"{field}.layers",
+        )
+
+
+def resolve_trace(
+    s: Session, owner: str, settings: Settings, trace_id: str | None, trace: Trace | None
+) -> tuple[TraceRow, Trace]:
+    """The trace a request names: by id (this owner's only) or inline (stored on the way)."""
+    if (trace_id is None) == (trace is None):
+        raise ApiError(
+            422, "give exactly one of 'trace_id' (a stored trace) and 'trace' (an inline trace)", "trace_id"
+        )
+    if trace is not None:
+        check_trace_limits(trace, settings, "trace")
+        row, _ = crud.store_trace(s, owner, trace)
+        return row, trace
+    assert trace_id is not None
+    row = crud.get_trace(s, owner, trace_id)
+    if row is None:
+        raise ApiError(404, f"no trace with id {trace_id}; POST it to /v1/traces first", "trace_id")
+    return row, Trace.model_validate_json(row.body)
+
+
+def resolve_budget(trace: Trace, budget: int | str, check_feasible: bool) -> int:
+    """Budget bytes for this trace; 422 naming the problem, or the smallest feasible budget."""
+    try:
+        b = budget_bytes_for(trace, budget)
+        if b > MAX_BUDGET_BYTES:
+            raise ApiError(
+                422, f"budget: {b} bytes is larger than any device ({MAX_BUDGET_BYTES} bytes at most); "
+                "give a real device-memory budget such as 8GiB", "budget"
+            )
+        if check_feasible:
+            # Cheap (one simulation) and deterministic: an infeasible budget is answered now, with the
+            # smallest feasible budget, rather than as a failed job later.
+            check_budget_feasible(trace, b)
+        return b
+    except MemschedError as e:
+        raise from_memsched_error(e, "budget") from None
+    except (ArithmeticError, ValueError) as e:
+        # Finite but astronomically large numbers in a trace or budget overflow the cost model's floats.
+        raise ApiError(
+            422, f"budget: cannot compute with this budget and trace ({e}); check the trace's numbers",
+            "budget"
+        ) from None
+
+
+def job_out(row: JobRow, cached: bool | None = None) -> JobOut:
+    return JobOut(
+        id=row.id,
+        status=row.status,  # stored as its string value
+        trace_id=row.trace_id,
+        budget=row.budget_spec,
+        budget_bytes=row.budget_bytes,
+        solver=row.solver,
+        time_limit_s=row.time_limit_s,
+        gap=row.gap,
+        cached=row.cached if cached is None else cached,
+        reason=row.reason,
+        min_feasible_bytes=row.min_feasible_bytes,
+        attempts=row.attempts,
+        solve_s=row.solve_s,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        schedule=Schedule.model_validate_json(row.schedule) if row.schedule else None,
+        links={
+            "self": f"/v1/schedules/{row.id}",
+            "trace": f"/v1/traces/{row.trace_id}",
+            "plot": f"/v1/schedules/{row.id}/plot.png",
+        },
+    )

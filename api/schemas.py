@@ -1,0 +1,189 @@
+"""Request and response bodies of the HTTP API (pydantic), with the examples the OpenAPI docs show."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from memsched.api.examples import EXAMPLE_TRACE
+from memsched.api.models import JobStatus
+from memsched.optimizer.solve import SOLVERS
+from memsched.schema import Schedule, Trace
+
+TraceId = Annotated[
+    str,
+    Field(pattern=r"^[0-9a-f]{64}$", description="a trace id: the sha256 content hash returned by POST /v1/traces"),
+]
+JobId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="a schedule job id")]
+
+# The budget is an integer number of bytes (the whole device-memory peak) or a string the CLI also reads:
+# "8GiB", "500MB", "1.5e9", or "N%" (static bytes + N% of the keep-all activation peak; DESIGN.md, Units).
+Budget = Annotated[
+    Annotated[int, Field(gt=0, description="bytes (the whole device-memory peak)")]
+    | Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=64,
+            description="a size such as '8GiB', '500MB', '1.5e9', or a percentage such as '50%'",
+        ),
+    ],
+    Field(description="memory budget: bytes as an integer, or '8GiB' / '500MB' / '50%' as a string"),
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx answer: what is wrong, and which field, so a client can show it next to the input."""
+
+    detail: str = Field(description="what is wrong and how to fix it")
+    field: str | None = Field(default=None, description="the offending field, e.g. 'budget' or 'trace.layers'")
+    min_feasible_bytes: int | None = Field(
+        default=None, description="for an infeasible budget: the smallest budget that is feasible, in bytes"
+    )
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "detail": "budget: 11.56 MiB (12121000 bytes) is infeasible; the smallest feasible budget "
+                    "for this trace is 15.46 MiB (16210000 bytes). Raise --budget to at least that",
+                    "field": "budget",
+                    "min_feasible_bytes": 16210000,
+                }
+            ]
+        }
+    )
+
+
+class TraceRef(BaseModel):
+    """A stored trace, without its body."""
+
+    id: TraceId
+    model: str = Field(description="the trace's model id")
+    n_layers: int = Field(description="number of layers")
+    created_at: datetime = Field(description="when it was first stored (UTC)")
+
+
+class TraceOut(TraceRef):
+    """A stored trace with its body."""
+
+    trace: Trace
+
+
+class ScheduleRequest(_Strict):
+    """Solve one trace (stored, by id; or inline, which also stores it) under one budget."""
+
+    trace_id: TraceId | None = Field(default=None, description="id of a stored trace (give this or `trace`)")
+    trace: Trace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
+    budget: Budget
+    solver: str = Field(
+        default="auto",
+        description="solver backend: " + " | ".join(SOLVERS),
+        json_schema_extra={"enum": list(SOLVERS)},
+    )
+    time_limit_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="wall-clock limit for the exact solver, seconds (server default if absent; capped by the "
+        "server's MEMSCHED_MAX_TIME_LIMIT_S)",
+    )
+    gap: float = Field(default=0.01, ge=0, le=1, allow_inf_nan=False, description="relative optimality gap")
+
+    @field_validator("solver")
+    @classmethod
+    def _solver(cls, v: str) -> str:
+        if v not in SOLVERS:
+            raise ValueError(f"unknown solver {v!r}; use one of {', '.join(SOLVERS)}")
+        return v
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"trace": EXAMPLE_TRACE, "budget": "50%", "solver": "heuristic", "time_limit_s": 10},
+                {"trace_id": "0" * 64, "budget": 20605000, "solver": "auto", "time_limit_s": 30},
+            ]
+        }
+    )
+
+
+class CompareRequest(_Strict):
+    """Judge every baseline policy on one trace under one budget."""
+
+    trace_id: TraceId | None = Field(default=None, description="id of a stored trace (give this or `trace`)")
+    trace: Trace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
+    budget: Budget
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"trace": EXAMPLE_TRACE, "budget": "50%"}]})
+
+
+class CompareRow(BaseModel):
+    policy: str = Field(description="policy name")
+    feasible: bool = Field(description="whether its predicted peak fits the budget")
+    peak_bytes: int = Field(description="predicted peak bytes")
+    step_s: float = Field(description="predicted step time, seconds")
+    overhead_pct: float = Field(description="predicted overhead vs. keep-all, percent")
+
+
+class CompareOut(BaseModel):
+    """The baseline table (the same as `memsched compare`)."""
+
+    trace_id: TraceId
+    budget_bytes: int = Field(description="the resolved budget in bytes")
+    static_bytes: int = Field(description="static bytes of the trace")
+    keepall_activation_bytes: int = Field(description="keep-all peak activation bytes (what 100% means)")
+    rows: list[CompareRow]
+
+
+class JobOut(BaseModel):
+    """A schedule job: its state, and the schedule once done."""
+
+    id: JobId
+    status: JobStatus = Field(description="queued | running | done | failed")
+    trace_id: TraceId
+    budget: str = Field(description="the budget as requested")
+    budget_bytes: int = Field(description="the budget in bytes")
+    solver: str
+    time_limit_s: float
+    gap: float
+    cached: bool = Field(description="true when the schedule came from an identical earlier request")
+    reason: str | None = Field(default=None, description="why the job failed (or what happened to it)")
+    min_feasible_bytes: int | None = Field(default=None, description="for an infeasible budget: the smallest one")
+    attempts: int = Field(description="how many times a worker has started it")
+    solve_s: float | None = Field(default=None, description="wall seconds the solve took")
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    schedule: Schedule | None = Field(default=None, description="the schedule, once status is done")
+    links: dict[str, str] = Field(default_factory=dict, description="related URLs: self, trace, plot")
+
+
+class Health(BaseModel):
+    status: str = Field(description="'ok'")
+    version: str = Field(description="memsched version")
+
+
+class Ready(Health):
+    database: str = Field(description="database backend (sqlite or postgresql)")
+    workers: int = Field(description="solver processes")
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for the listed 4xx codes, all with the ErrorBody shape."""
+    text = {
+        400: "malformed request (e.g. not JSON)",
+        401: "missing or unknown Bearer key",
+        404: "no such resource for this key",
+        409: "the job has no schedule yet (queued, running or failed)",
+        413: "request body larger than MEMSCHED_MAX_BODY_BYTES",
+        422: "invalid input; `field` names it (infeasible budgets carry `min_feasible_bytes`)",
+        429: "too many queued jobs; retry later",
+        503: "not ready (database unreachable or plotting unavailable)",
+    }
+    return {c: {"model": ErrorBody, "description": text[c]} for c in codes}

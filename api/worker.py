@@ -1,0 +1,91 @@
+"""What runs inside the solver processes. Plain functions of plain (picklable) arguments: the parent sends
+JSON text and gets JSON text back, so nothing depends on pickling pydantic models across processes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.optimizer.solve import SolveOptions
+from memsched.schema import Trace
+from memsched.service import solve_trace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SolveOutcome:
+    """The result of one solve, as the parent stores it."""
+
+    schedule_json: str | None
+    """The Schedule as JSON when the solve succeeded."""
+    error: str | None = None
+    """Why it failed, phrased for the user."""
+    min_feasible_bytes: int | None = None
+    """Set when the budget was infeasible."""
+    wall_s: float = 0.0
+    """Seconds the solve took."""
+
+
+class _Overrun(Exception):
+    """Raised by the alarm when the solver ignores its own time limit."""
+
+
+def _alarm(_signum: int, _frame: FrameType | None) -> None:
+    raise _Overrun
+
+
+def warm_up() -> int:
+    """Import everything a solve needs, so the first real job does not pay for it."""
+    return os.getpid()
+
+
+def run_solve(
+    trace_json: str, budget_bytes: int, solver: str, time_limit_s: float, gap: float, overrun_s: float
+) -> SolveOutcome:
+    """Solve one job. The solver gets `time_limit_s`; if it is still running `overrun_s` later, an alarm in
+    this process stops it (the parent's watchdog kills the process if even that does not come back)."""
+    t0 = time.perf_counter()
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, time_limit_s + overrun_s)
+    try:
+        trace = Trace.model_validate_json(trace_json)
+        schedule = solve_trace(trace, budget_bytes, SolveOptions(solver=solver, time_limit_s=time_limit_s, gap=gap))
+        return SolveOutcome(schedule.model_dump_json(), wall_s=time.perf_counter() - t0)
+    except _Overrun:
+        return SolveOutcome(
+            None,
+            f"the solver ran past its time limit of {time_limit_s:g} s by more than {overrun_s:g} s and was "
+            "stopped; resubmit with solver 'heuristic' or a shorter time_limit_s",
+            wall_s=time.perf_counter() - t0,
+        )
+    except InfeasibleBudgetError as e:
+        return SolveOutcome(None, str(e), e.min_feasible_bytes, time.perf_counter() - t0)
+    except MemschedError as e:
+        return SolveOutcome(None, str(e), wall_s=time.perf_counter() - t0)
+    except Exception as e:
+        # A solver bug or a backend failure (SolverError): the job fails with the reason, the worker lives on.
+        log.exception("solve failed")
+        return SolveOutcome(None, f"solver error: {type(e).__name__}: {e}", wall_s=time.perf_counter() - t0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def render_plot(trace_json: str, schedule_json: str) -> bytes:
+    """The timeline PNG of a schedule (memsched.plot, matplotlib Agg), rendered in a worker process because
+    pyplot keeps global state and rendering is CPU-bound."""
+    from memsched.plot import plot_timeline
+    from memsched.schema import Schedule
+
+    trace = Trace.model_validate_json(trace_json)
+    schedule = Schedule.model_validate_json(schedule_json)
+    with tempfile.TemporaryDirectory(prefix="memsched-plot-") as d:
+        out = plot_timeline(trace, schedule, Path(d) / "timeline.png")
+        return Path(out).read_bytes()
