@@ -28,6 +28,7 @@ class ApiError(Exception):
         field: str | None = None,
         *,
         min_feasible_bytes: int | None = None,
+        budget_bytes: int | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(detail)
@@ -35,13 +36,16 @@ class ApiError(Exception):
         self.detail = detail
         self.field = field
         self.min_feasible_bytes = min_feasible_bytes
+        self.budget_bytes = budget_bytes
         self.headers = headers
 
 
 def from_memsched_error(err: MemschedError, field: str | None = None) -> ApiError:
     """A user-fixable core error as a 422. Infeasible budgets carry the smallest feasible budget."""
     if isinstance(err, InfeasibleBudgetError):
-        return ApiError(422, str(err), field or "budget", min_feasible_bytes=err.min_feasible_bytes)
+        return ApiError(
+            422, str(err), field or "budget", min_feasible_bytes=err.min_feasible_bytes, budget_bytes=err.budget_bytes
+        )
     return ApiError(422, str(err), field)
 
 
@@ -75,6 +79,8 @@ async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
     body: dict[str, Any] = {"detail": e.detail, "field": e.field}
     if e.min_feasible_bytes is not None:
         body["min_feasible_bytes"] = e.min_feasible_bytes
+    if e.budget_bytes is not None:
+        body["budget_bytes"] = e.budget_bytes
     return JSONResponse(status_code=e.status, content=body, headers=e.headers)
 
 

@@ -46,6 +46,7 @@ class ErrorBody(BaseModel):
     min_feasible_bytes: int | None = Field(
         default=None, description="for an infeasible budget: the smallest budget that is feasible, in bytes"
     )
+    budget_bytes: int | None = Field(default=None, description="for an infeasible budget: the budget asked for")
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -55,6 +56,7 @@ class ErrorBody(BaseModel):
                     "for this trace is 15.46 MiB (16210000 bytes). Raise --budget to at least that",
                     "field": "budget",
                     "min_feasible_bytes": 16210000,
+                    "budget_bytes": 12121000,
                 }
             ]
         }
