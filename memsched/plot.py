@@ -28,7 +28,12 @@ _ROW_LABELS = ["host → device\n(prefetch)", "device → host\n(offload)", "com
 
 
 def _short(name: str) -> str:
-    return name if len(name) <= 14 else "…" + name[-13:]
+    """Fit a module path into a Gantt box: keep its most specific components (transformer.h.3 -> h.3)."""
+    if len(name) <= 14:
+        return name
+    parts = name.split(".")
+    tail = ".".join(parts[-2:]) if len(parts) > 1 else name
+    return tail if len(tail) <= 14 else "…" + tail[-13:]
 
 
 def plot_timeline(trace: Trace, schedule: Schedule, out_path: str | Path, title: str | None = None) -> Path:
@@ -75,10 +80,11 @@ def plot_sim(trace: Trace, sim: SimResult, out_path: str | Path, budget_bytes: i
     ax_mem.annotate(
         f"peak {sim.peak_bytes / _GIB:.2f} GiB",
         xy=((sim.stage_start[peak_t] + sim.stage_end[peak_t]) / 2 * ms, sim.peak_bytes / _GIB),
-        xytext=(0, 8),
+        xytext=(0, -14),
         textcoords="offset points",
         ha="center",
         fontsize=9,
+        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8},
     )
     n = trace.n
     fwd_end = sim.stage_end[n - 1] * ms
