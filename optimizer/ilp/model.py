@@ -1,0 +1,413 @@
+"""The MILP, built once as plain rows so that every backend (PuLP/CBC, PuLP/HiGHS, CP-SAT) solves the
+same model. docs/formulation.md explains every variable family and constraint group; the comments here
+name them with the same letters.
+
+Indices: `i`, `j` are layers (0..n-1, forward order); `k` is the layer whose two stages (F_k and B_k) a
+memory row or a time variable belongs to. A layer's *interior* is the stages of the layers after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memsched.optimizer.plan import KEEP, Decision, offload_subset, recompute
+from memsched.optimizer.simulate import (
+    D2H,
+    H2D,
+    backward_transient,
+    copy_seconds,
+    forward_transient,
+    keepall_step_s,
+    other_step_s,
+)
+from memsched.schema import Action, Trace
+
+BIN, TIME, BYTES, FRAC = "bin", "time", "bytes", "frac"
+# Units of rows: every term of a row is in the same unit, so each backend can scale a row on its own.
+SECONDS, BYTE_UNIT, ONE = "time", "bytes", "one"
+
+
+@dataclass
+class Var:
+    """One decision or auxiliary variable."""
+
+    name: str
+    """Unique name (also the column name in exported LP/MPS files)."""
+    kind: str
+    """bin (0/1), time (seconds), bytes, or frac (a 0..1 continuous that is integral at every optimum)."""
+    lb: float = 0.0
+    """Lower bound, in the variable's unit."""
+    ub: float | None = None
+    """Upper bound, in the variable's unit (None = unbounded)."""
+
+
+@dataclass
+class Row:
+    """A linear constraint `sum(coef * var) + const  (sense)  0`, possibly enforced only under a literal."""
+
+    name: str
+    """Unique row name."""
+    terms: list[tuple[int, float]]
+    """(variable index, coefficient) pairs."""
+    const: float
+    """Constant term, in the row's unit."""
+    sense: str
+    """'>=', '<=' or '=='."""
+    unit: str
+    """'time' (seconds), 'bytes' or 'one' (dimensionless)."""
+    lit: int = -1
+    """If >= 0: the row holds only when binary variable `lit` equals `lit_value` (an indicator)."""
+    lit_value: int = 1
+    """The value of `lit` under which the row is enforced."""
+    big_m: float = 0.0
+    """A valid big-M for the indicator (seconds): the row's slack never exceeds it at the least timing."""
+
+
+@dataclass
+class MilpModel:
+    """The model plus the index maps needed to read a schedule back out of a solution."""
+
+    trace: Trace
+    """The trace it was built for."""
+    budget_bytes: int
+    """The whole-peak budget."""
+    window: int
+    """W: done-by and prefetch-at stages of layer i lie in [i, min(i + W, n - 1)]."""
+    vars: list[Var] = field(default_factory=list)
+    """All variables."""
+    rows: list[Row] = field(default_factory=list)
+    """All constraints."""
+    objective: list[tuple[int, float]] = field(default_factory=list)
+    """Objective terms (seconds); minimised."""
+    objective_const: float = 0.0
+    """Objective constant: minus the keep-all step time, so the objective is the overhead."""
+    o: dict[int, int] = field(default_factory=dict)
+    """o[i]: layer i is offloaded (some of its saved tensors go to the host)."""
+    r: dict[int, int] = field(default_factory=dict)
+    """r[i]: layer i is recomputed (a singleton segment)."""
+    y: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """y[i] = [(tensor index, var)]: tensor q of layer i is offloaded (only layers with >= 2 tensors)."""
+    single: dict[int, int] = field(default_factory=dict)
+    """single[i] = the one positive tensor of layer i, when it has exactly one (offloaded iff o[i])."""
+    z: dict[int, dict[int, int]] = field(default_factory=dict)
+    """z[i][k], k in [i, e_i - 1]: layer i is offloaded and its copy is done by the end of F_k (d_i <= k)."""
+    ev: dict[int, dict[int, int]] = field(default_factory=dict)
+    """ev[i][k], k in [i + 1, f_i]: layer i's prefetch is issued at or before B_k is due (p_i >= k)."""
+    end_var: int = -1
+    """b_0: end of the step (seconds)."""
+
+    def add_var(self, name: str, kind: str, lb: float = 0.0, ub: float | None = None) -> int:
+        self.vars.append(Var(name, kind, lb, ub))
+        return len(self.vars) - 1
+
+    def add_row(self, row: Row) -> None:
+        self.rows.append(row)
+
+    def last_stage(self, i: int) -> int:
+        """e_i = f_i: the last done-by / prefetch-at stage the window allows for layer i."""
+        return min(i + self.window, self.trace.n - 1)
+
+
+def positive_tensors(trace: Trace, i: int) -> list[int]:
+    """Indices of layer i's saved tensors that have bytes (offloading an empty tensor changes nothing)."""
+    return [q for q, b in enumerate(trace.layers[i].tensors) if b > 0]
+
+
+def candidates(trace: Trace) -> tuple[list[int], list[int]]:
+    """Layers that may be offloaded / recomputed. A layer that saves nothing, and the last layer (its
+    interior is empty: no stage lies strictly between F_{n-1} and B_{n-1}), gain nothing from either."""
+    n = trace.n
+    off = [i for i in range(n - 1) if positive_tensors(trace, i)]
+    rec = [i for i in range(n - 1) if trace.layers[i].saved_bytes > 0]
+    return off, rec
+
+
+def default_window(n: int) -> int:
+    """W = n on small traces (exact), else 12 stages: enough for a copy to hide behind a dozen layers."""
+    return n if n <= 24 else 12
+
+
+def build_model(trace: Trace, budget_bytes: int, window: int | None = None) -> MilpModel:
+    """Build the MILP of docs/formulation.md for `trace` under `budget_bytes`."""
+    n = trace.n
+    layers = trace.layers
+    w = default_window(n) if window is None else max(1, window)
+    m = MilpModel(trace=trace, budget_bytes=budget_bytes, window=w)
+    off, rec = candidates(trace)
+    off_set, rec_set = set(off), set(rec)
+    limit = budget_bytes - trace.static.total
+    lat = trace.device.copy_latency_s
+    bw_d, bw_h = trace.device.d2h_bytes_per_s, trace.device.h2d_bytes_per_s
+    sizes = [layer.saved_bytes for layer in layers]
+    fwd = [layer.forward_s for layer in layers]
+    bwd = [layer.backward_s for layer in layers]
+
+    # ---- Action variables: o[i] offload, r[i] recompute (keep = neither). -------------------------------
+    for i in off:
+        m.o[i] = m.add_var(f"o_{i}", BIN, 0, 1)
+    for i in rec:
+        m.r[i] = m.add_var(f"r_{i}", BIN, 0, 1)
+    # ---- Exactly one action per layer: o[i] + r[i] <= 1. ------------------------------------------------
+    for i in off:
+        if i in rec_set:
+            m.add_row(Row(f"one_action_{i}", [(m.o[i], 1.0), (m.r[i], 1.0)], -1.0, "<=", ONE))
+
+    # ---- Partial offload: y[i][q] = tensor q of layer i goes to the host; x_i = sum(size_q * y). -------
+    # x_terms[i]: the bytes offloaded by layer i as linear terms (also the copy size).
+    x_terms: dict[int, list[tuple[int, float]]] = {}
+    for i in off:
+        pos = positive_tensors(trace, i)
+        tens = layers[i].tensors
+        if len(pos) == 1:
+            m.single[i] = pos[0]
+            x_terms[i] = [(m.o[i], float(tens[pos[0]]))]
+            continue
+        m.y[i] = []
+        for q in pos:
+            v = m.add_var(f"y_{i}_{q}", BIN, 0, 1)
+            m.y[i].append((q, v))
+            # A tensor is offloaded only if the layer is.
+            m.add_row(Row(f"tensor_needs_offload_{i}_{q}", [(v, 1.0), (m.o[i], -1.0)], 0.0, "<=", ONE))
+        # An offloaded layer moves at least one tensor.
+        m.add_row(Row(f"offload_moves_some_{i}", [(v, 1.0) for _, v in m.y[i]] + [(m.o[i], -1.0)], 0.0, ">=", ONE))
+        x_terms[i] = [(v, float(tens[q])) for q, v in m.y[i]]
+
+    def dur(i: int, bw: float) -> list[tuple[int, float]]:
+        """Copy duration of layer i as terms: latency * o_i + x_i / bandwidth (0 when not offloaded)."""
+        return [(m.o[i], lat)] + [(v, c / bw) for v, c in x_terms[i]]
+
+    # ---- Done-by: z[i][k] = (d_i <= k), monotone in k, z[i][e_i] = o[i] (the window ends the choice). --
+    for i in off:
+        e = m.last_stage(i)
+        m.z[i] = {k: m.add_var(f"z_{i}_{k}", BIN, 0, 1) for k in range(i, e)}
+        m.z[i][e] = m.o[i]
+        for k in range(i, e):
+            m.add_row(Row(f"doneby_monotone_{i}_{k}", [(m.z[i][k], 1.0), (m.z[i][k + 1], -1.0)], 0.0, "<=", ONE))
+    # ---- Prefetch-at: ev[i][k] = (p_i >= k) for k in (i, f_i], monotone in k. --------------------------
+    # Not tied to o[i]: a kept layer carries a *virtual* prefetch stage that keeps the order chain below
+    # unbroken (see formulation.md, 'prefetch order'); its memory terms are zero because x_i = 0.
+    for i in off:
+        f = m.last_stage(i)
+        m.ev[i] = {k: m.add_var(f"p_{i}_{k}", BIN, 0, 1) for k in range(i + 1, f + 1)}
+        for k in range(i + 1, f):
+            m.add_row(Row(f"prefetch_monotone_{i}_{k}", [(m.ev[i][k + 1], 1.0), (m.ev[i][k], -1.0)], 0.0, "<=", ONE))
+    # ---- Prefetch order: p is non-decreasing along the offload candidates (validate_actions' rule). ----
+    # p_i = i + sum_k ev[i][k]; consecutive candidates a < b need p_a <= p_b.
+    for a, b in zip(off, off[1:], strict=False):
+        terms = [(v, 1.0) for v in m.ev[b].values()] + [(v, -1.0) for v in m.ev[a].values()]
+        m.add_row(Row(f"prefetch_order_{a}_{b}", terms, float(b - a), ">=", ONE))
+
+    # ---- Checkpoint inputs: h[j][c] = producer j's output is held at the stages of layers > c because
+    # some recomputed consumer c' <= c of j needs it. Monotone over j's consumers, >= r[c]. -------------
+    # held_terms[k]: terms that start being held at the stages of layer k + 1 (increment of H).
+    held_inc: dict[int, list[tuple[int, float]]] = {}
+    consumers: dict[int, list[int]] = {}
+    for c in rec:
+        for j in layers[c].deps:
+            consumers.setdefault(j, []).append(c)
+    for j, cs in consumers.items():
+        out = float(layers[j].output_bytes)
+        prev = -1
+        for c in sorted(cs):
+            h = m.add_var(f"h_{j}_{c}", FRAC, 0, 1)
+            m.add_row(Row(f"ckpt_needed_{j}_{c}", [(h, 1.0), (m.r[c], -1.0)], 0.0, ">=", ONE))
+            if prev >= 0:
+                m.add_row(Row(f"ckpt_monotone_{j}_{c}", [(h, 1.0), (prev, -1.0)], 0.0, ">=", ONE))
+                held_inc.setdefault(c, []).extend([(h, out), (prev, -out)])
+            else:
+                held_inc.setdefault(c, []).append((h, out))
+            prev = h
+
+    # ---- Cumulative bytes: A_k = sum_{i<k} (s_i r_i + x_i) freed; H_k = checkpoint bytes held. ----------
+    # Recurrences keep every memory row O(W) long instead of O(n).
+    acc: list[int] = [-1] * n
+    held: list[int] = [-1] * n
+    for k in range(1, n):
+        acc[k] = m.add_var(f"A_{k}", BYTES, 0)
+        held[k] = m.add_var(f"H_{k}", BYTES, 0)
+        i = k - 1
+        terms = [(acc[k], 1.0)] + ([(acc[i], -1.0)] if i >= 1 else [])
+        if i in rec_set:
+            terms.append((m.r[i], -float(sizes[i])))
+        if i in off_set:
+            terms += [(v, -c) for v, c in x_terms[i]]
+        m.add_row(Row(f"freed_acc_{k}", terms, 0.0, "==", BYTE_UNIT))
+        hterms = [(held[k], 1.0)] + ([(held[i], -1.0)] if i >= 1 else [])
+        hterms += [(v, -c) for v, c in held_inc.get(i, [])]
+        m.add_row(Row(f"held_acc_{k}", hterms, 0.0, "==", BYTE_UNIT))
+
+    # ---- Memory at every stage <= budget. -------------------------------------------------------------
+    # Stage F_k / B_k: transients + sum_{i<=k} s_i - A_k + H_k + bytes of interior offloads still on the
+    # device (copy not done yet in forward, prefetched already in backward).
+    prefix = 0
+    pend_f: dict[int, list[tuple[int, float]]] = {k: [] for k in range(n)}
+    pend_b: dict[int, list[tuple[int, float]]] = {k: [] for k in range(n)}
+    for i in off:
+        e = m.last_stage(i)
+        for k in range(i + 1, e + 1):
+            # Forward: x_i is still on the device at F_k iff d_i >= k iff not z[i][k-1].
+            if i in m.single:
+                pend_f[k] += [(m.o[i], float(sizes[i])), (m.z[i][k - 1], -float(sizes[i]))]
+            else:
+                v = m.add_var(f"vF_{i}_{k}", BYTES, 0)
+                # v >= x_i - s_i * z[i][k-1]: the product x_i * (1 - z), linearised (minimised by the rows).
+                m.add_row(Row(f"pendF_{i}_{k}", [(v, 1.0)] + [(t, -c) for t, c in x_terms[i]]
+                              + [(m.z[i][k - 1], float(sizes[i]))], 0.0, ">=", BYTE_UNIT))
+                pend_f[k].append((v, 1.0))
+            # Backward: x_i is back on the device at B_k iff p_i >= k.
+            wv = m.add_var(f"vB_{i}_{k}", BYTES, 0)
+            m.add_row(Row(f"pendB_{i}_{k}", [(wv, 1.0)] + [(t, -c) for t, c in x_terms[i]]
+                          + [(m.ev[i][k], -float(sizes[i]))], float(sizes[i]), ">=", BYTE_UNIT))
+            pend_b[k].append((wv, 1.0))
+    for k in range(n):
+        prefix += sizes[k]
+        common = ([(acc[k], -1.0), (held[k], 1.0)] if k >= 1 else [])
+        for stage, transient, pend in (
+            ("F", forward_transient(trace, k), pend_f[k]),
+            ("B", backward_transient(trace, k), pend_b[k]),
+        ):
+            m.add_row(Row(f"mem_{stage}{k}", common + pend, float(transient + prefix - limit), "<=", BYTE_UNIT))
+
+    # ---- Time. Forward: c_k end of F_k (after waits), g_i end of layer i's D2H copy (FIFO). -------------
+    cvar = [m.add_var(f"c_{k}", TIME, 0) for k in range(n)]
+    gvar: dict[int, int] = {}
+    prev_g = -1
+    for k in range(n):
+        # c_k >= c_{k-1} + forward_k (compute is sequential).
+        m.add_row(Row(f"fwd_compute_{k}", [(cvar[k], 1.0)] + ([(cvar[k - 1], -1.0)] if k else []), -fwd[k], ">=", SECONDS))
+        if k in off_set:
+            g = m.add_var(f"g_{k}", TIME, 0)
+            gvar[k] = g
+            d = [(t, -c) for t, c in dur(k, bw_d)]
+            # D2H FIFO: the copy starts after the layer's forward and after the previous copy.
+            m.add_row(Row(f"d2h_after_fwd_{k}", [(g, 1.0)] + ([(cvar[k - 1], -1.0)] if k else []) + d, -fwd[k], ">=", SECONDS))
+            if prev_g >= 0:
+                m.add_row(Row(f"d2h_fifo_{k}", [(g, 1.0), (prev_g, -1.0)] + d, 0.0, ">=", SECONDS))
+            prev_g = g
+    # Waits: c_k >= g_i when d_i <= k (indicator z[i][k]); big-M = the D2H backlog bound of formulation.md.
+    for i in off:
+        e = m.last_stage(i)
+        backlog = sum(copy_seconds(trace, sizes[j], D2H) for j in off if i - w < j <= i)
+        for k in range(i, e + 1):
+            big = max(0.0, backlog - sum(fwd[i + 1 : k + 1]))
+            m.add_row(Row(f"wait_copy_{i}_{k}", [(cvar[k], 1.0), (gvar[i], -1.0)], 0.0, ">=", SECONDS,
+                          lit=m.z[i][k], lit_value=1, big_m=big))
+
+    # ---- Time. Backward: b_k end of B_k; b_n = c_{n-1} + other; q_i end of layer i's prefetch (FIFO in
+    # descending layer order, which the prefetch order makes the issue order). --------------------------
+    bvar = [m.add_var(f"b_{k}", TIME, 0) for k in range(n + 1)]
+    m.add_row(Row("other_time", [(bvar[n], 1.0), (cvar[n - 1], -1.0)], -other_step_s(trace), "==", SECONDS))
+    qvar: dict[int, int] = {}
+    prev_q = -1
+    # Per-stage bound on b_{l} - b_{l+1} (compute + recompute or prefetch stall), for the big-Ms.
+    step_ub = [bwd[k] + max(fwd[k] if k in rec_set else 0.0,
+                            copy_seconds(trace, sizes[k], H2D) if k in off_set else 0.0) for k in range(n)]
+    for i in reversed(off):
+        q = m.add_var(f"q_{i}", TIME, 0)
+        qvar[i] = q
+        d = [(t, -c) for t, c in dur(i, bw_h)]
+        if prev_q >= 0:
+            # H2D FIFO: after the prefetch of the next higher offloaded layer.
+            m.add_row(Row(f"h2d_fifo_{i}", [(q, 1.0), (prev_q, -1.0)] + d, 0.0, ">=", SECONDS))
+        prev_q = q
+        f = m.last_stage(i)
+        # Issued at the start of B_{p_i} = b_{p_i + 1}: at least the start of B_{f_i} ...
+        m.add_row(Row(f"h2d_issue_{i}_{f}", [(q, 1.0), (bvar[f + 1], -1.0)] + d, 0.0, ">=", SECONDS))
+        # ... and at least b_{k+1} for every k >= p_i, i.e. whenever not ev[i][k+1].
+        for k in range(i, f):
+            big = sum(step_ub[k + 1 : f + 1])
+            m.add_row(Row(f"h2d_issue_{i}_{k}", [(q, 1.0), (bvar[k + 1], -1.0)] + d, 0.0, ">=", SECONDS,
+                          lit=m.ev[i][k + 1], lit_value=0, big_m=big))
+    for k in range(n - 1, -1, -1):
+        # b_k >= b_{k+1} + recompute_k + backward_k.
+        terms = [(bvar[k], 1.0), (bvar[k + 1], -1.0)] + ([(m.r[k], -fwd[k])] if k in rec_set else [])
+        m.add_row(Row(f"bwd_compute_{k}", terms, -bwd[k], ">=", SECONDS))
+        if k in off_set:
+            # b_k >= q_k + backward_k: the backward waits for its prefetch (harmless when kept: q_k <= b_{k+1}).
+            m.add_row(Row(f"wait_prefetch_{k}", [(bvar[k], 1.0), (qvar[k], -1.0)], -bwd[k], ">=", SECONDS))
+
+    # ---- Objective: end of step - keep-all step = stall + recompute seconds. ---------------------------
+    m.end_var = bvar[0]
+    m.objective = [(bvar[0], 1.0)]
+    m.objective_const = -keepall_step_s(trace)
+    return m
+
+
+def decode(m: MilpModel, value: list[float]) -> list[Decision]:
+    """Read decisions (with done-by and prefetch-at) from a solution vector (index = variable index)."""
+    trace = m.trace
+
+    def on(v: int) -> bool:
+        return value[v] > 0.5
+
+    out: list[Decision] = [KEEP] * trace.n
+    for i, rv in m.r.items():
+        if on(rv):
+            out[i] = recompute()
+    for i, ov in m.o.items():
+        if not on(ov):
+            continue
+        tensors = (m.single[i],) if i in m.single else tuple(q for q, v in m.y[i] if on(v))
+        e = m.last_stage(i)
+        d = next(k for k in range(i, e + 1) if on(m.z[i][k]))
+        p = i + sum(1 for v in m.ev[i].values() if on(v))
+        out[i] = offload_subset(trace, i, tensors, done_by=d, prefetch_at=p)
+    return out
+
+
+def hint(m: MilpModel, decisions: list[Decision]) -> dict[int, int]:
+    """Values of the binaries that encode `decisions` (timing must be set and lie in the window)."""
+    vals: dict[int, int] = {}
+    prev_p = -1
+    for i in sorted(set(m.o) | set(m.r)):
+        d = decisions[i]
+        if i in m.r:
+            vals[m.r[i]] = int(d.action == Action.RECOMPUTE)
+        if i not in m.o:
+            continue
+        is_off = d.action == Action.OFFLOAD
+        vals[m.o[i]] = int(is_off)
+        if i in m.y:
+            for q, v in m.y[i]:
+                vals[v] = int(is_off and q in d.offload_tensors)
+        e = m.last_stage(i)
+        for k in range(i, e):
+            vals[m.z[i][k]] = int(is_off and d.done_by <= k)
+        # Kept layers take the smallest virtual prefetch stage that keeps the order chain.
+        p = d.prefetch_at if is_off else max(i, prev_p)
+        prev_p = p
+        for k, v in m.ev[i].items():
+            vals[v] = int(p >= k)
+    return vals
+
+
+def clip_to_window(m: MilpModel, decisions: list[Decision]) -> list[Decision] | None:
+    """The decisions with timing pulled into the window (earlier done-by, later prefetch only lower memory),
+    or None if they use an action the model excludes for a layer (which changes no memory)."""
+    off, rec = set(m.o), set(m.r)
+    out: list[Decision] = []
+    for i, d in enumerate(decisions):
+        if d.action == Action.OFFLOAD:
+            if i not in off or d.done_by < 0 or d.prefetch_at < 0:
+                return None
+            e = m.last_stage(i)
+            tensors = tuple(q for q in d.offload_tensors if m.trace.layers[i].tensors[q] > 0)
+            if not tensors:
+                out.append(KEEP)
+                continue
+            out.append(offload_subset(m.trace, i, tensors, done_by=min(d.done_by, e), prefetch_at=min(d.prefetch_at, e)))
+        elif d.action == Action.RECOMPUTE:
+            if i not in rec or d.group not in (-1, i):
+                return None
+            out.append(recompute())
+        else:
+            out.append(KEEP)
+    # Clipping can break the prefetch order; restore it by lowering (never raising) prefetch stages.
+    cap = m.trace.n
+    for i in range(len(out) - 1, -1, -1):
+        d = out[i]
+        if d.action == Action.OFFLOAD:
+            if d.prefetch_at > cap:
+                out[i] = offload_subset(m.trace, i, d.offload_tensors, done_by=d.done_by, prefetch_at=max(i, cap))
+            cap = out[i].prefetch_at
+    return out

@@ -1,0 +1,176 @@
+"""PuLP backends: CBC (bundled with PuLP) and HiGHS (through highspy). Big-M form of the indicator rows.
+
+Scaling: the MILP solvers work to absolute tolerances of about 1e-7 to 1e-6, so rows are scaled to keep
+numbers near 1: time rows in milliseconds, memory rows in MiB. Every term of a row is in the row's unit,
+so scaling a row multiplies its binaries' coefficients and its constant; time and byte variables are
+simply measured in the scaled unit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pulp
+
+from memsched.errors import SolverError
+from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel, decode, hint
+from memsched.optimizer.ilp.outcome import Found, Outcome
+from memsched.optimizer.plan import Decision
+
+log = logging.getLogger(__name__)
+
+TIME_SCALE = 1e3  # seconds -> milliseconds
+BYTE_SCALE = 1.0 / 2**20  # bytes -> MiB
+_SENSE = {">=": pulp.LpConstraintGE, "<=": pulp.LpConstraintLE, "==": pulp.LpConstraintEQ}
+
+
+def _row_scale(unit: str) -> float:
+    return TIME_SCALE if unit == SECONDS else BYTE_SCALE if unit == BYTE_UNIT else 1.0
+
+
+def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
+    """The model as a PuLP problem (indicators as big-M rows) and its variables, by model index."""
+    prob = pulp.LpProblem("memsched", pulp.LpMinimize)
+    cols: list[pulp.LpVariable] = []
+    for v in m.vars:
+        cat = pulp.LpBinary if v.kind == BIN else pulp.LpContinuous
+        lb, ub = v.lb, v.ub
+        if v.kind == TIME:
+            lb, ub = lb * TIME_SCALE, None if ub is None else ub * TIME_SCALE
+        elif v.kind == BYTES:
+            lb, ub = lb * BYTE_SCALE, None if ub is None else ub * BYTE_SCALE
+        cols.append(pulp.LpVariable(v.name, lowBound=lb if cat != pulp.LpBinary else None,
+                                    upBound=ub if cat != pulp.LpBinary else None, cat=cat))
+    scaled = [v.kind in (BIN, FRAC) for v in m.vars]
+    for row in m.rows:
+        s = _row_scale(row.unit)
+        coef: dict[int, float] = {}
+        for j, c in row.terms:  # a variable may occur twice (latency and bytes of a one-tensor copy)
+            coef[j] = coef.get(j, 0.0) + (c * s if scaled[j] else c)
+        const = row.const * s
+        if row.lit >= 0:
+            big = row.big_m * s
+            if row.lit_value == 1:  # holds when lit = 1: expr + M (1 - lit) >= 0
+                coef[row.lit] = coef.get(row.lit, 0.0) - big
+                const += big
+            else:  # holds when lit = 0: expr + M lit >= 0
+                coef[row.lit] = coef.get(row.lit, 0.0) + big
+        expr = pulp.LpAffineExpression([(cols[j], c) for j, c in coef.items() if c != 0.0], constant=const)
+        prob += pulp.LpConstraint(expr, _SENSE[row.sense], name=row.name)
+    prob += pulp.LpAffineExpression([(cols[j], c) for j, c in m.objective],
+                                    constant=m.objective_const * TIME_SCALE)
+    return prob, cols
+
+
+def _values(m: MilpModel, cols: list[pulp.LpVariable]) -> list[float]:
+    return [0.0 if c.varValue is None else float(c.varValue) for c in cols]
+
+
+def export_pulp(m: MilpModel, path: Path) -> None:
+    """Write the model as MPS (suffix .mps) or CPLEX LP (anything else)."""
+    prob, _ = to_pulp(m)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".mps":
+        prob.writeMPS(str(path))
+    else:
+        prob.writeLP(str(path))
+
+
+_CBC_OBJ = re.compile(r"^Objective value:\s+(\S+)", re.M)
+_CBC_BOUND = re.compile(r"^Lower bound:\s+(\S+)", re.M)
+_CBC_RESULT = re.compile(r"^Result - (.+)$", re.M)
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
+
+
+def _seconds(scaled: float | None, m: MilpModel) -> float | None:
+    return None if scaled is None else scaled / TIME_SCALE
+
+
+class _HighsWithStart(pulp.HiGHS):  # type: ignore[misc,name-defined]
+    """PuLP's HiGHS API with a MIP start: PuLP passes none to highspy itself."""
+
+    def __init__(self, start: dict[int, float], **kw: Any) -> None:
+        super().__init__(**kw)
+        self._start = start
+
+    def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (PuLP's name)
+        if self._start:
+            idx = sorted(self._start)
+            lp.solverModel.setSolution(len(idx), idx, [self._start[i] for i in idx])
+        lp.solverModel.run()
+
+
+def solve_pulp(
+    m: MilpModel,
+    backend: str,
+    time_limit_s: float,
+    gap: float,
+    warm: list[Decision] | None,
+    threads: int | None = None,
+) -> Outcome:
+    """Solve with 'cbc' or 'highs'. Raises SolverError when the solver itself fails."""
+    prob, cols = to_pulp(m)
+    start = hint(m, warm) if warm is not None else {}
+    for j, val in start.items():
+        cols[j].setInitialValue(val)
+    t0 = time.perf_counter()
+    bound: float | None = None
+    message = ""
+    if backend == "cbc":
+        fd, logpath = tempfile.mkstemp(prefix="memsched-cbc-", suffix=".log")
+        os.close(fd)
+        try:
+            solver = pulp.PULP_CBC_CMD(
+                msg=False, timeLimit=max(1.0, time_limit_s), gapRel=gap, warmStart=bool(start),
+                logPath=logpath, threads=threads,
+            )
+            try:
+                prob.solve(solver)
+            except pulp.PulpSolverError as exc:
+                raise SolverError(f"cbc failed: {exc}") from exc
+            text = Path(logpath).read_text(errors="replace")
+        finally:
+            Path(logpath).unlink(missing_ok=True)
+        result = _CBC_RESULT.search(text)
+        message = f"cbc: {result.group(1).strip() if result else pulp.LpStatus[prob.status]}"
+        bound = _seconds(_float(m_.group(1)) if (m_ := _CBC_BOUND.search(text)) else None, m)
+    elif backend == "highs":
+        opts: dict[str, Any] = {}
+        if threads is not None:
+            opts["threads"] = threads
+        solver = _HighsWithStart(start, msg=False, timeLimit=time_limit_s, gapRel=gap, **opts)
+        try:
+            prob.solve(solver)
+        except pulp.PulpSolverError as exc:
+            raise SolverError(f"highs failed: {exc}") from exc
+        info = prob.solverModel.getInfo()
+        bound = _seconds(float(info.mip_dual_bound), m)
+        message = f"highs: {prob.solverModel.modelStatusToString(prob.solverModel.getModelStatus())}"
+    else:
+        raise SolverError(f"unknown PuLP backend {backend!r}")
+    wall = time.perf_counter() - t0
+    sol = prob.sol_status
+    if sol == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
+        return Outcome(backend, Found.INFEASIBLE, None, None, None, wall, message)
+    if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        if prob.status == pulp.LpStatusNotSolved or sol == pulp.LpSolutionNoSolutionFound:
+            return Outcome(backend, Found.NO_SOLUTION, None, None, bound, wall, message)
+        raise SolverError(f"{backend} returned status {pulp.LpStatus[prob.status]} ({message})")
+    values = _values(m, cols)
+    objective = _seconds(pulp.value(prob.objective), m)
+    found = Found.OPTIMAL if sol == pulp.LpSolutionOptimal else Found.FEASIBLE
+    if found == Found.OPTIMAL and (bound is None or objective is not None and bound > objective):
+        bound = objective  # CBC prints no bound line when it proves optimality outright
+    return Outcome(backend, found, decode(m, values), objective, bound, wall, message)
