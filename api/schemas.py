@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator
 
 from memsched.api.examples import EXAMPLE_TRACE
 from memsched.api.models import JobStatus
@@ -18,19 +18,42 @@ TraceId = Annotated[
 ]
 JobId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="a schedule job id")]
 
+def _check_budget(v: object) -> int | str:
+    # One validator for both forms, so an error names the field `budget` (a pydantic union would report one
+    # error per branch under internal names such as `budget.constrained-int`).
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v <= 0:
+            raise ValueError(f"must be > 0 bytes, got {v}; give a positive size such as 8589934592 or '8GiB'")
+        return v
+    if isinstance(v, str):
+        if not 1 <= len(v) <= 64:
+            raise ValueError("write the budget as 1 to 64 characters, like '8GiB', '500MB' or '50%'")
+        return v
+    raise ValueError(
+        f"must be an integer number of bytes or a string like '8GiB' or '50%', got {type(v).__name__}"
+    )
+
+
 # The budget is an integer number of bytes (the whole device-memory peak) or a string the CLI also reads:
 # "8GiB", "500MB", "1.5e9", or "N%" (static bytes + N% of the keep-all activation peak; DESIGN.md, Units).
 Budget = Annotated[
-    Annotated[int, Field(gt=0, description="bytes (the whole device-memory peak)")]
-    | Annotated[
-        str,
-        Field(
-            min_length=1,
-            max_length=64,
-            description="a size such as '8GiB', '500MB', '1.5e9', or a percentage such as '50%'",
-        ),
-    ],
-    Field(description="memory budget: bytes as an integer, or '8GiB' / '500MB' / '50%' as a string"),
+    int | str,
+    PlainValidator(_check_budget),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "exclusiveMinimum": 0, "description": "bytes (the whole device-memory peak)"},
+                {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 64,
+                    "description": "a size such as '8GiB', '500MB', '1.5e9', or a percentage such as '50%'",
+                },
+            ],
+            "title": "Budget",
+            "description": "memory budget: bytes as an integer, or '8GiB' / '500MB' / '50%' as a string",
+        }
+    ),
 ]
 
 

@@ -1,0 +1,71 @@
+"""Fixtures of the service tests: a real uvicorn server over SQLite, and over a real PostgreSQL (a database
+created for this test session and dropped after it)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from conftest_api import KEY_A, KEY_B, PG_HOST, PG_PORT, Server, find_pg_user, pg_connect, try_start_pg
+
+
+@pytest.fixture(scope="session")
+def pg_user() -> str:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg is not installed (pip install -e '.[api]'); cannot test PostgreSQL")
+    user, why = find_pg_user()
+    if user is None:
+        started = try_start_pg()
+        user, why2 = find_pg_user()
+        if user is None:
+            pytest.skip(
+                f"no PostgreSQL reachable at {PG_HOST}:{PG_PORT} with trust auth ({why}); tried to start one: "
+                f"{started}; then: {why2}"
+            )
+    return user
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_user: str) -> Iterator[str]:
+    """A fresh database for this session, dropped at the end (even if tests fail)."""
+    name = f"memsched_test_{uuid.uuid4().hex[:12]}"
+    with pg_connect(pg_user) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://{pg_user}@{PG_HOST}:{PG_PORT}/{name}"
+    finally:
+        with pg_connect(pg_user) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# ------------------------------------------------------------------------------------------------ servers
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path_factory.mktemp('db') / 'memsched.db'}"
+    base: str = request.getfixturevalue("pg_url")
+    # One schema-free database per session: tables are shared by the modules, ids keep them apart.
+    return base
+
+
+@pytest.fixture(scope="module")
+def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with two API keys and small limits, so the limit tests need only small bodies."""
+    srv = Server(
+        database_url,
+        tmp_path_factory.mktemp("log") / "server.log",
+        api_keys=f"{KEY_A},{KEY_B}",
+        max_body_bytes=str(512 * 1024),
+        max_layers="40",
+        max_time_limit_s="60",
+        max_wait_s="30",
+    ).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

@@ -1,0 +1,291 @@
+"""The REST service end to end, against a real uvicorn server over SQLite and over PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+from conftest_api import KEY_A, KEY_B, Server
+
+from memsched.api.examples import synthetic_trace
+from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.optimizer.budget import min_feasible_budget
+from memsched.optimizer.solve import SolveOptions
+from memsched.schema import Schedule, Trace, check_schedule
+from memsched.service import budget_bytes_for, solve_trace
+
+HEUR = {"solver": "heuristic", "time_limit_s": 5}
+
+
+def trace_json(n: int = 5, scale: int = 1) -> dict:
+    return synthetic_trace(n, scale=scale).model_dump(mode="json")
+
+
+def test_probes(server: Server, database_url: str) -> None:
+    with server.client(key=None) as c:
+        assert c.get("/healthz").json()["status"] == "ok"
+        ready = c.get("/readyz").json()
+        assert ready["database"] == database_url.split(":", maxsplit=1)[0].split("+", maxsplit=1)[0]
+        assert ready["workers"] == 2
+
+
+def test_auth_required_and_json_errors(server: Server) -> None:
+    with server.client(key=None) as c:
+        r = c.post("/v1/traces", json=trace_json())
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert "Bearer" in r.json()["detail"]
+    with server.client(key="not-a-configured-key") as c:
+        r = c.get("/v1/traces/" + "0" * 64)
+        assert r.status_code == 401 and r.json()["field"] == "Authorization"
+
+
+def test_traces_are_idempotent_and_private(server: Server) -> None:
+    body = trace_json(4, scale=3)
+    with server.client() as a, server.client(KEY_B) as b:
+        r1 = a.post("/v1/traces", json=body)
+        assert r1.status_code == 201, r1.text
+        tid = r1.json()["id"]
+        assert tid == Trace.model_validate(body).content_hash()
+        assert r1.headers["location"] == f"/v1/traces/{tid}"
+        # Same trace, keys in another order: same id, 200.
+        r2 = a.post("/v1/traces", content=json.dumps(body, sort_keys=True), headers={"content-type": "application/json"})
+        assert r2.status_code == 200 and r2.json()["id"] == tid
+        got = a.get(f"/v1/traces/{tid}")
+        assert got.status_code == 200
+        assert Trace.model_validate(got.json()["trace"]) == Trace.model_validate(body)
+        assert got.json()["n_layers"] == 4
+        # Another key does not see it...
+        assert b.get(f"/v1/traces/{tid}").status_code == 404
+        # ...until it stores the same trace itself (201 for that key).
+        assert b.post("/v1/traces", json=body).status_code == 201
+
+
+def test_schedule_job_lifecycle_and_cache(server: Server) -> None:
+    tr = synthetic_trace(6, scale=2)
+    with server.client() as c:
+        tid = c.post("/v1/traces", json=tr.model_dump(mode="json")).json()["id"]
+        r = c.post("/v1/schedules", json={"trace_id": tid, "budget": "60%", **HEUR})
+        assert r.status_code in (200, 202), r.text
+        job = r.json()
+        assert job["cached"] is False and job["trace_id"] == tid
+        assert r.headers["location"] == f"/v1/schedules/{job['id']}"
+        assert job["budget_bytes"] == budget_bytes_for(tr, "60%")
+        done = c.get(f"/v1/schedules/{job['id']}", params={"wait": 20})
+        assert done.status_code == 200
+        d = done.json()
+        assert d["status"] == "done", d
+        sc = Schedule.model_validate(d["schedule"])
+        check_schedule(sc, tr)
+        assert sc.prediction.peak_bytes <= d["budget_bytes"]
+        # The same request again: the same job, from the cache, no new solve.
+        again = c.post("/v1/schedules", json={"trace_id": tid, "budget": "60%", **HEUR})
+        assert again.status_code == 200
+        assert again.json()["id"] == job["id"] and again.json()["cached"] is True
+        # The same budget written in bytes is the same question.
+        same = c.post("/v1/schedules", json={"trace_id": tid, "budget": d["budget_bytes"], **HEUR})
+        assert same.json()["id"] == job["id"]
+    with server.client(KEY_B) as b:
+        # Another key cannot see the job...
+        assert b.get(f"/v1/schedules/{job['id']}").status_code == 404
+        # ...but asking the same question (inline trace) is answered from the stored schedule as its own job.
+        r = b.post("/v1/schedules", json={"trace": tr.model_dump(mode="json"), "budget": "60%", **HEUR})
+        assert r.status_code == 200
+        assert r.json()["id"] != job["id"]
+        assert r.json()["cached"] is True and r.json()["status"] == "done"
+        assert r.json()["schedule"] == d["schedule"]
+
+
+def test_wait_returns_the_schedule(server: Server) -> None:
+    tr = synthetic_trace(5, scale=5)
+    with server.client() as c:
+        r = c.post("/v1/schedules", params={"wait": 20}, json={"trace": tr.model_dump(mode="json"), "budget": "70%", **HEUR})
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "done"
+        check_schedule(Schedule.model_validate(r.json()["schedule"]), tr)
+
+
+def test_infeasible_budget_names_the_smallest_feasible(server: Server) -> None:
+    tr = synthetic_trace(5, scale=7)
+    with server.client() as c:
+        r = c.post("/v1/schedules", json={"trace": tr.model_dump(mode="json"), "budget": "5%", **HEUR})
+        assert r.status_code == 422
+        e = r.json()
+        assert e["field"] == "budget"
+        assert e["min_feasible_bytes"] == min_feasible_budget(tr)
+        assert "smallest feasible budget" in e["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "params", "status", "field"),
+    [
+        ({"budget": "abc"}, None, 422, "budget"),
+        ({"budget": "0%"}, None, 422, "budget"),
+        ({"budget": -5}, None, 422, "budget"),
+        ({"budget": 2**70}, None, 422, "budget"),
+        ({"budget": "1e300%"}, None, 422, "budget"),
+        ({"budget": "50%", "solver": "gurobi"}, None, 422, "solver"),
+        ({"budget": "50%", "time_limit_s": 1e6}, None, 422, "time_limit_s"),
+        ({"budget": "50%", "time_limit_s": 0}, None, 422, "time_limit_s"),
+        ({"budget": "50%", "gap": 2}, None, 422, "gap"),
+        ({"budget": "50%", "colour": "red"}, None, 422, "colour"),
+        ({"budget": "50%"}, {"wait": -1}, 422, "wait"),
+        ({"budget": "50%"}, {"wait": "soon"}, 422, "wait"),
+    ],
+)
+def test_bad_schedule_requests_get_4xx_naming_the_field(server: Server, body, params, status, field) -> None:
+    with server.client() as c:
+        r = c.post("/v1/schedules", params=params, json={"trace": trace_json(3), "solver": "heuristic", **body})
+        assert r.status_code == status, r.text
+        assert r.json()["field"] == field, r.json()
+        assert r.json()["detail"]
+
+
+def test_other_bad_inputs(server: Server) -> None:
+    with server.client() as c:
+        # Neither or both of trace / trace_id.
+        r = c.post("/v1/schedules", json={"budget": "50%"})
+        assert r.status_code == 422 and r.json()["field"] == "trace_id"
+        # A trace id that is not stored (for this key).
+        r = c.post("/v1/schedules", json={"trace_id": "a" * 64, "budget": "50%"})
+        assert r.status_code == 404 and r.json()["field"] == "trace_id"
+        assert c.get("/v1/schedules/" + "b" * 32).status_code == 404
+        assert c.get("/v1/schedules/not-an-id").status_code == 422
+        # Not JSON.
+        r = c.post("/v1/traces", content=b"{nope", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "JSON" in r.json()["detail"]
+        # An invalid trace: the message names the field path.
+        bad = trace_json(3)
+        bad["layers"][1]["deps"] = [2]
+        r = c.post("/v1/traces", json=bad)
+        assert r.status_code == 422 and "layers[1].deps[0]" in r.json()["detail"]
+        bad = trace_json(3)
+        bad["layers"][0]["forward_s"] = -1
+        r = c.post("/v1/traces", json=bad)
+        assert r.status_code == 422 and r.json()["field"] == "layers[0].forward_s"
+        # Over the layer limit (40 on this server).
+        r = c.post("/v1/traces", json=trace_json(41))
+        assert r.status_code == 422 and r.json()["field"] == "body.layers" and "41 layers" in r.json()["detail"]
+        r = c.post("/v1/schedules", json={"trace": trace_json(41), "budget": "50%"})
+        assert r.status_code == 422 and r.json()["field"] == "trace.layers"
+        # Over the body limit (512 KiB on this server), declared and chunked.
+        big = b'{"x": "' + b"a" * (600 * 1024) + b'"}'
+        r = c.post("/v1/traces", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["field"] == "body"
+
+        def chunks():
+            for _ in range(12):
+                yield b"a" * 65536
+
+        r = c.post("/v1/traces", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        # Unknown route and method: JSON too.
+        r = c.get("/v1/nothing")
+        assert r.status_code == 404 and "detail" in r.json()
+        assert c.delete("/v1/traces").status_code == 405
+
+
+def test_compare(server: Server) -> None:
+    tr = synthetic_trace(5)
+    with server.client() as c:
+        r = c.post("/v1/compare", json={"trace": tr.model_dump(mode="json"), "budget": "50%"})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["trace_id"] == tr.content_hash()
+        assert out["budget_bytes"] == budget_bytes_for(tr, "50%")
+        assert {"keep-all", "checkpoint-all"} <= {row["policy"] for row in out["rows"]}
+        keep = next(row for row in out["rows"] if row["policy"] == "keep-all")
+        assert keep["feasible"] is False  # 50% cannot hold every activation
+        r = c.post("/v1/compare", json={"trace_id": out["trace_id"], "budget": "zzz"})
+        assert r.status_code == 422 and r.json()["field"] == "budget"
+
+
+def test_plot_png(server: Server) -> None:
+    pytest.importorskip("memsched.plot", reason="memsched.plot (the timeline plot) is not in this tree yet")
+    tr = synthetic_trace(4, scale=11)
+    with server.client() as c:
+        job = c.post("/v1/schedules", params={"wait": 20}, json={"trace": tr.model_dump(mode="json"), "budget": "60%", **HEUR}).json()
+        assert job["status"] == "done"
+        r = c.get(job["links"]["plot"], timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "image/png"
+        assert r.content.startswith(b"\x89PNG\r\n\x1a\n")
+        assert c.get(job["links"]["plot"]).content == r.content  # stored, not redrawn
+    with server.client(KEY_B) as b:
+        assert b.get(job["links"]["plot"]).status_code == 404
+
+
+def test_metrics(server: Server) -> None:
+    with server.client() as c:
+        c.post("/v1/schedules", params={"wait": 20}, json={"trace": trace_json(3, scale=13), "budget": "80%", **HEUR})
+        c.post("/v1/schedules", json={"trace": trace_json(3, scale=13), "budget": "80%", **HEUR})
+        text = c.get("/metrics").text
+    assert 'memsched_jobs{state="done"}' in text
+    assert "memsched_solve_seconds_count" in text
+    hits = [line for line in text.splitlines() if line.startswith("memsched_cache_hits_total")]
+    assert hits and float(hits[0].split()[-1]) >= 1
+
+
+def test_solve_via_server_round_trip(server: Server) -> None:
+    from memsched.cli_api import solve_via_server
+
+    tr = synthetic_trace(7, scale=17)
+    opts = SolveOptions(solver="heuristic", time_limit_s=5)
+    remote = solve_via_server(server.url, tr, "55%", opts, KEY_A)
+    local = solve_trace(tr, "55%", opts)
+    check_schedule(remote, tr)
+    assert remote.actions == local.actions
+    assert remote.prediction == local.prediction
+    assert remote.budget_bytes == local.budget_bytes
+    with pytest.raises(InfeasibleBudgetError) as e:
+        solve_via_server(server.url, tr, "1%", opts, KEY_A)
+    assert e.value.min_feasible_bytes == min_feasible_budget(tr)
+    with pytest.raises(MemschedError, match="unknown API key"):
+        solve_via_server(server.url, tr, "55%", opts, "wrong-key-123")
+
+
+def test_cli_solve_with_server(server: Server, tmp_path) -> None:
+    """`memsched solve --server URL` posts to the service and writes the schedule it gets back."""
+    tr = synthetic_trace(5, scale=19)
+    src = tmp_path / "trace.json"
+    src.write_text(tr.model_dump_json())
+    out = tmp_path / "schedule.json"
+    cmd = [sys.executable, "-c", "from memsched.cli import main; main()", "solve", str(src), "--budget", "60%",
+           "--solver", "heuristic", "--time-limit", "5", "--server", server.url, "-o", str(out), "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**_env(), "MEMSCHED_API_KEY": KEY_A})
+    assert r.returncode == 0, r.stderr
+    check_schedule(Schedule.model_validate_json(out.read_text()), tr)
+    # The job is on the server: the same request is now a cache hit.
+    with server.client() as c:
+        again = c.post("/v1/schedules", json={"trace": tr.model_dump(mode="json"), "budget": "60%", **HEUR})
+        assert again.json()["cached"] is True
+    # A server that is not there: exit 2 with one line naming the URL.
+    r = subprocess.run([*cmd[:-5], "--server", "http://127.0.0.1:9", "-o", str(out)], capture_output=True,
+                       text=True, timeout=60, env=_env())
+    assert r.returncode == 2 and "cannot reach http://127.0.0.1:9" in r.stderr
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "MEMSCHED_API_KEY"}
+
+
+def test_no_5xx_in_server_log(server: Server) -> None:
+    """Whatever the tests above sent, the server answered none of it with a 5xx."""
+    assert '" 5' not in server.log(), server.log()
+
+
+def test_openapi_is_complete(server: Server) -> None:
+    spec = httpx.get(server.url + "/openapi.json").json()
+    paths = spec["paths"]
+    for p in ("/v1/traces", "/v1/traces/{trace_id}", "/v1/schedules", "/v1/schedules/{job_id}",
+              "/v1/schedules/{job_id}/plot.png", "/v1/compare", "/healthz", "/readyz", "/metrics"):
+        assert p in paths, p
+    req = spec["components"]["schemas"]["ScheduleRequest"]
+    assert req.get("examples"), "ScheduleRequest has examples"
+    assert "422" in paths["/v1/schedules"]["post"]["responses"]
+    assert "bearer" in json.dumps(spec.get("components", {}).get("securitySchemes", {})).lower()
