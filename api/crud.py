@@ -189,7 +189,8 @@ def finish_job(
         return
     row.status = JobStatus.DONE if schedule_json is not None else JobStatus.FAILED
     row.schedule = schedule_json
-    row.reason = error
+    # On success keep any earlier note (re-queued after a restart): it explains attempts > 1.
+    row.reason = error if error is not None else row.reason
     row.min_feasible_bytes = min_feasible_bytes
     row.solve_s = solve_s
     row.finished_at = utcnow()
