@@ -1,0 +1,213 @@
+"""Built-in real models (transformers configs, nothing downloaded) and user factories, as Workloads:
+a model, a fixed synthetic batch and a training step, ready for `trace` and `apply_schedule`."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from memsched.errors import MemschedError
+
+BUILTIN_MODELS = ("gpt2", "gpt2-medium", "bert-base", "vit-base", "resnet50")
+
+
+@dataclass
+class Workload:
+    """A model plus what one training step feeds it."""
+
+    model: nn.Module
+    """The model, in training mode, on its device."""
+    model_id: str
+    """Identifier written into the trace, e.g. 'gpt2' or 'gpt2-small4'."""
+    batch: dict[str, torch.Tensor]
+    """Keyword inputs of one step (fixed, so every step does the same work), including labels."""
+    batch_size: int
+    """Batch size."""
+    seq_len: int | None
+    """Sequence length (None for image models)."""
+    optimizer: torch.optim.Optimizer | None = None
+    """The optimizer the step uses (its state is static memory)."""
+    loss_fn: Callable[[Any], torch.Tensor] = field(default=lambda out: out.loss)
+    """Turns the model's output into the scalar loss."""
+
+    def loss(self, model: Callable[..., Any] | None = None) -> torch.Tensor:
+        """Forward one batch through `model` (default: the workload's model) and return the loss."""
+        return self.loss_fn((model or self.model)(**self.batch))
+
+    def backward(self, model: Callable[..., Any] | None = None) -> torch.Tensor:
+        """Forward and backward without the optimizer step (what gradient comparisons need)."""
+        loss = self.loss(model)
+        loss.backward()
+        return loss.detach()
+
+    def step(self, model: Callable[..., Any] | None = None) -> torch.Tensor:
+        """One training step: zero grads, forward, backward, optimizer step."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        loss = self.backward(model)
+        if self.optimizer is not None:
+            self.optimizer.step()
+        return loss
+
+
+def _tokens(gen: torch.Generator, vocab: int, batch: int, seq: int, device: torch.device) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+
+
+def builtin_workload(
+    name: str,
+    *,
+    batch_size: int = 2,
+    seq_len: int = 128,
+    num_layers: int | None = None,
+    small: bool = False,
+    device: str | torch.device = "cpu",
+    dropout: float | None = None,
+    seed: int = 0,
+    optimizer: str = "adamw",
+) -> Workload:
+    """A transformers model built from its config (random weights, no download).
+
+    small: a narrow version (hidden size 64) for CPU tests and demos; num_layers overrides the depth
+    (for resnet50, the number of bottleneck layers, spread over the four stages). dropout None keeps the
+    config's default (0.1 for the transformers, which is what RNG-preserving recompute must survive).
+    """
+    try:
+        import transformers as tf
+    except ModuleNotFoundError as e:  # pragma: no cover - transformers is a runtime dependency
+        raise MemschedError("built-in models need transformers: pip install 'memsched[runtime]'") from e
+    if batch_size < 1 or seq_len < 1:
+        raise MemschedError(f"batch size and sequence length must be >= 1 (got {batch_size}, {seq_len})")
+    if num_layers is not None and num_layers < 1:
+        raise MemschedError(f"--layers must be >= 1, got {num_layers}")
+    dev = torch.device(device)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model: nn.Module
+    cfg: Any
+    batch: dict[str, torch.Tensor]
+    sl: int | None = seq_len
+    p = dropout
+    labels: dict[str, Any] = {"num_labels": 10}  # a classification head of 10 classes for the image models
+    if name in ("gpt2", "gpt2-medium"):
+        depth, width, heads = (12, 768, 12) if name == "gpt2" else (24, 1024, 16)
+        vocab = 50257
+        if small:
+            depth, width, heads, vocab = 4, 64, 4, 1024
+        kw: dict[str, Any] = {} if p is None else {"resid_pdrop": p, "embd_pdrop": p, "attn_pdrop": p}
+        cfg = tf.GPT2Config(
+            n_layer=num_layers or depth,
+            n_embd=width,
+            n_head=heads,
+            vocab_size=vocab,
+            n_positions=max(seq_len, 128 if small else 1024),
+            bos_token_id=vocab - 1,
+            eos_token_id=vocab - 1,
+            use_cache=False,
+            **kw,
+        )
+        model = tf.GPT2LMHeadModel(cfg)
+        ids = _tokens(gen, vocab, batch_size, seq_len, dev)
+        batch = {"input_ids": ids, "labels": ids}
+    elif name == "bert-base":
+        depth, width, heads, inter, vocab = (12, 768, 12, 3072, 30522)
+        if small:
+            depth, width, heads, inter, vocab = 4, 64, 4, 256, 1024
+        kw = {} if p is None else {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
+        cfg = tf.BertConfig(
+            num_hidden_layers=num_layers or depth,
+            hidden_size=width,
+            num_attention_heads=heads,
+            intermediate_size=inter,
+            vocab_size=vocab,
+            max_position_embeddings=max(seq_len, 512),
+            **kw,
+        )
+        model = tf.BertForMaskedLM(cfg)
+        ids = _tokens(gen, vocab, batch_size, seq_len, dev)
+        batch = {"input_ids": ids, "labels": ids}
+    elif name == "vit-base":
+        depth, width, heads, inter, image, patch = (12, 768, 12, 3072, 224, 16)
+        if small:
+            depth, width, heads, inter, image, patch = 4, 64, 4, 256, 32, 8
+        kw = {} if p is None else {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
+        cfg = tf.ViTConfig(
+            num_hidden_layers=num_layers or depth,
+            hidden_size=width,
+            num_attention_heads=heads,
+            intermediate_size=inter,
+            image_size=image,
+            patch_size=patch,
+            **kw,
+            **labels,
+        )
+        model = tf.ViTForImageClassification(cfg)
+        pixels = torch.randn(batch_size, 3, image, image, generator=gen).to(dev)
+        batch = {"pixel_values": pixels, "labels": torch.randint(0, 10, (batch_size,), generator=gen).to(dev)}
+        sl = (image // patch) ** 2 + 1
+    elif name == "resnet50":
+        depths, hidden, emb, image = [3, 4, 6, 3], [256, 512, 1024, 2048], 64, 224
+        if small:
+            depths, hidden, emb, image = [1, 1, 1, 1], [32, 64, 128, 256], 16, 64
+        if num_layers is not None:
+            if num_layers < 4:
+                raise MemschedError(f"resnet50 has four stages: --layers must be >= 4, got {num_layers}")
+            depths = [num_layers // 4 + (1 if k < num_layers % 4 else 0) for k in range(4)]
+        cfg = tf.ResNetConfig(depths=depths, hidden_sizes=hidden, embedding_size=emb, layer_type="bottleneck", **labels)
+        model = tf.ResNetForImageClassification(cfg)
+        pixels = torch.randn(batch_size, 3, image, image, generator=gen).to(dev)
+        batch = {"pixel_values": pixels, "labels": torch.randint(0, 10, (batch_size,), generator=gen).to(dev)}
+        sl = None
+    else:
+        raise MemschedError(f"unknown model {name!r}; use one of {', '.join(BUILTIN_MODELS)} or package.module:factory")
+    nn.Module.to(model, dev).train()
+    suffix = f"-small{num_layers or ''}" if small else (f"-{num_layers}l" if num_layers else "")
+    opt = _optimizer(model, optimizer)
+    return Workload(model, f"{name}{suffix}", batch, batch_size, sl, opt)
+
+
+def _optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer | None:
+    if kind == "none":
+        return None
+    if kind == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=1e-3)
+    raise MemschedError(f"unknown optimizer {kind!r}; use adamw, sgd or none")
+
+
+def load_factory(spec: str, **kwargs: Any) -> Workload:
+    """Call `package.module:factory`. It returns a Workload; keyword arguments it declares (batch_size,
+    seq_len, device, ...) are passed through."""
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise MemschedError(f"model {spec!r}: write a factory as package.module:function")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise MemschedError(f"model {spec!r}: cannot import {mod_name!r} ({e}); check PYTHONPATH") from None
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        raise MemschedError(f"model {spec!r}: {mod_name} has no callable {attr!r}")
+    params = inspect.signature(factory).parameters
+    accepted = {k: v for k, v in kwargs.items() if k in params}
+    out = factory(**accepted)
+    if not isinstance(out, Workload):
+        raise MemschedError(
+            f"model {spec!r}: the factory returned {type(out).__name__}; return a memsched.runtime.Workload "
+            "(model, batch of keyword inputs, batch_size, seq_len)"
+        )
+    return out
+
+
+def workload(name: str, **kwargs: Any) -> Workload:
+    """A built-in model by name, or a `package.module:factory`."""
+    if ":" in name:
+        return load_factory(name, **kwargs)
+    return builtin_workload(name, **kwargs)

@@ -1,0 +1,86 @@
+"""Pooled host buffers for offloaded activations: allocated once, reused every step.
+
+Pinned (page-locked) memory is expensive to allocate and to free, and a training loop offloads the same
+sizes every step, so buffers are kept in free lists keyed by exact byte size. After the first step the pool
+hands out only buffers it already has: host memory does not grow with the number of steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """Host buffer pool counters."""
+
+    allocated_bytes: int
+    """Bytes of host buffers ever created (the pool's host footprint; flat once steps repeat)."""
+    allocated_buffers: int
+    """Number of host buffers ever created."""
+    in_use_bytes: int
+    """Bytes currently lent out (holding an offloaded activation)."""
+    in_use_buffers: int
+    """Buffers currently lent out."""
+    reuses: int
+    """Requests served from the free lists instead of a new allocation."""
+
+
+class HostBufferPool:
+    """Exact-size free lists of uint8 host buffers; pinned when the device is CUDA."""
+
+    def __init__(self, pin_memory: bool) -> None:
+        self.pin_memory = pin_memory
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+        self._allocated_bytes = 0
+        self._allocated_buffers = 0
+        self._in_use_bytes = 0
+        self._in_use_buffers = 0
+        self._reuses = 0
+
+    def acquire(self, nbytes: int) -> torch.Tensor:
+        """A host buffer of exactly nbytes (uint8, 1-D)."""
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                buf = free.pop()
+                self._reuses += 1
+            else:
+                buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
+                self._allocated_bytes += nbytes
+                self._allocated_buffers += 1
+            self._in_use_bytes += nbytes
+            self._in_use_buffers += 1
+            return buf
+
+    def release(self, buf: torch.Tensor) -> None:
+        """Give a buffer back. The caller guarantees no copy into or out of it is still in flight."""
+        nbytes = buf.numel()
+        with self._lock:
+            self._free.setdefault(nbytes, []).append(buf)
+            self._in_use_bytes -= nbytes
+            self._in_use_buffers -= 1
+            assert self._in_use_buffers >= 0, "a host buffer was released twice"
+
+    def clear(self) -> None:
+        """Drop the free buffers (those lent out stay with their holders)."""
+        with self._lock:
+            for bufs in self._free.values():
+                for b in bufs:
+                    self._allocated_bytes -= b.numel()
+                    self._allocated_buffers -= 1
+            self._free.clear()
+
+    def stats(self) -> PoolStats:
+        with self._lock:
+            return PoolStats(
+                self._allocated_bytes,
+                self._allocated_buffers,
+                self._in_use_bytes,
+                self._in_use_buffers,
+                self._reuses,
+            )

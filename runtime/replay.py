@@ -1,0 +1,426 @@
+"""Replay a Schedule in the user's eager training loop: `apply_schedule(model, schedule)`.
+
+Each scheduled layer's `forward` is wrapped (an instance attribute, removed on exit; the model's code and
+state_dict are unchanged):
+
+- keep: the layer's saved tensors are only registered (attribution, CPU ledger).
+- offload: saved tensors whose index (in save order, one per storage) the schedule lists are copied into a
+  pooled host buffer as autograd saves them (side D2H stream on CUDA); the device storage is dropped at the
+  end of the forward of layer `done_by` after waiting on that copy's event; the prefetch is issued when the
+  backward of layer `prefetch_at` starts (a hook on that layer's output gradient); an unpack waits only on
+  its own copy's event (and issues the copy itself if backward needs it earlier than scheduled).
+- recompute: PyTorch's non-reentrant checkpoint over the segment [first..last], RNG state preserved.
+
+A training step is detected as one forward pass over the layers (a pass starts at the first traced layer);
+all bookkeeping is per pass, so nothing accumulates across steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from memsched.errors import ScheduleMismatchError
+from memsched.runtime.checkpointing import Segment, flatten, glue_error
+from memsched.runtime.copier import Copier
+from memsched.runtime.ledger import SavedLedger
+from memsched.runtime.offload import OffloadRecord
+from memsched.runtime.plan import RuntimePlan, build_plan
+from memsched.runtime.pool import HostBufferPool, PoolStats
+from memsched.runtime.storage import param_storages, storage_key
+from memsched.schema import Action, Schedule, Trace
+
+log = logging.getLogger(__name__)
+
+_INSTALLED = "_memsched_forward_orig"
+
+
+def _top_hooks() -> tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]] | None:
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top(True) if top is not None else None
+
+
+class _Observer(torch.autograd.graph.saved_tensors_hooks):
+    """Sees every tensor saved in its scope, then hands it to the hooks it was entered over (checkpoint's),
+    so the ledger can count what a checkpointed region saves and recomputes without changing it."""
+
+    def __init__(self, on_pack: Callable[[torch.Tensor], None]) -> None:
+        self._on_pack = on_pack
+
+        def identity(x: Any) -> Any:
+            return x
+
+        super().__init__(identity, identity)
+
+    def __enter__(self) -> None:
+        inner = _top_hooks()
+        inner_pack, inner_unpack = inner if inner is not None else (lambda x: x, lambda x: x)
+        on_pack = self._on_pack
+
+        def pack(x: torch.Tensor) -> Any:
+            on_pack(x)
+            return inner_pack(x)
+
+        self.pack_hook = pack
+        self.unpack_hook = inner_unpack
+        super().__enter__()
+
+
+class _Pass:
+    """Bookkeeping of one forward pass (one training step) and its backward."""
+
+    def __init__(self, n: int, static_keys: set[tuple[str, int]]) -> None:
+        self.static_keys = static_keys
+        self.claims: dict[int, tuple[int, weakref.ref[torch.UntypedStorage]]] = {}
+        self.next_index = [0] * n
+        self.offloaded: dict[int, tuple[weakref.ref[torch.UntypedStorage], OffloadRecord]] = {}
+        self.records: dict[int, list[OffloadRecord]] = {}
+        self.offloaded_bytes = [0] * n
+        self.last_forward = -1
+        self.backward_started: set[int] = set()
+
+    def owner(self, s: torch.UntypedStorage) -> int | None:
+        hit = self.claims.get(id(s))
+        if hit is not None and hit[1]() is s:
+            return hit[0]
+        return None
+
+    def claim(self, s: torch.UntypedStorage, layer: int) -> tuple[int, int | None]:
+        """(owner, index in the owner's save order if this call made the claim, else None)."""
+        owner = self.owner(s)
+        if owner is not None:
+            return owner, None
+        self.claims[id(s)] = (layer, weakref.ref(s))
+        idx = self.next_index[layer]
+        self.next_index[layer] += 1
+        return layer, idx
+
+    def offload_record(self, s: torch.UntypedStorage) -> OffloadRecord | None:
+        """The record of this very storage if it was offloaded in this pass (ids of dead storages are
+        reused by new ones, so the weak reference decides)."""
+        hit = self.offloaded.get(id(s))
+        if hit is not None and hit[0]() is s and not hit[1].finished:
+            return hit[1]
+        return None
+
+    def is_static(self, x: torch.Tensor) -> bool:
+        return storage_key(x) in self.static_keys
+
+
+class ScheduledModel:
+    """The model with a schedule applied. Call it like the model; attributes are the model's.
+    Use as a context manager (removed on exit) or keep it and call `remove()`."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        schedule: Schedule,
+        trace: Trace | None = None,
+        layers: Sequence[str] | None = None,
+        ledger: SavedLedger | None = None,
+        pool: HostBufferPool | None = None,
+    ) -> None:
+        self.model = model
+        self.schedule = schedule
+        self.plan: RuntimePlan = build_plan(model, schedule, trace, layers)
+        p = next(model.parameters(), None)
+        self.device = p.device if p is not None else torch.device("cpu")
+        self.copier = Copier(self.device)
+        self.pool = pool if pool is not None else HostBufferPool(pin_memory=self.device.type == "cuda")
+        self.ledger = ledger
+        self._tls = threading.local()
+        self._pass: _Pass | None = None
+        self._segment: Segment | None = None
+        self._warned: set[str] = set()
+        self._installed: list[nn.Module] = []
+        self._install()
+
+    # -- public --------------------------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "model":  # not yet set: avoid recursing during construction
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def __enter__(self) -> ScheduledModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        """Restore every wrapped layer's forward."""
+        for m in self._installed:
+            orig = m.__dict__.pop(_INSTALLED, None)
+            m.__dict__.pop("forward", None)
+            if orig is not None and orig[0]:
+                m.__dict__["forward"] = orig[1]
+        self._installed.clear()
+        if self._segment is not None:
+            self._segment.abort()
+            self._segment = None
+
+    def pool_stats(self) -> PoolStats:
+        return self.pool.stats()
+
+    # -- installation --------------------------------------------------------------------------------------
+
+    def _install(self) -> None:
+        for m in self.plan.modules:
+            if _INSTALLED in m.__dict__:
+                raise ScheduleMismatchError(
+                    f"a schedule is already applied to {type(m).__name__}; remove it (leave its `with` block or "
+                    "call .remove()) before applying another"
+                )
+        for i, m in enumerate(self.plan.modules):
+            had_own = "forward" in m.__dict__
+            m.__dict__[_INSTALLED] = (had_own, m.__dict__.get("forward"))
+            m.__dict__["forward"] = self._wrap(i, m.forward)
+            self._installed.append(m)
+
+    # -- per-thread state ----------------------------------------------------------------------------------
+
+    def _stack(self) -> list[int]:
+        st = getattr(self._tls, "stack", None)
+        if st is None:
+            st = self._tls.stack = []
+        return st
+
+    def _recomputing(self) -> int:
+        return int(getattr(self._tls, "recomputing", 0))
+
+    @contextlib.contextmanager
+    def _recompute_scope(self) -> Iterator[None]:
+        self._tls.recomputing = self._recomputing() + 1
+        try:
+            yield
+        finally:
+            self._tls.recomputing -= 1
+
+    # -- the wrapper ---------------------------------------------------------------------------------------
+
+    def _wrap(self, i: int, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not torch.is_grad_enabled():
+                return orig(*args, **kwargs)
+            stack = self._stack()
+            if self._recomputing():
+                # Inside a checkpoint's recomputation: run as is; the stack attributes what it saves.
+                stack.append(i)
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    stack.pop()
+            return self._forward(i, orig, args, kwargs)
+
+        return forward
+
+    def _new_pass(self) -> _Pass:
+        if self._segment is not None:  # the previous forward stopped inside a segment
+            self._segment.abort()
+            self._segment = None
+        self._pass = _Pass(self.plan.n, param_storages(self.model))
+        return self._pass
+
+    def _forward(self, i: int, orig: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        plan = self.plan.layers[i]
+        p = self._pass
+        if p is None or i <= p.last_forward:
+            p = self._new_pass()
+        p.last_forward = i
+        if self.ledger is not None:
+            self.ledger.mark(f"F{i}")
+        seg = self._segment
+        if plan.action == Action.RECOMPUTE:
+            assert plan.segment is not None
+            start, end = plan.segment
+            if i == start:
+                seg = self._open_segment(p, start, end, args, kwargs)
+            elif seg is None or seg.start != start:
+                raise ScheduleMismatchError(
+                    f"layer {plan.name!r} is in recompute segment {start}..{end} but layer {start} did not run "
+                    "before it in this forward; the model does not call its layers in the traced order"
+                )
+            else:
+                seg.record_inputs(i, args, kwargs)
+        stack = self._stack()
+        stack.append(i)
+        hooks: Any = (
+            contextlib.nullcontext()
+            if plan.action == Action.RECOMPUTE
+            else torch.autograd.graph.saved_tensors_hooks(self._packer(p, i), _unpack)
+        )
+        try:
+            with hooks:
+                out = orig(*args, **kwargs)
+        except BaseException:
+            if self._segment is not None:
+                self._segment.abort()
+                self._segment = None
+            raise
+        finally:
+            stack.pop()
+        if plan.action == Action.RECOMPUTE and seg is not None:
+            if i < seg.end:
+                seg.record_outputs(i, out)
+            else:
+                self._segment = None
+                glue = seg.glue_saves
+                seg.close()
+                if glue:
+                    raise glue_error(seg.start, seg.end, [self.plan.layers[seg.start].name, plan.name])
+        self._hook_backward(p, i, out)
+        for j in self.plan.release_at.get(i, ()):
+            for rec in p.records.get(j, ()):
+                rec.release_device()
+            self._check_offloaded(p, j)
+        return out
+
+    def _check_offloaded(self, p: _Pass, j: int) -> None:
+        plan = self.plan.layers[j]
+        got = p.offloaded_bytes[j]
+        if got != plan.offload_bytes and plan.name not in self._warned:
+            self._warned.add(plan.name)
+            log.warning(
+                "layer %s: the schedule offloads %d bytes but this step offloaded %d (shapes differ from the "
+                "trace, or scheduled tensors were not offloadable); the measured peak will differ from the "
+                "prediction",
+                plan.name,
+                plan.offload_bytes,
+                got,
+            )
+
+    # -- saved tensors -------------------------------------------------------------------------------------
+
+    def _packer(self, p: _Pass, i: int) -> Callable[[torch.Tensor], Any]:
+        plan = self.plan.layers[i]
+        offload = plan.action == Action.OFFLOAD
+        ledger = self.ledger
+
+        def pack(x: torch.Tensor) -> Any:
+            if not isinstance(x, torch.Tensor) or p.is_static(x):
+                return x
+            s = x.untyped_storage()
+            rec = p.offload_record(s)
+            if rec is not None:
+                # Already offloaded (a view of it, or a storage an earlier layer offloaded): share the copy.
+                return rec.handle(x)
+            owner, idx = p.claim(s, i)
+            if ledger is not None:
+                ledger.note(x, owner)
+            if offload and idx is not None and idx in plan.offload_tensors and self._offloadable(x):
+                rec = OffloadRecord(i, s, self.copier, self.pool, ledger)
+                p.offloaded[id(s)] = (weakref.ref(s), rec)
+                p.records.setdefault(i, []).append(rec)
+                p.offloaded_bytes[i] += rec.nbytes
+                return rec.handle(x)
+            return x
+
+        return pack
+
+    def _offloadable(self, x: torch.Tensor) -> bool:
+        # A leaf that requires grad is the user's input; autograd needs that very tensor back.
+        return (
+            x.device == self.device
+            and x.layout == torch.strided
+            and not (x.is_leaf and x.requires_grad)
+            and x.untyped_storage().nbytes() > 0
+        )
+
+    # -- recompute segments --------------------------------------------------------------------------------
+
+    def _open_segment(self, p: _Pass, start: int, end: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Segment:
+        seg = Segment(start, end, self.plan.modules[start : end + 1])
+        ledger = self.ledger
+        stack = self._stack()
+
+        def on_forward_save(x: torch.Tensor) -> None:
+            if not isinstance(x, torch.Tensor) or p.is_static(x):
+                return
+            if not stack or not start <= stack[-1] <= end:
+                seg.glue_saves = True
+                return
+            owner, _ = p.claim(x.untyped_storage(), stack[-1])
+            if ledger is not None:
+                ledger.note(x, owner)
+
+        def on_recompute_save(x: torch.Tensor) -> None:
+            if ledger is not None and isinstance(x, torch.Tensor) and not p.is_static(x):
+                ledger.note(x, stack[-1] if stack else start)
+
+        def on_input_save(x: torch.Tensor) -> None:
+            if ledger is not None and isinstance(x, torch.Tensor) and not p.is_static(x):
+                ledger.note(x, start)
+
+        def context_fn() -> tuple[Any, Any]:
+            return _Observer(on_forward_save), _Observer(on_recompute_save)
+
+        # The checkpoint saves its inputs through whatever hooks are active: observe them for the ledger.
+        with _Observer(on_input_save):
+            seg.open(args, kwargs, self._recompute_scope, context_fn)
+        self._segment = seg
+        return seg
+
+    # -- backward stages -----------------------------------------------------------------------------------
+
+    def _hook_backward(self, p: _Pass, i: int, out: Any) -> None:
+        def on_grad(_grad: torch.Tensor) -> None:
+            self._backward_stage(p, i)
+
+        for _, t in flatten(out):
+            if t.requires_grad:
+                t.register_hook(on_grad)
+
+    def _backward_stage(self, p: _Pass, i: int) -> None:
+        """The backward of layer i is about to run (its output gradient is complete)."""
+        if i in p.backward_started:
+            return
+        if not p.backward_started:
+            # Backward has begun: whatever a done-by stage did not release (a forward that skipped layers)
+            # is released now, as the forward is over.
+            for recs in p.records.values():
+                for rec in recs:
+                    rec.release_device()
+        p.backward_started.add(i)
+        if self.ledger is not None:
+            self.ledger.mark(f"B{i}")
+        for j in self.plan.prefetch_at.get(i, ()):
+            for rec in p.records.get(j, ()):
+                rec.prefetch()
+
+
+def _unpack(x: Any) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x
+    return x.unpack()
+
+
+def apply_schedule(
+    model: nn.Module,
+    schedule: Schedule,
+    *,
+    trace: Trace | None = None,
+    layers: Sequence[str] | None = None,
+    ledger: SavedLedger | None = None,
+    pool: HostBufferPool | None = None,
+) -> ScheduledModel:
+    """Apply a schedule to the model, now; returns a ScheduledModel usable as the model and as a context
+    manager (`with apply_schedule(model, schedule): train()` restores the model on exit).
+
+    trace: when given, the schedule is checked against it (layer names, count, content hash).
+    layers: the layer patterns the trace was made with, if not the default repeated blocks.
+    ledger: a SavedLedger to count live saved bytes (the CPU measurement; see `measure`).
+    pool: a host buffer pool to share between schedules (default: one per ScheduledModel).
+    Raises ScheduleMismatchError naming the first mismatch between schedule and model.
+    """
+    return ScheduledModel(model, schedule, trace=trace, layers=layers, ledger=ledger, pool=pool)

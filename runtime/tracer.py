@@ -1,0 +1,365 @@
+"""The tracer: run a few real training steps and write a Trace (see DESIGN.md, 'Trace').
+
+Three kinds of step, so that instrumentation never inflates what it measures:
+1. plain steps: warm-up, then the baseline step time (median) and, on CUDA, the peak (max_memory_allocated);
+2. timing steps: per-layer forward time (around the layer's forward) and backward time (from the moment the
+   layer's output gradient is complete to the moment its input gradient is), medians over the steps;
+3. one memory step: saved tensors (saved_tensors_hooks; deduplicated by storage; attributed to the innermost
+   traced layer whose forward saved them first; parameters and buffers excluded: they are static), input and
+   output bytes, workspace (CUDA allocator peak within the layer), and DAG edges from storage identity between
+   a layer's outputs and later layers' inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from memsched.errors import MemschedError
+from memsched.runtime.checkpointing import flatten
+from memsched.runtime.clock import Clock, sync
+from memsched.runtime.device import device_memory, device_name, framework_versions, measure_copy_speed
+from memsched.runtime.layers import find_layers
+from memsched.runtime.ledger import SavedLedger
+from memsched.runtime.storage import param_storages, storage_key, storage_nbytes, tensor_nbytes
+from memsched.schema import Baseline, DeviceInfo, Layer, StaticBytes, Trace
+
+log = logging.getLogger(__name__)
+
+StepFn = Callable[[], Any]
+
+
+@dataclass
+class _LayerStats:
+    """What the memory step and the timing steps saw for one layer."""
+
+    name: str
+    """Module path."""
+    kind: str
+    """Module class name."""
+    saved: list[int] = field(default_factory=list)
+    """Storage sizes of the tensors it saved first, in save order."""
+    input_bytes: int = 0
+    """Bytes of its tensor inputs that require grad (their gradients are produced in backward)."""
+    output_bytes: int = 0
+    """Bytes of its tensor outputs."""
+    workspace: int = 0
+    """Transient allocator bytes beyond saved + output (CUDA only; 0 on the CPU)."""
+    deps: set[int] = field(default_factory=set)
+    """Call-order indices of the layers whose outputs it consumed."""
+    forward_s: list[float] = field(default_factory=list)
+    """Forward time per timing step."""
+    backward_s: list[float] = field(default_factory=list)
+    """Backward time per timing step."""
+
+
+@contextlib.contextmanager
+def _wrapped(
+    modules: Sequence[nn.Module], make: Callable[[int, Callable[..., Any]], Callable[..., Any]]
+) -> Iterator[None]:
+    """Temporarily replace each module's forward with make(index, original forward)."""
+    saved = []
+    for i, m in enumerate(modules):
+        had = "forward" in m.__dict__
+        saved.append((m, had, m.__dict__.get("forward")))
+        m.__dict__["forward"] = make(i, m.forward)
+    try:
+        yield
+    finally:
+        for m, had, old in saved:
+            if had:
+                m.__dict__["forward"] = old
+            else:
+                m.__dict__.pop("forward", None)
+
+
+def _input_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    return [t for _, t in flatten((args, kwargs))]
+
+
+def _unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    for t in tensors:
+        k = storage_key(t)
+        if k not in seen:
+            seen.add(k)
+            total += tensor_nbytes(t)
+    return total
+
+
+class _MemoryStep:
+    """Instrumentation of the one memory step."""
+
+    def __init__(self, model: nn.Module, stats: list[_LayerStats], device: torch.device) -> None:
+        self.static = param_storages(model)
+        self.stats = stats
+        self.device = device
+        self.stack: list[int] = []
+        self.claims: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self.producers: dict[int, tuple[int, weakref.ref[torch.UntypedStorage]]] = {}
+        self.order: list[int] = []
+        self.ledger = SavedLedger()  # every saved tensor, in or outside layers: the CPU baseline peak
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or storage_key(x) in self.static:
+            return x
+        self.ledger.note(x, self.stack[-1] if self.stack else -1)
+        if not self.stack:
+            return x  # saved outside every traced layer: not a layer's (embeddings, head, loss)
+        s = x.untyped_storage()
+        ref = self.claims.get(id(s))
+        if ref is not None and ref() is s:
+            return x  # counted once, for the layer that saved it first
+        self.claims[id(s)] = weakref.ref(s)
+        self.stats[self.stack[-1]].saved.append(storage_nbytes(x))
+        return x
+
+    def wrap(self, i: int, orig: Callable[..., Any]) -> Callable[..., Any]:
+        st = self.stats[i]
+        cuda = self.device.type == "cuda"
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if i not in self.order:
+                self.order.append(i)
+            inputs = _input_tensors(args, kwargs)
+            st.input_bytes = _unique_bytes([t for t in inputs if t.requires_grad])
+            for t in inputs:
+                hit = self.producers.get(id(t.untyped_storage()))
+                if hit is not None and hit[1]() is t.untyped_storage() and hit[0] != i:
+                    st.deps.add(hit[0])
+            saved_before = sum(st.saved)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+                base = torch.cuda.memory_allocated(self.device)
+            self.stack.append(i)
+            try:
+                out = orig(*args, **kwargs)
+            finally:
+                self.stack.pop()
+            outs = [t for _, t in flatten(out)]
+            st.output_bytes = _unique_bytes(outs)
+            for t in outs:
+                s = t.untyped_storage()
+                self.producers[id(s)] = (i, weakref.ref(s))
+            if cuda:
+                peak = torch.cuda.max_memory_allocated(self.device) - base
+                st.workspace = max(st.workspace, peak - (sum(st.saved) - saved_before) - st.output_bytes, 0)
+            return out
+
+        return forward
+
+
+class _TimingStep:
+    """Instrumentation of the timing steps: forward around the call, backward between gradient hooks."""
+
+    def __init__(self, stats: list[_LayerStats], clock: Clock) -> None:
+        self.stats = stats
+        self.clock = clock
+        self.marks: list[tuple[int, str, Any]] = []
+
+    def wrap(self, i: int, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            fired: set[str] = set()
+
+            def hook(kind: str) -> Callable[[torch.Tensor], None]:
+                def on_grad(_g: torch.Tensor) -> None:
+                    if kind not in fired:
+                        fired.add(kind)
+                        self.marks.append((i, kind, self.clock.mark()))
+
+                return on_grad
+
+            for t in _input_tensors(args, kwargs):
+                if t.requires_grad:
+                    t.register_hook(hook("bwd_end"))
+            a = self.clock.mark()
+            out = orig(*args, **kwargs)
+            b = self.clock.mark()
+            self.marks.append((i, "fwd", (a, b)))
+            for _, t in flatten(out):
+                if t.requires_grad:
+                    t.register_hook(hook("bwd_start"))
+            return out
+
+        return forward
+
+    def collect(self) -> None:
+        """After a step: turn the marks into per-layer times."""
+        self.clock.finish()
+        fwd: dict[int, float] = {}
+        start: dict[int, Any] = {}
+        end: dict[int, Any] = {}
+        seq: list[tuple[int, str, Any]] = []
+        for i, kind, tok in self.marks:
+            if kind == "fwd":
+                fwd[i] = fwd.get(i, 0.0) + self.clock.seconds(*tok)
+            elif kind == "bwd_start":
+                start.setdefault(i, tok)
+                seq.append((i, kind, tok))
+            else:
+                end.setdefault(i, tok)
+        # A layer's backward ends when its input gradient is complete or, failing a hook there (an input
+        # that does not require grad), when the next layer's backward starts.
+        starts = [(i, tok) for i, kind, tok in seq]
+        for k, (i, tok) in enumerate(starts):
+            stop = end.get(i)
+            if stop is None and k + 1 < len(starts):
+                stop = starts[k + 1][1]
+            if stop is not None:
+                self.stats[i].backward_s.append(max(self.clock.seconds(tok, stop), 0.0))
+        for i, s in fwd.items():
+            self.stats[i].forward_s.append(s)
+        self.marks.clear()
+
+
+def _dtype_name(model: nn.Module) -> str:
+    counts: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    dt = max(counts, key=counts.__getitem__) if counts else torch.float32
+    return str(dt).removeprefix("torch.")
+
+
+def static_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> StaticBytes:
+    """Parameters, their gradients (dense training: one per trainable parameter), optimizer state, buffers."""
+    seen: set[tuple[str, int]] = set()
+    params = grads = 0
+    for p in model.parameters():
+        k = storage_key(p)
+        if k in seen:
+            continue  # tied weights (GPT-2's lm_head and wte) are one allocation
+        seen.add(k)
+        params += storage_nbytes(p)
+        if p.requires_grad:
+            grads += storage_nbytes(p)
+    state = 0
+    if optimizer is not None:
+        state_seen: set[tuple[str, int]] = set()
+        for st in optimizer.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor) and v.device.type != "meta":
+                    k = storage_key(v)
+                    if k not in state_seen:
+                        state_seen.add(k)
+                        state += storage_nbytes(v)
+    buffers = 0
+    for b in model.buffers():
+        k = storage_key(b)
+        if k not in seen:
+            seen.add(k)
+            buffers += storage_nbytes(b)
+    return StaticBytes(params=params, grads=grads, optimizer_state=state, other=buffers)
+
+
+def trace(
+    model: nn.Module,
+    step_fn: StepFn,
+    *,
+    layers: Sequence[str] | None = None,
+    steps: int = 5,
+    warmup: int = 2,
+    model_id: str | None = None,
+    batch_size: int = 1,
+    seq_len: int | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    measure_bandwidth: bool = True,
+) -> Trace:
+    """Trace `model` by running `step_fn()` (one whole training step: forward, backward, optimizer step)
+    warmup + 2 * steps + 1 times. Layers are the repeated blocks, or the modules whose names match `layers`
+    (regexes). Times are medians over `steps` steps after the warm-up."""
+    if steps < 1 or warmup < 0:
+        raise MemschedError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
+    found = find_layers(model, layers)
+    p0 = next(model.parameters(), None)
+    device = p0.device if p0 is not None else torch.device("cpu")
+    clock = Clock(device)
+    modules = [m for _, m in found]
+    stats = [_LayerStats(name, type(m).__name__) for name, m in found]
+
+    for _ in range(warmup):
+        step_fn()
+    # 1. plain steps: the baseline.
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(steps):
+        sync(device)
+        t0 = time.perf_counter()
+        step_fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+
+    # 2. timing steps.
+    timing = _TimingStep(stats, clock)
+    with _wrapped(modules, timing.wrap):
+        for _ in range(steps):
+            step_fn()
+            timing.collect()
+
+    # 3. the memory step.
+    mem = _MemoryStep(model, stats, device)
+    with _wrapped(modules, mem.wrap), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
+        step_fn()
+    missing = [stats[i].name for i in range(len(stats)) if i not in mem.order]
+    if missing:
+        raise MemschedError(
+            f"layers: {missing[:3]} never ran during the step; check the layer patterns or the step function"
+        )
+    static = static_bytes(model, optimizer)
+    pos = {orig: k for k, orig in enumerate(mem.order)}  # registration index -> forward index
+    out_layers = []
+    for orig in mem.order:
+        st = stats[orig]
+        if not st.forward_s or not st.backward_s:
+            raise MemschedError(
+                f"layer {st.name!r}: no {'forward' if not st.forward_s else 'backward'} time was measured; "
+                "the step function must run forward and backward through the model"
+            )
+        out_layers.append(
+            Layer(
+                name=st.name,
+                kind=st.kind,
+                forward_s=statistics.median(st.forward_s),
+                backward_s=statistics.median(st.backward_s),
+                saved_bytes=sum(st.saved),
+                saved_tensor_bytes=list(st.saved),
+                input_bytes=st.input_bytes,
+                output_bytes=st.output_bytes,
+                workspace_bytes=st.workspace,
+                deps=sorted(pos[d] for d in st.deps if pos[d] < pos[orig]),
+            )
+        )
+    speed = measure_copy_speed(device) if measure_bandwidth else None
+    info = DeviceInfo(
+        name=device_name(device),
+        memory_bytes=device_memory(device),
+        h2d_bytes_per_s=speed.h2d_bytes_per_s if speed else 1e10,
+        d2h_bytes_per_s=speed.d2h_bytes_per_s if speed else 1e10,
+        copy_latency_s=speed.latency_s if speed else 0.0,
+    )
+    # On the CPU there is no allocator peak: static memory plus the peak of live saved tensors stands in.
+    peak = cuda_peak if device.type == "cuda" else static.total + mem.ledger.stats().peak_bytes
+    return Trace(
+        model=model_id or type(model).__name__,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        dtype=_dtype_name(model),
+        framework=framework_versions(),
+        source="tracer",
+        device=info,
+        static=static,
+        baseline=Baseline(step_s=step_s, peak_bytes=int(peak)),
+        layers=out_layers,
+    )
