@@ -8,6 +8,7 @@ after repeated interruptions) at start-up and queued ones are simply picked up.
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 import logging
 import multiprocessing
@@ -62,7 +63,10 @@ class JobRunner:
         # Start the workers now (imports included) so the first job does not pay for it.
         loop = asyncio.get_running_loop()
         for _ in range(self.settings.workers):
-            loop.run_in_executor(self._pool, worker.warm_up)
+            warm = loop.run_in_executor(self._pool, worker.warm_up)
+            # Mark the result as seen: a warm-up cut short by shutdown is not worth an "exception never
+            # retrieved" warning.
+            warm.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._dispatcher = asyncio.create_task(self._dispatch(), name="memsched-dispatcher")
 
     async def stop(self) -> None:
@@ -70,12 +74,17 @@ class JobRunner:
         start: a shutdown never loses them."""
         if self._dispatcher is not None:
             self._dispatcher.cancel()
+        busy = bool(self._running)
         for t in list(self._running):
             t.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
         for pool in (self._pool, self._plot_pool):
-            if pool is not None:
-                _kill(pool)
+            if pool is None:
+                continue
+            if busy or pool is self._plot_pool:
+                _kill(pool)  # do not wait for a long solve: its job is re-queued at the next start
+            else:
+                await to_thread.run_sync(functools.partial(pool.shutdown, wait=True, cancel_futures=True))
         self._pool = self._plot_pool = None
 
     # ---------------------------------------------------------------- API used by routes

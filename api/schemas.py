@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator
 
 from memsched.api.examples import EXAMPLE_TRACE
 from memsched.api.models import JobStatus
@@ -17,6 +17,17 @@ TraceId = Annotated[
     Field(pattern=r"^[0-9a-f]{64}$", description="a trace id: the sha256 content hash returned by POST /v1/traces"),
 ]
 JobId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="a schedule job id")]
+
+def _strict_trace(v: object) -> object:
+    # Validate traces strictly: the schema promises integers for byte counts, and lax mode would quietly
+    # accept `true` or `1.5e9` (floats) as bytes. Strictness set on the field does not reach nested models,
+    # so the whole trace is validated here with strict=True (ints are still accepted where floats are due).
+    return Trace.model_validate(v, strict=True) if isinstance(v, dict) else v
+
+
+StrictTrace = Annotated[Trace, BeforeValidator(_strict_trace)]
+"""A Trace as the API accepts it: the same model, validated strictly."""
+
 
 def _check_budget(v: object) -> int | str:
     # One validator for both forms, so an error names the field `budget` (a pydantic union would report one
@@ -105,7 +116,7 @@ class ScheduleRequest(_Strict):
     """Solve one trace (stored, by id; or inline, which also stores it) under one budget."""
 
     trace_id: TraceId | None = Field(default=None, description="id of a stored trace (give this or `trace`)")
-    trace: Trace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
+    trace: StrictTrace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
     budget: Budget
     solver: str = Field(
         default="auto",
@@ -131,7 +142,7 @@ class ScheduleRequest(_Strict):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
-                {"trace": EXAMPLE_TRACE, "budget": "50%", "solver": "heuristic", "time_limit_s": 10},
+                {"trace": EXAMPLE_TRACE, "budget": "70%", "solver": "heuristic", "time_limit_s": 10},
                 {"trace_id": "0" * 64, "budget": 20605000, "solver": "auto", "time_limit_s": 30},
             ]
         }
@@ -142,10 +153,10 @@ class CompareRequest(_Strict):
     """Judge every baseline policy on one trace under one budget."""
 
     trace_id: TraceId | None = Field(default=None, description="id of a stored trace (give this or `trace`)")
-    trace: Trace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
+    trace: StrictTrace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
     budget: Budget
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{"trace": EXAMPLE_TRACE, "budget": "50%"}]})
+    model_config = ConfigDict(json_schema_extra={"examples": [{"trace": EXAMPLE_TRACE, "budget": "70%"}]})
 
 
 class CompareRow(BaseModel):

@@ -28,14 +28,23 @@ _POLL_WAIT_S = 30.0
 class MemschedClient:
     """A thin client over the REST API; one httpx connection pool per instance (use as a context manager)."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise MemschedError(f"server: {base_url!r} is not an http(s) URL; write it like http://host:8000")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         # The read timeout must outlast a long-poll, or every wait would end in a timeout error.
         self._http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout_s + _POLL_WAIT_S, connect=10.0)
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s + _POLL_WAIT_S, connect=10.0),
+            transport=transport,  # tests pass httpx.MockTransport
         )
 
     def __enter__(self) -> MemschedClient:

@@ -12,7 +12,7 @@ from memsched.api.errors import ApiError
 from memsched.api.examples import EXAMPLE_TRACE
 from memsched.api.models import TraceRow
 from memsched.api.routes.common import check_trace_limits
-from memsched.api.schemas import TraceId, TraceOut, TraceRef, error_responses
+from memsched.api.schemas import StrictTrace, TraceId, TraceOut, TraceRef, error_responses
 from memsched.schema import Trace
 
 router = APIRouter(prefix="/v1/traces", tags=["traces"])
@@ -33,7 +33,7 @@ def _ref(row: TraceRow) -> TraceRef:
                **error_responses(400, 401, 413, 422)},
 )
 def create_trace(
-    trace: Annotated[Trace, Body(openapi_examples={"three layers": {"value": EXAMPLE_TRACE}})],
+    trace: Annotated[StrictTrace, Body(openapi_examples={"three layers": {"value": EXAMPLE_TRACE}})],
     response: Response,
     s: SessionDep,
     owner: OwnerDep,
