@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
+from conftest_api import KEY_A, Server
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import load_all_checks, not_a_server_error
 from schemathesis.specs.openapi import checks as openapi_checks
-
-from conftest_api import KEY_A, Server
 
 CHECK_NAMES = (
     "status_code_conformance",
