@@ -1,18 +1,34 @@
 """The optimizer's front door: trace + budget + options -> Schedule.
 
-Until the ILP backends land this returns the best feasible baseline; the interface is final.
+Flow: check the budget (InfeasibleBudgetError with the smallest feasible budget); keep-all if it fits;
+otherwise the greedy heuristic and the baselines give candidates; the exact backend is warm-started with
+the best candidate it can represent; its schedule is re-simulated (the simulator is the yardstick), and the
+best of {ILP, heuristic, baselines} is returned, so the result is never worse than a baseline even when the
+solver stops at its time limit. Every substitution is stated in the SolverRecord's message.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from memsched.optimizer.baselines import best_baseline
+from memsched.errors import MemschedError, SolverError
+from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import check_budget_feasible
-from memsched.schema import Schedule, Trace
+from memsched.optimizer.heuristic import heuristic
+from memsched.optimizer.ilp.model import build_model, representable
+from memsched.optimizer.ilp.outcome import Found, Outcome
+from memsched.optimizer.plan import KEEP, Decision, make_schedule
+from memsched.optimizer.simulate import SimResult, simulate, stage_memory
+from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
+
+log = logging.getLogger(__name__)
 
 SOLVERS = ("auto", "cbc", "highs", "cpsat", "heuristic")
+AUTO_BACKEND = "cbc"  # measured fastest on our 2-core machine (bench/results/solver_bench.md)
+_REL_TOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -27,10 +43,148 @@ class SolveOptions:
     """Relative optimality gap at which the exact solver may stop."""
     export_model: Path | None = None
     """Where to write the solver's model (LP/MPS or CP-SAT proto) for reproduction, if anywhere."""
+    window: int | None = None
+    """W: done-by / prefetch-at stages of layer i lie in [i, i + W]; None = n on small traces, else 12."""
+    max_segment: int | None = None
+    """L: the longest recompute segment the ILP may choose; None = n on small traces, else 16."""
+    threads: int | None = None
+    """Solver threads; None = the backend's default (CP-SAT: 2)."""
+
+
+@dataclass
+class Candidate:
+    """A schedule someone proposed, as judged by the simulator."""
+
+    name: str
+    """'heuristic' or a baseline policy name."""
+    sim: SimResult
+    """Simulated under the budget (timing filled in)."""
+
+
+@dataclass
+class SolveReport:
+    """The returned schedule and how it came about (for tests and benchmarks)."""
+
+    schedule: Schedule
+    """What solve() returns."""
+    outcome: Outcome | None
+    """The exact backend's raw result (None for the heuristic or keep-all)."""
+    ilp_sim: SimResult | None
+    """The simulator's verdict on the backend's incumbent, if there was one."""
+
+
+def _check_options(options: SolveOptions) -> None:
+    if options.solver not in SOLVERS:
+        raise MemschedError(f"solver: {options.solver!r} is not one of {', '.join(SOLVERS)}; pick one of those")
+    if not options.time_limit_s > 0:
+        raise MemschedError(f"time limit: must be > 0 seconds, got {options.time_limit_s}; e.g. --time-limit 30")
+    if not 0 <= options.gap < 1:
+        raise MemschedError(f"gap: must be in [0, 1), got {options.gap}; e.g. --gap 0.01 for 1%")
+    for name, value in (("window", options.window), ("max segment", options.max_segment)):
+        if value is not None and value < 1:
+            raise MemschedError(f"{name}: must be >= 1, got {value}; leave it unset for the default")
+
+
+def _record(backend: str, status: SolverStatus, objective: float, wall: float, message: str,
+            bound: float | None = None) -> SolverRecord:
+    gap = None
+    if bound is not None:
+        bound = max(0.0, min(bound, objective))
+        gap = (objective - bound) / objective if objective > 0 else 0.0
+    return SolverRecord(backend=backend, status=status, objective_s=objective, best_bound_s=bound, gap=gap,
+                        wall_s=wall, message=message)
+
+
+def _candidates(trace: Trace, budget_bytes: int) -> list[Candidate]:
+    out = [Candidate("heuristic", heuristic(trace, budget_bytes).sim)]
+    out += [Candidate(r.policy, r.sim) for r in evaluate_baselines(trace, budget_bytes) if r.feasible]
+    return sorted((c for c in out if c.sim.feasible), key=lambda c: c.sim.overhead_s)
+
+
+def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
+                 warm: list[Decision] | None) -> Outcome:
+    m = build_model(trace, budget_bytes, options.window, options.max_segment)
+    if warm is not None:
+        warm = representable(m, warm)
+    if backend == "cpsat":
+        from memsched.optimizer.ilp.cpsat_backend import export_cpsat, solve_cpsat
+
+        if options.export_model is not None:
+            export_cpsat(m, options.export_model)
+        return solve_cpsat(m, options.time_limit_s, options.gap, warm, options.threads)
+    from memsched.optimizer.ilp.pulp_backend import export_pulp, solve_pulp
+
+    if options.export_model is not None:
+        export_pulp(m, options.export_model)
+    return solve_pulp(m, backend, options.time_limit_s, options.gap, warm, options.threads)
+
+
+def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> SolveReport:
+    """solve(), with the backend's raw outcome kept."""
+    options = options or SolveOptions()
+    _check_options(options)
+    check_budget_feasible(trace, budget_bytes)
+    t0 = time.perf_counter()
+    if max(stage_memory(trace, [KEEP] * trace.n)) + trace.static.total <= budget_bytes:
+        rec = _record("keep-all", SolverStatus.OPTIMAL, 0.0, time.perf_counter() - t0,
+                      "keep-all fits the budget: no overhead", bound=0.0)
+        return SolveReport(make_schedule(trace, [KEEP] * trace.n, budget_bytes, "keep-all", rec), None, None)
+    cands = _candidates(trace, budget_bytes)
+    assert cands, "a feasible budget always admits the heuristic's schedule"
+    best = cands[0]
+    if options.solver == "heuristic":
+        heur = next(c for c in cands if c.name == "heuristic")
+        msg = "greedy heuristic"
+        if best.name != "heuristic" and best.sim.overhead_s < heur.sim.overhead_s * (1 - _REL_TOL):
+            msg = f"the {best.name} baseline beats the greedy heuristic ({best.sim.overhead_s:.6g} s vs " \
+                  f"{heur.sim.overhead_s:.6g} s overhead)"
+        rec = _record(best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, time.perf_counter() - t0, msg)
+        return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
+
+    backend = AUTO_BACKEND if options.solver == "auto" else options.solver
+    # The warm start: the best candidate the model can represent (segments up to L layers, window W).
+    outcome = _run_backend(trace, budget_bytes, options, backend, best.sim.decisions)
+    wall = time.perf_counter() - t0
+    if outcome.found == Found.INFEASIBLE:
+        raise SolverError(
+            f"{backend} reported the model infeasible although the budget is feasible "
+            f"({outcome.message}); this is a bug: please report it with --export-model output"
+        )
+    ilp_sim = None
+    if outcome.decisions is not None:
+        ilp_sim = simulate(trace, outcome.decisions, budget_bytes, with_events=False)
+        if not ilp_sim.feasible:
+            log.warning("%s incumbent simulates over budget (%d > %d bytes): solver tolerance; discarded",
+                        backend, ilp_sim.peak_bytes, budget_bytes)
+            ilp_sim = None
+        elif outcome.objective_s is not None:
+            diff = abs(outcome.objective_s - ilp_sim.overhead_s)
+            if diff > 1e-6 * max(ilp_sim.overhead_s, 1e-6) and backend != "cpsat":
+                log.warning("%s objective %.9g s differs from the simulated %.9g s", backend,
+                            outcome.objective_s, ilp_sim.overhead_s)
+    if ilp_sim is None:
+        why = "found no schedule" if outcome.decisions is None else "returned a schedule over budget"
+        msg = (f"{backend} {why} within {options.time_limit_s:g} s ({outcome.message}); returning the best "
+               f"of the heuristic and the baselines ({best.name})")
+        rec = _record(best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, wall, msg)
+        return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), outcome, None)
+    obj = ilp_sim.overhead_s
+    if best.sim.overhead_s < obj * (1 - _REL_TOL) - 1e-12:
+        # Only possible at a time limit, or when the candidate uses segments longer than L.
+        msg = (f"the {best.name} schedule ({best.sim.overhead_s:.6g} s overhead) beats {backend}'s "
+               f"({obj:.6g} s, {outcome.found.value}; {outcome.message}); returning {best.name}")
+        rec = _record(best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, wall, msg)
+        return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), outcome, ilp_sim)
+    status = SolverStatus.OPTIMAL if outcome.found == Found.OPTIMAL else SolverStatus.FEASIBLE
+    msg = outcome.message
+    if status == SolverStatus.FEASIBLE:
+        msg += f"; time limit {options.time_limit_s:g} s reached before the gap closed"
+    rec = _record(backend, status, obj, wall, msg, bound=outcome.bound_s)
+    if status == SolverStatus.OPTIMAL and rec.gap is not None and rec.gap > options.gap + 1e-9:
+        rec.status = SolverStatus.FEASIBLE  # the solver's own gap test uses its tolerances; ours is strict
+    return SolveReport(make_schedule(trace, ilp_sim.decisions, budget_bytes, "ilp", rec), outcome, ilp_sim)
 
 
 def solve(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> Schedule:
     """Return the best schedule found for the budget; InfeasibleBudgetError if none can fit."""
-    options = options or SolveOptions()
-    check_budget_feasible(trace, budget_bytes)
-    return best_baseline(trace, budget_bytes)
+    return solve_report(trace, budget_bytes, options).schedule

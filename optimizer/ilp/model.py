@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memsched.optimizer.plan import KEEP, Decision, offload_subset, recompute
+from memsched.optimizer.plan import KEEP, Decision, group_start, offload_subset, recompute
 from memsched.optimizer.simulate import (
     D2H,
     H2D,
@@ -79,12 +79,12 @@ class MilpModel:
     """All constraints."""
     objective: list[tuple[int, float]] = field(default_factory=list)
     """Objective terms (seconds); minimised."""
-    objective_const: float = 0.0
-    """Objective constant: minus the keep-all step time, so the objective is the overhead."""
     o: dict[int, int] = field(default_factory=dict)
     """o[i]: layer i is offloaded (some of its saved tensors go to the host)."""
-    r: dict[int, int] = field(default_factory=dict)
-    """r[i]: layer i is recomputed (a singleton segment)."""
+    max_segment: int = 1
+    """L: the longest recompute segment the model may choose."""
+    seg: dict[tuple[int, int], int] = field(default_factory=dict)
+    """seg[(a, b)]: layers a..b are one recompute segment."""
     y: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     """y[i] = [(tensor index, var)]: tensor q of layer i is offloaded (only layers with >= 2 tensors)."""
     single: dict[int, int] = field(default_factory=dict)
@@ -113,13 +113,23 @@ def positive_tensors(trace: Trace, i: int) -> list[int]:
     return [q for q, b in enumerate(trace.layers[i].tensors) if b > 0]
 
 
-def candidates(trace: Trace) -> tuple[list[int], list[int]]:
-    """Layers that may be offloaded / recomputed. A layer that saves nothing, and the last layer (its
-    interior is empty: no stage lies strictly between F_{n-1} and B_{n-1}), gain nothing from either."""
+def offload_candidates(trace: Trace) -> list[int]:
+    """Layers that may be offloaded. A layer that saves nothing, and the last layer (its interior is
+    empty: no stage lies strictly between F_{n-1} and B_{n-1}), gain nothing from it."""
+    return [i for i in range(trace.n - 1) if positive_tensors(trace, i)]
+
+
+def segments(trace: Trace, max_len: int) -> list[tuple[int, int]]:
+    """Candidate recompute segments [a, b] (b - a < max_len) that save something and end before the last
+    layer (a segment ending there is re-run at once and frees nothing in backward: never better)."""
     n = trace.n
-    off = [i for i in range(n - 1) if positive_tensors(trace, i)]
-    rec = [i for i in range(n - 1) if trace.layers[i].saved_bytes > 0]
-    return off, rec
+    sizes = [x.saved_bytes for x in trace.layers]
+    out = []
+    for a in range(n - 1):
+        for b in range(a, min(a + max_len, n - 1)):
+            if any(sizes[a : b + 1]):
+                out.append((a, b))
+    return out
 
 
 def default_window(n: int) -> int:
@@ -127,14 +137,22 @@ def default_window(n: int) -> int:
     return n if n <= 24 else 12
 
 
-def build_model(trace: Trace, budget_bytes: int, window: int | None = None) -> MilpModel:
+def default_max_segment(n: int) -> int:
+    """L = n on small traces (exact), else 16 layers (sqrt-segments of up to 256 layers fit)."""
+    return n if n <= 24 else 16
+
+
+def build_model(
+    trace: Trace, budget_bytes: int, window: int | None = None, max_segment: int | None = None
+) -> MilpModel:
     """Build the MILP of docs/formulation.md for `trace` under `budget_bytes`."""
     n = trace.n
     layers = trace.layers
     w = default_window(n) if window is None else max(1, window)
-    m = MilpModel(trace=trace, budget_bytes=budget_bytes, window=w)
-    off, rec = candidates(trace)
-    off_set, rec_set = set(off), set(rec)
+    seg = default_max_segment(n) if max_segment is None else max(1, max_segment)
+    m = MilpModel(trace=trace, budget_bytes=budget_bytes, window=w, max_segment=seg)
+    off = offload_candidates(trace)
+    off_set = set(off)
     limit = budget_bytes - trace.static.total
     lat = trace.device.copy_latency_s
     bw_d, bw_h = trace.device.d2h_bytes_per_s, trace.device.h2d_bytes_per_s
@@ -142,15 +160,21 @@ def build_model(trace: Trace, budget_bytes: int, window: int | None = None) -> M
     fwd = [layer.forward_s for layer in layers]
     bwd = [layer.backward_s for layer in layers]
 
-    # ---- Action variables: o[i] offload, r[i] recompute (keep = neither). -------------------------------
+    # ---- Action variables: o[i] = layer i offloaded; seg[a, b] = layers a..b form one recompute
+    # segment (checkpoint at a, re-run F_a..F_b when B_b starts); keep = neither. ----------------------
     for i in off:
         m.o[i] = m.add_var(f"o_{i}", BIN, 0, 1)
-    for i in rec:
-        m.r[i] = m.add_var(f"r_{i}", BIN, 0, 1)
-    # ---- Exactly one action per layer: o[i] + r[i] <= 1. ------------------------------------------------
-    for i in off:
-        if i in rec_set:
-            m.add_row(Row(f"one_action_{i}", [(m.o[i], 1.0), (m.r[i], 1.0)], -1.0, "<=", ONE))
+    for a, b in segments(trace, m.max_segment):
+        m.seg[(a, b)] = m.add_var(f"s_{a}_{b}", BIN, 0, 1)
+    covering: dict[int, list[int]] = {i: [] for i in range(n)}  # segment variables containing layer i
+    for (a, b), v in m.seg.items():
+        for i in range(a, b + 1):
+            covering[i].append(v)
+    # ---- Exactly one action per layer: o[i] + sum(seg[a, b] for a <= i <= b) <= 1. ----------------------
+    for i in range(n):
+        terms = [(v, 1.0) for v in covering[i]] + ([(m.o[i], 1.0)] if i in m.o else [])
+        if len(terms) > 1:
+            m.add_row(Row(f"one_action_{i}", terms, -1.0, "<=", ONE))
 
     # ---- Partial offload: y[i][q] = tensor q of layer i goes to the host; x_i = sum(size_q * y). -------
     # x_terms[i]: the bytes offloaded by layer i as linear terms (also the copy size).
@@ -197,25 +221,26 @@ def build_model(trace: Trace, budget_bytes: int, window: int | None = None) -> M
         terms = [(v, 1.0) for v in m.ev[b].values()] + [(v, -1.0) for v in m.ev[a].values()]
         m.add_row(Row(f"prefetch_order_{a}_{b}", terms, float(b - a), ">=", ONE))
 
-    # ---- Checkpoint inputs: h[j][c] = producer j's output is held at the stages of layers > c because
-    # some recomputed consumer c' <= c of j needs it. Monotone over j's consumers, >= r[c]. -------------
-    # held_terms[k]: terms that start being held at the stages of layer k + 1 (increment of H).
-    held_inc: dict[int, list[tuple[int, float]]] = {}
-    consumers: dict[int, list[int]] = {}
-    for c in rec:
-        for j in layers[c].deps:
-            consumers.setdefault(j, []).append(c)
-    for j, cs in consumers.items():
+    # ---- Checkpoint inputs: h[j, a] = producer j's output is held at the stages of layers > a because a
+    # selected segment starting at some a' <= a consumes it from outside (j < a'). Monotone in a. --------
+    held_inc: dict[int, list[tuple[int, float]]] = {}  # a -> terms that start being held after layer a
+    starts: dict[int, dict[int, list[int]]] = {}  # producer j -> segment start a -> segment variables
+    for (a, b), v in m.seg.items():
+        outside = {j for c in range(a, b + 1) for j in layers[c].deps if j < a}
+        for j in outside:
+            starts.setdefault(j, {}).setdefault(a, []).append(v)
+    for j, by_start in starts.items():
         out = float(layers[j].output_bytes)
         prev = -1
-        for c in sorted(cs):
-            h = m.add_var(f"h_{j}_{c}", FRAC, 0, 1)
-            m.add_row(Row(f"ckpt_needed_{j}_{c}", [(h, 1.0), (m.r[c], -1.0)], 0.0, ">=", ONE))
+        for a in sorted(by_start):
+            h = m.add_var(f"h_{j}_{a}", FRAC, 0, 1)
+            for v in by_start[a]:
+                m.add_row(Row(f"ckpt_needed_{j}_{a}_{v}", [(h, 1.0), (v, -1.0)], 0.0, ">=", ONE))
             if prev >= 0:
-                m.add_row(Row(f"ckpt_monotone_{j}_{c}", [(h, 1.0), (prev, -1.0)], 0.0, ">=", ONE))
-                held_inc.setdefault(c, []).extend([(h, out), (prev, -out)])
+                m.add_row(Row(f"ckpt_monotone_{j}_{a}", [(h, 1.0), (prev, -1.0)], 0.0, ">=", ONE))
+                held_inc.setdefault(a, []).extend([(h, out), (prev, -out)])
             else:
-                held_inc.setdefault(c, []).append((h, out))
+                held_inc.setdefault(a, []).append((h, out))
             prev = h
 
     # ---- Cumulative bytes: A_k = sum_{i<k} (s_i r_i + x_i) freed; H_k = checkpoint bytes held. ----------
@@ -227,8 +252,7 @@ def build_model(trace: Trace, budget_bytes: int, window: int | None = None) -> M
         held[k] = m.add_var(f"H_{k}", BYTES, 0)
         i = k - 1
         terms = [(acc[k], 1.0)] + ([(acc[i], -1.0)] if i >= 1 else [])
-        if i in rec_set:
-            terms.append((m.r[i], -float(sizes[i])))
+        terms += [(v, -float(sizes[i])) for v in covering[i]]
         if i in off_set:
             terms += [(v, -c) for v, c in x_terms[i]]
         m.add_row(Row(f"freed_acc_{k}", terms, 0.0, "==", BYTE_UNIT))
@@ -259,12 +283,20 @@ def build_model(trace: Trace, budget_bytes: int, window: int | None = None) -> M
             m.add_row(Row(f"pendB_{i}_{k}", [(wv, 1.0)] + [(t, -c) for t, c in x_terms[i]]
                           + [(m.ev[i][k], -float(sizes[i]))], float(sizes[i]), ">=", BYTE_UNIT))
             pend_b[k].append((wv, 1.0))
+    # A segment [a, b] rematerialises its layers' saved bytes when B_b starts: at B_k (a < k <= b) the
+    # bytes of its layers a..k-1 are back on the device.
+    remat: dict[int, list[tuple[int, float]]] = {k: [] for k in range(n)}
+    for (a, b), v in m.seg.items():
+        for k in range(a + 1, b + 1):
+            nbytes = float(sum(sizes[a:k]))
+            if nbytes:
+                remat[k].append((v, nbytes))
     for k in range(n):
         prefix += sizes[k]
         common = ([(acc[k], -1.0), (held[k], 1.0)] if k >= 1 else [])
         for stage, transient, pend in (
             ("F", forward_transient(trace, k), pend_f[k]),
-            ("B", backward_transient(trace, k), pend_b[k]),
+            ("B", backward_transient(trace, k), pend_b[k] + remat[k]),
         ):
             m.add_row(Row(f"mem_{stage}{k}", common + pend, float(transient + prefix - limit), "<=", BYTE_UNIT))
 
@@ -288,7 +320,10 @@ def build_model(trace: Trace, budget_bytes: int, window: int | None = None) -> M
     for i in off:
         e = m.last_stage(i)
         backlog = sum(copy_seconds(trace, sizes[j], D2H) for j in off if i - w < j <= i)
-        for k in range(i, e + 1):
+        # Valid for every candidate, offloaded or not (a kept layer's g_i is at most the previous copy's end
+        # or its own forward's end): the D2H channel never lags more than the window. Strengthens the LP.
+        m.add_row(Row(f"d2h_window_{i}", [(cvar[e], 1.0), (gvar[i], -1.0)], 0.0, ">=", SECONDS))
+        for k in range(i, e):
             big = max(0.0, backlog - sum(fwd[i + 1 : k + 1]))
             m.add_row(Row(f"wait_copy_{i}_{k}", [(cvar[k], 1.0), (gvar[i], -1.0)], 0.0, ">=", SECONDS,
                           lit=m.z[i][k], lit_value=1, big_m=big))
@@ -300,7 +335,10 @@ def build_model(trace: Trace, budget_bytes: int, window: int | None = None) -> M
     qvar: dict[int, int] = {}
     prev_q = -1
     # Per-stage bound on b_{l} - b_{l+1} (compute + recompute or prefetch stall), for the big-Ms.
-    step_ub = [bwd[k] + max(fwd[k] if k in rec_set else 0.0,
+    rerun: dict[int, list[tuple[int, float]]] = {k: [] for k in range(n)}  # segments ending at k
+    for (a, b), v in m.seg.items():
+        rerun[b].append((v, sum(fwd[a : b + 1])))
+    step_ub = [bwd[k] + max(max((c for _, c in rerun[k]), default=0.0),
                             copy_seconds(trace, sizes[k], H2D) if k in off_set else 0.0) for k in range(n)]
     for i in reversed(off):
         q = m.add_var(f"q_{i}", TIME, 0)
@@ -319,17 +357,20 @@ def build_model(trace: Trace, budget_bytes: int, window: int | None = None) -> M
             m.add_row(Row(f"h2d_issue_{i}_{k}", [(q, 1.0), (bvar[k + 1], -1.0)] + d, 0.0, ">=", SECONDS,
                           lit=m.ev[i][k + 1], lit_value=0, big_m=big))
     for k in range(n - 1, -1, -1):
-        # b_k >= b_{k+1} + recompute_k + backward_k.
-        terms = [(bvar[k], 1.0), (bvar[k + 1], -1.0)] + ([(m.r[k], -fwd[k])] if k in rec_set else [])
+        # b_k >= b_{k+1} + re-run of the segment ending at k + backward_k.
+        terms = [(bvar[k], 1.0), (bvar[k + 1], -1.0)] + [(v, -c) for v, c in rerun[k]]
         m.add_row(Row(f"bwd_compute_{k}", terms, -bwd[k], ">=", SECONDS))
         if k in off_set:
             # b_k >= q_k + backward_k: the backward waits for its prefetch (harmless when kept: q_k <= b_{k+1}).
             m.add_row(Row(f"wait_prefetch_{k}", [(bvar[k], 1.0), (qvar[k], -1.0)], -bwd[k], ">=", SECONDS))
 
     # ---- Objective: end of step - keep-all step = stall + recompute seconds. ---------------------------
+    # A variable of its own (not b_0 - constant) so that the solvers' relative gap is measured against
+    # the overhead itself and not against the whole step time.
     m.end_var = bvar[0]
-    m.objective = [(bvar[0], 1.0)]
-    m.objective_const = -keepall_step_s(trace)
+    ovh = m.add_var("overhead", TIME, 0)
+    m.add_row(Row("overhead_def", [(ovh, 1.0), (bvar[0], -1.0)], keepall_step_s(trace), "==", SECONDS))
+    m.objective = [(ovh, 1.0)]
     return m
 
 
@@ -341,9 +382,10 @@ def decode(m: MilpModel, value: list[float]) -> list[Decision]:
         return value[v] > 0.5
 
     out: list[Decision] = [KEEP] * trace.n
-    for i, rv in m.r.items():
-        if on(rv):
-            out[i] = recompute()
+    for (a, b), v in m.seg.items():
+        if on(v):
+            for i in range(a, b + 1):
+                out[i] = recompute(group=a)
     for i, ov in m.o.items():
         if not on(ov):
             continue
@@ -355,16 +397,32 @@ def decode(m: MilpModel, value: list[float]) -> list[Decision]:
     return out
 
 
+def segments_of(decisions: list[Decision]) -> list[tuple[int, int]]:
+    """The recompute segments [a, b] of a decision list."""
+    out: list[tuple[int, int]] = []
+    i = 0
+    while i < len(decisions):
+        if decisions[i].action == Action.RECOMPUTE:
+            a = group_start(decisions, i)
+            b = i
+            while b + 1 < len(decisions) and decisions[b + 1].action == Action.RECOMPUTE and \
+                    group_start(decisions, b + 1) == a:
+                b += 1
+            out.append((a, b))
+            i = b + 1
+        else:
+            i += 1
+    return out
+
+
 def hint(m: MilpModel, decisions: list[Decision]) -> dict[int, int]:
-    """Values of the binaries that encode `decisions` (timing must be set and lie in the window)."""
-    vals: dict[int, int] = {}
+    """Values of the binaries that encode `decisions` (representable: see `representable`)."""
+    vals: dict[int, int] = dict.fromkeys(m.seg.values(), 0)
+    for ab in segments_of(decisions):
+        vals[m.seg[ab]] = 1
     prev_p = -1
-    for i in sorted(set(m.o) | set(m.r)):
+    for i in sorted(m.o):
         d = decisions[i]
-        if i in m.r:
-            vals[m.r[i]] = int(d.action == Action.RECOMPUTE)
-        if i not in m.o:
-            continue
         is_off = d.action == Action.OFFLOAD
         vals[m.o[i]] = int(is_off)
         if i in m.y:
@@ -381,33 +439,33 @@ def hint(m: MilpModel, decisions: list[Decision]) -> dict[int, int]:
     return vals
 
 
-def clip_to_window(m: MilpModel, decisions: list[Decision]) -> list[Decision] | None:
-    """The decisions with timing pulled into the window (earlier done-by, later prefetch only lower memory),
-    or None if they use an action the model excludes for a layer (which changes no memory)."""
-    off, rec = set(m.o), set(m.r)
+def representable(m: MilpModel, decisions: list[Decision]) -> list[Decision] | None:
+    """`decisions` in the model's terms: offload timing pulled into the window (an earlier done-by or a
+    later prefetch only lowers memory), empty tensors dropped; None if a recompute segment is not one of
+    the model's candidates or a layer outside the offload candidates is offloaded."""
+    trace = m.trace
+    for ab in segments_of(decisions):
+        if ab not in m.seg:
+            return None
     out: list[Decision] = []
     for i, d in enumerate(decisions):
-        if d.action == Action.OFFLOAD:
-            if i not in off or d.done_by < 0 or d.prefetch_at < 0:
-                return None
-            e = m.last_stage(i)
-            tensors = tuple(q for q in d.offload_tensors if m.trace.layers[i].tensors[q] > 0)
-            if not tensors:
-                out.append(KEEP)
-                continue
-            out.append(offload_subset(m.trace, i, tensors, done_by=min(d.done_by, e), prefetch_at=min(d.prefetch_at, e)))
-        elif d.action == Action.RECOMPUTE:
-            if i not in rec or d.group not in (-1, i):
-                return None
-            out.append(recompute())
-        else:
+        if d.action != Action.OFFLOAD:
+            out.append(d)
+            continue
+        tensors = tuple(q for q in d.offload_tensors if trace.layers[i].tensors[q] > 0)
+        if not tensors:
             out.append(KEEP)
+            continue
+        if i not in m.o or d.done_by < 0 or d.prefetch_at < 0:
+            return None
+        e = m.last_stage(i)
+        out.append(offload_subset(trace, i, tensors, done_by=min(d.done_by, e), prefetch_at=min(d.prefetch_at, e)))
     # Clipping can break the prefetch order; restore it by lowering (never raising) prefetch stages.
-    cap = m.trace.n
+    cap = trace.n
     for i in range(len(out) - 1, -1, -1):
         d = out[i]
         if d.action == Action.OFFLOAD:
             if d.prefetch_at > cap:
-                out[i] = offload_subset(m.trace, i, d.offload_tensors, done_by=d.done_by, prefetch_at=max(i, cap))
+                out[i] = offload_subset(trace, i, d.offload_tensors, done_by=d.done_by, prefetch_at=cap)
             cap = out[i].prefetch_at
     return out

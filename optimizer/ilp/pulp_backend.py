@@ -63,8 +63,7 @@ def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
                 coef[row.lit] = coef.get(row.lit, 0.0) + big
         expr = pulp.LpAffineExpression([(cols[j], c) for j, c in coef.items() if c != 0.0], constant=const)
         prob += pulp.LpConstraint(expr, _SENSE[row.sense], name=row.name)
-    prob += pulp.LpAffineExpression([(cols[j], c) for j, c in m.objective],
-                                    constant=m.objective_const * TIME_SCALE)
+    prob += pulp.LpAffineExpression([(cols[j], c) for j, c in m.objective])
     return prob, cols
 
 

@@ -1,0 +1,179 @@
+"""The greedy heuristic: fast (well under 1 s for 5,000 layers), always feasible when the budget is, used as
+the ILP's warm start and as its fallback.
+
+Greedy by memory freed per second of estimated overhead, starting from keep-all, until every stage fits:
+
+- *offload* a layer whose copy can hide behind compute: its estimated cost is the part of the copy that the
+  D2H (forward) and H2D (backward) channels cannot overlap, given the copy time already committed to each
+  channel, so cheap offloads come first and the channels' saturation makes further ones expensive;
+- *recompute* a layer (a singleton segment) where the copy cannot hide: cost = its forward time, and the
+  checkpoint inputs it adds are charged against the bytes it frees.
+
+Memory is tracked incrementally in one array of the 2n stages (numpy range updates), never re-simulated
+per candidate. A candidate is applied only if it lowers a stage that is still over budget. A reverse pass
+then undoes the most expensive choices that turned out unnecessary. Offload timing is the simulator's
+default (copy done when it would finish unstalled, pulled earlier where the budget needs it; prefetch as
+early as the budget allows), which is feasible whenever synchronous copies would be.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from memsched.optimizer.budget import min_feasible_decisions
+from memsched.optimizer.plan import KEEP, Decision, offload_all, recompute
+from memsched.optimizer.simulate import D2H, H2D, SimResult, copy_seconds, default_timing, simulate, stage_memory
+from memsched.schema import Action, Trace
+
+log = logging.getLogger(__name__)
+
+_EPS_S = 1e-9  # a free (fully hidden) offload still costs a little, so larger ones go first
+
+
+@dataclass
+class HeuristicResult:
+    """The heuristic's schedule and the simulator's verdict on it."""
+
+    decisions: list[Decision]
+    """Decisions with offload timing filled in."""
+    sim: SimResult
+    """The simulator's result for them under the budget."""
+
+
+def _checkpoint_delta(trace: Trace, i: int, held_from: dict[int, int], last: int) -> list[tuple[int, int, int]]:
+    """(lo, hi, bytes) ranges that recomputing layer i (a singleton) adds as checkpoint inputs."""
+    out = []
+    for j in trace.layers[i].deps:
+        nbytes = trace.layers[j].output_bytes
+        old = held_from.get(j)
+        if not nbytes or (old is not None and old <= i):
+            continue
+        if old is None:
+            out.append((i + 1, last - i - 1, nbytes))
+        else:  # extend the held interval [old+1, last-old-1] to [i+1, last-i-1]
+            out += [(i + 1, old, nbytes), (last - old, last - i - 1, nbytes)]
+    return out
+
+
+def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
+    """Action choice of the greedy (timing unset). May leave the budget exceeded; see `heuristic`."""
+    n = trace.n
+    last = 2 * n - 1
+    limit = budget_bytes - trace.static.total
+    mem = np.asarray(stage_memory(trace, [KEEP] * n), dtype=np.int64)
+    decisions: list[Decision] = [KEEP] * n
+    if mem.max() <= limit:
+        return decisions
+    fwd = np.array([x.forward_s for x in trace.layers])
+    bwd = np.array([x.backward_s for x in trace.layers])
+    fwd_after = fwd[::-1].cumsum()[::-1] - fwd  # forward compute after F_i (hides the D2H copy)
+    bwd_before = bwd[::-1].cumsum()[::-1] - bwd  # backward compute before B_i (hides the prefetch)
+    load = {D2H: 0.0, H2D: 0.0}  # copy seconds committed to each channel
+    total = {D2H: float(fwd.sum()), H2D: float(bwd.sum())}
+
+    def offload_cost(i: int) -> float:
+        s = trace.layers[i].saved_bytes
+        cost = 0.0
+        for ch, window in ((D2H, fwd_after[i]), (H2D, bwd_before[i])):
+            c = copy_seconds(trace, s, ch)
+            cost += max(0.0, c - window) + max(0.0, load[ch] + c - total[ch])
+        return cost
+
+    heap: list[tuple[float, int, str]] = []
+    for i in range(n - 1):
+        s = trace.layers[i].saved_bytes
+        if s <= 0:
+            continue
+        heapq.heappush(heap, (-s / (offload_cost(i) + _EPS_S), i, "offload"))
+        ckpt = sum(trace.layers[j].output_bytes for j in trace.layers[i].deps)
+        if s > ckpt:  # recomputing frees s but holds the inputs (at most ckpt bytes more)
+            heapq.heappush(heap, (-(s - ckpt) / (trace.layers[i].forward_s + _EPS_S), i, "recompute"))
+    held_from: dict[int, int] = {}
+    applied: list[tuple[float, int]] = []  # (cost, layer) in application order
+    while heap and mem.max() > limit:
+        neg, i, kind = heapq.heappop(heap)
+        if decisions[i].action != Action.KEEP:
+            continue
+        s = trace.layers[i].saved_bytes
+        if kind == "offload":
+            cost = offload_cost(i)
+            score = -s / (cost + _EPS_S)
+            if heap and score > heap[0][0] + 1e-12:  # stale: the channels filled up since it was pushed
+                heapq.heappush(heap, (score, i, kind))
+                continue
+        else:
+            cost = trace.layers[i].forward_s
+        lo, hi = i + 1, last - i - 1
+        if lo > hi or mem[lo : hi + 1].max() <= limit:
+            continue  # frees nothing where memory is short
+        if kind == "offload":
+            decisions[i] = offload_all(trace, i)
+            for ch in (D2H, H2D):
+                load[ch] += copy_seconds(trace, s, ch)
+        else:
+            decisions[i] = recompute()
+            for a, b, nbytes in _checkpoint_delta(trace, i, held_from, last):
+                mem[a : b + 1] += nbytes
+            for j in trace.layers[i].deps:
+                held_from[j] = min(held_from.get(j, i), i)
+        mem[lo : hi + 1] -= s
+        applied.append((cost, i))
+    # Reverse pass: undo expensive choices that later ones made unnecessary (recompute undo is skipped:
+    # its checkpoint bookkeeping is not reversible incrementally, and it is rarely the expensive one).
+    for cost, i in sorted(applied, reverse=True):
+        if cost <= _EPS_S or decisions[i].action != Action.OFFLOAD:
+            continue
+        lo, hi = i + 1, last - i - 1
+        if mem[lo : hi + 1].max() + trace.layers[i].saved_bytes <= limit:
+            mem[lo : hi + 1] += trace.layers[i].saved_bytes
+            decisions[i] = KEEP
+    return decisions
+
+
+def fix_prefetch_order(decisions: list[Decision]) -> list[Decision]:
+    """Lower (never raise) prefetch stages so they are non-decreasing in the layer index, as
+    validate_actions requires. A lower prefetch stage is a later, smaller prefetch window: less memory."""
+    out = list(decisions)
+    cap = len(out)
+    for i in range(len(out) - 1, -1, -1):
+        d = out[i]
+        if d.action == Action.OFFLOAD and d.prefetch_at >= 0:
+            if d.prefetch_at > cap:
+                out[i] = replace(d, prefetch_at=cap)
+            cap = out[i].prefetch_at
+    return out
+
+
+def heuristic(trace: Trace, budget_bytes: int) -> HeuristicResult:
+    """A feasible schedule for any feasible budget (callers check feasibility first)."""
+    decisions = default_timing(trace, greedy_decisions(trace, budget_bytes), budget_bytes)
+    sim = simulate(trace, decisions, budget_bytes, with_events=False)
+    if not sim.feasible:
+        # The greedy's singleton recomputes can hold more inputs than they free; make every layer whose
+        # interior covers an over-budget stage a synchronous offload (the pointwise memory minimum).
+        log.debug("greedy schedule over budget (%d > %d); tightening", sim.peak_bytes, budget_bytes)
+        sync = min_feasible_decisions(trace)
+        limit = budget_bytes - trace.static.total
+        decisions = list(sim.decisions)
+        batch = 1
+        while not sim.feasible:
+            over = [t for t, b in enumerate(sim.stage_bytes) if b > limit]
+            k = min(min(t, 2 * trace.n - 1 - t) for t in over)  # the earliest layer whose stages overflow
+            todo = [i for i in range(k - 1, -1, -1) if decisions[i] != sync[i]][:batch]
+            if not todo:
+                decisions = sync  # cannot happen for a feasible budget; sync is the memory minimum
+                sim = simulate(trace, decisions, budget_bytes, with_events=False)
+                break
+            for i in todo:
+                decisions[i] = sync[i]
+            decisions = fix_prefetch_order(decisions)
+            batch *= 2  # doubling keeps the number of re-simulations logarithmic
+            sim = simulate(trace, decisions, budget_bytes, with_events=False)
+    return HeuristicResult(sim.decisions, sim)
+
+
+__all__ = ["HeuristicResult", "fix_prefetch_order", "greedy_decisions", "heuristic"]

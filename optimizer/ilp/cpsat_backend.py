@@ -1,0 +1,129 @@
+"""OR-Tools CP-SAT backend: the same rows, on integers, with real indicator constraints (no big-M).
+
+Scaling: CP-SAT needs integer coefficients. Bytes are exact: every byte quantity is divided by their
+greatest common divisor (the budget side of a memory row is rounded down, which is exact because the
+left side is a multiple of that unit). Times are rounded to 1 ns ( or coarser for very long
+steps so the horizon stays below 2^40 units), so CP-SAT's objective is approximate: solve.py re-evaluates
+its schedule with the simulator and reports the simulator's value.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+from ortools.sat.python import cp_model
+
+from memsched.errors import SolverError
+from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel, decode, hint
+from memsched.optimizer.ilp.outcome import Found, Outcome
+from memsched.optimizer.plan import Decision
+
+log = logging.getLogger(__name__)
+
+
+def _byte_unit(m: MilpModel) -> int:
+    g = 0
+    for row in m.rows:
+        if row.unit != BYTE_UNIT:
+            continue
+        for _, c in row.terms:
+            g = math.gcd(g, round(abs(c)))
+    return max(g, 1)
+
+
+def _time_unit(m: MilpModel) -> float:
+    horizon = sum(x.forward_s * 2 + x.backward_s for x in m.trace.layers) + m.trace.baseline.step_s
+    horizon += sum(max(0.0, r.big_m) for r in m.rows if r.lit >= 0) / max(1, len(m.rows))
+    return max(1e-9, horizon / 2**40)
+
+
+def to_cpsat(m: MilpModel) -> tuple[cp_model.CpModel, list[cp_model.IntVar], float, int]:
+    """The model on integers: (model, variables by index, seconds per time unit, bytes per byte unit)."""
+    tu = _time_unit(m)
+    bu = _byte_unit(m)
+    model = cp_model.CpModel()
+    # Time horizon: generous upper bound on any time variable (every copy serialised, everything re-run).
+    lat = m.trace.device.copy_latency_s
+    total_copy = sum(
+        2 * lat + x.saved_bytes / m.trace.device.d2h_bytes_per_s + x.saved_bytes / m.trace.device.h2d_bytes_per_s
+        for x in m.trace.layers
+    )
+    horizon_s = sum(2 * x.forward_s + x.backward_s for x in m.trace.layers) + m.trace.baseline.step_s + total_copy
+    t_max = math.ceil(horizon_s / tu) + len(m.trace.layers) + 1
+    b_max = sum(x.saved_bytes + x.output_bytes for x in m.trace.layers) // bu + 1
+    cols: list[cp_model.IntVar] = []
+    for v in m.vars:
+        if v.kind in (BIN, FRAC):
+            cols.append(model.NewBoolVar(v.name))
+        elif v.kind == TIME:
+            cols.append(model.NewIntVar(0, t_max, v.name))
+        elif v.kind == BYTES:
+            cols.append(model.NewIntVar(0, b_max, v.name))
+        else:
+            raise AssertionError(v.kind)
+    unit_var = [v.kind in (TIME, BYTES) for v in m.vars]
+    for row in m.rows:
+        if row.unit == SECONDS:
+            scale, rnd = 1.0 / tu, round
+        elif row.unit == BYTE_UNIT:
+            scale = 1.0 / bu
+            # '<=' rows: the variable side is a multiple of the unit, so rounding the constant up is exact.
+            rnd = math.ceil if row.sense == "<=" else math.floor
+        else:
+            scale, rnd = 1.0, round
+        coef: dict[int, int] = {}
+        for j, c in row.terms:
+            coef[j] = coef.get(j, 0) + (round(c) if unit_var[j] else round(c * scale))
+        expr = sum(c * cols[j] for j, c in coef.items() if c)
+        const = int(rnd(row.const * scale))
+        if row.sense == ">=":
+            ct = model.Add(expr + const >= 0)
+        elif row.sense == "<=":
+            ct = model.Add(expr + const <= 0)
+        else:
+            ct = model.Add(expr + const == 0)
+        if row.lit >= 0:
+            lit = cols[row.lit]
+            ct.OnlyEnforceIf(lit if row.lit_value == 1 else lit.Not())
+    model.Minimize(sum(round(c) * cols[j] for j, c in m.objective))
+    return model, cols, tu, bu
+
+
+def export_cpsat(m: MilpModel, path: Path) -> None:
+    """Write the CP-SAT model proto as text."""
+    model, _, _, _ = to_cpsat(m)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not model.ExportToFile(str(path)):
+        raise SolverError(f"cpsat: could not write the model to {path}")
+
+
+def solve_cpsat(
+    m: MilpModel, time_limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None = None
+) -> Outcome:
+    model, cols, tu, _ = to_cpsat(m)
+    if warm is not None:
+        # Greedy hint first, then search.
+        for j, val in hint(m, warm).items():
+            model.AddHint(cols[j], val)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.relative_gap_limit = float(gap)
+    solver.parameters.num_workers = threads if threads else 2
+    t0 = time.perf_counter()
+    status = solver.Solve(model)
+    wall = time.perf_counter() - t0
+    name = solver.StatusName(status)
+    message = f"cpsat: {name}"
+    if status == cp_model.INFEASIBLE:
+        return Outcome("cpsat", Found.INFEASIBLE, None, None, None, wall, message)
+    if status == cp_model.UNKNOWN:
+        return Outcome("cpsat", Found.NO_SOLUTION, None, None, solver.BestObjectiveBound() * tu, wall, message)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise SolverError(f"cpsat returned {name}: the model is invalid ({model.Validate()})")
+    values = [float(solver.Value(c)) for c in cols]
+    found = Found.OPTIMAL if status == cp_model.OPTIMAL else Found.FEASIBLE
+    return Outcome("cpsat", found, decode(m, values), solver.ObjectiveValue() * tu,
+                   solver.BestObjectiveBound() * tu, wall, message)
