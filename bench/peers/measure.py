@@ -1,0 +1,131 @@
+"""Measurement primitives: peak activation bytes of one step, median step time, gradient comparison.
+
+Peak on CPU comes from the kineto profiler's memory events (the CPU allocator's real allocations and frees);
+on CUDA from the caching allocator's max_memory_allocated. Both are measured relative to the bytes live at the
+start of the step, so parameters, gradients (allocated by a warm-up step and zeroed in place) and the input
+batch are excluded and what remains is activations + transients: the part a schedule can change.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+Step = Callable[[], None]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_activation_bytes(step: Step, device: torch.device) -> int:
+    """Run `step` once and return its peak bytes above what was live when it started."""
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        step()
+        _sync(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]  # type: ignore[union-attr]
+    # Events only cover the profiled region, so the running sum starts at 0 = "live at step start".
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return int(peak)
+
+
+def step_times(step: Step, device: torch.device, n: int) -> list[float]:
+    """Wall time of `n` steps, each synchronised (the caller has warmed up)."""
+    out = []
+    for _ in range(n):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def grads_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of every parameter's gradient (None grads are skipped, and so reported as missing)."""
+    return {name: p.grad.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.grad is not None}
+
+
+def zero_grads(model: nn.Module) -> None:
+    """Zero in place, so gradient storage stays live across steps and is not counted as activation memory."""
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.zero_()
+
+
+@dataclass
+class GradCheck:
+    """How one run's gradients compare to keep-all's on the same weights and batch."""
+
+    ok: bool
+    """All parameters present and every relative error <= tolerance."""
+    bitwise: bool
+    """Every gradient identical to the bit."""
+    max_rel_err: float
+    """max over parameters of ||g - g_ref|| / ||g_ref||."""
+    worst_param: str
+    """The parameter with the largest relative error."""
+    missing: int
+    """Parameters that have a reference gradient but none here (or the reverse)."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "ok": self.ok,
+            "bitwise": self.bitwise,
+            "max_rel_err": self.max_rel_err,
+            "worst_param": self.worst_param,
+            "missing": self.missing,
+        }
+
+
+# Recompute replays the same kernels on the same inputs, so it is normally bitwise equal on CPU; compiled
+# graphs decompose ops and may reassociate float sums, which moves fp32 results by ~1e-6 relative. 1e-4 passes
+# both and still catches a dropped or doubled term (which is O(1) relative).
+REL_TOL = 1e-4
+
+
+def compare_grads(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], tol: float = REL_TOL) -> GradCheck:
+    missing = len(set(ref) ^ set(got))
+    bitwise = missing == 0
+    worst, worst_name = 0.0, ""
+    for name, r in ref.items():
+        g = got.get(name)
+        if g is None:
+            continue
+        if bitwise and not torch.equal(g, r):
+            bitwise = False
+        denom = float(r.double().norm())
+        err = float((g.double() - r.double()).norm()) / denom if denom > 0 else float((g.double()).norm())
+        if not math.isfinite(err):
+            err = math.inf
+        if err > worst:
+            worst, worst_name = err, name
+    return GradCheck(
+        ok=missing == 0 and worst <= tol, bitwise=bitwise, max_rel_err=worst, worst_param=worst_name, missing=missing
+    )
