@@ -1,0 +1,186 @@
+"""Replay on real transformers models (CPU): gradients, RNG under recompute, the ledger against the simulator,
+host memory across steps."""
+
+from __future__ import annotations
+
+import gc
+import resource
+
+import pytest
+import torch
+from test_runtime_support import assert_bitwise, assert_close, grads, schedule_of, tiny
+
+from memsched.demo import predicted_saved_profile
+from memsched.optimizer.baselines import BASELINES
+from memsched.optimizer.plan import KEEP, offload_subset, recompute
+from memsched.runtime import SavedLedger, apply_schedule, trace
+from memsched.schema import Action
+from memsched.service import solve_trace
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    w = tiny("gpt2", layers=4)  # dropout 0.1 everywhere (the GPT-2 config default)
+    tr = trace(w.model, w.step, steps=2, warmup=1, batch_size=2, seq_len=32, measure_bandwidth=False)
+    return w, tr
+
+
+def _mixed(tr):
+    """Layer 0 offloads two of its tensors, 1 keeps, 2..3 recompute as one segment."""
+    return [offload_subset(tr, 0, (0, 3), done_by=1, prefetch_at=2), KEEP, recompute(), recompute(group=2)]
+
+
+def test_trace_of_gpt2_is_consistent(gpt2):
+    w, tr = gpt2
+    assert tr.layer_names == [f"transformer.h.{i}" for i in range(4)]
+    assert all(layer.deps == ([i - 1] if i else []) for i, layer in enumerate(tr.layers))  # a chain of blocks
+    assert len({layer.saved_bytes for layer in tr.layers}) == 1  # identical blocks save identical bytes
+    hidden = 2 * 32 * 64 * 4
+    assert all(layer.output_bytes == hidden and layer.input_bytes == hidden for layer in tr.layers)
+    assert all(len(layer.saved_tensor_bytes) > 5 for layer in tr.layers)
+    params = sum(p.numel() * 4 for p in w.model.parameters())  # lm_head is tied to wte: parameters() dedups
+    assert tr.static.params == params and tr.static.grads == params
+    assert tr.framework["torch"] == torch.__version__ and "transformers" in tr.framework
+    assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in tr.layers)
+
+
+@pytest.mark.parametrize("policy", ["keep-all", "offload-all-sync", "offload-all-overlapped"])
+def test_keep_and_offload_gradients_are_bitwise_equal(gpt2, policy):
+    w, tr = gpt2
+    loss0, ref = grads(w)
+    sched = schedule_of(tr, BASELINES[policy](tr), policy)
+    with apply_schedule(w.model, sched, trace=tr) as sm:
+        loss1, got = grads(w, sm)
+        stats = sm.pool_stats()
+    assert torch.equal(loss0, loss1)
+    assert_bitwise(got, ref)
+    if policy != "keep-all":
+        assert stats.allocated_bytes == sum(x.saved_bytes for x in tr.layers)  # every saved byte went to host
+        assert stats.in_use_buffers == 0  # and came back to the pool after backward
+
+
+def test_partial_offload_moves_only_the_scheduled_tensors(gpt2):
+    w, tr = gpt2
+    _, ref = grads(w)
+    sched = schedule_of(tr, [offload_subset(tr, i, (1, 2, 5)) for i in range(tr.n)])
+    with apply_schedule(w.model, sched, trace=tr) as sm:
+        _, got = grads(w, sm)
+        stats = sm.pool_stats()
+    assert_bitwise(got, ref)
+    assert stats.allocated_bytes == sum(a.offload.bytes for a in sched.actions if a.offload)
+
+
+@pytest.mark.parametrize("policy", ["checkpoint-all", "sqrt-segments", "mixed"])
+def test_recompute_with_dropout_matches(gpt2, policy):
+    w, tr = gpt2
+    loss0, ref = grads(w, seed=1)
+    _, other = grads(w, seed=2)
+    assert any(not torch.equal(ref[k], other[k]) for k in ref), "dropout must be active for this test to mean much"
+    decisions = _mixed(tr) if policy == "mixed" else BASELINES[policy](tr)
+    sched = schedule_of(tr, decisions, policy)
+    assert any(a.action == Action.RECOMPUTE for a in sched.actions)
+    with apply_schedule(w.model, sched, trace=tr) as sm:
+        loss1, got = grads(w, sm, seed=1)
+    torch.testing.assert_close(loss1, loss0)
+    assert_close(got, ref)
+
+
+def _ledger_peak(w, sched, tr):
+    ledger = SavedLedger()
+    with apply_schedule(w.model, sched, trace=tr, ledger=ledger) as sm:
+        grads(w, sm)  # first step: the pool fills
+        ledger.reset()
+        grads(w, sm)
+    st = ledger.stats()
+    assert st.live_bytes == 0, "saved tensors outlived their backward"
+    return st.peak_bytes
+
+
+@pytest.mark.parametrize("policy", [*BASELINES, "mixed", "solver-50%"])
+def test_ledger_peak_within_5pct_of_simulator(gpt2, policy):
+    """Measured: the ledger's peak of live saved bytes (traced layers, storage-deduplicated). Predicted: the
+    simulator's stage memory minus the stage's transients (saved bytes + checkpoint inputs), maximised over
+    stages: memsched.demo.predicted_saved_profile."""
+    w, tr = gpt2
+    if policy == "solver-50%":
+        sched = solve_trace(tr, "50%")
+    else:
+        sched = schedule_of(tr, _mixed(tr) if policy == "mixed" else BASELINES[policy](tr), policy)
+    predicted = max(predicted_saved_profile(tr, sched))
+    measured = _ledger_peak(w, sched, tr)
+    assert abs(measured - predicted) <= 0.05 * predicted, (measured, predicted)
+
+
+def test_offload_timing_is_realised_stage_by_stage(gpt2):
+    """Without recompute the ledger equals the cost model at every stage: copies released at their done-by
+    stage, prefetched at their prefetch-at stage."""
+    w, tr = gpt2
+    from memsched.optimizer.plan import offload_all
+
+    decisions = [offload_all(tr, 0, 2, 1), offload_all(tr, 1, 1, 2), KEEP, offload_all(tr, 3, 3, 3)]
+    sched = schedule_of(tr, decisions)
+    ledger = SavedLedger()
+    with apply_schedule(w.model, sched, trace=tr, ledger=ledger) as sm:
+        grads(w, sm)
+    st = ledger.stats()
+    n = tr.n
+    measured = [st.stage_peak_bytes[f"F{i}"] for i in range(n)] + [
+        st.stage_peak_bytes[f"B{i}"] for i in reversed(range(n))
+    ]
+    assert measured == predicted_saved_profile(tr, sched)
+
+
+def _rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def test_host_memory_does_not_grow_over_1000_steps():
+    w = tiny("gpt2", layers=2, batch=1, seq=8)
+    tr = trace(w.model, w.step, steps=1, warmup=0, batch_size=1, seq_len=8, measure_bandwidth=False)
+    sched = schedule_of(tr, BASELINES["offload-all-overlapped"](tr))
+    opt = torch.optim.SGD(w.model.parameters(), lr=1e-3)
+    with apply_schedule(w.model, sched, trace=tr) as sm:
+        for step in range(1000):
+            opt.zero_grad(set_to_none=True)
+            w.backward(sm)
+            opt.step()
+            if step == 0:
+                first = sm.pool_stats()
+            if step == 100:
+                gc.collect()
+                rss100 = _rss_bytes()
+        last = sm.pool_stats()
+    assert first.allocated_bytes > 0
+    assert last.allocated_bytes == first.allocated_bytes and last.allocated_buffers == first.allocated_buffers
+    assert last.in_use_buffers == 0
+    assert last.reuses == 999 * first.allocated_buffers
+    gc.collect()
+    assert _rss_bytes() - rss100 < 16 << 20  # the process's high-water mark barely moves
+
+
+@pytest.mark.parametrize("name", ["bert-base", "vit-base", "resnet50"])
+def test_other_models_offload_and_recompute(name):
+    """BERT, ViT and ResNet (whose ReLU output is saved by the next layer too: shared storages)."""
+    w = tiny(name, layers=4 if name != "resnet50" else None, batch=2, seq=16)
+    tr = trace(w.model, w.step, steps=1, warmup=0, batch_size=2, seq_len=16, measure_bandwidth=False)
+    _, ref = grads(w, seed=3)
+    for policy in ("offload-all-overlapped", "checkpoint-all"):
+        sched = schedule_of(tr, BASELINES[policy](tr), policy)
+        with apply_schedule(w.model, sched, trace=tr) as sm:
+            _, got = grads(w, sm, seed=3)
+            assert sm.pool_stats().in_use_buffers == 0
+        (assert_bitwise if policy.startswith("offload") else assert_close)(got, ref)
+
+
+def test_model_is_restored_after_the_context(gpt2):
+    w, tr = gpt2
+    sched = schedule_of(tr, BASELINES["checkpoint-all"](tr))
+    with apply_schedule(w.model, sched, trace=tr):
+        assert all("forward" in w.model.get_submodule(n).__dict__ for n in tr.layer_names)
+    assert all("forward" not in w.model.get_submodule(n).__dict__ for n in tr.layer_names)
+    sm = apply_schedule(w.model, sched)  # the wrapper form
+    try:
+        _, got = grads(w, sm)
+        assert sm.config is w.model.config  # attributes are the model's
+    finally:
+        sm.remove()

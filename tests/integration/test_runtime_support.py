@@ -1,0 +1,51 @@
+"""Helpers of the runtime integration tests (no tests here): tiny real transformers models and schedules
+built by the optimizer's own constructors, so the runtime is checked against the cost model's decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from memsched.optimizer.plan import Decision, make_schedule
+from memsched.optimizer.simulate import simulate
+from memsched.runtime import Workload, builtin_workload
+from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
+
+torch.set_num_threads(1)  # two shared cores: intra-op threads only oversubscribe them
+
+
+def tiny(name: str = "gpt2", layers: int = 4, batch: int = 2, seq: int = 32, dropout: float | None = None) -> Workload:
+    """A small-config model (hidden 64), no optimizer (gradients are what the tests compare)."""
+    return builtin_workload(
+        name, small=True, num_layers=layers, batch_size=batch, seq_len=seq, optimizer="none", dropout=dropout
+    )
+
+
+def schedule_of(trace: Trace, decisions: list[Decision], policy: str = "test", budget: int = 10**12) -> Schedule:
+    sim = simulate(trace, decisions)
+    record = SolverRecord(backend=policy, status=SolverStatus.HEURISTIC)
+    return make_schedule(trace, sim.decisions, budget, policy, record)
+
+
+def grads(
+    w: Workload, model: Callable[..., Any] | None = None, seed: int = 0
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss and parameter gradients of one forward+backward, with the RNG seeded (dropout masks match)."""
+    w.model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss = w.backward(model)
+    return loss, {n: p.grad.detach().clone() for n, p in w.model.named_parameters() if p.grad is not None}
+
+
+def assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    bad = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not bad, f"gradients differ bitwise in {bad[:5]}"
+
+
+def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k, v in a.items():
+        torch.testing.assert_close(v, b[k], rtol=1e-5, atol=1e-7)
