@@ -104,7 +104,7 @@ class _HighsWithStart(pulp.HiGHS):  # type: ignore[misc,name-defined]
         super().__init__(**kw)
         self._start = start
 
-    def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (PuLP's name)
+    def callSolver(self, lp: pulp.LpProblem) -> None:
         if self._start:
             idx = sorted(self._start)
             lp.solverModel.setSolution(len(idx), idx, [self._start[i] for i in idx])
@@ -170,6 +170,8 @@ def solve_pulp(
     values = _values(m, cols)
     objective = _seconds(pulp.value(prob.objective), m)
     found = Found.OPTIMAL if sol == pulp.LpSolutionOptimal else Found.FEASIBLE
-    if found == Found.OPTIMAL and (bound is None or objective is not None and bound > objective):
-        bound = objective  # CBC prints no bound line when it proves optimality outright
+    if found == Found.OPTIMAL and objective is not None:
+        # Proven within the gap. CBC prints no bound line when it proves optimality outright and prints it
+        # rounded to 1e-3 ms otherwise, so the bound is clamped into [objective * (1 - gap), objective].
+        bound = objective * (1.0 - gap) if bound is None else min(max(bound, objective * (1.0 - gap)), objective)
     return Outcome(backend, found, decode(m, values), objective, bound, wall, message)
