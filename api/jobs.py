@@ -8,8 +8,8 @@ after repeated interruptions) at start-up and queued ones are simply picked up.
 from __future__ import annotations
 
 import asyncio
-import functools
 import contextlib
+import functools
 import logging
 import multiprocessing
 from collections.abc import Callable
