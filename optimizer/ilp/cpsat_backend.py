@@ -85,6 +85,7 @@ def to_cpsat(m: MilpModel) -> tuple[cp_model.CpModel, list[cp_model.IntVar], flo
             ct = model.Add(expr + const <= 0)
         else:
             ct = model.Add(expr + const == 0)
+        ct.WithName(row.name)
         if row.lit >= 0:
             lit = cols[row.lit]
             ct.OnlyEnforceIf(lit if row.lit_value == 1 else lit.Not())

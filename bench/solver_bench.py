@@ -1,0 +1,112 @@
+"""Solver benchmark: solve time and gap against layer count, chains and DAGs, and the PipeDream traces,
+for each backend. Writes bench/results/solver_bench.{md,json} naming the machine, versions and command.
+
+    python bench/solver_bench.py [--quick] [--shared ../shared]
+
+Every row solves through memsched.optimizer.solve (warm start, fallback and the baseline guard included)
+and reports the simulator's overhead of the returned schedule, the solver's proven bound and the gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+from memsched.importers import import_pipedream
+from memsched.optimizer.baselines import evaluate_baselines
+from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
+from memsched.optimizer.heuristic import heuristic
+from memsched.optimizer.solve import SolveOptions, solve
+from memsched.optimizer.synthetic import make_trace
+from memsched.schema import Trace
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def pct_budget(trace: Trace, pct: float) -> int:
+    """static + pct% of the keep-all activation peak (the CLI's 'N%'), raised to the minimum if needed."""
+    b = trace.static.total + round(keepall_activation_peak(trace) * pct / 100)
+    return max(b, min_feasible_budget(trace))
+
+
+def run_one(name: str, trace: Trace, budget: int, backend: str, limit: float) -> dict[str, object]:
+    t0 = time.perf_counter()
+    h = heuristic(trace, budget)
+    heur_s = time.perf_counter() - t0
+    base = min((r.sim.overhead_s for r in evaluate_baselines(trace, budget) if r.feasible), default=None)
+    t0 = time.perf_counter()
+    sched = solve(trace, budget, SolveOptions(solver=backend, time_limit_s=limit, gap=0.01))
+    wall = time.perf_counter() - t0
+    rec = sched.solver
+    row = {
+        "trace": name, "layers": trace.n, "budget_bytes": budget, "backend": backend, "time_limit_s": limit,
+        "wall_s": round(wall, 3), "status": rec.status.value, "returned": rec.backend,
+        "overhead_s": sched.prediction.overhead_s, "overhead_pct": round(sched.prediction.overhead_pct, 3),
+        "bound_s": rec.best_bound_s, "gap": rec.gap, "heuristic_overhead_s": h.sim.overhead_s,
+        "heuristic_s": round(heur_s, 4), "best_baseline_overhead_s": base, "message": rec.message,
+    }
+    logging.info("%s", {k: row[k] for k in ("trace", "backend", "wall_s", "status", "overhead_s", "gap")})
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
+    ap.add_argument("--shared", default=os.environ.get("MEMSCHED_SHARED", str(Path(__file__).resolve().parents[2] / "shared")))
+    ap.add_argument("--backends", default="cbc,highs,cpsat")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    backends = args.backends.split(",")
+    rows: list[dict[str, object]] = []
+    pipedream = Path(args.shared) / "data" / "pipedream"
+    # Targets first: ResNet-50 (batch 128) at 50% and 25% of its activation memory, 10 s each.
+    if pipedream.is_dir():
+        rn = import_pipedream(pipedream / "resnet50.graph.txt", 128)
+        for pct in (50, 25):
+            for b in backends:
+                rows.append(run_one(f"pipedream/resnet50@{pct}%", rn, pct_budget(rn, pct), b, 10.0))
+        for model, batch in (("alexnet", 256), ("resnet18", 256), ("vgg16", 128), ("densenet121", 64), ("gnmt", 64)):
+            t = import_pipedream(pipedream / f"{model}.graph.txt", batch)
+            rows.append(run_one(f"pipedream/{model}@50%", t, pct_budget(t, 50), "cbc", 10.0))
+    sizes = (20, 50) if args.quick else (20, 50, 100, 200, 500, 1000)
+    for n in sizes:
+        for dag in (False, True):
+            t = make_trace(n, 1, dag=dag)
+            budget = pct_budget(t, 40)
+            for b in backends:
+                limit = 60.0 if n >= 1000 else 10.0
+                if n >= 500 and b != "cbc":
+                    limit = 10.0  # time box: the 60 s target is for the default backend
+                rows.append(run_one(f"synthetic/{'dag' if dag else 'chain'}-{n}@40%", t, budget, b, limit))
+    meta = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+                    "processor": platform.processor()},
+        "versions": {p: version(p) for p in ("memsched", "pulp", "ortools", "highspy")},
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "solver_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = ["# Solver benchmark", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
+             f"Versions: {meta['versions']}  ", f"Date: {meta['date_utc']}", "",
+             "| trace | n | backend | limit s | wall s | status | returned | overhead s | bound s | gap | heuristic s (overhead) | best baseline s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        gap = "" if r["gap"] is None else f"{100 * float(r['gap']):.2f}%"  # type: ignore[arg-type]
+        bound = "" if r["bound_s"] is None else f"{float(r['bound_s']):.5f}"  # type: ignore[arg-type]
+        base = "" if r["best_baseline_overhead_s"] is None else f"{float(r['best_baseline_overhead_s']):.5f}"  # type: ignore[arg-type]
+        lines.append(f"| {r['trace']} | {r['layers']} | {r['backend']} | {r['time_limit_s']} | {r['wall_s']} | "
+                     f"{r['status']} | {r['returned']} | {float(r['overhead_s']):.5f} | {bound} | {gap} | "  # type: ignore[arg-type]
+                     f"{r['heuristic_s']} ({float(r['heuristic_overhead_s']):.5f}) | {base} |")  # type: ignore[arg-type]
+    (RESULTS / "solver_bench.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

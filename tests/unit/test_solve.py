@@ -1,0 +1,129 @@
+"""(c) never worse than any baseline (synthetic and imported PipeDream traces), errors, export, fallback."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.optimizer.baselines import evaluate_baselines
+from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
+from memsched.optimizer.heuristic import heuristic
+from memsched.optimizer.simulate import simulate
+from memsched.optimizer.solve import SOLVERS, SolveOptions, solve
+from memsched.optimizer.synthetic import make_trace
+from memsched.schema import SolverStatus, Trace
+
+
+def _shared_pipedream() -> Path | None:
+    env = os.environ.get("MEMSCHED_SHARED")
+    root = Path(env) if env else Path(__file__).resolve().parents[3] / "shared"
+    path = root / "data" / "pipedream"
+    return path if path.is_dir() else None
+
+
+PIPEDREAM = _shared_pipedream()
+
+
+def _budget(trace: Trace, frac: float) -> int:
+    lo = min_feasible_budget(trace)
+    hi = trace.static.total + keepall_activation_peak(trace)
+    return lo + int((hi - lo) * frac)
+
+
+def _assert_never_worse(trace: Trace, budget: int, options: SolveOptions) -> None:
+    schedule = solve(trace, budget, options)
+    sim = simulate(trace, schedule)
+    assert sim.feasible
+    assert schedule.prediction.overhead_s == pytest.approx(sim.overhead_s, rel=1e-12, abs=1e-15)
+    assert schedule.solver.objective_s == pytest.approx(sim.overhead_s, rel=1e-12, abs=1e-15)
+    for r in evaluate_baselines(trace, budget):
+        if r.feasible:
+            assert sim.overhead_s <= r.sim.overhead_s * (1 + 1e-9) + 1e-12, r.policy
+    assert sim.overhead_s <= heuristic(trace, budget).sim.overhead_s * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("frac", [0.1, 0.5])
+def test_never_worse_than_baselines_synthetic(seed: int, frac: float) -> None:
+    trace = make_trace(20 + 10 * seed, seed, dag=seed % 2 == 1)
+    _assert_never_worse(trace, _budget(trace, frac), SolveOptions(time_limit_s=2))
+
+
+@pytest.mark.skipif(PIPEDREAM is None, reason="../shared/data/pipedream not found (set MEMSCHED_SHARED)")
+@pytest.mark.parametrize("model", ["alexnet", "gnmt", "resnet18", "vgg16"])
+@pytest.mark.parametrize("frac", [0.2, 0.6])
+def test_never_worse_than_baselines_pipedream(model: str, frac: float) -> None:
+    from memsched.importers import import_pipedream
+
+    assert PIPEDREAM is not None
+    trace = import_pipedream(PIPEDREAM / f"{model}.graph.txt", 128)
+    _assert_never_worse(trace, _budget(trace, frac), SolveOptions(time_limit_s=2))
+
+
+def test_heuristic_solver_is_feasible_and_no_worse() -> None:
+    trace = make_trace(60, 7, dag=True)
+    budget = _budget(trace, 0.2)
+    schedule = solve(trace, budget, SolveOptions(solver="heuristic"))
+    assert schedule.solver.status == SolverStatus.HEURISTIC
+    _assert_never_worse(trace, budget, SolveOptions(solver="heuristic"))
+
+
+def test_keep_all_when_it_fits() -> None:
+    trace = make_trace(10, 1)
+    schedule = solve(trace, trace.static.total + keepall_activation_peak(trace))
+    assert schedule.policy == "keep-all" and schedule.solver.status == SolverStatus.OPTIMAL
+    assert schedule.prediction.overhead_s == 0.0
+
+
+def test_infeasible_budget_reports_the_minimum() -> None:
+    trace = make_trace(12, 3)
+    minimum = min_feasible_budget(trace)
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve(trace, minimum - 1)
+    assert err.value.min_feasible_bytes == minimum
+    assert solve(trace, minimum, SolveOptions(time_limit_s=5)).prediction.peak_bytes <= minimum
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        (SolveOptions(solver="gurobi"), "solver"),
+        (SolveOptions(time_limit_s=0), "time limit"),
+        (SolveOptions(gap=1.5), "gap"),
+        (SolveOptions(window=0), "window"),
+    ],
+)
+def test_bad_options_name_the_field(options: SolveOptions, field: str) -> None:
+    trace = make_trace(5, 1)
+    with pytest.raises(MemschedError, match=field):
+        solve(trace, _budget(trace, 0.3), options)
+
+
+@pytest.mark.parametrize(("solver", "suffix"), [("cbc", ".lp"), ("highs", ".mps"), ("cpsat", ".pbtxt")])
+def test_export_model(tmp_path: Path, solver: str, suffix: str) -> None:
+    trace = make_trace(6, 2)
+    path = tmp_path / f"model{suffix}"
+    solve(trace, _budget(trace, 0.3), SolveOptions(solver=solver, export_model=path))
+    text = path.read_text()
+    assert "mem_F" in text or "mem_B" in text  # row names survive in every format
+
+
+def test_time_limit_without_incumbent_falls_back_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memsched.optimizer import solve as solve_mod
+    from memsched.optimizer.ilp.outcome import Found, Outcome
+
+    def no_incumbent(*_a: object, **_k: object) -> Outcome:
+        return Outcome("cbc", Found.NO_SOLUTION, None, None, 0.001, 1.0, "cbc: Stopped on time limit")
+
+    monkeypatch.setattr(solve_mod, "_run_backend", no_incumbent)
+    trace = make_trace(15, 4)
+    schedule = solve(trace, _budget(trace, 0.3), SolveOptions(time_limit_s=1))
+    assert schedule.solver.status == SolverStatus.HEURISTIC
+    assert "found no schedule" in schedule.solver.message and "cbc" in schedule.solver.message
+
+
+def test_solvers_tuple_is_the_cli_contract() -> None:
+    assert SOLVERS == ("auto", "cbc", "highs", "cpsat", "heuristic")
