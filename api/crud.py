@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -16,13 +16,20 @@ from memsched.api.models import JobRow, JobStatus, TraceRow, utcnow
 from memsched.schema import Trace
 
 
-def cache_key(trace_hash: str, budget_bytes: int, solver: str, time_limit_s: float, gap: float) -> str:
+@dataclass(frozen=True)
+class SolveParams:
+    """The solve options a job carries (memsched.optimizer.solve.SolveOptions minus local-only ones)."""
+
+    solver: str = "auto"
+    time_limit_s: float = 30.0
+    gap: float = 0.01
+    window: int | None = None
+    max_segment: int | None = None
+
+
+def cache_key(trace_hash: str, budget_bytes: int, params: SolveParams) -> str:
     """Equal keys mean the same question: the same trace, budget bytes and solve options."""
-    payload = json.dumps(
-        {"trace": trace_hash, "budget_bytes": budget_bytes, "solver": solver, "time_limit_s": time_limit_s,
-         "gap": gap},
-        sort_keys=True,
-    )
+    payload = json.dumps({"trace": trace_hash, "budget_bytes": budget_bytes, **asdict(params)}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -87,13 +94,11 @@ def submit_job(
     trace_row: TraceRow,
     budget_spec: str,
     budget_bytes: int,
-    solver: str,
-    time_limit_s: float,
-    gap: float,
+    params: SolveParams,
 ) -> Submission:
     """Find or create the job for (owner, cache key): a repeat returns the same job; a question another
     owner already had answered is copied from that answer; a failed job is retried; else a new job is queued."""
-    key = cache_key(trace_row.id, budget_bytes, solver, time_limit_s, gap)
+    key = cache_key(trace_row.id, budget_bytes, params)
     for _ in range(3):
         existing = s.scalars(select(JobRow).where(JobRow.owner == owner, JobRow.cache_key == key)).first()
         if existing is not None:
@@ -116,9 +121,11 @@ def submit_job(
             cache_key=key,
             budget_bytes=budget_bytes,
             budget_spec=budget_spec[:64],
-            solver=solver,
-            time_limit_s=time_limit_s,
-            gap=gap,
+            solver=params.solver,
+            time_limit_s=params.time_limit_s,
+            gap=params.gap,
+            window=params.window,
+            max_segment=params.max_segment,
             status=JobStatus.QUEUED,
             attempts=0,
         )
@@ -138,14 +145,16 @@ def submit_job(
     raise RuntimeError("could not insert or find the job after 3 tries")  # unreachable in practice
 
 
+def params_of(row: JobRow) -> SolveParams:
+    return SolveParams(row.solver, row.time_limit_s, row.gap, row.window, row.max_segment)
+
+
 @dataclass(frozen=True)
 class ClaimedJob:
     id: str
     trace_json: str
     budget_bytes: int
-    solver: str
-    time_limit_s: float
-    gap: float
+    params: SolveParams
     attempts: int
 
 
@@ -172,7 +181,7 @@ def claim_next(s: Session) -> ClaimedJob | None:
         if trace is None:  # the trace row is written before its jobs and never deleted
             finish_job(s, row.id, None, "the job's trace is missing from the database; submit the trace again")
             continue
-        return ClaimedJob(row.id, trace.body, row.budget_bytes, row.solver, row.time_limit_s, row.gap, row.attempts)
+        return ClaimedJob(row.id, trace.body, row.budget_bytes, params_of(row), row.attempts)
     return None
 
 

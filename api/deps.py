@@ -65,17 +65,17 @@ def owner_of(key: str) -> str:
     return hashlib.sha256(b"memsched-owner:" + key.encode()).hexdigest()[:32]
 
 
-def get_owner(
-    settings: SettingsDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-) -> str:
+def get_owner(settings: SettingsDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
     """Who is asking. Without configured keys everyone is the same anonymous owner ('')."""
     if not settings.auth_enabled:
         return ""
     challenge = {"WWW-Authenticate": "Bearer"}
     if creds is None:
         raise ApiError(
-            401, "missing credentials: send 'Authorization: Bearer <key>' with a key from MEMSCHED_API_KEYS",
-            "Authorization", headers=challenge,
+            401,
+            "missing credentials: send 'Authorization: Bearer <key>' with a key from MEMSCHED_API_KEYS",
+            "Authorization",
+            headers=challenge,
         )
     given = creds.credentials.encode()
     # Compare against every key in constant time, so timing does not reveal how much of a key matched.
@@ -83,8 +83,9 @@ def get_owner(
     for key in settings.api_keys:
         ok |= hmac.compare_digest(given, key.encode())
     if not ok:
-        raise ApiError(401, "unknown API key; use one of the keys in MEMSCHED_API_KEYS", "Authorization",
-                       headers=challenge)
+        raise ApiError(
+            401, "unknown API key; use one of the keys in MEMSCHED_API_KEYS", "Authorization", headers=challenge
+        )
     return owner_of(creds.credentials)
 
 

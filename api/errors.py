@@ -102,9 +102,7 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     e = cast(StarletteHTTPException, exc)
-    return JSONResponse(
-        status_code=e.status_code, content={"detail": str(e.detail), "field": None}, headers=e.headers
-    )
+    return JSONResponse(status_code=e.status_code, content={"detail": str(e.detail), "field": None}, headers=e.headers)
 
 
 async def _memsched_error(_request: Request, exc: Exception) -> JSONResponse:

@@ -57,7 +57,9 @@ class JobRunner:
             log.info(
                 "recovered jobs after restart: %d re-queued, %d failed after repeated interruptions, "
                 "%d queued in total",
-                requeued, failed, queued,
+                requeued,
+                failed,
+                queued,
             )
         self._pool = self._new_pool(self.settings.workers)
         # Start the workers now (imports included) so the first job does not pay for it.
@@ -160,11 +162,11 @@ class JobRunner:
         loop = asyncio.get_running_loop()
         # The worker stops an overrunning solver by itself after time_limit + grace; the watchdog here
         # kills the worker after a second grace, for a solver stuck where no signal reaches it.
-        watchdog_s = job.time_limit_s + 2 * s.job_grace_s
+        time_limit_s = job.params.time_limit_s
+        watchdog_s = time_limit_s + 2 * s.job_grace_s
         try:
             fut = loop.run_in_executor(
-                pool, worker.run_solve, job.trace_json, job.budget_bytes, job.solver, job.time_limit_s, job.gap,
-                s.job_grace_s,
+                pool, worker.run_solve, job.trace_json, job.budget_bytes, job.params, s.job_grace_s, s.solver_threads
             )
             outcome = await asyncio.wait_for(fut, watchdog_s)
         except TimeoutError:
@@ -172,8 +174,10 @@ class JobRunner:
             self._recycle(pool)
             await self._db(
                 lambda ses: crud.finish_job(
-                    ses, job.id, None,
-                    f"the solver did not stop within {watchdog_s:g} s (time limit {job.time_limit_s:g} s plus "
+                    ses,
+                    job.id,
+                    None,
+                    f"the solver did not stop within {watchdog_s:g} s (time limit {time_limit_s:g} s plus "
                     f"grace) and its worker was killed; resubmit with solver 'heuristic' or a shorter "
                     "time_limit_s",
                 )

@@ -40,8 +40,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = Database(settings.database_url)
         db.create_all()
-        log.info("memsched service: database %s, %d solver workers, auth %s", db.safe_url, settings.workers,
-                 "on" if settings.auth_enabled else "off (no MEMSCHED_API_KEYS)")
+        log.info(
+            "memsched service: database %s, %d solver workers, auth %s",
+            db.safe_url,
+            settings.workers,
+            "on" if settings.auth_enabled else "off (no MEMSCHED_API_KEYS)",
+        )
 
         def counts() -> dict[str, int]:
             with db.session() as s:

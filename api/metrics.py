@@ -41,7 +41,9 @@ class Metrics:
             registry=self.registry,
         )
         self.solves = Counter(
-            "memsched_solves", "Solves run, by outcome (done | failed | requeued)", ["outcome"],
+            "memsched_solves",
+            "Solves run, by outcome (done | failed | requeued)",
+            ["outcome"],
             registry=self.registry,
         )
         self.cache_hits = Counter(

@@ -60,10 +60,15 @@ class BodySizeLimit:
             f"{self.max_bytes} bytes (MEMSCHED_MAX_BODY_BYTES); send a smaller trace, or raise the limit"
         )
         payload = json.dumps({"detail": detail, "field": "body"}).encode()
-        await send({
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                        (b"connection", b"close")],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})

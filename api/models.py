@@ -71,6 +71,8 @@ class JobRow(Base):
     solver: Mapped[str] = mapped_column(String(32))
     time_limit_s: Mapped[float] = mapped_column(Float)
     gap: Mapped[float] = mapped_column(Float)
+    window: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_segment: Mapped[int | None] = mapped_column(Integer, nullable=True)
     status: Mapped[str] = mapped_column(String(16), index=True, default=JobStatus.QUEUED.value)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Why a job failed, or what happened to it (re-queued after a restart)."""

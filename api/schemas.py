@@ -18,6 +18,7 @@ TraceId = Annotated[
 ]
 JobId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="a schedule job id")]
 
+
 def _strict_trace(v: object) -> object:
     # Validate traces strictly: the schema promises integers for byte counts, and lax mode would quietly
     # accept `true` or `1.5e9` (floats) as bytes. Strictness set on the field does not reach nested models,
@@ -40,9 +41,7 @@ def _check_budget(v: object) -> int | str:
         if not 1 <= len(v) <= 64:
             raise ValueError("write the budget as 1 to 64 characters, like '8GiB', '500MB' or '50%'")
         return v
-    raise ValueError(
-        f"must be an integer number of bytes or a string like '8GiB' or '50%', got {type(v).__name__}"
-    )
+    raise ValueError(f"must be an integer number of bytes or a string like '8GiB' or '50%', got {type(v).__name__}")
 
 
 # The budget is an integer number of bytes (the whole device-memory peak) or a string the CLI also reads:
@@ -130,7 +129,20 @@ class ScheduleRequest(_Strict):
         description="wall-clock limit for the exact solver, seconds (server default if absent; capped by the "
         "server's MEMSCHED_MAX_TIME_LIMIT_S)",
     )
-    gap: float = Field(default=0.01, ge=0, le=1, allow_inf_nan=False, description="relative optimality gap")
+    gap: float = Field(default=0.01, ge=0, lt=1, allow_inf_nan=False, description="relative optimality gap")
+    window: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="W: a layer's offload done-by / prefetch-at stages lie within W layers of it "
+        "(default: the optimizer's)",
+    )
+    max_segment: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="L: the longest recompute segment the ILP may choose (default: the optimizer's)",
+    )
 
     @field_validator("solver")
     @classmethod
@@ -188,6 +200,8 @@ class JobOut(BaseModel):
     solver: str
     time_limit_s: float
     gap: float
+    window: int | None = None
+    max_segment: int | None = None
     cached: bool = Field(description="true when the schedule came from an identical earlier request")
     reason: str | None = Field(default=None, description="why the job failed (or what happened to it)")
     min_feasible_bytes: int | None = Field(default=None, description="for an infeasible budget: the smallest one")

@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     """Port `memsched serve` listens on."""
     workers: int = Field(default=2, ge=1, le=256)
     """Solver processes: how many solves run at once (each one is CPU-bound and single-threaded)."""
+    solver_threads: int = Field(default=1, ge=1, le=256)
+    """Threads each solve may use (CP-SAT, HiGHS, CBC): workers x solver_threads should not exceed the cores."""
     max_queued_jobs: int = Field(default=1000, ge=1)
     """Jobs waiting for a worker beyond this are refused with 429 (back-pressure instead of an endless queue)."""
     max_body_bytes: int = Field(default=16 * 2**20, ge=1024)

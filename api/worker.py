@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from memsched.api.crud import SolveParams
 from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.solve import SolveOptions
 from memsched.schema import Trace
@@ -48,16 +49,25 @@ def warm_up() -> int:
 
 
 def run_solve(
-    trace_json: str, budget_bytes: int, solver: str, time_limit_s: float, gap: float, overrun_s: float
+    trace_json: str, budget_bytes: int, params: SolveParams, overrun_s: float, threads: int | None = None
 ) -> SolveOutcome:
     """Solve one job. The solver gets `time_limit_s`; if it is still running `overrun_s` later, an alarm in
     this process stops it (the parent's watchdog kills the process if even that does not come back)."""
     t0 = time.perf_counter()
+    time_limit_s = params.time_limit_s
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, time_limit_s + overrun_s)
     try:
         trace = Trace.model_validate_json(trace_json)
-        schedule = solve_trace(trace, budget_bytes, SolveOptions(solver=solver, time_limit_s=time_limit_s, gap=gap))
+        options = SolveOptions(
+            solver=params.solver,
+            time_limit_s=params.time_limit_s,
+            gap=params.gap,
+            window=params.window,
+            max_segment=params.max_segment,
+            threads=threads,
+        )
+        schedule = solve_trace(trace, budget_bytes, options)
         return SolveOutcome(schedule.model_dump_json(), wall_s=time.perf_counter() - t0)
     except _Overrun:
         return SolveOutcome(

@@ -39,7 +39,11 @@ def serve(
     overrides: dict[str, Any] = {
         k: v
         for k, v in {
-            "host": host, "port": port, "workers": workers, "database_url": database_url, "log_level": log_level,
+            "host": host,
+            "port": port,
+            "workers": workers,
+            "database_url": database_url,
+            "log_level": log_level,
         }.items()
         if v is not None
     }

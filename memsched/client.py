@@ -89,8 +89,9 @@ class MemschedClient:
 
     def upload_trace(self, trace: Trace) -> str:
         """Store a trace; returns its id (the content hash). Idempotent."""
-        resp = self._request("POST", "/v1/traces", content=trace.model_dump_json(),
-                             headers={"content-type": "application/json"})
+        resp = self._request(
+            "POST", "/v1/traces", content=trace.model_dump_json(), headers={"content-type": "application/json"}
+        )
         return str(resp.json()["id"])
 
     def submit(
@@ -108,6 +109,9 @@ class MemschedClient:
             "time_limit_s": options.time_limit_s,
             "gap": options.gap,
         }
+        for name in ("window", "max_segment"):
+            if getattr(options, name, None) is not None:
+                body[name] = getattr(options, name)
         if isinstance(trace, Trace):
             body["trace"] = trace.model_dump(mode="json")
         else:
@@ -184,8 +188,7 @@ def solve_via_server(
     options = options or SolveOptions()
     if options.export_model is not None:
         raise MemschedError(
-            "--export-model writes the solver's model locally and cannot be combined with --server; "
-            "drop one of them"
+            "--export-model writes the solver's model locally and cannot be combined with --server; drop one of them"
         )
     # Wait for the solver's own time limit plus slack for the queue and the transfer.
     timeout_s = options.time_limit_s + 120.0

@@ -115,7 +115,10 @@ def try_start_pg() -> str:
     for version in sorted(os.listdir("/etc/postgresql")):
         r = subprocess.run(
             ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"],
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         out.append(f"pg_ctlcluster {version} main start -> {r.returncode} {r.stderr.strip()[:200]}")
     time.sleep(2)

@@ -33,9 +33,7 @@ def resolve_trace(
 ) -> tuple[TraceRow, Trace]:
     """The trace a request names: by id (this owner's only) or inline (stored on the way)."""
     if (trace_id is None) == (trace is None):
-        raise ApiError(
-            422, "give exactly one of 'trace_id' (a stored trace) and 'trace' (an inline trace)", "trace_id"
-        )
+        raise ApiError(422, "give exactly one of 'trace_id' (a stored trace) and 'trace' (an inline trace)", "trace_id")
     if trace is not None:
         check_trace_limits(trace, settings, "trace")
         row, _ = crud.store_trace(s, owner, trace)
@@ -53,8 +51,10 @@ def resolve_budget(trace: Trace, budget: int | str, check_feasible: bool) -> int
         b = budget_bytes_for(trace, budget)
         if b > MAX_BUDGET_BYTES:
             raise ApiError(
-                422, f"budget: {b} bytes is larger than any device ({MAX_BUDGET_BYTES} bytes at most); "
-                "give a real device-memory budget such as 8GiB", "budget"
+                422,
+                f"budget: {b} bytes is larger than any device ({MAX_BUDGET_BYTES} bytes at most); "
+                "give a real device-memory budget such as 8GiB",
+                "budget",
             )
         if check_feasible:
             # Cheap (one simulation) and deterministic: an infeasible budget is answered now, with the
@@ -66,8 +66,7 @@ def resolve_budget(trace: Trace, budget: int | str, check_feasible: bool) -> int
     except (ArithmeticError, ValueError) as e:
         # Finite but astronomically large numbers in a trace or budget overflow the cost model's floats.
         raise ApiError(
-            422, f"budget: cannot compute with this budget and trace ({e}); check the trace's numbers",
-            "budget"
+            422, f"budget: cannot compute with this budget and trace ({e}); check the trace's numbers", "budget"
         ) from None
 
 
@@ -81,6 +80,8 @@ def job_out(row: JobRow, cached: bool | None = None) -> JobOut:
         solver=row.solver,
         time_limit_s=row.time_limit_s,
         gap=row.gap,
+        window=row.window,
+        max_segment=row.max_segment,
         cached=row.cached if cached is None else cached,
         reason=row.reason,
         min_feasible_bytes=row.min_feasible_bytes,

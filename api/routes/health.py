@@ -23,9 +23,7 @@ async def healthz() -> Health:
     return Health(status="ok", version=memsched.__version__)
 
 
-@router.get(
-    "/readyz", response_model=Ready, summary="Readiness: the database answers", responses=error_responses(503)
-)
+@router.get("/readyz", response_model=Ready, summary="Readiness: the database answers", responses=error_responses(503))
 def readyz(db: DatabaseDep, settings: SettingsDep) -> Ready:
     try:
         db.ping()

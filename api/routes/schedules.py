@@ -47,8 +47,10 @@ def _status_code(row: JobRow) -> int:
     "options gets the stored (or in-flight) job back without solving again (`cached: true`). With "
     "`?wait=SECONDS` the answer waits for the job and is 200 with the schedule if it finished in time. "
     "An infeasible budget is answered at once with 422 and `min_feasible_bytes`.",
-    responses={200: {"model": JobOut, "description": "finished (done or failed) within the wait"},
-               **error_responses(400, 401, 404, 413, 422, 429)},
+    responses={
+        200: {"model": JobOut, "description": "finished (done or failed) within the wait"},
+        **error_responses(400, 401, 404, 413, 422, 429),
+    },
 )
 async def create_schedule(
     req: ScheduleRequest,
@@ -68,20 +70,22 @@ async def create_schedule(
             "(MEMSCHED_MAX_TIME_LIMIT_S); ask for a shorter time limit",
             "time_limit_s",
         )
-    time_limit = min(time_limit, settings.max_time_limit_s)
+    params = crud.SolveParams(req.solver, time_limit, req.gap, req.window, req.max_segment)
 
     def submit() -> tuple[JobRow, bool]:
         with db.session() as s:
             trace_row, trace = resolve_trace(s, owner, settings, req.trace_id, req.trace)
             budget_bytes = resolve_budget(trace, req.budget, check_feasible=True)
             spec = str(req.budget)
-            key = crud.cache_key(trace_row.id, budget_bytes, req.solver, time_limit, req.gap)
+            key = crud.cache_key(trace_row.id, budget_bytes, params)
             if not crud.has_job(s, owner, key) and crud.count_queued(s) >= settings.max_queued_jobs:
                 raise ApiError(
-                    429, f"{settings.max_queued_jobs} jobs are already queued (MEMSCHED_MAX_QUEUED_JOBS); "
-                    "retry later", None, headers={"Retry-After": "10"},
+                    429,
+                    f"{settings.max_queued_jobs} jobs are already queued (MEMSCHED_MAX_QUEUED_JOBS); retry later",
+                    None,
+                    headers={"Retry-After": "10"},
                 )
-            sub = crud.submit_job(s, owner, trace_row, spec, budget_bytes, req.solver, time_limit, req.gap)
+            sub = crud.submit_job(s, owner, trace_row, spec, budget_bytes, params)
             return sub.job, sub.new_solve
 
     # The submission does database work and one simulation: run it off the event loop.
@@ -112,8 +116,7 @@ def _load(db: DatabaseDep, owner: str, job_id: str) -> JobRow:
     summary="A schedule job's state, and its schedule once done",
     description="status is queued, running, done (with `schedule`) or failed (with `reason`). "
     "`?wait=SECONDS` long-polls: it answers as soon as the job finishes, or after the wait.",
-    responses={202: {"model": JobOut, "description": "still queued or running"},
-               **error_responses(401, 404, 422)},
+    responses={202: {"model": JobOut, "description": "still queued or running"}, **error_responses(401, 404, 422)},
 )
 async def get_schedule(
     job_id: Annotated[JobId, Path()],
@@ -141,9 +144,7 @@ async def get_schedule(
         **error_responses(401, 404, 409, 422, 503),
     },
 )
-async def get_plot(
-    job_id: Annotated[JobId, Path()], db: DatabaseDep, owner: OwnerDep, runner: RunnerDep
-) -> Response:
+async def get_plot(job_id: Annotated[JobId, Path()], db: DatabaseDep, owner: OwnerDep, runner: RunnerDep) -> Response:
     row = await run_in_threadpool(_load, db, owner, job_id)
     if row.status != JobStatus.DONE or row.schedule is None:
         raise ApiError(

@@ -29,8 +29,10 @@ def _ref(row: TraceRow) -> TraceRef:
     summary="Store a trace",
     description="Validates the trace and stores it under its content hash (the id). Posting the same trace "
     "again returns the same id with 200 instead of 201.",
-    responses={200: {"model": TraceRef, "description": "already stored: the existing id"},
-               **error_responses(400, 401, 413, 422)},
+    responses={
+        200: {"model": TraceRef, "description": "already stored: the existing id"},
+        **error_responses(400, 401, 413, 422),
+    },
 )
 def create_trace(
     trace: Annotated[StrictTrace, Body(openapi_examples={"three layers": {"value": EXAMPLE_TRACE}})],

@@ -35,23 +35,27 @@ def test_fifty_concurrent_submissions(server: Server) -> None:
     async def run() -> tuple[list[httpx.Response], list[dict], float, float]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             t0 = time.perf_counter()
-            responses = await asyncio.gather(*[
-                client.post(
-                    "/v1/schedules",
-                    json={"trace": body, "budget": b, "solver": "heuristic", "time_limit_s": 5},
-                    headers={"Authorization": f"Bearer {key}"},
-                )
-                for b, key in requests
-            ])
+            responses = await asyncio.gather(
+                *[
+                    client.post(
+                        "/v1/schedules",
+                        json={"trace": body, "budget": b, "solver": "heuristic", "time_limit_s": 5},
+                        headers={"Authorization": f"Bearer {key}"},
+                    )
+                    for b, key in requests
+                ]
+            )
             t_submit = time.perf_counter() - t0
-            finals = await asyncio.gather(*[
-                client.get(
-                    f"/v1/schedules/{r.json()['id']}",
-                    params={"wait": 30},
-                    headers={"Authorization": f"Bearer {key}"},
-                )
-                for r, (_, key) in zip(responses, requests, strict=True)
-            ])
+            finals = await asyncio.gather(
+                *[
+                    client.get(
+                        f"/v1/schedules/{r.json()['id']}",
+                        params={"wait": 30},
+                        headers={"Authorization": f"Bearer {key}"},
+                    )
+                    for r, (_, key) in zip(responses, requests, strict=True)
+                ]
+            )
             return responses, [f.json() for f in finals], t_submit, time.perf_counter() - t0
 
     responses, finals, t_submit, t_all = asyncio.run(run())
@@ -73,7 +77,9 @@ def test_fifty_concurrent_submissions(server: Server) -> None:
     # everything else came from the cache.
     with server.client() as c:
         after = c.get("/metrics").text
-    solves = _metric(after, 'memsched_solves_total{outcome="done"}') - _metric(before, 'memsched_solves_total{outcome="done"}')
+    solves = _metric(after, 'memsched_solves_total{outcome="done"}') - _metric(
+        before, 'memsched_solves_total{outcome="done"}'
+    )
     hits = _metric(after, "memsched_cache_hits_total") - _metric(before, "memsched_cache_hits_total")
     fresh = sum(1 for r in responses if not r.json()["cached"])
     assert DISTINCT <= solves <= 2 * DISTINCT, (solves, hits)

@@ -20,10 +20,18 @@ from memsched.service import budget_bytes_for
 
 def _job(owner: str, trace_id: str, budget: int, status: JobStatus, attempts: int) -> JobRow:
     return JobRow(
-        id=uuid.uuid4().hex, owner=owner, trace_id=trace_id,
-        cache_key=crud.cache_key(trace_id, budget, "heuristic", 5.0, 0.01), budget_bytes=budget,
-        budget_spec=str(budget), solver="heuristic", time_limit_s=5.0, gap=0.01, status=status,
-        attempts=attempts, created_at=datetime.now(UTC),
+        id=uuid.uuid4().hex,
+        owner=owner,
+        trace_id=trace_id,
+        cache_key=crud.cache_key(trace_id, budget, crud.SolveParams("heuristic", 5.0, 0.01)),
+        budget_bytes=budget,
+        budget_spec=str(budget),
+        solver="heuristic",
+        time_limit_s=5.0,
+        gap=0.01,
+        status=status,
+        attempts=attempts,
+        created_at=datetime.now(UTC),
         started_at=datetime.now(UTC) if status == JobStatus.RUNNING else None,
     )
 
@@ -38,8 +46,7 @@ def test_jobs_survive_a_restart(database_url: str, tmp_path) -> None:
     # was already interrupted once (max_attempts = 2 on this server).
     with Session(engine, expire_on_commit=False) as s:
         if s.get(TraceRow, (owner, tr.content_hash())) is None:
-            s.add(TraceRow(owner=owner, id=tr.content_hash(), model=tr.model, n_layers=tr.n,
-                           body=tr.model_dump_json()))
+            s.add(TraceRow(owner=owner, id=tr.content_hash(), model=tr.model, n_layers=tr.n, body=tr.model_dump_json()))
         queued = _job(owner, tr.content_hash(), b[0], JobStatus.QUEUED, 0)
         running = _job(owner, tr.content_hash(), b[1], JobStatus.RUNNING, 1)
         doomed = _job(owner, tr.content_hash(), b[2], JobStatus.RUNNING, 2)
@@ -78,8 +85,15 @@ def test_sigkill_mid_burst_loses_nothing(database_url: str, tmp_path) -> None:
     try:
         with srv.client() as c:
             for p in range(40, 100, 4):
-                r = c.post("/v1/schedules", json={"trace": tr.model_dump(mode="json"), "budget": f"{p}%",
-                                                  "solver": "heuristic", "time_limit_s": 5})
+                r = c.post(
+                    "/v1/schedules",
+                    json={
+                        "trace": tr.model_dump(mode="json"),
+                        "budget": f"{p}%",
+                        "solver": "heuristic",
+                        "time_limit_s": 5,
+                    },
+                )
                 assert r.status_code in (200, 202), r.text
                 ids.append(r.json()["id"])
             srv.stop(signal.SIGKILL)

@@ -36,5 +36,4 @@ def test_api_conforms_to_its_schema(case: schemathesis.Case, server: Server) -> 
     # ?wait is a real long-poll: a generated wait=3600 would hold the test for the server's max_wait_s.
     if case.query and "wait" in case.query:
         case.query["wait"] = 0
-    case.call_and_validate(base_url=server.url, headers={"Authorization": f"Bearer {KEY_A}"}, checks=checks,
-                           timeout=30)
+    case.call_and_validate(base_url=server.url, headers={"Authorization": f"Bearer {KEY_A}"}, checks=checks, timeout=30)

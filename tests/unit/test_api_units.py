@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from memsched.api import Settings, create_app, worker
-from memsched.api.crud import cache_key
+from memsched.api.crud import SolveParams, cache_key
 from memsched.api.db import make_engine
 from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
@@ -61,12 +61,19 @@ def test_owner_ids_hide_the_key() -> None:
 
 
 def test_cache_key_covers_budget_and_options() -> None:
-    base = cache_key("h", 100, "auto", 30.0, 0.01)
-    assert base == cache_key("h", 100, "auto", 30.0, 0.01)
-    others = {cache_key("h2", 100, "auto", 30.0, 0.01), cache_key("h", 101, "auto", 30.0, 0.01),
-              cache_key("h", 100, "cbc", 30.0, 0.01), cache_key("h", 100, "auto", 31.0, 0.01),
-              cache_key("h", 100, "auto", 30.0, 0.02)}
-    assert base not in others and len(others) == 5
+    p = SolveParams("auto", 30.0, 0.01)
+    base = cache_key("h", 100, p)
+    assert base == cache_key("h", 100, SolveParams("auto", 30.0, 0.01))
+    others = {
+        cache_key("h2", 100, p),
+        cache_key("h", 101, p),
+        cache_key("h", 100, SolveParams("cbc", 30.0, 0.01)),
+        cache_key("h", 100, SolveParams("auto", 31.0, 0.01)),
+        cache_key("h", 100, SolveParams("auto", 30.0, 0.02)),
+        cache_key("h", 100, SolveParams("auto", 30.0, 0.01, window=4)),
+        cache_key("h", 100, SolveParams("auto", 30.0, 0.01, max_segment=4)),
+    }
+    assert base not in others and len(others) == 7
 
 
 def test_database_urls_are_checked(tmp_path) -> None:
@@ -81,13 +88,15 @@ def test_database_urls_are_checked(tmp_path) -> None:
 
 # ------------------------------------------------------------------------------------------------ worker
 
+HEUR = SolveParams("heuristic", 5.0)
+
 
 def test_worker_solves_and_reports_infeasible() -> None:
     tr = synthetic_trace(4)
-    ok = worker.run_solve(tr.model_dump_json(), min_feasible_budget(tr) + 10, "heuristic", 5.0, 0.01, 5.0)
+    ok = worker.run_solve(tr.model_dump_json(), min_feasible_budget(tr) + 10, HEUR, 5.0)
     assert ok.error is None and ok.schedule_json is not None
     check_schedule(Schedule.model_validate_json(ok.schedule_json), tr)
-    bad = worker.run_solve(tr.model_dump_json(), min_feasible_budget(tr) - 1, "heuristic", 5.0, 0.01, 5.0)
+    bad = worker.run_solve(tr.model_dump_json(), min_feasible_budget(tr) - 1, HEUR, 5.0)
     assert bad.schedule_json is None and bad.min_feasible_bytes == min_feasible_budget(tr)
 
 
@@ -98,7 +107,7 @@ def test_worker_stops_a_solver_that_overruns_its_time_limit(monkeypatch) -> None
 
     monkeypatch.setattr(worker, "solve_trace", stuck)
     t0 = time.perf_counter()
-    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, "auto", 0.2, 0.01, 0.3)
+    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveParams("auto", 0.2), 0.3)
     assert time.perf_counter() - t0 < 5
     assert out.schedule_json is None and "ran past its time limit of 0.2 s" in (out.error or "")
 
@@ -108,7 +117,7 @@ def test_worker_turns_solver_crashes_into_reasons(monkeypatch) -> None:
         raise RuntimeError("backend exploded")
 
     monkeypatch.setattr(worker, "solve_trace", broken)
-    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, "auto", 1.0, 0.01, 1.0)
+    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveParams("auto", 1.0), 1.0)
     assert out.error == "solver error: RuntimeError: backend exploded"
 
 
@@ -140,8 +149,9 @@ def _client(handler) -> MemschedClient:  # type: ignore[no-untyped-def]
 
 def test_client_maps_errors() -> None:
     def infeasible(_req: httpx.Request) -> httpx.Response:
-        return httpx.Response(422, json={"detail": "budget: too small", "field": "budget",
-                                         "min_feasible_bytes": 123, "budget_bytes": 100})
+        return httpx.Response(
+            422, json={"detail": "budget: too small", "field": "budget", "min_feasible_bytes": 123, "budget_bytes": 100}
+        )
 
     with pytest.raises(InfeasibleBudgetError) as e:
         _client(infeasible).submit("a" * 64, 100)
@@ -210,8 +220,11 @@ def test_no_auth_mode_in_process(tmp_path) -> None:
         r = c.post("/v1/traces", json=tr.model_dump(mode="json"))
         assert r.status_code == 201
         assert c.get(f"/v1/traces/{r.json()['id']}").status_code == 200
-        job = c.post("/v1/schedules", params={"wait": 20},
-                     json={"trace_id": r.json()["id"], "budget": "60%", "solver": "heuristic"}).json()
+        job = c.post(
+            "/v1/schedules",
+            params={"wait": 20},
+            json={"trace_id": r.json()["id"], "budget": "60%", "solver": "heuristic"},
+        ).json()
         assert job["status"] == "done", job
         # The example in the OpenAPI docs is itself a valid request.
         example = create_app(settings).openapi()["components"]["schemas"]["ScheduleRequest"]["examples"][0]
