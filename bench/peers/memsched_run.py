@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 
 TRACE_STEPS = 2
 """Steps the tracer times (it runs 2 * steps + 1 after warm-up); the model is already warm when it is traced."""
-SOLVE_TIME_LIMIT_S = 60.0
 
 
 def _runtime() -> Any:
@@ -81,7 +80,7 @@ def prepare_memsched(spec: ModelSpec, fraction: float, no_offload: bool = False)
         tr = spec.cache.setdefault("memsched_trace_recompute_only", recompute_only(tr))
     budget = resolve_budget(f"{round(fraction * 100)}%", tr)
     t0 = time.perf_counter()
-    schedule = solve(tr, budget, SolveOptions(solver="auto", time_limit_s=SOLVE_TIME_LIMIT_S))
+    schedule = solve(tr, budget, SolveOptions(solver="auto", time_limit_s=spec.cache.get("solve_time_limit_s", 60.0)))
     solve_s = time.perf_counter() - t0
     key = "memsched_schedules_recompute_only" if no_offload else "memsched_schedules"
     spec.cache.setdefault(key, {})[fraction] = schedule

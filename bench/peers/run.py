@@ -42,6 +42,9 @@ class Settings:
     approaches: tuple[str, ...] = tuple(APPROACHES)
     device: str = "cpu"
     threads: int | None = None
+    solve_time_limit_s: float = 60.0
+    compile_reference: bool = False
+    """Also run torch.compile at budget 1.0, so its backend's own cost is separated from recomputation."""
     command: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -146,6 +149,7 @@ def run_model(s: Settings, out_dir: Path) -> Path:
     if s.threads:
         torch.set_num_threads(s.threads)
     spec = build(s.model, s.batch_size, s.size, device)
+    spec.cache["solve_time_limit_s"] = s.solve_time_limit_s
     rows: list[dict[str, Any]] = []
     keep = run_one(spec, "keep-all", None, device, s, None)
     if keep["status"] != "ok":
@@ -164,7 +168,13 @@ def run_model(s: Settings, out_dir: Path) -> Path:
         "n_blocks": len(spec.block_paths),
         "block_paths": [spec.block_paths[0], spec.block_paths[-1]],
         "params": sum(p.numel() for p in spec.model.parameters()),
-        "settings": {"steps": s.steps, "warmup": s.warmup, "budgets": list(s.budgets), "device": s.device},
+        "settings": {
+            "steps": s.steps,
+            "warmup": s.warmup,
+            "budgets": list(s.budgets),
+            "device": s.device,
+            "solve_time_limit_s": s.solve_time_limit_s,
+        },
         "command": s.command,
         "machine": machine_info(device),
         "keepall_peak_bytes": keep["peak_bytes"],
