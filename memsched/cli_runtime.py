@@ -105,26 +105,16 @@ def trace_cmd(
         _print_json({"path": str(path), "hash": tr.content_hash(), "trace": tr.model_dump(mode="json")})
         return
     t = Table(title=f"{tr.model}: batch {tr.batch_size}, seq {tr.seq_len}, {tr.dtype}, {tr.device.name}")
-    for col, just in (
-        ("layer", "left"),
-        ("kind", "left"),
-        ("forward", "right"),
-        ("backward", "right"),
-        ("saved", "right"),
-        ("tensors", "right"),
-        ("output", "right"),
-        ("deps", "left"),
-    ):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    t.add_column("layer", overflow="fold")
+    for col in ("forward", "backward", "saved", "tensors", "deps"):
+        t.add_column(col, justify="right", no_wrap=True)
     for layer in tr.layers:
         t.add_row(
             layer.name,
-            layer.kind,
             format_seconds(layer.forward_s),
             format_seconds(layer.backward_s),
             format_bytes(layer.saved_bytes),
             str(len(layer.tensors)),
-            format_bytes(layer.output_bytes),
             ",".join(map(str, layer.deps)),
         )
     out.print(t)

@@ -1,0 +1,154 @@
+"""Runtime pieces without a training loop: layer discovery, host pool, ledger, schedule/model mismatches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from memsched.errors import MemschedError, ScheduleMismatchError
+from memsched.runtime import HostBufferPool, SavedLedger, apply_schedule, find_layers, keep_all_schedule
+from memsched.schema import Action, LayerAction, OffloadPlan
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self, n: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.blocks = nn.ModuleList(Block() for _ in range(n))
+        self.head = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))  # mixed classes: not blocks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h).sum()
+
+
+def test_default_layers_are_the_repeated_blocks():
+    assert [n for n, _ in find_layers(Net())] == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_layer_patterns_override_and_errors_name_the_fix():
+    assert [n for n, _ in find_layers(Net(), [r"blocks\.[02]", "head"])] == ["blocks.0", "blocks.2", "head"]
+    with pytest.raises(MemschedError, match="no module name matches"):
+        find_layers(Net(), ["nothing"])
+    with pytest.raises(MemschedError, match="not a valid regular expression"):
+        find_layers(Net(), ["("])
+    with pytest.raises(MemschedError, match="found no repeated blocks"):
+        find_layers(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+
+
+def test_pool_reuses_exact_sizes():
+    pool = HostBufferPool(pin_memory=False)
+    a = pool.acquire(100)
+    b = pool.acquire(100)
+    pool.release(a)
+    c = pool.acquire(100)
+    assert c is a
+    pool.release(b)
+    pool.release(c)
+    s = pool.stats()
+    assert (s.allocated_bytes, s.allocated_buffers, s.in_use_buffers, s.reuses) == (200, 2, 0, 1)
+    pool.clear()
+    assert pool.stats().allocated_bytes == 0
+
+
+def test_ledger_counts_storages_once_until_they_die():
+    led = SavedLedger()
+    x = torch.zeros(10)  # 40 bytes
+    led.mark("F0")
+    led.note(x, 0)
+    led.note(x[2:], 0)  # a view: same storage
+    led.note(x.view(2, 5), 1)
+    assert led.live_bytes == 40
+    y = torch.zeros(5)
+    led.mark("F1")
+    led.note(y, 1)
+    del x
+    assert led.live_bytes == 20
+    led.mark("B1")
+    st = led.stats()
+    assert st.peak_bytes == 60 and st.stage_peak_bytes == {"F0": 40, "F1": 60, "B1": 20}
+    assert st.per_layer_bytes == {0: 40, 1: 20}
+
+
+def test_schedule_naming_a_missing_layer_is_rejected():
+    sched = keep_all_schedule(["blocks.0", "blocks.1", "blocks.7"])
+    with pytest.raises(ScheduleMismatchError, match=r"'blocks.7' is not a module .* repeated blocks are 3"):
+        apply_schedule(Net(), sched)
+
+
+def test_schedule_with_other_layer_patterns_is_rejected():
+    sched = keep_all_schedule(["blocks.0", "blocks.1"])
+    with pytest.raises(ScheduleMismatchError, match="are not the schedule's"):
+        apply_schedule(Net(), sched, layers=[r"blocks\.\d"])
+
+
+def test_schedule_for_another_trace_is_rejected():
+    from conftest import tiny_trace
+
+    tr = tiny_trace([1, 1, 1], [1, 1, 1], [10, 10, 10])
+    sched = keep_all_schedule(["blocks.0", "blocks.1", "blocks.2"])
+    with pytest.raises(ScheduleMismatchError, match="layer_names"):
+        apply_schedule(Net(), sched, trace=tr)
+    tr2 = tr.model_copy(
+        update={"layers": [x.model_copy(update={"name": f"blocks.{i}"}) for i, x in enumerate(tr.layers)]}
+    )
+    with pytest.raises(ScheduleMismatchError, match="trace_hash"):
+        apply_schedule(Net(), sched, trace=tr2)
+
+
+def test_nested_layers_and_double_application_are_rejected():
+    with pytest.raises(ScheduleMismatchError, match="nested"):
+        apply_schedule(Net(), keep_all_schedule(["blocks.0", "blocks.0.up"]))
+    net = Net()
+    with (
+        apply_schedule(net, keep_all_schedule(["blocks.0"])),
+        pytest.raises(ScheduleMismatchError, match="already applied"),
+    ):
+        apply_schedule(net, keep_all_schedule(["blocks.0"]))
+    apply_schedule(net, keep_all_schedule(["blocks.0"])).remove()  # fine again once removed
+
+
+def test_offload_stage_out_of_range_is_rejected():
+    sched = keep_all_schedule(["blocks.0", "blocks.1"])
+    sched.actions[1] = LayerAction(
+        layer="blocks.1",
+        action=Action.OFFLOAD,
+        offload=OffloadPlan(tensors=[0], bytes=1, done_by_layer=2, prefetch_at_layer=1),
+    )
+    with pytest.raises(ScheduleMismatchError, match=r"done_by_layer = 2 must be in \[1, 1\]"):
+        apply_schedule(Net(), sched)
+
+
+def test_custom_model_replays_with_identical_gradients():
+    torch.manual_seed(0)
+    net = Net()
+    x = torch.randn(5, 4)
+    net(x).backward()
+    ref = {n: p.grad.clone() for n, p in net.named_parameters()}
+    sched = keep_all_schedule([f"blocks.{i}" for i in range(3)])
+    sched.actions[1] = LayerAction(
+        layer="blocks.1",
+        action=Action.OFFLOAD,
+        offload=OffloadPlan(tensors=[0, 1], bytes=0, done_by_layer=1, prefetch_at_layer=2),
+    )
+    sched.actions[2] = LayerAction(layer="blocks.2", action=Action.RECOMPUTE)
+    net.zero_grad()
+    with apply_schedule(net, sched) as sm:
+        sm(x).backward()
+        assert sm.pool_stats().allocated_buffers == 2
+    for n, p in net.named_parameters():
+        assert torch.equal(p.grad, ref[n]), n
