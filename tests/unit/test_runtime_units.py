@@ -8,7 +8,7 @@ from torch import nn
 
 from memsched.errors import MemschedError, ScheduleMismatchError
 from memsched.runtime import HostBufferPool, SavedLedger, apply_schedule, find_layers, keep_all_schedule
-from memsched.schema import Action, LayerAction, OffloadPlan
+from memsched.schema import Action, Baseline, DeviceInfo, Layer, LayerAction, OffloadPlan, Trace
 
 
 class Block(nn.Module):
@@ -97,9 +97,13 @@ def test_schedule_with_other_layer_patterns_is_rejected():
 
 
 def test_schedule_for_another_trace_is_rejected():
-    from conftest import tiny_trace
-
-    tr = tiny_trace([1, 1, 1], [1, 1, 1], [10, 10, 10])
+    tr = Trace(
+        model="tiny",
+        batch_size=1,
+        device=DeviceInfo(name="cpu", memory_bytes=10**9, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9),
+        baseline=Baseline(step_s=1.0, peak_bytes=0),
+        layers=[Layer(name=f"layer{i}", forward_s=0.1, backward_s=0.2, saved_bytes=10) for i in range(3)],
+    )
     sched = keep_all_schedule(["blocks.0", "blocks.1", "blocks.2"])
     with pytest.raises(ScheduleMismatchError, match="layer_names"):
         apply_schedule(Net(), sched, trace=tr)
