@@ -108,18 +108,27 @@ class _MemoryStep:
         self.claims: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.producers: dict[int, tuple[int, weakref.ref[torch.UntypedStorage]]] = {}
         self.order: list[int] = []
-        self.ledger = SavedLedger()  # every saved tensor, in or outside layers: the CPU baseline peak
+        self.ledger = SavedLedger()  # saved tensors of the traced layers: the CPU baseline peak
+        self.outside: dict[int, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or storage_key(x) in self.static:
             return x
-        self.ledger.note(x, self.stack[-1] if self.stack else -1)
-        if not self.stack:
-            return x  # saved outside every traced layer: not a layer's (embeddings, head, loss)
         s = x.untyped_storage()
+        if not self.stack:
+            # Saved outside every traced layer (embeddings, head, loss): no schedule moves it, so it is
+            # counted with the static memory (StaticBytes.other), once per storage.
+            claim, hit = self.claims.get(id(s)), self.outside.get(id(s))
+            if (claim is None or claim() is not s) and (hit is None or hit[0]() is not s):
+                self.outside[id(s)] = (weakref.ref(s), storage_nbytes(x))
+            return x
+        self.ledger.note(x, self.stack[-1])
         ref = self.claims.get(id(s))
         if ref is not None and ref() is s:
             return x  # counted once, for the layer that saved it first
+        hit = self.outside.pop(id(s), None)
+        if hit is not None and hit[0]() is not s:
+            self.outside[id(s)] = hit  # another (dead) storage had this id: keep its entry
         self.claims[id(s)] = weakref.ref(s)
         self.stats[self.stack[-1]].saved.append(storage_nbytes(x))
         return x
@@ -231,7 +240,8 @@ def _dtype_name(model: nn.Module) -> str:
 
 
 def static_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> StaticBytes:
-    """Parameters, their gradients (dense training: one per trainable parameter), optimizer state, buffers."""
+    """Parameters, their gradients (dense training: one per trainable parameter), optimizer state, buffers.
+    (The tracer adds the tensors saved outside the traced layers to `other`.)"""
     seen: set[tuple[str, int]] = set()
     params = grads = 0
     for p in model.parameters():
@@ -318,6 +328,7 @@ def trace(
             f"layers: {missing[:3]} never ran during the step; check the layer patterns or the step function"
         )
     static = static_bytes(model, optimizer)
+    static.other += sum(nbytes for _, nbytes in mem.outside.values())
     pos = {orig: k for k, orig in enumerate(mem.order)}  # registration index -> forward index
     out_layers = []
     for orig in mem.order:
@@ -349,7 +360,8 @@ def trace(
         d2h_bytes_per_s=speed.d2h_bytes_per_s if speed else 1e10,
         copy_latency_s=speed.latency_s if speed else 0.0,
     )
-    # On the CPU there is no allocator peak: static memory plus the peak of live saved tensors stands in.
+    # On the CPU there is no allocator peak: static memory (with what is saved outside the layers) plus the
+    # peak of the layers' live saved tensors stands in.
     peak = cuda_peak if device.type == "cuda" else static.total + mem.ledger.stats().peak_bytes
     return Trace(
         model=model_id or type(model).__name__,
