@@ -226,5 +226,7 @@ def _kill(pool: ProcessPoolExecutor) -> None:
     procs = list(getattr(pool, "_processes", {}).values())
     for p in procs:
         if p.is_alive():
+            if p.pid is not None:
+                worker.kill_descendants(p.pid)  # the solver binaries it started, first
             p.kill()
     pool.shutdown(wait=False, cancel_futures=True)

@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     """Solver time limit when a request names none (clipped to max_time_limit_s)."""
     max_wait_s: float = Field(default=60.0, ge=0)
     """Ceiling on ?wait=SECONDS; larger waits are clipped to it."""
-    job_grace_s: float = Field(default=15.0, gt=0)
+    job_grace_s: float = Field(default=30.0, gt=0)
     """How far past its time limit a solve may run before its worker is killed and the job failed."""
     max_attempts: int = Field(default=2, ge=1)
     """A job interrupted (restart, worker crash) this many times is failed instead of re-queued."""

@@ -3,6 +3,7 @@ JSON text and gets JSON text back, so nothing depends on pickling pydantic model
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -43,6 +44,38 @@ def _alarm(_signum: int, _frame: FrameType | None) -> None:
     raise _Overrun
 
 
+def descendants(pid: int) -> list[int]:
+    """Process ids of pid's children, grandchildren, ... (Linux /proc; empty where there is none). Solver
+    backends run binaries as child processes (pulp's CBC), which must not outlive a stopped or killed job."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    children: dict[int, list[int]] = {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # Field 2 (the command) is parenthesised and may contain spaces: the parent id follows the last ')'.
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(d.name))
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            out.append(c)
+            stack.append(c)
+    return out
+
+
+def kill_descendants(pid: int) -> None:
+    for child in descendants(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
+
+
 def warm_up() -> int:
     """Import everything a solve needs, so the first real job does not pay for it."""
     return os.getpid()
@@ -70,6 +103,7 @@ def run_solve(
         schedule = solve_trace(trace, budget_bytes, options)
         return SolveOutcome(schedule.model_dump_json(), wall_s=time.perf_counter() - t0)
     except _Overrun:
+        kill_descendants(os.getpid())  # e.g. a CBC binary still running past its own -sec limit
         return SolveOutcome(
             None,
             f"the solver ran past its time limit of {time_limit_s:g} s by more than {overrun_s:g} s and was "

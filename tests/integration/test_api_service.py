@@ -52,7 +52,9 @@ def test_traces_are_idempotent_and_private(server: Server) -> None:
         assert tid == Trace.model_validate(body).content_hash()
         assert r1.headers["location"] == f"/v1/traces/{tid}"
         # Same trace, keys in another order: same id, 200.
-        r2 = a.post("/v1/traces", content=json.dumps(body, sort_keys=True), headers={"content-type": "application/json"})
+        r2 = a.post(
+            "/v1/traces", content=json.dumps(body, sort_keys=True), headers={"content-type": "application/json"}
+        )
         assert r2.status_code == 200 and r2.json()["id"] == tid
         got = a.get(f"/v1/traces/{tid}")
         assert got.status_code == 200
@@ -102,10 +104,31 @@ def test_schedule_job_lifecycle_and_cache(server: Server) -> None:
 def test_wait_returns_the_schedule(server: Server) -> None:
     tr = synthetic_trace(5, scale=5)
     with server.client() as c:
-        r = c.post("/v1/schedules", params={"wait": 20}, json={"trace": tr.model_dump(mode="json"), "budget": "70%", **HEUR})
+        r = c.post(
+            "/v1/schedules", params={"wait": 20}, json={"trace": tr.model_dump(mode="json"), "budget": "70%", **HEUR}
+        )
         assert r.status_code == 200, r.text
         assert r.json()["status"] == "done"
         check_schedule(Schedule.model_validate(r.json()["schedule"]), tr)
+
+
+def test_exact_solver_in_the_worker_pool(server: Server) -> None:
+    """The default solver (the ILP) runs in the worker processes and its answer is checked like any other."""
+    tr = synthetic_trace(6, scale=37)
+    with server.client() as c:
+        r = c.post(
+            "/v1/schedules",
+            params={"wait": 30},
+            json={"trace": tr.model_dump(mode="json"), "budget": "60%", "solver": "auto", "time_limit_s": 10},
+        )
+        assert r.status_code == 200, r.text
+        job = r.json()
+        assert job["status"] == "done", job
+    sc = Schedule.model_validate(job["schedule"])
+    check_schedule(sc, tr)
+    local = solve_trace(tr, "60%", SolveOptions(solver="heuristic"))
+    # Never worse than the heuristic (DESIGN.md): the service returns the optimizer's answer unchanged.
+    assert sc.prediction.overhead_s <= local.prediction.overhead_s + 1e-9
 
 
 def test_infeasible_budget_names_the_smallest_feasible(server: Server) -> None:
@@ -208,7 +231,9 @@ def test_plot_png(server: Server) -> None:
     pytest.importorskip("memsched.plot", reason="memsched.plot (the timeline plot) is not in this tree yet")
     tr = synthetic_trace(4, scale=11)
     with server.client() as c:
-        job = c.post("/v1/schedules", params={"wait": 20}, json={"trace": tr.model_dump(mode="json"), "budget": "60%", **HEUR}).json()
+        job = c.post(
+            "/v1/schedules", params={"wait": 20}, json={"trace": tr.model_dump(mode="json"), "budget": "60%", **HEUR}
+        ).json()
         assert job["status"] == "done"
         r = c.get(job["links"]["plot"], timeout=60)
         assert r.status_code == 200, r.text
@@ -254,8 +279,24 @@ def test_cli_solve_with_server(server: Server, tmp_path) -> None:
     src = tmp_path / "trace.json"
     src.write_text(tr.model_dump_json())
     out = tmp_path / "schedule.json"
-    cmd = [sys.executable, "-c", "from memsched.cli import main; main()", "solve", str(src), "--budget", "60%",
-           "--solver", "heuristic", "--time-limit", "5", "--server", server.url, "-o", str(out), "--json"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from memsched.cli import main; main()",
+        "solve",
+        str(src),
+        "--budget",
+        "60%",
+        "--solver",
+        "heuristic",
+        "--time-limit",
+        "5",
+        "--server",
+        server.url,
+        "-o",
+        str(out),
+        "--json",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**_env(), "MEMSCHED_API_KEY": KEY_A})
     assert r.returncode == 0, r.stderr
     check_schedule(Schedule.model_validate_json(out.read_text()), tr)
@@ -264,8 +305,13 @@ def test_cli_solve_with_server(server: Server, tmp_path) -> None:
         again = c.post("/v1/schedules", json={"trace": tr.model_dump(mode="json"), "budget": "60%", **HEUR})
         assert again.json()["cached"] is True
     # A server that is not there: exit 2 with one line naming the URL.
-    r = subprocess.run([*cmd[:-5], "--server", "http://127.0.0.1:9", "-o", str(out)], capture_output=True,
-                       text=True, timeout=60, env=_env())
+    r = subprocess.run(
+        [*cmd[:-5], "--server", "http://127.0.0.1:9", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
     assert r.returncode == 2 and "cannot reach http://127.0.0.1:9" in r.stderr
 
 
@@ -283,8 +329,17 @@ def test_no_5xx_in_server_log(server: Server) -> None:
 def test_openapi_is_complete(server: Server) -> None:
     spec = httpx.get(server.url + "/openapi.json").json()
     paths = spec["paths"]
-    for p in ("/v1/traces", "/v1/traces/{trace_id}", "/v1/schedules", "/v1/schedules/{job_id}",
-              "/v1/schedules/{job_id}/plot.png", "/v1/compare", "/healthz", "/readyz", "/metrics"):
+    for p in (
+        "/v1/traces",
+        "/v1/traces/{trace_id}",
+        "/v1/schedules",
+        "/v1/schedules/{job_id}",
+        "/v1/schedules/{job_id}/plot.png",
+        "/v1/compare",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ):
         assert p in paths, p
     req = spec["components"]["schemas"]["ScheduleRequest"]
     assert req.get("examples"), "ScheduleRequest has examples"

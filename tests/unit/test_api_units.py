@@ -229,3 +229,21 @@ def test_no_auth_mode_in_process(tmp_path) -> None:
         # The example in the OpenAPI docs is itself a valid request.
         example = create_app(settings).openapi()["components"]["schemas"]["ScheduleRequest"]["examples"][0]
         assert c.post("/v1/schedules", json=example).status_code in (200, 202)
+
+
+def test_worker_kills_solver_binaries_it_started_when_it_overruns(monkeypatch) -> None:
+    """A backend binary (like pulp's CBC) still running when the alarm fires must not outlive the job."""
+    import subprocess
+    import sys
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    def spawns_and_hangs(*_args: object) -> Schedule:
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        time.sleep(30)
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(worker, "solve_trace", spawns_and_hangs)
+    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveParams("auto", 0.2), 0.3)
+    assert "ran past its time limit" in (out.error or "")
+    assert started and started[0].wait(timeout=5) == -9  # killed, not left running
