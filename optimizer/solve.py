@@ -18,7 +18,8 @@ from memsched.errors import MemschedError, SolverError
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import check_budget_feasible
 from memsched.optimizer.heuristic import heuristic
-from memsched.optimizer.ilp.model import build_model, representable
+from memsched.optimizer.ilp.model import build_model
+from memsched.optimizer.ilp.warm import representable
 from memsched.optimizer.ilp.outcome import Found, Outcome
 from memsched.optimizer.plan import KEEP, Decision, make_schedule
 from memsched.optimizer.simulate import SimResult, simulate, stage_memory

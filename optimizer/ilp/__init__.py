@@ -1,6 +1,8 @@
 """The exact optimizer: one MILP (model.py), solved by PuLP (CBC, HiGHS) or OR-Tools CP-SAT."""
 
-from memsched.optimizer.ilp.model import MilpModel, build_model, decode, default_window, hint, representable
+from memsched.optimizer.ilp.model import MilpModel, build_model, default_window
 from memsched.optimizer.ilp.outcome import Found, Outcome
+from memsched.optimizer.ilp.warm import complete, decode, hint, representable
 
-__all__ = ["Found", "MilpModel", "Outcome", "build_model", "decode", "default_window", "hint", "representable"]
+__all__ = ["Found", "MilpModel", "Outcome", "build_model", "complete", "decode", "default_window", "hint",
+           "representable"]

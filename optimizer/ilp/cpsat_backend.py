@@ -17,7 +17,8 @@ from pathlib import Path
 from ortools.sat.python import cp_model
 
 from memsched.errors import SolverError
-from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel, decode, hint
+from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
+from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
 from memsched.optimizer.ilp.outcome import Found, Outcome
 from memsched.optimizer.plan import Decision
 
@@ -40,8 +41,8 @@ def _time_unit(m: MilpModel) -> float:
     return max(1e-9, horizon / 2**40)
 
 
-def to_cpsat(m: MilpModel) -> tuple[cp_model.CpModel, list[cp_model.IntVar], float, int]:
-    """The model on integers: (model, variables by index, seconds per time unit, bytes per byte unit)."""
+def to_cpsat(m: MilpModel) -> tuple[cp_model.CpModel, list[cp_model.IntVar], float, list[ScaledRow]]:
+    """The model on integers: (model, variables by index, seconds per time unit, the integer rows)."""
     tu = _time_unit(m)
     bu = _byte_unit(m)
     model = cp_model.CpModel()
@@ -65,6 +66,7 @@ def to_cpsat(m: MilpModel) -> tuple[cp_model.CpModel, list[cp_model.IntVar], flo
         else:
             raise AssertionError(v.kind)
     unit_var = [v.kind in (TIME, BYTES) for v in m.vars]
+    int_rows: list[ScaledRow] = []
     for row in m.rows:
         if row.unit == SECONDS:
             scale, rnd = 1.0 / tu, round
@@ -79,6 +81,7 @@ def to_cpsat(m: MilpModel) -> tuple[cp_model.CpModel, list[cp_model.IntVar], flo
             coef[j] = coef.get(j, 0) + (round(c) if unit_var[j] else round(c * scale))
         expr = sum(c * cols[j] for j, c in coef.items() if c)
         const = int(rnd(row.const * scale))
+        int_rows.append(({j: float(c) for j, c in coef.items()}, float(const)))
         if row.sense == ">=":
             ct = model.Add(expr + const >= 0)
         elif row.sense == "<=":
@@ -90,7 +93,7 @@ def to_cpsat(m: MilpModel) -> tuple[cp_model.CpModel, list[cp_model.IntVar], flo
             lit = cols[row.lit]
             ct.OnlyEnforceIf(lit if row.lit_value == 1 else lit.Not())
     model.Minimize(sum(round(c) * cols[j] for j, c in m.objective))
-    return model, cols, tu, bu
+    return model, cols, tu, int_rows
 
 
 def export_cpsat(m: MilpModel, path: Path) -> None:
@@ -104,11 +107,11 @@ def export_cpsat(m: MilpModel, path: Path) -> None:
 def solve_cpsat(
     m: MilpModel, time_limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None = None
 ) -> Outcome:
-    model, cols, tu, _ = to_cpsat(m)
+    model, cols, tu, rows = to_cpsat(m)
     if warm is not None:
-        # Greedy hint first, then search.
-        for j, val in hint(m, warm).items():
-            model.AddHint(cols[j], val)
+        # Greedy hint first (a complete one: continuous variables at their least values), then search.
+        for j, val in complete(m, hint(m, warm), rows, integral=True).items():
+            model.AddHint(cols[j], round(val))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit_s)
     solver.parameters.relative_gap_limit = float(gap)

@@ -120,14 +120,16 @@ def offload_candidates(trace: Trace) -> list[int]:
 
 
 def segments(trace: Trace, max_len: int) -> list[tuple[int, int]]:
-    """Candidate recompute segments [a, b] (b - a < max_len) that save something and end before the last
-    layer (a segment ending there is re-run at once and frees nothing in backward: never better)."""
+    """Candidate recompute segments [a, b] (b - a < max_len) ending before the last layer (a segment ending
+    there is re-run at once and frees nothing in backward: never better) at a layer that saves something."""
     n = trace.n
     sizes = [x.saved_bytes for x in trace.layers]
     out = []
     for a in range(n - 1):
         for b in range(a, min(a + max_len, n - 1)):
-            if any(sizes[a : b + 1]):
+            # A segment whose last layer saves nothing is dominated by the one without it (same bytes
+            # freed, less re-run time, earlier rematerialisation avoided, fewer outside inputs).
+            if sizes[b] > 0:
                 out.append((a, b))
     return out
 
@@ -225,6 +227,7 @@ def build_model(
     # selected segment starting at some a' <= a consumes it from outside (j < a'). Monotone in a. --------
     held_inc: dict[int, list[tuple[int, float]]] = {}  # a -> terms that start being held after layer a
     starts: dict[int, dict[int, list[int]]] = {}  # producer j -> segment start a -> segment variables
+    seg_end = {v: b for (_, b), v in m.seg.items()}
     for (a, b), v in m.seg.items():
         outside = {j for c in range(a, b + 1) for j in layers[c].deps if j < a}
         for j in outside:
@@ -234,8 +237,11 @@ def build_model(
         prev = -1
         for a in sorted(by_start):
             h = m.add_var(f"h_{j}_{a}", FRAC, 0, 1)
-            for v in by_start[a]:
-                m.add_row(Row(f"ckpt_needed_{j}_{a}_{v}", [(h, 1.0), (v, -1.0)], 0.0, ">=", ONE))
+            # Segments that contain layer a are mutually exclusive, so their *sum* bounds h (a max would
+            # be exact too, but the sum is what keeps the LP from sharing one checkpoint among fractions).
+            # Those starting at a' <= a, consuming j from outside, hold j at the stages after a.
+            covering_a = [v for a2, vs in by_start.items() if a2 <= a for v in vs if seg_end[v] >= a]
+            m.add_row(Row(f"ckpt_needed_{j}_{a}", [(h, 1.0)] + [(v, -1.0) for v in covering_a], 0.0, ">=", ONE))
             if prev >= 0:
                 m.add_row(Row(f"ckpt_monotone_{j}_{a}", [(h, 1.0), (prev, -1.0)], 0.0, ">=", ONE))
                 held_inc.setdefault(a, []).extend([(h, out), (prev, -out)])
@@ -328,6 +334,27 @@ def build_model(
             m.add_row(Row(f"wait_copy_{i}_{k}", [(cvar[k], 1.0), (gvar[i], -1.0)], 0.0, ">=", SECONDS,
                           lit=m.z[i][k], lit_value=1, big_m=big))
 
+    # ---- Valid inequalities (cuts): a copy that cannot hide behind the compute between its start and its
+    # deadline stalls by the difference. Implied at integral points, but local (no big-M), so the LP
+    # relaxation cannot make a fractional done-by / prefetch-at stage look free. dmin = the smallest
+    # possible copy of the layer (its smallest tensor), which keeps the cut valid under partial offload.
+    dmin = {i: min(copy_seconds(trace, layers[i].tensors[q], D2H) for q in positive_tensors(trace, i)) for i in off}
+    hmin = {i: min(copy_seconds(trace, layers[i].tensors[q], H2D) for q in positive_tensors(trace, i)) for i in off}
+    for i in off:
+        e = m.last_stage(i)
+        for k in range(i, e + 1):
+            # d_i <= k: c_k - c_{i-1} >= forward_i..k + (copy_i - forward_{i+1..k})^+.
+            short = dmin[i] - sum(fwd[i + 1 : k + 1])
+            if short > 0:
+                m.add_row(Row(f"cut_d2h_{i}_{k}", [(cvar[k], 1.0)] + ([(cvar[i - 1], -1.0)] if i else [])
+                              + [(m.z[i][k], -short)], -sum(fwd[i : k + 1]), ">=", SECONDS))
+    cut_b: list[tuple[int, int, float]] = []  # (i, k, shortfall) for the backward cuts, added below
+    for i in off:
+        for k in range(i, m.last_stage(i) + 1):
+            short = hmin[i] - sum(bwd[i + 1 : k + 1])
+            if short > 0:
+                cut_b.append((i, k, short))
+
     # ---- Time. Backward: b_k end of B_k; b_n = c_{n-1} + other; q_i end of layer i's prefetch (FIFO in
     # descending layer order, which the prefetch order makes the issue order). --------------------------
     bvar = [m.add_var(f"b_{k}", TIME, 0) for k in range(n + 1)]
@@ -364,6 +391,13 @@ def build_model(
             # b_k >= q_k + backward_k: the backward waits for its prefetch (harmless when kept: q_k <= b_{k+1}).
             m.add_row(Row(f"wait_prefetch_{k}", [(bvar[k], 1.0), (qvar[k], -1.0)], -bwd[k], ">=", SECONDS))
 
+    for i, k, short in cut_b:
+        # p_i <= k (offloaded, not ev[i][k+1]): b_i - b_{k+1} >= backward_i..k + (prefetch_i - backward_{i+1..k})^+.
+        terms = [(bvar[i], 1.0), (bvar[k + 1], -1.0), (m.o[i], -short)]
+        if k + 1 in m.ev[i]:
+            terms.append((m.ev[i][k + 1], short))
+        m.add_row(Row(f"cut_h2d_{i}_{k}", terms, -sum(bwd[i : k + 1]), ">=", SECONDS))
+
     # ---- Objective: end of step - keep-all step = stall + recompute seconds. ---------------------------
     # A variable of its own (not b_0 - constant) so that the solvers' relative gap is measured against
     # the overhead itself and not against the whole step time.
@@ -372,100 +406,3 @@ def build_model(
     m.add_row(Row("overhead_def", [(ovh, 1.0), (bvar[0], -1.0)], keepall_step_s(trace), "==", SECONDS))
     m.objective = [(ovh, 1.0)]
     return m
-
-
-def decode(m: MilpModel, value: list[float]) -> list[Decision]:
-    """Read decisions (with done-by and prefetch-at) from a solution vector (index = variable index)."""
-    trace = m.trace
-
-    def on(v: int) -> bool:
-        return value[v] > 0.5
-
-    out: list[Decision] = [KEEP] * trace.n
-    for (a, b), v in m.seg.items():
-        if on(v):
-            for i in range(a, b + 1):
-                out[i] = recompute(group=a)
-    for i, ov in m.o.items():
-        if not on(ov):
-            continue
-        tensors = (m.single[i],) if i in m.single else tuple(q for q, v in m.y[i] if on(v))
-        e = m.last_stage(i)
-        d = next(k for k in range(i, e + 1) if on(m.z[i][k]))
-        p = i + sum(1 for v in m.ev[i].values() if on(v))
-        out[i] = offload_subset(trace, i, tensors, done_by=d, prefetch_at=p)
-    return out
-
-
-def segments_of(decisions: list[Decision]) -> list[tuple[int, int]]:
-    """The recompute segments [a, b] of a decision list."""
-    out: list[tuple[int, int]] = []
-    i = 0
-    while i < len(decisions):
-        if decisions[i].action == Action.RECOMPUTE:
-            a = group_start(decisions, i)
-            b = i
-            while b + 1 < len(decisions) and decisions[b + 1].action == Action.RECOMPUTE and \
-                    group_start(decisions, b + 1) == a:
-                b += 1
-            out.append((a, b))
-            i = b + 1
-        else:
-            i += 1
-    return out
-
-
-def hint(m: MilpModel, decisions: list[Decision]) -> dict[int, int]:
-    """Values of the binaries that encode `decisions` (representable: see `representable`)."""
-    vals: dict[int, int] = dict.fromkeys(m.seg.values(), 0)
-    for ab in segments_of(decisions):
-        vals[m.seg[ab]] = 1
-    prev_p = -1
-    for i in sorted(m.o):
-        d = decisions[i]
-        is_off = d.action == Action.OFFLOAD
-        vals[m.o[i]] = int(is_off)
-        if i in m.y:
-            for q, v in m.y[i]:
-                vals[v] = int(is_off and q in d.offload_tensors)
-        e = m.last_stage(i)
-        for k in range(i, e):
-            vals[m.z[i][k]] = int(is_off and d.done_by <= k)
-        # Kept layers take the smallest virtual prefetch stage that keeps the order chain.
-        p = d.prefetch_at if is_off else max(i, prev_p)
-        prev_p = p
-        for k, v in m.ev[i].items():
-            vals[v] = int(p >= k)
-    return vals
-
-
-def representable(m: MilpModel, decisions: list[Decision]) -> list[Decision] | None:
-    """`decisions` in the model's terms: offload timing pulled into the window (an earlier done-by or a
-    later prefetch only lowers memory), empty tensors dropped; None if a recompute segment is not one of
-    the model's candidates or a layer outside the offload candidates is offloaded."""
-    trace = m.trace
-    for ab in segments_of(decisions):
-        if ab not in m.seg:
-            return None
-    out: list[Decision] = []
-    for i, d in enumerate(decisions):
-        if d.action != Action.OFFLOAD:
-            out.append(d)
-            continue
-        tensors = tuple(q for q in d.offload_tensors if trace.layers[i].tensors[q] > 0)
-        if not tensors:
-            out.append(KEEP)
-            continue
-        if i not in m.o or d.done_by < 0 or d.prefetch_at < 0:
-            return None
-        e = m.last_stage(i)
-        out.append(offload_subset(trace, i, tensors, done_by=min(d.done_by, e), prefetch_at=min(d.prefetch_at, e)))
-    # Clipping can break the prefetch order; restore it by lowering (never raising) prefetch stages.
-    cap = trace.n
-    for i in range(len(out) - 1, -1, -1):
-        d = out[i]
-        if d.action == Action.OFFLOAD:
-            if d.prefetch_at > cap:
-                out[i] = offload_subset(trace, i, d.offload_tensors, done_by=d.done_by, prefetch_at=cap)
-            cap = out[i].prefetch_at
-    return out

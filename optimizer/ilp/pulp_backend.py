@@ -19,7 +19,8 @@ from typing import Any
 import pulp
 
 from memsched.errors import SolverError
-from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel, decode, hint
+from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
+from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
 from memsched.optimizer.ilp.outcome import Found, Outcome
 from memsched.optimizer.plan import Decision
 
@@ -34,8 +35,22 @@ def _row_scale(unit: str) -> float:
     return TIME_SCALE if unit == SECONDS else BYTE_SCALE if unit == BYTE_UNIT else 1.0
 
 
-def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
-    """The model as a PuLP problem (indicators as big-M rows) and its variables, by model index."""
+def scaled_rows(m: MilpModel) -> list[ScaledRow]:
+    """Every row scaled to ms / MiB (indicator and big-M not applied)."""
+    scaled = [v.kind in (BIN, FRAC) for v in m.vars]
+    out: list[ScaledRow] = []
+    for row in m.rows:
+        s = _row_scale(row.unit)
+        coef: dict[int, float] = {}
+        for j, c in row.terms:  # a variable may occur twice (latency and bytes of a one-tensor copy)
+            coef[j] = coef.get(j, 0.0) + (c * s if scaled[j] else c)
+        out.append((coef, row.const * s))
+    return out
+
+
+def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable], list[ScaledRow]]:
+    """The model as a PuLP problem (indicators as big-M rows), its variables by model index, and the
+    scaled rows."""
     prob = pulp.LpProblem("memsched", pulp.LpMinimize)
     cols: list[pulp.LpVariable] = []
     for v in m.vars:
@@ -47,15 +62,11 @@ def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
             lb, ub = lb * BYTE_SCALE, None if ub is None else ub * BYTE_SCALE
         cols.append(pulp.LpVariable(v.name, lowBound=lb if cat != pulp.LpBinary else None,
                                     upBound=ub if cat != pulp.LpBinary else None, cat=cat))
-    scaled = [v.kind in (BIN, FRAC) for v in m.vars]
-    for row in m.rows:
-        s = _row_scale(row.unit)
-        coef: dict[int, float] = {}
-        for j, c in row.terms:  # a variable may occur twice (latency and bytes of a one-tensor copy)
-            coef[j] = coef.get(j, 0.0) + (c * s if scaled[j] else c)
-        const = row.const * s
+    rows = scaled_rows(m)
+    for row, (base, const) in zip(m.rows, rows, strict=True):
+        coef = dict(base)
         if row.lit >= 0:
-            big = row.big_m * s
+            big = row.big_m * _row_scale(row.unit)
             if row.lit_value == 1:  # holds when lit = 1: expr + M (1 - lit) >= 0
                 coef[row.lit] = coef.get(row.lit, 0.0) - big
                 const += big
@@ -64,7 +75,7 @@ def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
         expr = pulp.LpAffineExpression([(cols[j], c) for j, c in coef.items() if c != 0.0], constant=const)
         prob += pulp.LpConstraint(expr, _SENSE[row.sense], name=row.name)
     prob += pulp.LpAffineExpression([(cols[j], c) for j, c in m.objective])
-    return prob, cols
+    return prob, cols, rows
 
 
 def _values(m: MilpModel, cols: list[pulp.LpVariable]) -> list[float]:
@@ -73,7 +84,7 @@ def _values(m: MilpModel, cols: list[pulp.LpVariable]) -> list[float]:
 
 def export_pulp(m: MilpModel, path: Path) -> None:
     """Write the model as MPS (suffix .mps) or CPLEX LP (anything else)."""
-    prob, _ = to_pulp(m)
+    prob, _, _ = to_pulp(m)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix.lower() == ".mps":
         prob.writeMPS(str(path))
@@ -100,14 +111,21 @@ def _seconds(scaled: float | None, m: MilpModel) -> float | None:
 class _HighsWithStart(pulp.HiGHS):  # type: ignore[misc,name-defined]
     """PuLP's HiGHS API with a MIP start: PuLP passes none to highspy itself."""
 
-    def __init__(self, start: dict[int, float], **kw: Any) -> None:
+    def __init__(self, start: dict[str, float], **kw: Any) -> None:
         super().__init__(**kw)
         self._start = start
 
     def callSolver(self, lp: pulp.LpProblem) -> None:
         if self._start:
-            idx = sorted(self._start)
-            lp.solverModel.setSolution(len(idx), idx, [self._start[i] for i in idx])
+            import highspy
+
+            # PuLP numbered the columns in lp.variables() order when it built the highspy model.
+            sol = highspy.HighsSolution()
+            sol.col_value = [float(self._start.get(v.name, 0.0)) for v in lp.variables()]
+            sol.value_valid = True
+            status = lp.solverModel.setSolution(sol)
+            if status != highspy.HighsStatus.kOk:
+                log.warning("highs rejected the warm start (%s)", status)
         lp.solverModel.run()
 
 
@@ -120,8 +138,9 @@ def solve_pulp(
     threads: int | None = None,
 ) -> Outcome:
     """Solve with 'cbc' or 'highs'. Raises SolverError when the solver itself fails."""
-    prob, cols = to_pulp(m)
-    start = hint(m, warm) if warm is not None else {}
+    prob, cols, rows = to_pulp(m)
+    # Greedy hint: the binaries of the warm schedule, every other variable at its least value (complete).
+    start = complete(m, hint(m, warm), rows, integral=False) if warm is not None else {}
     for j, val in start.items():
         cols[j].setInitialValue(val)
     t0 = time.perf_counter()
@@ -149,7 +168,8 @@ def solve_pulp(
         opts: dict[str, Any] = {}
         if threads is not None:
             opts["threads"] = threads
-        solver = _HighsWithStart(start, msg=False, timeLimit=time_limit_s, gapRel=gap, **opts)
+        by_name = {cols[j].name: v for j, v in start.items()}
+        solver = _HighsWithStart(by_name, msg=False, timeLimit=time_limit_s, gapRel=gap, **opts)
         try:
             prob.solve(solver)
         except pulp.PulpSolverError as exc:
