@@ -58,9 +58,3 @@ class Copier:
         """Make the current (compute) stream wait for one copy; a no-op for synchronous copies."""
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
-
-    @staticmethod
-    def host_sync(event: Any) -> None:
-        """Block the host until a copy is done (before a host buffer goes back to the pool)."""
-        if event is not None:
-            event.synchronize()

@@ -98,14 +98,20 @@ class OffloadRecord:
             if self._handles > 0 or self.finished:
                 return
             self.finished = True
-            # No copy may still touch the host buffer when it goes back to the pool.
-            Copier.host_sync(self._d2h)
-            Copier.host_sync(self._h2d)
+            # Device memory a side stream may still touch (an offload never released, a prefetch never
+            # unpacked: the graph was dropped) goes back to the allocator only after the compute stream waits.
+            if self._device is not None:
+                self._copier.wait(self._d2h)
+            if self._prefetched is not None:
+                self._copier.wait(self._h2d)
             host, self._host = self._host, None
             self._device = None
             self._prefetched = None
+            # The last copy touching the host buffer: the prefetch if there was one, else the offload. The pool
+            # reuses the buffer only after it (without blocking here, inside backward).
+            last = self._h2d if self._h2d is not None else self._d2h
         if host is not None:
-            self._pool.release(host)
+            self._pool.release(host, last)
 
 
 class _Handle:

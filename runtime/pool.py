@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,6 +36,9 @@ class HostBufferPool:
     def __init__(self, pin_memory: bool) -> None:
         self.pin_memory = pin_memory
         self._free: dict[int, list[torch.Tensor]] = {}
+        # Buffers given back while a copy may still read or write them (CUDA), with that copy's event.
+        # Returning them without blocking keeps the host from waiting on the GPU inside backward.
+        self._pending: list[tuple[torch.Tensor, Any]] = []
         self._lock = threading.Lock()
         self._allocated_bytes = 0
         self._allocated_buffers = 0
@@ -45,6 +49,7 @@ class HostBufferPool:
     def acquire(self, nbytes: int) -> torch.Tensor:
         """A host buffer of exactly nbytes (uint8, 1-D)."""
         with self._lock:
+            self._sweep(block_for=nbytes)
             free = self._free.get(nbytes)
             if free:
                 buf = free.pop()
@@ -57,18 +62,45 @@ class HostBufferPool:
             self._in_use_buffers += 1
             return buf
 
-    def release(self, buf: torch.Tensor) -> None:
-        """Give a buffer back. The caller guarantees no copy into or out of it is still in flight."""
+    def release(self, buf: torch.Tensor, event: Any = None) -> None:
+        """Give a buffer back; `event` (a CUDA event) marks the end of the last copy that uses it, and the
+        buffer is reused only once that event has completed."""
         nbytes = buf.numel()
         with self._lock:
-            self._free.setdefault(nbytes, []).append(buf)
+            if event is not None and not event.query():
+                self._pending.append((buf, event))
+            else:
+                self._free.setdefault(nbytes, []).append(buf)
             self._in_use_bytes -= nbytes
             self._in_use_buffers -= 1
             assert self._in_use_buffers >= 0, "a host buffer was released twice"
 
+    def _sweep(self, block_for: int | None = None) -> None:
+        """Move pending buffers whose copies are done to the free lists. If none of size `block_for` is free
+        but one is pending, wait for the oldest such copy rather than allocating: the pool never grows
+        because the GPU is behind."""
+        still = []
+        for buf, ev in self._pending:
+            if ev.query():
+                self._free.setdefault(buf.numel(), []).append(buf)
+            else:
+                still.append((buf, ev))
+        self._pending = still
+        if block_for is not None and not self._free.get(block_for):
+            for k, (buf, ev) in enumerate(self._pending):
+                if buf.numel() == block_for:
+                    ev.synchronize()
+                    del self._pending[k]
+                    self._free.setdefault(block_for, []).append(buf)
+                    break
+
     def clear(self) -> None:
         """Drop the free buffers (those lent out stay with their holders)."""
         with self._lock:
+            for buf, ev in self._pending:
+                ev.synchronize()
+                self._free.setdefault(buf.numel(), []).append(buf)
+            self._pending.clear()
             for bufs in self._free.values():
                 for b in bufs:
                     self._allocated_bytes -= b.numel()
