@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 
@@ -34,6 +36,10 @@ async def compare(req: CompareRequest, db: DatabaseDep, owner: OwnerDep, setting
             raise ApiError(422, str(e), "budget") from None
         except ArithmeticError as e:
             raise ApiError(422, f"cannot compute with this trace ({e}); check the trace's numbers", "trace") from None
+        if not all(math.isfinite(r.step_s) and math.isfinite(r.overhead_pct) for r in c.rows):
+            raise ApiError(
+                422, "the predicted step times overflow for this trace; check its units (seconds, bytes)", "trace"
+            )
         return CompareOut(
             trace_id=row.id,
             budget_bytes=c.budget_bytes,

@@ -192,7 +192,7 @@ def test_other_bad_inputs(server: Server) -> None:
         assert r.status_code == 422 and r.json()["field"] == "layers[0].forward_s"
         # Over the layer limit (40 on this server).
         r = c.post("/v1/traces", json=trace_json(41))
-        assert r.status_code == 422 and r.json()["field"] == "body.layers" and "41 layers" in r.json()["detail"]
+        assert r.status_code == 422 and r.json()["field"] == "layers" and "41 layers" in r.json()["detail"]
         r = c.post("/v1/schedules", json={"trace": trace_json(41), "budget": "50%"})
         assert r.status_code == 422 and r.json()["field"] == "trace.layers"
         # Over the body limit (512 KiB on this server), declared and chunked.
@@ -210,6 +210,32 @@ def test_other_bad_inputs(server: Server) -> None:
         r = c.get("/v1/nothing")
         assert r.status_code == 404 and "detail" in r.json()
         assert c.delete("/v1/traces").status_code == 405
+
+
+def _absurd(kind: str) -> dict:
+    t = trace_json(3, scale=41)
+    if kind == "times":
+        for layer in t["layers"]:
+            layer["forward_s"] = layer["backward_s"] = 1e308
+    elif kind == "bandwidth":
+        t["device"]["h2d_bytes_per_s"] = t["device"]["d2h_bytes_per_s"] = 1e-300
+    else:
+        t["device"]["copy_latency_s"] = 1e307
+    return t
+
+
+@pytest.mark.parametrize(("kind", "field"), [("times", "layers"), ("bandwidth", "device"), ("latency", "device")])
+def test_traces_whose_numbers_overflow_are_refused(server: Server, kind: str, field: str) -> None:
+    """Valid by the schema, but no step time can be computed: a 4xx naming the part, never a 500 or a failed job."""
+    with server.client() as c:
+        for path, body, where in (
+            ("/v1/traces", _absurd(kind), field),
+            ("/v1/schedules", {"trace": _absurd(kind), "budget": "70%"}, f"trace.{field}"),
+            ("/v1/compare", {"trace": _absurd(kind), "budget": "70%"}, f"trace.{field}"),
+        ):
+            r = c.post(path, json=body)
+            assert r.status_code == 422, r.text
+            assert r.json()["field"] == where and "check the units" in r.json()["detail"]
 
 
 def test_compare(server: Server) -> None:
