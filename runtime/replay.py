@@ -324,7 +324,7 @@ class ScheduledModel:
                 p.records.setdefault(i, []).append(rec)
                 p.offloaded_bytes[i] += rec.nbytes
                 return rec.handle(x)
-            return x
+            return _keep(x)
 
         return pack
 
@@ -397,6 +397,13 @@ class ScheduledModel:
         for j in self.plan.prefetch_at.get(i, ()):
             for rec in p.records.get(j, ()):
                 rec.prefetch()
+
+
+def _keep(x: torch.Tensor) -> torch.Tensor:
+    """What a pack hook stores for a kept tensor: the tensor, detached. Storing the tensor itself would tie
+    an output to its own grad_fn (node -> packed tensor -> node), a cycle that keeps the whole graph alive
+    if backward never runs (an exception between forward and backward)."""
+    return x.detach() if x.grad_fn is not None else x
 
 
 def _unpack(x: Any) -> torch.Tensor:

@@ -112,8 +112,12 @@ class _MemoryStep:
         self.outside: dict[int, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or storage_key(x) in self.static:
-            return x
+        if isinstance(x, torch.Tensor) and storage_key(x) not in self.static:
+            self._note(x)
+        # Detached: the packed tensor must not point back at its own grad_fn (see replay._keep).
+        return x.detach() if isinstance(x, torch.Tensor) and x.grad_fn is not None else x
+
+    def _note(self, x: torch.Tensor) -> None:
         s = x.untyped_storage()
         if not self.stack:
             # Saved outside every traced layer (embeddings, head, loss): no schedule moves it, so it is
@@ -121,17 +125,16 @@ class _MemoryStep:
             claim, hit = self.claims.get(id(s)), self.outside.get(id(s))
             if (claim is None or claim() is not s) and (hit is None or hit[0]() is not s):
                 self.outside[id(s)] = (weakref.ref(s), storage_nbytes(x))
-            return x
+            return
         self.ledger.note(x, self.stack[-1])
         ref = self.claims.get(id(s))
         if ref is not None and ref() is s:
-            return x  # counted once, for the layer that saved it first
+            return  # counted once, for the layer that saved it first
         hit = self.outside.pop(id(s), None)
         if hit is not None and hit[0]() is not s:
             self.outside[id(s)] = hit  # another (dead) storage had this id: keep its entry
         self.claims[id(s)] = weakref.ref(s)
         self.stats[self.stack[-1]].saved.append(storage_nbytes(x))
-        return x
 
     def wrap(self, i: int, orig: Callable[..., Any]) -> Callable[..., Any]:
         st = self.stats[i]

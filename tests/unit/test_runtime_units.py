@@ -156,3 +156,45 @@ def test_custom_model_replays_with_identical_gradients():
         assert sm.pool_stats().allocated_buffers == 2
     for n, p in net.named_parameters():
         assert torch.equal(p.grad, ref[n]), n
+
+
+class _FakeEvent:
+    """A CUDA-event stand-in: done once `done` is set; synchronize() completes it."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def test_pool_holds_buffers_until_their_copy_is_done():
+    pool = HostBufferPool(pin_memory=False)
+    a = pool.acquire(64)
+    ev = _FakeEvent()
+    pool.release(a, ev)  # the copy is still in flight: not reusable yet, but not lent out either
+    assert pool.stats().in_use_buffers == 0
+    b = pool.acquire(32)  # another size: a new buffer, and `a` stays pending
+    assert b is not a and not ev.done
+    c = pool.acquire(64)  # same size: waits for a's copy rather than growing the pool
+    assert c is a and ev.done
+    assert pool.stats().allocated_buffers == 2
+
+
+def test_dropping_the_graph_without_backward_returns_every_buffer():
+    torch.manual_seed(0)
+    net = Net()
+    sched = keep_all_schedule([f"blocks.{i}" for i in range(3)])
+    sched.actions[0] = LayerAction(
+        layer="blocks.0",
+        action=Action.OFFLOAD,
+        offload=OffloadPlan(tensors=[0, 1, 2], bytes=0, done_by_layer=0, prefetch_at_layer=0),
+    )
+    with apply_schedule(net, sched) as sm:
+        loss = sm(torch.randn(5, 4))
+        assert sm.pool_stats().in_use_buffers == 3
+        del loss  # e.g. an exception between forward and backward
+        assert sm.pool_stats().in_use_buffers == 0
