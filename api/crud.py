@@ -13,18 +13,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from memsched.api.models import JobRow, JobStatus, TraceRow, utcnow
+from memsched.api.worker import SolveParams
 from memsched.schema import Trace
-
-
-@dataclass(frozen=True)
-class SolveParams:
-    """The solve options a job carries (memsched.optimizer.solve.SolveOptions minus local-only ones)."""
-
-    solver: str = "auto"
-    time_limit_s: float = 30.0
-    gap: float = 0.01
-    window: int | None = None
-    max_segment: int | None = None
 
 
 def cache_key(trace_hash: str, budget_bytes: int, params: SolveParams) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import multiprocessing
 from collections.abc import Callable
@@ -76,17 +75,14 @@ class JobRunner:
         start: a shutdown never loses them."""
         if self._dispatcher is not None:
             self._dispatcher.cancel()
-        busy = bool(self._running)
         for t in list(self._running):
             t.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
         for pool in (self._pool, self._plot_pool):
-            if pool is None:
-                continue
-            if busy or pool is self._plot_pool:
-                _kill(pool)  # do not wait for a long solve: its job is re-queued at the next start
-            else:
-                await to_thread.run_sync(functools.partial(pool.shutdown, wait=True, cancel_futures=True))
+            # Kill, not wait: a long solve would hold up the shutdown, and its job is re-queued at the next
+            # start anyway; idle workers lose nothing.
+            if pool is not None:
+                _kill(pool)
         self._pool = self._plot_pool = None
 
     # ---------------------------------------------------------------- API used by routes

@@ -13,13 +13,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from memsched.api.crud import SolveParams
 from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.solve import SolveOptions
 from memsched.schema import Trace
 from memsched.service import solve_trace
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SolveParams:
+    """The solve options a job carries (memsched.optimizer.solve.SolveOptions minus local-only ones)."""
+
+    solver: str = "auto"
+    time_limit_s: float = 30.0
+    gap: float = 0.01
+    window: int | None = None
+    max_segment: int | None = None
 
 
 @dataclass(frozen=True)
