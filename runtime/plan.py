@@ -75,6 +75,24 @@ def _resolve_modules(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
     return out
 
 
+def _check_count(model: nn.Module, names: Sequence[str]) -> None:
+    """A schedule over the default blocks must cover all of them (one made for a shallower model would
+    otherwise leave the extra blocks silently unscheduled). Schedules over other layers (made with patterns)
+    are not comparable to the default blocks and are not checked here."""
+    try:
+        blocks = [n for n, _ in find_layers(model)]
+    except ValueError:
+        return
+    prefix = "module." if blocks and blocks[0].startswith("module.") else ""
+    blocks = [b.removeprefix(prefix) for b in blocks]
+    if set(names) <= set(blocks) and len(names) != len(blocks):
+        missing = [b for b in blocks if b not in set(names)]
+        raise ScheduleMismatchError(
+            f"schedule has {len(names)} layers but this {type(model).__name__} has {len(blocks)} repeated blocks "
+            f"(not scheduled: {missing[:3]}{'...' if len(missing) > 3 else ''}); trace and solve this model again"
+        )
+
+
 def build_plan(
     model: nn.Module,
     schedule: Schedule,
@@ -92,6 +110,8 @@ def build_plan(
                 f"schedule's ({len(schedule.layer_names)}: {schedule.layer_names[:3]}...); solve for this model"
             )
     modules = _resolve_modules(model, schedule.layer_names)
+    if not layer_patterns:
+        _check_count(model, schedule.layer_names)
     ancestors = {name for name in schedule.layer_names}
     for name in schedule.layer_names:
         parts = name.split(".")

@@ -36,6 +36,9 @@ class Net(nn.Module):
         return self.head(h).sum()
 
 
+BLOCKS = ["blocks.0", "blocks.1", "blocks.2"]
+
+
 def test_default_layers_are_the_repeated_blocks():
     assert [n for n, _ in find_layers(Net())] == ["blocks.0", "blocks.1", "blocks.2"]
 
@@ -119,21 +122,21 @@ def test_nested_layers_and_double_application_are_rejected():
         apply_schedule(Net(), keep_all_schedule(["blocks.0", "blocks.0.up"]))
     net = Net()
     with (
-        apply_schedule(net, keep_all_schedule(["blocks.0"])),
+        apply_schedule(net, keep_all_schedule(BLOCKS)),
         pytest.raises(ScheduleMismatchError, match="already applied"),
     ):
-        apply_schedule(net, keep_all_schedule(["blocks.0"]))
-    apply_schedule(net, keep_all_schedule(["blocks.0"])).remove()  # fine again once removed
+        apply_schedule(net, keep_all_schedule(BLOCKS))
+    apply_schedule(net, keep_all_schedule(BLOCKS)).remove()  # fine again once removed
 
 
 def test_offload_stage_out_of_range_is_rejected():
-    sched = keep_all_schedule(["blocks.0", "blocks.1"])
+    sched = keep_all_schedule(BLOCKS)
     sched.actions[1] = LayerAction(
         layer="blocks.1",
         action=Action.OFFLOAD,
-        offload=OffloadPlan(tensors=[0], bytes=1, done_by_layer=2, prefetch_at_layer=1),
+        offload=OffloadPlan(tensors=[0], bytes=1, done_by_layer=3, prefetch_at_layer=1),
     )
-    with pytest.raises(ScheduleMismatchError, match=r"done_by_layer = 2 must be in \[1, 1\]"):
+    with pytest.raises(ScheduleMismatchError, match=r"done_by_layer = 3 must be in \[1, 2\]"):
         apply_schedule(Net(), sched)
 
 
@@ -198,3 +201,8 @@ def test_dropping_the_graph_without_backward_returns_every_buffer():
         assert sm.pool_stats().in_use_buffers == 3
         del loss  # e.g. an exception between forward and backward
         assert sm.pool_stats().in_use_buffers == 0
+
+
+def test_schedule_for_fewer_blocks_than_the_model_is_rejected():
+    with pytest.raises(ScheduleMismatchError, match=r"schedule has 2 layers but this Net has 3 repeated blocks"):
+        apply_schedule(Net(), keep_all_schedule(["blocks.0", "blocks.1"]))
