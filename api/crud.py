@@ -23,13 +23,23 @@ def cache_key(trace_hash: str, budget_bytes: int, params: SolveParams) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def text(value: str | None, limit: int | None = None) -> str | None:
+    """A string as a text column can hold it: PostgreSQL refuses NUL characters, which JSON allows."""
+    if value is None:
+        return None
+    value = value.replace("\x00", "\\0")
+    return value[:limit] if limit else value
+
+
 def store_trace(s: Session, owner: str, trace: Trace) -> tuple[TraceRow, bool]:
     """Store a trace under its content hash; (row, created). Storing it again is a no-op."""
     tid = trace.content_hash()
     row = s.get(TraceRow, (owner, tid))
     if row is not None:
         return row, False
-    row = TraceRow(owner=owner, id=tid, model=trace.model[:256], n_layers=trace.n, body=trace.model_dump_json())
+    row = TraceRow(
+        owner=owner, id=tid, model=text(trace.model, 256) or "", n_layers=trace.n, body=trace.model_dump_json()
+    )
     s.add(row)
     try:
         s.commit()
@@ -96,7 +106,7 @@ def submit_job(
                 return Submission(existing, False)
             # A failure (time limit, crashed worker) may not repeat: asking again retries it.
             existing.status = JobStatus.QUEUED
-            existing.reason = f"resubmitted after failure: {existing.reason}"
+            existing.reason = text(f"resubmitted after failure: {existing.reason}", 4000)
             existing.attempts = 0
             existing.started_at = existing.finished_at = None
             s.commit()
@@ -110,7 +120,7 @@ def submit_job(
             trace_id=trace_row.id,
             cache_key=key,
             budget_bytes=budget_bytes,
-            budget_spec=budget_spec[:64],
+            budget_spec=text(budget_spec, 64) or "",
             solver=params.solver,
             time_limit_s=params.time_limit_s,
             gap=params.gap,
@@ -189,7 +199,7 @@ def finish_job(
     row.status = JobStatus.DONE if schedule_json is not None else JobStatus.FAILED
     row.schedule = schedule_json
     # On success keep any earlier note (re-queued after a restart): it explains attempts > 1.
-    row.reason = error if error is not None else row.reason
+    row.reason = text(error, 4000) if error is not None else row.reason
     row.min_feasible_bytes = min_feasible_bytes
     row.solve_s = solve_s
     row.finished_at = utcnow()
@@ -203,7 +213,7 @@ def requeue_job(s: Session, job_id: str, reason: str, max_attempts: int) -> bool
         return False
     if row.attempts >= max_attempts:
         row.status = JobStatus.FAILED
-        row.reason = (
+        row.reason = text(
             f"{reason}; interrupted {row.attempts} times, so it is not retried again (it may be what crashes "
             "the worker): resubmit it, perhaps with solver 'heuristic' or a shorter time_limit_s"
         )

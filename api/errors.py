@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memsched.errors import InfeasibleBudgetError, MemschedError
@@ -109,6 +110,19 @@ async def _memsched_error(_request: Request, exc: Exception) -> JSONResponse:
     return await _api_error(_request, from_memsched_error(cast(MemschedError, exc)))
 
 
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, DataError):
+        # A value the database cannot store slipped past validation: the input's fault, but worth a look.
+        log.warning("database refused a value on %s %s: %s", request.method, request.url.path, exc.orig)
+        return error_json(422, f"a value in the request cannot be stored: {exc.orig}")
+    log.error("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        status_code=503,
+        content={"detail": "the database is unavailable; retry shortly (GET /readyz reports it)", "field": None},
+        headers={"Retry-After": "5"},
+    )
+
+
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     # Reaching this is a bug: log it with the traceback; the client gets a JSON body without internals.
     log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -120,4 +134,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(MemschedError, _memsched_error)
+    app.add_exception_handler(OperationalError, _database_error)
+    app.add_exception_handler(InterfaceError, _database_error)
+    app.add_exception_handler(DataError, _database_error)
     app.add_exception_handler(Exception, _internal_error)

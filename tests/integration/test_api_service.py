@@ -238,6 +238,20 @@ def test_traces_whose_numbers_overflow_are_refused(server: Server, kind: str, fi
             assert r.json()["field"] == where and "check the units" in r.json()["detail"]
 
 
+def test_nul_characters_are_accepted(server: Server) -> None:
+    """JSON allows NUL in strings and PostgreSQL text does not: still a normal answer on both databases."""
+    t = trace_json(3, scale=43)
+    t["model"] = "odd\u0000model"
+    t["layers"][0]["name"] = "layer\u0000zero"
+    with server.client() as c:
+        r = c.post("/v1/traces", json=t)
+        assert r.status_code == 201, r.text
+        got = c.get(f"/v1/traces/{r.json()['id']}").json()
+        assert got["trace"]["layers"][0]["name"] == "layer\u0000zero"  # the trace itself is kept exactly
+        r = c.post("/v1/schedules", params={"wait": 20}, json={"trace": t, "budget": "70%", **HEUR})
+        assert r.status_code == 200 and r.json()["status"] == "done"
+
+
 def test_compare(server: Server) -> None:
     tr = synthetic_trace(5)
     with server.client() as c:
