@@ -98,3 +98,23 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert scheduled["predicted"] <= 0.55 * keep["predicted"]  # the 50% budget really halved the activations
     if doc["plot"] is not None:
         assert (tmp_path / "timeline.png").stat().st_size > 0
+
+
+FACTORY = """
+from memsched.runtime import builtin_workload
+
+
+def make(batch_size=1, seq_len=8):
+    return builtin_workload("bert-base", small=True, num_layers=2, batch_size=batch_size, seq_len=seq_len)
+"""
+
+
+def test_trace_of_a_user_factory(tmp_path, capsys, monkeypatch):
+    (tmp_path / "my_models.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "t.json"
+    code, _, err = run(["trace", "my_models:make", "--seq-len", 8, "--steps", 1, "--warmup", 0, "-o", path], capsys)
+    assert code == 0, err
+    assert load_trace(path).layer_names == ["bert.encoder.layer.0", "bert.encoder.layer.1"]
+    code, _, err = run(["trace", "my_models:nothing", "-o", path], capsys)
+    assert code == 2 and "no callable 'nothing'" in err

@@ -206,3 +206,41 @@ def test_dropping_the_graph_without_backward_returns_every_buffer():
 def test_schedule_for_fewer_blocks_than_the_model_is_rejected():
     with pytest.raises(ScheduleMismatchError, match=r"schedule has 2 layers but this Net has 3 repeated blocks"):
         apply_schedule(Net(), keep_all_schedule(["blocks.0", "blocks.1"]))
+
+
+def _net_step(net: Net, x: torch.Tensor):
+    def step() -> None:
+        net.zero_grad(set_to_none=True)
+        net(x).backward()
+
+    return step
+
+
+def test_trace_attributes_saved_tensors_to_the_innermost_layer():
+    from memsched.runtime import trace
+
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(5, 4)
+    flat = trace(net, _net_step(net, x), steps=1, warmup=0, measure_bandwidth=False)
+    nested = trace(
+        net, _net_step(net, x), layers=[r"blocks\.\d", r"blocks\.\d\.up"], steps=1, warmup=0, measure_bandwidth=False
+    )
+    assert nested.layer_names == ["blocks.0", "blocks.0.up", "blocks.1", "blocks.1.up", "blocks.2", "blocks.2.up"]
+    by = {layer.name: layer for layer in nested.layers}
+    for i in range(3):
+        # The Linear `up` saves its input (the LayerNorm output): that storage is the inner layer's, once.
+        assert by[f"blocks.{i}.up"].saved_tensor_bytes == [5 * 8 * 4]
+        assert by[f"blocks.{i}"].saved_bytes + by[f"blocks.{i}.up"].saved_bytes == flat.layers[i].saved_bytes
+    assert [layer.deps for layer in flat.layers] == [[], [0], [1]]
+    assert flat.static.params == sum(p.numel() * 4 for p in net.parameters())
+
+
+def test_measure_on_cpu_reports_the_ledger():
+    from memsched.runtime import measure
+
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(5, 4)
+    m = measure(net, lambda model: model(x).backward(), None, steps=2, warmup=1)
+    assert m.device == "cpu" and m.saved_peak_bytes and m.peak_bytes == m.static_bytes + m.saved_peak_bytes
+    assert m.predicted_peak_bytes is None and "measured" in m.summary()
+    assert m.stage_saved_peak_bytes["F2"] == m.saved_peak_bytes  # all three blocks' tensors live at F2
