@@ -31,7 +31,7 @@ def free_port() -> int:
 class Server:
     """`python -m memsched.api` in a subprocess, configured by MEMSCHED_* variables."""
 
-    def __init__(self, database_url: str, log_path: Path, **settings: str) -> None:
+    def __init__(self, database_url: str, log_path: Path, argv: list[str] | None = None, **settings: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -44,11 +44,12 @@ class Server:
             "MEMSCHED_LOG_LEVEL": "info",
             **{f"MEMSCHED_{k.upper()}": v for k, v in settings.items()},
         }
+        self.argv = argv or [sys.executable, "-m", "memsched.api"]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> Server:
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "memsched.api"], env=self.env, stdout=log, stderr=log)
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -29,7 +29,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 @schema.parametrize()
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_api_conforms_to_its_schema(case: schemathesis.Case, server: Server) -> None:
     load_all_checks()
     checks = [not_a_server_error, *(getattr(openapi_checks, n) for n in CHECK_NAMES)]
