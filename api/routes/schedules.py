@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from memsched.api import crud
+from memsched.api.db import Database
 from memsched.api.deps import DatabaseDep, MetricsDep, OwnerDep, RunnerDep, SettingsDep
 from memsched.api.errors import ApiError
 from memsched.api.models import JobRow, JobStatus
@@ -102,7 +103,7 @@ async def create_schedule(
     return job_out(row, cached=not new_solve)
 
 
-def _load(db: DatabaseDep, owner: str, job_id: str) -> JobRow:
+def _load(db: Database, owner: str, job_id: str) -> JobRow:
     with db.session() as s:
         row = crud.get_job(s, owner, job_id)
     if row is None:

@@ -247,3 +247,26 @@ def test_worker_kills_solver_binaries_it_started_when_it_overruns(monkeypatch) -
     out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveParams("auto", 0.2), 0.3)
     assert "ran past its time limit" in (out.error or "")
     assert started and started[0].wait(timeout=5) == -9  # killed, not left running
+
+
+def test_queue_limit_answers_429(tmp_path, monkeypatch) -> None:
+    """Beyond MEMSCHED_MAX_QUEUED_JOBS new solves are refused with 429 + Retry-After; repeats still answer."""
+    from memsched.api.jobs import JobRunner
+
+    async def idle(self: JobRunner) -> None:  # no dispatcher: queued jobs stay queued
+        return None
+
+    monkeypatch.setattr(JobRunner, "_dispatch", idle)
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'q.db'}", api_keys=[], workers=1, max_queued_jobs=1)
+    body = {"trace": synthetic_trace(3).model_dump(mode="json"), "solver": "heuristic"}
+    with TestClient(create_app(settings)) as c:
+        first = c.post("/v1/schedules", json={**body, "budget": "70%"})
+        assert first.status_code == 202 and first.json()["status"] == "queued"
+        r = c.post("/v1/schedules", json={**body, "budget": "80%"})
+        assert (
+            r.status_code == 429
+            and r.headers["retry-after"] == "10"
+            and "MEMSCHED_MAX_QUEUED_JOBS" in r.json()["detail"]
+        )
+        again = c.post("/v1/schedules", json={**body, "budget": "70%"})
+        assert again.status_code == 202 and again.json()["id"] == first.json()["id"]
