@@ -164,9 +164,9 @@ def demo_cmd(
     t.add_column("measured", justify="right")
     t.add_column("measured / predicted", justify="right")
     for r in res.rows:
-        fmt = format_bytes if r["unit"] == "bytes" else format_seconds
+        fmt = {"bytes": format_bytes, "s": format_seconds, "%": lambda x: f"{x:+.1f}%"}[r["unit"]]
         p, m = r["predicted"], r["measured"]
-        ratio = f"{m / p:.3f}" if p and m is not None else "-"
+        ratio = f"{m / p:.3f}" if p and m is not None and r["unit"] != "%" else "-"
         t.add_row(r["quantity"], "-" if p is None else fmt(p), "-" if m is None else fmt(m), ratio)
     out.print(t)
     out.print(f"trace    {res.trace_path}\nschedule {res.schedule_path}")
