@@ -1,126 +1,75 @@
-"""Helpers of the service tests: a real uvicorn server (`python -m memsched.api` in a subprocess, on a free
-loopback port), and the PostgreSQL connection used to create a throw-away database. Fixtures that use them
-live in tests/integration/conftest.py."""
+"""Fixtures of the service tests: a real uvicorn server over SQLite, and over a real PostgreSQL (a database
+created for this test session and dropped after it).
+
+A pytest plugin, loaded by `pytest_plugins = ["conftest_api"]` in the test modules that use it, rather than a
+tests/integration/conftest.py: a second conftest module would shadow tests/conftest.py for the test modules
+that `from conftest import ...`. Helpers the tests import directly live in api_helpers.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
+import uuid
+from collections.abc import Iterator
 
-import httpx
-
-KEY_A = "test-key-alpha-0001"
-KEY_B = "test-key-bravo-0002"
-
-PG_HOST = os.environ.get("MEMSCHED_TEST_PG_HOST", "127.0.0.1")
-PG_PORT = int(os.environ.get("MEMSCHED_TEST_PG_PORT", "5432"))
+import pytest
+from api_helpers import KEY_A, KEY_B, PG_HOST, PG_PORT, Server, find_pg_user, pg_connect, try_start_pg
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture(scope="session")
+def pg_user() -> str:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg is not installed (pip install -e '.[api]'); cannot test PostgreSQL")
+    user, why = find_pg_user()
+    if user is None:
+        started = try_start_pg()
+        user, why2 = find_pg_user()
+        if user is None:
+            pytest.skip(
+                f"no PostgreSQL reachable at {PG_HOST}:{PG_PORT} with trust auth ({why}); tried to start one: "
+                f"{started}; then: {why2}"
+            )
+    return user
 
 
-class Server:
-    """`python -m memsched.api` in a subprocess, configured by MEMSCHED_* variables."""
-
-    def __init__(self, database_url: str, log_path: Path, argv: list[str] | None = None, **settings: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.env = {
-            **os.environ,
-            "MEMSCHED_DATABASE_URL": database_url,
-            "MEMSCHED_HOST": "127.0.0.1",
-            "MEMSCHED_PORT": str(self.port),
-            "MEMSCHED_WORKERS": "2",
-            "MEMSCHED_LOG_LEVEL": "info",
-            **{f"MEMSCHED_{k.upper()}": v for k, v in settings.items()},
-        }
-        self.argv = argv or [sys.executable, "-m", "memsched.api"]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 30.0) -> Server:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=log)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"server did not become ready in {timeout} s:\n{self.log()}")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-5000:]
-
-    def client(self, key: str | None = KEY_A, timeout: float = 30.0) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+@pytest.fixture(scope="session")
+def pg_url(pg_user: str) -> Iterator[str]:
+    """A fresh database for this session, dropped at the end (even if tests fail)."""
+    name = f"memsched_test_{uuid.uuid4().hex[:12]}"
+    with pg_connect(pg_user) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://{pg_user}@{PG_HOST}:{PG_PORT}/{name}"
+    finally:
+        with pg_connect(pg_user) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-# ------------------------------------------------------------------------------------------------ PostgreSQL
+# ------------------------------------------------------------------------------------------------ servers
 
 
-def pg_connect(user: str, dbname: str = "test"):  # type: ignore[no-untyped-def]
-    import psycopg
-
-    return psycopg.connect(host=PG_HOST, port=PG_PORT, user=user, dbname=dbname, autocommit=True, connect_timeout=3)
-
-
-def find_pg_user() -> tuple[str | None, str]:
-    """A user that can connect (trust auth), or None and why not."""
-    import psycopg
-
-    why = ""
-    for user in ("postgres", "root", os.environ.get("USER", "")):
-        if not user:
-            continue
-        try:
-            with pg_connect(user):
-                return user, ""
-        except psycopg.Error as e:
-            why = f"{type(e).__name__}: {str(e).strip()[:200]}"
-    return None, why
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path_factory.mktemp('db') / 'memsched.db'}"
+    base: str = request.getfixturevalue("pg_url")
+    # One schema-free database per session: tables are shared by the modules, ids keep them apart.
+    return base
 
 
-def try_start_pg() -> str:
-    """Start the Debian cluster if it is installed but not running; returns what happened."""
-    if not Path("/etc/postgresql").is_dir() or shutil.which("pg_ctlcluster") is None:
-        return "no Debian PostgreSQL installation (/etc/postgresql, pg_ctlcluster) to start"
-    out = []
-    for version in sorted(os.listdir("/etc/postgresql")):
-        r = subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        out.append(f"pg_ctlcluster {version} main start -> {r.returncode} {r.stderr.strip()[:200]}")
-    time.sleep(2)
-    return "; ".join(out)
+@pytest.fixture(scope="module")
+def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with two API keys and small limits, so the limit tests need only small bodies."""
+    srv = Server(
+        database_url,
+        tmp_path_factory.mktemp("log") / "server.log",
+        api_keys=f"{KEY_A},{KEY_B}",
+        max_body_bytes=str(512 * 1024),
+        max_layers="40",
+        max_time_limit_s="60",
+        max_wait_s="30",
+    ).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

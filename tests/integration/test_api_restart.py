@@ -7,7 +7,7 @@ import signal
 import uuid
 from datetime import UTC, datetime
 
-from conftest_api import KEY_A, Server
+from api_helpers import KEY_A, Server
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
@@ -16,6 +16,9 @@ from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
 from memsched.api.models import Base, JobRow, JobStatus, TraceRow
 from memsched.service import budget_bytes_for
+
+# The server and database fixtures (tests/conftest_api.py explains why they are not in a conftest.py).
+pytest_plugins = ["conftest_api"]
 
 
 def _job(owner: str, trace_id: str, budget: int, status: JobStatus, attempts: int) -> JobRow:

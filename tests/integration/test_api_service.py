@@ -8,7 +8,7 @@ import sys
 
 import httpx
 import pytest
-from conftest_api import KEY_A, KEY_B, Server
+from api_helpers import KEY_A, KEY_B, Server
 
 from memsched.api.examples import synthetic_trace
 from memsched.errors import InfeasibleBudgetError, MemschedError
@@ -16,6 +16,9 @@ from memsched.optimizer.budget import min_feasible_budget
 from memsched.optimizer.solve import SolveOptions
 from memsched.schema import Schedule, Trace, check_schedule
 from memsched.service import budget_bytes_for, solve_trace
+
+# The server and database fixtures (tests/conftest_api.py explains why they are not in a conftest.py).
+pytest_plugins = ["conftest_api"]
 
 HEUR = {"solver": "heuristic", "time_limit_s": 5}
 
