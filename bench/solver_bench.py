@@ -59,7 +59,8 @@ def run_one(name: str, trace: Trace, budget: int, backend: str, limit: float) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
-    ap.add_argument("--shared", default=os.environ.get("MEMSCHED_SHARED", str(Path(__file__).resolve().parents[2] / "shared")))
+    default_shared = os.environ.get("MEMSCHED_SHARED", str(Path(__file__).resolve().parents[2] / "shared"))
+    ap.add_argument("--shared", default=default_shared)
     ap.add_argument("--backends", default="cbc,highs,cpsat")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -96,7 +97,8 @@ def main() -> None:
     (RESULTS / "solver_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = ["# Solver benchmark", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
              f"Versions: {meta['versions']}  ", f"Date: {meta['date_utc']}", "",
-             "| trace | n | backend | limit s | wall s | status | returned | overhead s | bound s | gap | heuristic s (overhead) | best baseline s |",
+             "| trace | n | backend | limit s | wall s | status | returned | overhead s | bound s | gap "
+             "| heuristic s (overhead) | best baseline s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         gap = "" if r["gap"] is None else f"{100 * float(r['gap']):.2f}%"  # type: ignore[arg-type]

@@ -95,7 +95,7 @@ def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
     held_from: dict[int, int] = {}
     applied: list[tuple[float, int]] = []  # (cost, layer) in application order
     while heap and mem.max() > limit:
-        neg, i, kind = heapq.heappop(heap)
+        _neg, i, kind = heapq.heappop(heap)
         if decisions[i].action != Action.KEEP:
             continue
         s = trace.layers[i].saved_bytes
@@ -160,19 +160,22 @@ def heuristic(trace: Trace, budget_bytes: int) -> HeuristicResult:
         limit = budget_bytes - trace.static.total
         decisions = list(sim.decisions)
         batch = 1
-        while not sim.feasible:
-            over = [t for t, b in enumerate(sim.stage_bytes) if b > limit]
+        mem = sim.stage_bytes
+        while True:
+            over = [t for t, b in enumerate(mem) if b > limit]
+            if not over:
+                break
             k = min(min(t, 2 * trace.n - 1 - t) for t in over)  # the earliest layer whose stages overflow
             todo = [i for i in range(k - 1, -1, -1) if decisions[i] != sync[i]][:batch]
             if not todo:
                 decisions = sync  # cannot happen for a feasible budget; sync is the memory minimum
-                sim = simulate(trace, decisions, budget_bytes, with_events=False)
                 break
             for i in todo:
                 decisions[i] = sync[i]
             decisions = fix_prefetch_order(decisions)
-            batch *= 2  # doubling keeps the number of re-simulations logarithmic
-            sim = simulate(trace, decisions, budget_bytes, with_events=False)
+            batch *= 2  # doubling keeps the number of memory evaluations logarithmic
+            mem = stage_memory(trace, decisions)  # timing is set: memory alone decides feasibility
+        sim = simulate(trace, decisions, budget_bytes, with_events=False)
     return HeuristicResult(sim.decisions, sim)
 
 

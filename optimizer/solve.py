@@ -19,11 +19,11 @@ from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import check_budget_feasible
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.ilp.model import build_model
-from memsched.optimizer.ilp.warm import representable
 from memsched.optimizer.ilp.outcome import Found, Outcome
+from memsched.optimizer.ilp.warm import representable
 from memsched.optimizer.plan import KEEP, Decision, make_schedule
 from memsched.optimizer.simulate import SimResult, simulate, stage_memory
-from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
+from memsched.schema import Action, Schedule, SolverRecord, SolverStatus, Trace
 
 log = logging.getLogger(__name__)
 
@@ -103,21 +103,45 @@ def _candidates(trace: Trace, budget_bytes: int) -> list[Candidate]:
 
 
 def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
-                 warm: list[Decision] | None) -> Outcome:
-    m = build_model(trace, budget_bytes, options.window, options.max_segment)
+                 warm: list[Decision] | None, time_limit_s: float, offload: bool = True,
+                 export: Path | None = None) -> Outcome:
+    m = build_model(trace, budget_bytes, options.window, options.max_segment, offload=offload)
     if warm is not None:
         warm = representable(m, warm)
     if backend == "cpsat":
         from memsched.optimizer.ilp.cpsat_backend import export_cpsat, solve_cpsat
 
-        if options.export_model is not None:
-            export_cpsat(m, options.export_model)
-        return solve_cpsat(m, options.time_limit_s, options.gap, warm, options.threads)
+        if export is not None:
+            export_cpsat(m, export)
+        return solve_cpsat(m, time_limit_s, options.gap, warm, options.threads)
     from memsched.optimizer.ilp.pulp_backend import export_pulp, solve_pulp
 
-    if options.export_model is not None:
-        export_pulp(m, options.export_model)
-    return solve_pulp(m, backend, options.time_limit_s, options.gap, warm, options.threads)
+    if export is not None:
+        export_pulp(m, export)
+    return solve_pulp(m, backend, time_limit_s, options.gap, warm, options.threads)
+
+
+def _recompute_phase(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
+                     cands: list[Candidate]) -> float:
+    """Phase 1: the recompute-only model (no offload variables: small, and its LP is tight) for up to a
+    third of the time limit; its schedule joins the candidates that warm-start the full model. Returns
+    the seconds spent. Skipped on small traces, where the full model is solved outright."""
+    if trace.n <= 24:
+        return 0.0
+    t0 = time.perf_counter()
+    recompute_only = next((c for c in cands if all(d.action != Action.OFFLOAD for d in c.sim.decisions)), None)
+    warm = recompute_only.sim.decisions if recompute_only else None
+    try:
+        out = _run_backend(trace, budget_bytes, options, backend, warm, options.time_limit_s / 3, offload=False)
+    except SolverError as exc:  # reported below by the full run if it persists; phase 1 is optional
+        log.info("recompute-only phase failed: %s", exc)
+        return time.perf_counter() - t0
+    if out.decisions is not None:
+        sim = simulate(trace, out.decisions, budget_bytes, with_events=False)
+        if sim.feasible:
+            cands.append(Candidate("recompute-ilp", sim))
+            cands.sort(key=lambda c: c.sim.overhead_s)
+    return time.perf_counter() - t0
 
 
 def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> SolveReport:
@@ -143,8 +167,11 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
 
     backend = AUTO_BACKEND if options.solver == "auto" else options.solver
-    # The warm start: the best candidate the model can represent (segments up to L layers, window W).
-    outcome = _run_backend(trace, budget_bytes, options, backend, best.sim.decisions)
+    spent = _recompute_phase(trace, budget_bytes, options, backend, cands)
+    best = cands[0]
+    # The warm start: the best candidate (representable: see warm.representable) or nothing.
+    outcome = _run_backend(trace, budget_bytes, options, backend, best.sim.decisions,
+                           max(1.0, options.time_limit_s - spent), export=options.export_model)
     wall = time.perf_counter() - t0
     if outcome.found == Found.INFEASIBLE:
         raise SolverError(

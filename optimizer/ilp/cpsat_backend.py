@@ -18,8 +18,8 @@ from ortools.sat.python import cp_model
 
 from memsched.errors import SolverError
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
-from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
 from memsched.optimizer.ilp.outcome import Found, Outcome
+from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
 from memsched.optimizer.plan import Decision
 
 log = logging.getLogger(__name__)
@@ -58,41 +58,39 @@ def to_cpsat(m: MilpModel) -> tuple[cp_model.CpModel, list[cp_model.IntVar], flo
     cols: list[cp_model.IntVar] = []
     for v in m.vars:
         if v.kind in (BIN, FRAC):
-            cols.append(model.NewBoolVar(v.name))
+            cols.append(model.new_bool_var(v.name))
         elif v.kind == TIME:
-            cols.append(model.NewIntVar(0, t_max, v.name))
+            cols.append(model.new_int_var(0, t_max, v.name))
         elif v.kind == BYTES:
-            cols.append(model.NewIntVar(0, b_max, v.name))
+            cols.append(model.new_int_var(0, b_max, v.name))
         else:
             raise AssertionError(v.kind)
     unit_var = [v.kind in (TIME, BYTES) for v in m.vars]
     int_rows: list[ScaledRow] = []
     for row in m.rows:
-        if row.unit == SECONDS:
-            scale, rnd = 1.0 / tu, round
-        elif row.unit == BYTE_UNIT:
-            scale = 1.0 / bu
+        scale = 1.0 / tu if row.unit == SECONDS else 1.0 / bu if row.unit == BYTE_UNIT else 1.0
+        raw = row.const * scale
+        if row.unit == BYTE_UNIT:
             # '<=' rows: the variable side is a multiple of the unit, so rounding the constant up is exact.
-            rnd = math.ceil if row.sense == "<=" else math.floor
+            const = math.ceil(raw - 1e-9) if row.sense == "<=" else math.floor(raw + 1e-9)
         else:
-            scale, rnd = 1.0, round
+            const = round(raw)
         coef: dict[int, int] = {}
         for j, c in row.terms:
             coef[j] = coef.get(j, 0) + (round(c) if unit_var[j] else round(c * scale))
         expr = sum(c * cols[j] for j, c in coef.items() if c)
-        const = int(rnd(row.const * scale))
         int_rows.append(({j: float(c) for j, c in coef.items()}, float(const)))
         if row.sense == ">=":
-            ct = model.Add(expr + const >= 0)
+            ct = model.add(expr + const >= 0)
         elif row.sense == "<=":
-            ct = model.Add(expr + const <= 0)
+            ct = model.add(expr + const <= 0)
         else:
-            ct = model.Add(expr + const == 0)
-        ct.WithName(row.name)
+            ct = model.add(expr + const == 0)
+        ct.with_name(row.name)
         if row.lit >= 0:
             lit = cols[row.lit]
-            ct.OnlyEnforceIf(lit if row.lit_value == 1 else lit.Not())
-    model.Minimize(sum(round(c) * cols[j] for j, c in m.objective))
+            ct.only_enforce_if(lit if row.lit_value == 1 else ~lit)
+    model.minimize(sum(round(c) * cols[j] for j, c in m.objective))
     return model, cols, tu, int_rows
 
 
@@ -100,7 +98,7 @@ def export_cpsat(m: MilpModel, path: Path) -> None:
     """Write the CP-SAT model proto as text."""
     model, _, _, _ = to_cpsat(m)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not model.ExportToFile(str(path)):
+    if not model.export_to_file(str(path)):
         raise SolverError(f"cpsat: could not write the model to {path}")
 
 
@@ -111,23 +109,23 @@ def solve_cpsat(
     if warm is not None:
         # Greedy hint first (a complete one: continuous variables at their least values), then search.
         for j, val in complete(m, hint(m, warm), rows, integral=True).items():
-            model.AddHint(cols[j], round(val))
+            model.add_hint(cols[j], round(val))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit_s)
     solver.parameters.relative_gap_limit = float(gap)
     solver.parameters.num_workers = threads if threads else 2
     t0 = time.perf_counter()
-    status = solver.Solve(model)
+    status = solver.solve(model)
     wall = time.perf_counter() - t0
-    name = solver.StatusName(status)
+    name = solver.status_name(status)
     message = f"cpsat: {name}"
     if status == cp_model.INFEASIBLE:
         return Outcome("cpsat", Found.INFEASIBLE, None, None, None, wall, message)
     if status == cp_model.UNKNOWN:
-        return Outcome("cpsat", Found.NO_SOLUTION, None, None, solver.BestObjectiveBound() * tu, wall, message)
+        return Outcome("cpsat", Found.NO_SOLUTION, None, None, solver.best_objective_bound * tu, wall, message)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise SolverError(f"cpsat returned {name}: the model is invalid ({model.Validate()})")
-    values = [float(solver.Value(c)) for c in cols]
+        raise SolverError(f"cpsat returned {name}: the model is invalid ({model.validate()})")
+    values = [float(solver.value(c)) for c in cols]
     found = Found.OPTIMAL if status == cp_model.OPTIMAL else Found.FEASIBLE
-    return Outcome("cpsat", found, decode(m, values), solver.ObjectiveValue() * tu,
-                   solver.BestObjectiveBound() * tu, wall, message)
+    return Outcome("cpsat", found, decode(m, values), solver.objective_value * tu,
+                   solver.best_objective_bound * tu, wall, message)

@@ -8,9 +8,9 @@ memory row or a time variable belongs to. A layer's *interior* is the stages of 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
-from memsched.optimizer.plan import KEEP, Decision, group_start, offload_subset, recompute
 from memsched.optimizer.simulate import (
     D2H,
     H2D,
@@ -20,7 +20,7 @@ from memsched.optimizer.simulate import (
     keepall_step_s,
     other_step_s,
 )
-from memsched.schema import Action, Trace
+from memsched.schema import Trace
 
 BIN, TIME, BYTES, FRAC = "bin", "time", "bytes", "frac"
 # Units of rows: every term of a row is in the same unit, so each backend can scale a row on its own.
@@ -145,15 +145,17 @@ def default_max_segment(n: int) -> int:
 
 
 def build_model(
-    trace: Trace, budget_bytes: int, window: int | None = None, max_segment: int | None = None
+    trace: Trace, budget_bytes: int, window: int | None = None, max_segment: int | None = None,
+    offload: bool = True,
 ) -> MilpModel:
-    """Build the MILP of docs/formulation.md for `trace` under `budget_bytes`."""
+    """Build the MILP of docs/formulation.md for `trace` under `budget_bytes` (`offload=False`: the
+    recompute-only restriction, much easier, used as a first phase that seeds the full model)."""
     n = trace.n
     layers = trace.layers
     w = default_window(n) if window is None else max(1, window)
     seg = default_max_segment(n) if max_segment is None else max(1, max_segment)
     m = MilpModel(trace=trace, budget_bytes=budget_bytes, window=w, max_segment=seg)
-    off = offload_candidates(trace)
+    off = offload_candidates(trace) if offload else []
     off_set = set(off)
     limit = budget_bytes - trace.static.total
     lat = trace.device.copy_latency_s
@@ -219,7 +221,7 @@ def build_model(
             m.add_row(Row(f"prefetch_monotone_{i}_{k}", [(m.ev[i][k + 1], 1.0), (m.ev[i][k], -1.0)], 0.0, "<=", ONE))
     # ---- Prefetch order: p is non-decreasing along the offload candidates (validate_actions' rule). ----
     # p_i = i + sum_k ev[i][k]; consecutive candidates a < b need p_a <= p_b.
-    for a, b in zip(off, off[1:], strict=False):
+    for a, b in itertools.pairwise(off):
         terms = [(v, 1.0) for v in m.ev[b].values()] + [(v, -1.0) for v in m.ev[a].values()]
         m.add_row(Row(f"prefetch_order_{a}_{b}", terms, float(b - a), ">=", ONE))
 
@@ -312,15 +314,16 @@ def build_model(
     prev_g = -1
     for k in range(n):
         # c_k >= c_{k-1} + forward_k (compute is sequential).
-        m.add_row(Row(f"fwd_compute_{k}", [(cvar[k], 1.0)] + ([(cvar[k - 1], -1.0)] if k else []), -fwd[k], ">=", SECONDS))
+        prev_c = [(cvar[k - 1], -1.0)] if k else []
+        m.add_row(Row(f"fwd_compute_{k}", [(cvar[k], 1.0), *prev_c], -fwd[k], ">=", SECONDS))
         if k in off_set:
             g = m.add_var(f"g_{k}", TIME, 0)
             gvar[k] = g
             d = [(t, -c) for t, c in dur(k, bw_d)]
             # D2H FIFO: the copy starts after the layer's forward and after the previous copy.
-            m.add_row(Row(f"d2h_after_fwd_{k}", [(g, 1.0)] + ([(cvar[k - 1], -1.0)] if k else []) + d, -fwd[k], ">=", SECONDS))
+            m.add_row(Row(f"d2h_after_fwd_{k}", [(g, 1.0), *prev_c, *d], -fwd[k], ">=", SECONDS))
             if prev_g >= 0:
-                m.add_row(Row(f"d2h_fifo_{k}", [(g, 1.0), (prev_g, -1.0)] + d, 0.0, ">=", SECONDS))
+                m.add_row(Row(f"d2h_fifo_{k}", [(g, 1.0), (prev_g, -1.0), *d], 0.0, ">=", SECONDS))
             prev_g = g
     # Waits: c_k >= g_i when d_i <= k (indicator z[i][k]); big-M = the D2H backlog bound of formulation.md.
     for i in off:
@@ -373,15 +376,15 @@ def build_model(
         d = [(t, -c) for t, c in dur(i, bw_h)]
         if prev_q >= 0:
             # H2D FIFO: after the prefetch of the next higher offloaded layer.
-            m.add_row(Row(f"h2d_fifo_{i}", [(q, 1.0), (prev_q, -1.0)] + d, 0.0, ">=", SECONDS))
+            m.add_row(Row(f"h2d_fifo_{i}", [(q, 1.0), (prev_q, -1.0), *d], 0.0, ">=", SECONDS))
         prev_q = q
         f = m.last_stage(i)
         # Issued at the start of B_{p_i} = b_{p_i + 1}: at least the start of B_{f_i} ...
-        m.add_row(Row(f"h2d_issue_{i}_{f}", [(q, 1.0), (bvar[f + 1], -1.0)] + d, 0.0, ">=", SECONDS))
+        m.add_row(Row(f"h2d_issue_{i}_{f}", [(q, 1.0), (bvar[f + 1], -1.0), *d], 0.0, ">=", SECONDS))
         # ... and at least b_{k+1} for every k >= p_i, i.e. whenever not ev[i][k+1].
         for k in range(i, f):
             big = sum(step_ub[k + 1 : f + 1])
-            m.add_row(Row(f"h2d_issue_{i}_{k}", [(q, 1.0), (bvar[k + 1], -1.0)] + d, 0.0, ">=", SECONDS,
+            m.add_row(Row(f"h2d_issue_{i}_{k}", [(q, 1.0), (bvar[k + 1], -1.0), *d], 0.0, ">=", SECONDS,
                           lit=m.ev[i][k + 1], lit_value=0, big_m=big))
     for k in range(n - 1, -1, -1):
         # b_k >= b_{k+1} + re-run of the segment ending at k + backward_k.

@@ -20,8 +20,8 @@ import pulp
 
 from memsched.errors import SolverError
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
-from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
 from memsched.optimizer.ilp.outcome import Found, Outcome
+from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
 from memsched.optimizer.plan import Decision
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def _seconds(scaled: float | None, m: MilpModel) -> float | None:
     return None if scaled is None else scaled / TIME_SCALE
 
 
-class _HighsWithStart(pulp.HiGHS):  # type: ignore[misc,name-defined]
+class _HighsWithStart(pulp.HiGHS):
     """PuLP's HiGHS API with a MIP start: PuLP passes none to highspy itself."""
 
     def __init__(self, start: dict[str, float], **kw: Any) -> None:
@@ -129,6 +129,34 @@ class _HighsWithStart(pulp.HiGHS):  # type: ignore[misc,name-defined]
         lp.solverModel.run()
 
 
+def _run_cbc(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool,
+             threads: int | None) -> tuple[str, bool]:
+    """Run CBC; returns its log and whether it had to be re-run. PuLP's bundled CBC 2.10.3 sometimes
+    segfaults when its time limit strikes while it is still processing a MIP start; then it is re-run
+    once, same limit, without the start (the caller says so in the record's message)."""
+    retried = False
+    t0 = time.perf_counter()
+    while True:
+        fd, logpath = tempfile.mkstemp(prefix="memsched-cbc-", suffix=".log")
+        os.close(fd)
+        try:
+            left = time_limit_s - (time.perf_counter() - t0)
+            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1.0, left), gapRel=gap, warmStart=warm,
+                                       logPath=logpath, threads=threads)
+            try:
+                prob.solve(solver)
+                return Path(logpath).read_text(errors="replace"), retried
+            except pulp.PulpSolverError as exc:
+                tail = Path(logpath).read_text(errors="replace")[-600:].strip()
+                if warm and not retried:
+                    log.warning("cbc crashed with a warm start (%s); re-running without it", exc)
+                    warm, retried = False, True
+                    continue
+                raise SolverError(f"cbc failed: {exc}; cbc's last output: {tail or '(none)'}") from exc
+        finally:
+            Path(logpath).unlink(missing_ok=True)
+
+
 def solve_pulp(
     m: MilpModel,
     backend: str,
@@ -147,22 +175,11 @@ def solve_pulp(
     bound: float | None = None
     message = ""
     if backend == "cbc":
-        fd, logpath = tempfile.mkstemp(prefix="memsched-cbc-", suffix=".log")
-        os.close(fd)
-        try:
-            solver = pulp.PULP_CBC_CMD(
-                msg=False, timeLimit=max(1.0, time_limit_s), gapRel=gap, warmStart=bool(start),
-                logPath=logpath, threads=threads,
-            )
-            try:
-                prob.solve(solver)
-            except pulp.PulpSolverError as exc:
-                raise SolverError(f"cbc failed: {exc}") from exc
-            text = Path(logpath).read_text(errors="replace")
-        finally:
-            Path(logpath).unlink(missing_ok=True)
+        text, retried = _run_cbc(prob, time_limit_s, gap, bool(start), threads)
         result = _CBC_RESULT.search(text)
         message = f"cbc: {result.group(1).strip() if result else pulp.LpStatus[prob.status]}"
+        if retried:
+            message += " (cbc 2.10.3 crashed processing the warm start; re-run once without it)"
         bound = _seconds(_float(m_.group(1)) if (m_ := _CBC_BOUND.search(text)) else None, m)
     elif backend == "highs":
         opts: dict[str, Any] = {}
@@ -182,12 +199,24 @@ def solve_pulp(
     wall = time.perf_counter() - t0
     sol = prob.sol_status
     if sol == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
+        if backend == "cbc":
+            # The model is feasible whenever the budget is (callers check it first: synchronous offload
+            # of every candidate is in the model), but CBC 2.10.3 sometimes prints "proven infeasible"
+            # when its time limit strikes after it found incumbents. Report that, not a verdict.
+            return Outcome(backend, Found.NO_SOLUTION, None, None, None, wall,
+                           message + " (CBC 2.10 misreport at its time limit; the model is feasible)")
         return Outcome(backend, Found.INFEASIBLE, None, None, None, wall, message)
     if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         if prob.status == pulp.LpStatusNotSolved or sol == pulp.LpSolutionNoSolutionFound:
             return Outcome(backend, Found.NO_SOLUTION, None, None, bound, wall, message)
         raise SolverError(f"{backend} returned status {pulp.LpStatus[prob.status]} ({message})")
     values = _values(m, cols)
+    binaries = [values[j] for j, v in enumerate(m.vars) if v.kind == BIN]
+    if binaries and max(abs(x - round(x)) for x in binaries) > 1e-4:
+        # CBC 2.10.3 stopped by its time limit can write the LP point with a 'Stopped ... objective'
+        # header, which PuLP reads as an integer solution. Not an incumbent.
+        return Outcome(backend, Found.NO_SOLUTION, None, None, bound, wall,
+                       message + " (the solver returned a fractional point, not an incumbent)")
     objective = _seconds(pulp.value(prob.objective), m)
     found = Found.OPTIMAL if sol == pulp.LpSolutionOptimal else Found.FEASIBLE
     if found == Found.OPTIMAL and objective is not None:

@@ -101,7 +101,10 @@ def representable(m: MilpModel, decisions: list[Decision]) -> list[Decision] | N
         if not tensors:
             out.append(KEEP)
             continue
-        if i not in m.o or d.done_by < 0 or d.prefetch_at < 0:
+        if i not in m.o:
+            out.append(KEEP)  # the last layer: offloading it frees nothing (its interior is empty)
+            continue
+        if d.done_by < 0 or d.prefetch_at < 0:
             return None
         e = m.last_stage(i)
         out.append(offload_subset(trace, i, tensors, done_by=min(d.done_by, e), prefetch_at=min(d.prefetch_at, e)))
