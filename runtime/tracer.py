@@ -6,8 +6,8 @@ Three kinds of step, so that instrumentation never inflates what it measures:
    layer's output gradient is complete to the moment its input gradient is), medians over the steps;
 3. one memory step: saved tensors (saved_tensors_hooks; deduplicated by storage; attributed to the innermost
    traced layer whose forward saved them first; parameters and buffers excluded: they are static), input and
-   output bytes, workspace (CUDA allocator peak within the layer), and DAG edges from storage identity between
-   a layer's outputs and later layers' inputs.
+   output bytes, workspace (CUDA allocator peak within the layer's forward and backward), and DAG edges from
+   storage identity between a layer's outputs and later layers' inputs.
 """
 
 from __future__ import annotations
@@ -166,9 +166,34 @@ class _MemoryStep:
             if cuda:
                 peak = torch.cuda.max_memory_allocated(self.device) - base
                 st.workspace = max(st.workspace, peak - (sum(st.saved) - saved_before) - st.output_bytes, 0)
+                self._hook_backward_workspace(i, inputs, outs)
             return out
 
         return forward
+
+    def _hook_backward_workspace(self, i: int, inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        """CUDA: the allocator peak between the start of the layer's backward (its output gradient is
+        complete) and its end (its input gradient is), beyond the input gradient it produces."""
+        st = self.stats[i]
+        base: list[int] = []
+
+        def start(_g: torch.Tensor) -> None:
+            if not base:
+                torch.cuda.reset_peak_memory_stats(self.device)
+                base.append(torch.cuda.memory_allocated(self.device))
+
+        def end(_g: torch.Tensor) -> None:
+            if base and len(base) == 1:
+                base.append(0)  # once per step, even with several inputs
+                peak = torch.cuda.max_memory_allocated(self.device) - base[0]
+                st.workspace = max(st.workspace, peak - st.input_bytes, 0)
+
+        for t in outs:
+            if t.requires_grad:
+                t.register_hook(start)
+        for t in inputs:
+            if t.requires_grad:
+                t.register_hook(end)
 
 
 class _TimingStep:
