@@ -110,6 +110,8 @@ class _MemoryStep:
         self.order: list[int] = []
         self.ledger = SavedLedger()  # saved tensors of the traced layers: the CPU baseline peak
         self.outside: dict[int, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
+        self.bwd_open: dict[int, int] = {}  # CUDA: layer -> allocated bytes when its backward started
+        self.bwd_done: set[int] = set()
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and storage_key(x) not in self.static:
@@ -173,20 +175,18 @@ class _MemoryStep:
 
     def _hook_backward_workspace(self, i: int, inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         """CUDA: the allocator peak between the start of the layer's backward (its output gradient is
-        complete) and its end (its input gradient is), beyond the input gradient it produces."""
-        st = self.stats[i]
-        base: list[int] = []
+        complete) and its end (its input gradient is), beyond the input gradient it produces. One window is
+        open at a time: in a chain the end of B_i is the start of B_{i-1}, on the same tensor, so a start
+        closes the open windows before it resets the peak counter."""
 
         def start(_g: torch.Tensor) -> None:
-            if not base:
+            if i not in self.bwd_done and i not in self.bwd_open:
+                self._close_bwd_windows()
                 torch.cuda.reset_peak_memory_stats(self.device)
-                base.append(torch.cuda.memory_allocated(self.device))
+                self.bwd_open[i] = torch.cuda.memory_allocated(self.device)
 
         def end(_g: torch.Tensor) -> None:
-            if base and len(base) == 1:
-                base.append(0)  # once per step, even with several inputs
-                peak = torch.cuda.max_memory_allocated(self.device) - base[0]
-                st.workspace = max(st.workspace, peak - st.input_bytes, 0)
+            self._close_bwd_windows(only=i)
 
         for t in outs:
             if t.requires_grad:
@@ -194,6 +194,15 @@ class _MemoryStep:
         for t in inputs:
             if t.requires_grad:
                 t.register_hook(end)
+
+    def _close_bwd_windows(self, only: int | None = None) -> None:
+        peak = torch.cuda.max_memory_allocated(self.device)
+        for j in [only] if only is not None else list(self.bwd_open):
+            base = self.bwd_open.pop(j, None)
+            if base is not None:
+                st = self.stats[j]
+                st.workspace = max(st.workspace, peak - base - st.input_bytes, 0)
+                self.bwd_done.add(j)
 
 
 class _TimingStep:

@@ -244,3 +244,27 @@ def test_measure_on_cpu_reports_the_ledger():
     assert m.device == "cpu" and m.saved_peak_bytes and m.peak_bytes == m.static_bytes + m.saved_peak_bytes
     assert m.predicted_peak_bytes is None and "measured" in m.summary()
     assert m.stage_saved_peak_bytes["F2"] == m.saved_peak_bytes  # all three blocks' tensors live at F2
+
+
+def test_cuda_workspace_bookkeeping_with_a_fake_allocator(monkeypatch):
+    """The CUDA-only branch of the memory step, driven by a fake allocator: one backward window per layer,
+    closed when the next layer's backward starts (same tensor) or at the layer's input gradient."""
+    from memsched.runtime import tracer as tr_mod
+
+    alloc = {"now": 1000, "peak": 1000}
+
+    def bump(*_a: object) -> None:
+        alloc["now"] += 64
+        alloc["peak"] = max(alloc["peak"], alloc["now"] + 32)
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *_a: alloc.update(peak=alloc["now"]))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *_a: alloc["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *_a: bump() or alloc["peak"])
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(5, 4)
+    stats = [tr_mod._LayerStats(f"blocks.{i}", "Block") for i in range(3)]
+    mem = tr_mod._MemoryStep(net, stats, torch.device("cuda"))
+    with tr_mod._wrapped(list(net.blocks), mem.wrap), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda t: t):
+        net(x).backward()
+    assert mem.bwd_done == {0, 1, 2} and not mem.bwd_open
+    assert all(s.workspace >= 0 for s in stats)
