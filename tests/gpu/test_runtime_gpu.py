@@ -102,8 +102,10 @@ def test_offload_and_prefetch_copies_overlap_compute(traced):
     assert copies and kernels
     overlapped = sum(max(0, min(b, d) - max(a, c)) for a, b in copies for c, d in kernels)
     copy_time = sum(b - a for a, b in copies)
-    # Copies run on their own streams while kernels run: a good part of the copy time is hidden.
-    assert overlapped >= 0.3 * copy_time, (overlapped, copy_time)
+    kernel_time = sum(b - a for a, b in kernels)
+    # Copies run on their own streams while kernels run. Serialised copies would overlap nothing; the
+    # bound leaves room for the copies that outlast the compute they hide behind (copy-bound layers stall).
+    assert overlapped >= 0.25 * min(copy_time, kernel_time), (overlapped, copy_time, kernel_time)
 
 
 def test_gradients_match_under_offload_on_cuda(traced):
