@@ -100,6 +100,7 @@ class JobRunner:
         while True:
             ev = self._done_events.setdefault(job_id, asyncio.Event())
             if await self._db(lambda s: crud.is_finished(s, job_id)):
+                self._done_events.pop(job_id, None)  # nothing will set it now: do not keep it
                 return
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -197,6 +198,15 @@ class JobRunner:
         except asyncio.CancelledError:
             # Shutdown: leave the row 'running'; start-up recovery re-queues it.
             raise
+        except Exception as e:
+            # Not the solver's doing (that is caught in the worker): a bug here. Fail the job with a reason
+            # rather than leave it 'running' until the next restart.
+            log.exception("job %s: the runner failed", job.id)
+            reason = f"internal error: {type(e).__name__}: {e}"
+            await self._db(lambda ses: crud.finish_job(ses, job.id, None, reason))
+            self.metrics.solves.labels("failed").inc()
+            self._signal_done(job.id)
+            return
         await self._db(
             lambda ses: crud.finish_job(
                 ses, job.id, outcome.schedule_json, outcome.error, outcome.min_feasible_bytes, outcome.wall_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -231,22 +232,35 @@ def test_no_auth_mode_in_process(tmp_path) -> None:
         assert c.post("/v1/schedules", json=example).status_code in (200, 202)
 
 
-def test_worker_kills_solver_binaries_it_started_when_it_overruns(monkeypatch) -> None:
-    """A backend binary (like pulp's CBC) still running when the alarm fires must not outlive the job."""
+def _spawns_and_hangs(*_args: object) -> Schedule:
+    import os
     import subprocess
     import sys
 
-    started: list[subprocess.Popen[bytes]] = []
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with open(os.environ["MEMSCHED_TEST_PIDFILE"], "w") as f:
+        f.write(str(child.pid))
+    time.sleep(30)
+    raise AssertionError("not reached")
 
-    def spawns_and_hangs(*_args: object) -> Schedule:
-        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
-        time.sleep(30)
-        raise AssertionError("not reached")
 
-    monkeypatch.setattr(worker, "solve_trace", spawns_and_hangs)
-    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveParams("auto", 0.2), 0.3)
+def test_worker_kills_solver_binaries_it_started_when_it_overruns(monkeypatch, tmp_path) -> None:
+    """A backend binary (like pulp's CBC) still running when the alarm fires must not outlive the job. Run in
+    a forked worker process, as in the service, so that only the job's own children are its descendants."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    monkeypatch.setattr(worker, "solve_trace", _spawns_and_hangs)
+    monkeypatch.setenv("MEMSCHED_TEST_PIDFILE", str(tmp_path / "pid"))
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        out = pool.submit(
+            worker.run_solve, synthetic_trace(3).model_dump_json(), 10**9, SolveParams("auto", 0.2), 0.3
+        ).result(timeout=30)
     assert "ran past its time limit" in (out.error or "")
-    assert started and started[0].wait(timeout=5) == -9  # killed, not left running
+    pid = int((tmp_path / "pid").read_text())
+    time.sleep(0.2)
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z", "solver binary still running"
 
 
 def test_queue_limit_answers_429(tmp_path, monkeypatch) -> None:
