@@ -40,6 +40,8 @@ RESULTS = REPO / "bench" / "results"
 PIPEDREAM_DIR = Path("/work/shared/data/pipedream")
 # The batch sizes the PipeDream profiles were recorded at.
 PIPEDREAM_BATCH = {"alexnet": 256, "resnet18": 256, "vgg16": 128, "resnet50": 128, "densenet121": 64, "gnmt": 64}
+TRACE_GLOBS = ("traces/*.json", "bench/results/peers-*.trace.json")
+"""Our recorded traces: the committed ones, and those the peer benchmark's memsched runs recorded."""
 BUDGETS_PCT = (90, 80, 70, 60, 50, 40, 30, 20, 10)
 
 
@@ -56,7 +58,7 @@ class Point:
         return {"budget_pct": self.budget_pct, "budget_bytes": self.budget_bytes, "policies": self.policies}
 
 
-def load_traces(pipedream_dir: Path, traces_dir: Path) -> list[tuple[str, Trace]]:
+def load_traces(pipedream_dir: Path, trace_globs: list[str]) -> list[tuple[str, Trace]]:
     out: list[tuple[str, Trace]] = []
     for name, batch in PIPEDREAM_BATCH.items():
         p = pipedream_dir / f"{name}.graph.txt"
@@ -64,13 +66,16 @@ def load_traces(pipedream_dir: Path, traces_dir: Path) -> list[tuple[str, Trace]
             out.append((f"pipedream/{name} (batch {batch})", import_pipedream(p, batch_size=batch)))
         else:
             log.warning("%s not found: skipped", p)
-    for p in sorted(traces_dir.glob("*.json")):
+    paths = sorted({p for g in trace_globs for p in REPO.glob(g)} if trace_globs else set())
+    for p in paths:
         try:
             tr = load_trace(p)
         except MemschedError as e:  # a file in traces/ that is not a trace is skipped and said so
             log.warning("%s: not a trace (%s); skipped", p, e)
             continue
-        out.append((f"traces/{p.name} ({tr.model}, batch {tr.batch_size})", tr))
+        rel = p.relative_to(REPO) if p.is_relative_to(REPO) else p
+        seq = f", seq {tr.seq_len}" if tr.seq_len else ""
+        out.append((f"{rel} ({tr.model}, batch {tr.batch_size}{seq}, {tr.device.name})", tr))
     return out
 
 
@@ -208,19 +213,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--time-limit", type=float, default=5.0, help="exact solver limit per budget, seconds")
     ap.add_argument("--pipedream-dir", type=Path, default=PIPEDREAM_DIR)
-    ap.add_argument("--traces", type=Path, default=REPO / "traces", help="folder of recorded trace JSON files")
+    ap.add_argument(
+        "--traces",
+        action="append",
+        help=f"glob of recorded traces, relative to the repository (repeatable; default: {' and '.join(TRACE_GLOBS)})",
+    )
     ap.add_argument("--only", action="append", help="only traces whose name contains this (repeatable)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     a.out.mkdir(parents=True, exist_ok=True)
     results = []
-    for name, tr in load_traces(a.pipedream_dir, a.traces):
+    for name, tr in load_traces(a.pipedream_dir, a.traces or list(TRACE_GLOBS)):
         if a.only and not any(o in name for o in a.only):
             continue
         t0 = time.perf_counter()
         points = [evaluate(tr, pct, a.time_limit) for pct in BUDGETS_PCT]
-        slug = name.split(" ")[0].replace("/", "-").removesuffix(".json")
+        first = name.split(" ")[0]
+        slug = first.replace("/", "-") if first.startswith("pipedream/") else Path(first).name.removesuffix(".json")
         png = plot(name, tr, points, a.out / f"costmodel-{slug}.png")
         act = keepall_activation_peak(tr)
         results.append(

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-from bench.peers.measure import Step
+from bench.peers.measure import Step, backward
 from bench.peers.models import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ Approach = Callable[[ModelSpec, float], contextlib.AbstractContextManager[Prepar
 
 def _plain_step(spec: ModelSpec) -> Step:
     def step() -> None:
-        spec.loss().backward()
+        backward(spec.loss())
 
     return step
 
@@ -144,7 +144,7 @@ def save_on_cpu(spec: ModelSpec, fraction: float) -> Iterator[Prepared]:
 
     def step() -> None:
         with torch.autograd.graph.save_on_cpu(pin_memory=pin):
-            spec.loss().backward()
+            backward(spec.loss())
 
     yield Prepared(step, notes=notes, extra={"pin_memory": pin})
 
@@ -162,7 +162,7 @@ def compile_budget(spec: ModelSpec, fraction: float) -> Iterator[Prepared]:
 
     def step() -> None:
         out: Any = compiled(**spec.batch)
-        out.loss.backward()
+        backward(out.loss)
 
     try:
         # The budget is read when the joint graph is partitioned, i.e. at the first (warm-up) call: keep the

@@ -28,39 +28,77 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def peak_activation_bytes(step: Step, device: torch.device) -> int:
+BACKWARD_MARK = "bench.peers.backward"
+"""A profiler range around loss.backward(): the live bytes when it starts are what the forward left behind."""
+_cuda_forward_end: list[int] = []
+
+
+def backward(loss: torch.Tensor) -> None:
+    """loss.backward(), marked so the measurement can split the step into forward and backward."""
+    if loss.device.type == "cuda":
+        _cuda_forward_end.append(torch.cuda.memory_allocated(loss.device))
+    with torch.profiler.record_function(BACKWARD_MARK):
+        loss.backward()
+
+
+@dataclass
+class Peak:
+    """Bytes above what was live when the step started."""
+
+    peak_bytes: int
+    """The step's peak."""
+    forward_end_bytes: int | None
+    """Live when backward starts: saved activations + the loss's inputs (None if the step has no mark)."""
+
+
+def peak_activation_bytes(step: Step, device: torch.device) -> Peak:
     """Run `step` once and return its peak bytes above what was live when it started."""
     if device.type == "cuda":
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
+        _cuda_forward_end.clear()
         step()
         _sync(device)
-        return int(torch.cuda.max_memory_allocated(device) - before)
+        fwd = _cuda_forward_end[-1] - before if _cuda_forward_end else None
+        return Peak(int(torch.cuda.max_memory_allocated(device) - before), fwd)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]  # type: ignore[union-attr]
+    all_events = list(prof.profiler.kineto_results.events())  # type: ignore[union-attr]
+    marks = [e.start_ns() for e in all_events if e.name() == BACKWARD_MARK]
+    mark = min(marks) if marks else None
+    events = [e for e in all_events if e.name() == "[memory]"]
     # Events only cover the profiled region, so the running sum starts at 0 = "live at step start".
     events.sort(key=lambda e: e.start_ns())
     live = peak = 0
+    forward_end: int | None = None
     for e in events:
+        if mark is not None and forward_end is None and e.start_ns() >= mark:
+            forward_end = live
         live += e.nbytes()
         peak = max(peak, live)
-    return int(peak)
+    if mark is not None and forward_end is None:
+        forward_end = live
+    return Peak(int(peak), forward_end)
 
 
-def step_times(step: Step, device: torch.device, n: int) -> list[float]:
-    """Wall time of `n` steps, each synchronised (the caller has warmed up)."""
-    out = []
+def step_times(step: Step, device: torch.device, n: int) -> tuple[list[float], list[float]]:
+    """Wall and process-CPU time of `n` steps, each synchronised (the caller has warmed up).
+
+    CPU time (all of this process's threads) does not count time spent waiting for a core, so on a shared
+    machine it is the steadier measure of what a step costs; wall time is what a user waits for.
+    """
+    wall, cpu = [], []
     for _ in range(n):
         _sync(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         _sync(device)
-        out.append(time.perf_counter() - t0)
-    return out
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
 
 
 def median(xs: list[float]) -> float:

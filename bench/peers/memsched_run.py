@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bench.peers.approaches import NotAvailable, Prepared
+from bench.peers.measure import backward
 from bench.peers.models import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def prepare_memsched(spec: ModelSpec, fraction: float, no_offload: bool = False)
 
         def step() -> None:
             out: Any = sm(**spec.batch)
-            out.loss.backward()
+            backward(out.loss)
 
         def after() -> dict[str, Any]:
             st = ledger.stats()

@@ -42,6 +42,21 @@ def load_results(out_dir: Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda d: (order.get(d["model"], len(order)), d["model"]))
 
 
+def _use_cpu_time(res: dict[str, Any]) -> bool:
+    return res["settings"]["device"] == "cpu" and res.get("keepall_cpu_s") is not None
+
+
+def _time_kind(res: dict[str, Any]) -> str:
+    return "process CPU time per step" if _use_cpu_time(res) else "step time"
+
+
+def _time_ratio(r: dict[str, Any], res: dict[str, Any]) -> float:
+    """On a (shared) CPU the CPU-time ratio; wall time otherwise."""
+    if _use_cpu_time(res) and r.get("cpu_ratio") is not None:
+        return float(r["cpu_ratio"])
+    return float(r["time_ratio"])
+
+
 def _ok_rows(res: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return [r for r in res["rows"] if r["approach"] == name and r["status"] == "ok"]
 
@@ -53,7 +68,7 @@ def pareto_plot(res: dict[str, Any], path: Path) -> Path:
         if not rows:
             continue
         xs = [r["peak_ratio"] for r in rows]
-        ys = [(r["time_ratio"] - 1) * 100 for r in rows]
+        ys = [(_time_ratio(r, res) - 1) * 100 for r in rows]
         (line,) = ax.plot(xs, ys, marker=_MARKERS.get(name, "o"), ms=8, lw=1.5, label=LABELS.get(name, name))
         for r, x, y in zip(rows, xs, ys, strict=True):
             if r["budget"] is not None:
@@ -82,7 +97,7 @@ def pareto_plot(res: dict[str, Any], path: Path) -> Path:
     ax.axhline(0, color="#444444", lw=0.8)
     ax.set_yscale("symlog", linthresh=10)
     ax.set_xlabel("measured peak activation memory / keep-all (lower is better)")
-    ax.set_ylabel("step-time overhead vs keep-all, % (symlog)")
+    ax.set_ylabel(f"{_time_kind(res)} overhead vs keep-all, % (symlog)")
     shape = ", ".join(f"{k} {v}" for k, v in res["shape"].items())
     ax.set_title(f"{res['model']} ({shape}) on {res['settings']['device'].upper()}: memory vs time, measured")
     ax.grid(alpha=0.3)
@@ -110,6 +125,14 @@ def timeline_plot(res: dict[str, Any], out_dir: Path) -> Path | None:
     return None
 
 
+def _fmt_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _mib(x: int | None) -> str:
+    return "-" if x is None else f"{x / _MIB:.1f}"
+
+
 def _fmt_ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -134,8 +157,26 @@ def model_section(res: dict[str, Any], out_dir: Path) -> str:
         f"**{res['keepall_step_s']:.3f} s** (median of {res['settings']['steps']} after "
         f"{res['settings']['warmup']} warm-up).\n"
     )
+    keep = next(r for r in res["rows"] if r["approach"] == "keep-all")
+    if keep.get("times_end_s"):
+        fmt = ", ".join
+        lines.append(
+            f"Keep-all was timed at the start ({fmt(f'{t:.2f}' for t in keep['times_s'])} s) and again at the end "
+            f"({fmt(f'{t:.2f}' for t in keep['times_end_s'])} s) of the run; the ratios use the median of both: "
+            "their spread is the noise of this shared machine.\n"
+        )
+    ok = [r for r in res["rows"] if r["status"] == "ok"]
+    ck = next((r for r in ok if r["approach"] == "checkpoint-blocks"), None)
+    if ck is not None:
+        lines.append(
+            f"Checkpointing every block leaves **{ck['peak_ratio']:.0%}** of the keep-all peak: roughly the floor set "
+            "by memory outside the blocks (embeddings, the output head and its vocabulary-sized gradients, "
+            "transients), which no block-level plan moves; a budget below it is out of reach for every approach "
+            "here.\n"
+        )
     head = (
-        "| approach | budget | peak MiB | peak / keep-all | step s | time / keep-all | "
+        "| approach | budget | peak MiB | peak / keep-all | end-of-forward MiB | step s | time / keep-all | "
+        "CPU s | CPU time / keep-all | "
         + " | ".join(f"fits {round(b * 100)}%" for b in budgets)
         + " | gradients | notes |"
     )
@@ -144,7 +185,7 @@ def model_section(res: dict[str, Any], out_dir: Path) -> str:
         label = LABELS.get(r["approach"], r["approach"])
         bud = "-" if r["budget"] is None else f"{round(r['budget'] * 100)}%"
         if r["status"] != "ok":
-            cells = ["-"] * (4 + len(budgets) + 1)
+            cells = ["-"] * (7 + len(budgets) + 1)
             lines.append(f"| {label} | {bud} | " + " | ".join(cells) + f" | {r['status']}: {r.get('reason', '')} |")
             continue
         fits = []
@@ -157,7 +198,8 @@ def model_section(res: dict[str, Any], out_dir: Path) -> str:
             notes += f"; includes {pool / _MIB:.1f} MiB of host-pool buffers (same RAM on CPU)"
         lines.append(
             f"| {label} | {bud} | {r['effective_peak_bytes'] / _MIB:.1f} | {_fmt_ratio(r['peak_ratio'])} | "
-            f"{r['step_s']:.3f} | {_fmt_ratio(r['time_ratio'])} | "
+            f"{_mib(r.get('forward_end_bytes'))} | {r['step_s']:.3f} | {_fmt_ratio(r['time_ratio'])} | "
+            f"{_fmt_s(r.get('cpu_s'))} | {_fmt_ratio(r.get('cpu_ratio'))} | "
             + " | ".join(fits)
             + f" | {_grad_cell(r)} | {notes} |"
         )
@@ -169,7 +211,7 @@ def model_section(res: dict[str, Any], out_dir: Path) -> str:
         lines.append("memsched's own figures (trace once, solve per budget; predictions are the simulator's):\n")
         lines.append(
             "| variant | budget | schedule | solver | solve s | predicted act. peak MiB | measured MiB | "
-            "runtime ledger saved-peak MiB | predicted overhead | measured overhead |"
+            "runtime ledger saved-peak MiB | predicted overhead | measured overhead (CPU time on CPU) |"
         )
         lines.append("|---|---|---|---|---|---|---|---|---|---|")
         for r in ms:
@@ -182,7 +224,7 @@ def model_section(res: dict[str, Any], out_dir: Path) -> str:
                 f"{s.get('backend')} ({s.get('status')}) | {e.get('solve_s', 0):.1f} | "
                 f"{e.get('predicted_activation_peak_bytes', 0) / _MIB:.1f} | {r['effective_peak_bytes'] / _MIB:.1f} | "
                 f"{'-' if led is None else f'{led / _MIB:.1f}'} | {e.get('predicted_overhead_pct', 0):+.1f}% | "
-                f"{(r['time_ratio'] - 1) * 100:+.1f}% |"
+                f"{(_time_ratio(r, res) - 1) * 100:+.1f}% |"
             )
         lines.append("")
     tl = timeline_plot(res, out_dir)
@@ -244,8 +286,14 @@ METHOD = """## How it is measured
   `memory_allocated` before the step. Parameters, gradients and the batch are therefore excluded; transients
   (logits, softmax, workspace) are included — they are real and no block-level plan moves them. For memsched
   on CPU the host buffer pool's resident bytes are added (they outlive the step, in the same RAM).
+- **End-of-forward bytes**: in the same profiled step, the bytes live when `loss.backward()` starts (a profiler
+  range marks it): what the forward left behind for the backward — the quantity checkpointing and offloading act
+  on, before the backward's own transients (gradients of activations and weights) add to it.
 - **Step time**: forward + loss + backward (no optimizer update, which is the same for every approach), median of
-  N timed steps after the warm-up (torch.compile compiles in the warm-up). The profiled step is not timed.
+  N timed steps after the warm-up (torch.compile compiles in the warm-up). The profiled step is not timed. Both
+  wall time and this process's CPU time (all its threads; `time.process_time`) are recorded. The 2 cores are
+  shared with other jobs, which inflates wall time at random; CPU time does not count waiting for a core, so on
+  CPU the Pareto plots and memsched's "measured overhead" use the CPU-time ratio. Both ratios are in the tables.
 - **Gradients**: every run's parameter gradients from the profiled step are compared with keep-all's on the
   same weights and batch, dropout off: `ok` when every parameter's relative L2 error
   ||g - g_ref|| / ||g_ref|| <= 1e-4 and no gradient is missing ("bitwise" when all are identical).
