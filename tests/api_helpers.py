@@ -4,6 +4,7 @@ them are in conftest_api.py."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -85,42 +87,77 @@ class Server:
 
 # ------------------------------------------------------------------------------------------------ PostgreSQL
 
-
-def pg_connect(user: str, dbname: str = "test"):  # type: ignore[no-untyped-def]
-    import psycopg
-
-    return psycopg.connect(host=PG_HOST, port=PG_PORT, user=user, dbname=dbname, autocommit=True, connect_timeout=3)
+SOCKET_DIR = "/var/run/postgresql"
 
 
-def find_pg_user() -> tuple[str | None, str]:
-    """A user that can connect (trust auth), or None and why not."""
-    import psycopg
+@dataclass(frozen=True)
+class PgTarget:
+    """How to reach a PostgreSQL server: TCP (trust auth) or the Debian unix socket (peer auth)."""
 
-    why = ""
-    for user in ("postgres", "root", os.environ.get("USER", "")):
-        if not user:
-            continue
-        try:
-            with pg_connect(user):
-                return user, ""
-        except psycopg.Error as e:
-            why = f"{type(e).__name__}: {str(e).strip()[:200]}"
-    return None, why
+    host: str
+    user: str
 
+    def connect(self, dbname: str = "postgres"):  # type: ignore[no-untyped-def]
+        import psycopg
 
-def try_start_pg() -> str:
-    """Start the Debian cluster if it is installed but not running; returns what happened."""
-    if not Path("/etc/postgresql").is_dir() or shutil.which("pg_ctlcluster") is None:
-        return "no Debian PostgreSQL installation (/etc/postgresql, pg_ctlcluster) to start"
-    out = []
-    for version in sorted(os.listdir("/etc/postgresql")):
-        r = subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        return psycopg.connect(
+            host=self.host, port=PG_PORT, user=self.user, dbname=dbname, autocommit=True, connect_timeout=3
         )
-        out.append(f"pg_ctlcluster {version} main start -> {r.returncode} {r.stderr.strip()[:200]}")
+
+    def url(self, dbname: str) -> str:
+        if self.host.startswith("/"):
+            return f"postgresql+psycopg://{self.user}@/{dbname}?host={self.host}&port={PG_PORT}"
+        return f"postgresql+psycopg://{self.user}@{self.host}:{PG_PORT}/{dbname}"
+
+
+def find_pg() -> tuple[PgTarget | None, str]:
+    """A server and user that can create databases without a password, or None and why not."""
+    import psycopg
+
+    me = getpass.getuser()
+    candidates = [PgTarget(PG_HOST, u) for u in dict.fromkeys(("postgres", "root", me))]
+    candidates.append(PgTarget(SOCKET_DIR, me))  # a fresh Debian install: peer auth on the socket
+    why = []
+    for target in candidates:
+        try:
+            with target.connect():
+                return target, ""
+        except psycopg.Error as e:
+            why.append(f"{target.user}@{target.host}: {str(e).strip().splitlines()[0][:120]}")
+    return None, "; ".join(why)
+
+
+def _run(cmd: list[str], timeout: float = 600) -> str:
+    r = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
+    return f"`{' '.join(cmd)}` -> {r.returncode}" + (f" ({r.stderr.strip()[-200:]})" if r.returncode else "")
+
+
+def try_install_and_start_pg() -> str:
+    """Start Debian's PostgreSQL if it is installed; install it first when MEMSCHED_TEST_INSTALL_PG=1 (CI) and
+    we are root with apt-get; give this user a superuser role. Returns what was done, for the skip message."""
+    done = []
+    installed = Path("/etc/postgresql").is_dir() and shutil.which("pg_ctlcluster") is not None
+    if not installed:
+        if os.environ.get("MEMSCHED_TEST_INSTALL_PG") != "1":
+            return "PostgreSQL is not installed (set MEMSCHED_TEST_INSTALL_PG=1 to let the tests apt-get it)"
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            return "PostgreSQL is not installed and cannot be: installing needs root and apt-get"
+        done.append(_run(["apt-get", "update", "-q"]))
+        done.append(_run(["apt-get", "install", "-y", "-q", "postgresql"]))
+        if not Path("/etc/postgresql").is_dir():
+            return "; ".join(done)
+    for version in sorted(os.listdir("/etc/postgresql")):
+        done.append(_run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"], 60))
     time.sleep(2)
-    return "; ".join(out)
+    me = getpass.getuser()
+    if me != "postgres" and shutil.which("runuser") and os.geteuid() == 0:
+        # Peer auth maps OS user -> role of the same name: give ours one (fails harmlessly if it exists).
+        done.append(_run(["runuser", "-u", "postgres", "--", "psql", "-qc", f'CREATE ROLE "{me}" SUPERUSER LOGIN'], 60))
+    return "; ".join(done)

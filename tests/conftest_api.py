@@ -11,37 +11,34 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from api_helpers import KEY_A, KEY_B, PG_HOST, PG_PORT, Server, find_pg_user, pg_connect, try_start_pg
+from api_helpers import KEY_A, KEY_B, PgTarget, Server, find_pg, try_install_and_start_pg
 
 
 @pytest.fixture(scope="session")
-def pg_user() -> str:
+def pg_target() -> PgTarget:
     try:
         import psycopg  # noqa: F401
     except ImportError:
         pytest.skip("psycopg is not installed (pip install -e '.[api]'); cannot test PostgreSQL")
-    user, why = find_pg_user()
-    if user is None:
-        started = try_start_pg()
-        user, why2 = find_pg_user()
-        if user is None:
-            pytest.skip(
-                f"no PostgreSQL reachable at {PG_HOST}:{PG_PORT} with trust auth ({why}); tried to start one: "
-                f"{started}; then: {why2}"
-            )
-    return user
+    target, why = find_pg()
+    if target is None:
+        done = try_install_and_start_pg()
+        target, why2 = find_pg()
+        if target is None:
+            pytest.skip(f"no PostgreSQL reachable ({why}); tried: {done}; then: {why2}")
+    return target
 
 
 @pytest.fixture(scope="session")
-def pg_url(pg_user: str) -> Iterator[str]:
+def pg_url(pg_target: PgTarget) -> Iterator[str]:
     """A fresh database for this session, dropped at the end (even if tests fail)."""
     name = f"memsched_test_{uuid.uuid4().hex[:12]}"
-    with pg_connect(pg_user) as conn:
+    with pg_target.connect() as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield f"postgresql+psycopg://{pg_user}@{PG_HOST}:{PG_PORT}/{name}"
+        yield pg_target.url(name)
     finally:
-        with pg_connect(pg_user) as conn:
+        with pg_target.connect() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
