@@ -140,8 +140,7 @@ def demo_cmd(
     steps: Annotated[int, typer.Option("--steps", help="Measured steps.")] = 3,
     as_json: JsonOpt = False,
 ) -> None:
-    """Trace a small real model on the CPU, solve for about half its activation memory, replay a few
-    training steps under the schedule, and print predicted against measured peak and step time."""
+    """Trace a small model on the CPU, solve for half its activations, replay it: predicted vs measured."""
     from memsched.demo import run_demo
 
     _quiet_transformers()
