@@ -9,6 +9,7 @@ checkpoint inputs, without the static bytes and the per-stage transients).
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memsched.errors import MemschedError
 from memsched.runtime.clock import sync
 from memsched.runtime.layers import find_layers
 from memsched.runtime.ledger import SavedLedger
@@ -26,6 +28,8 @@ from memsched.runtime.replay import ScheduledModel
 from memsched.runtime.tracer import static_bytes
 from memsched.schema import Action, LayerAction, Prediction, Schedule, SolverRecord, SolverStatus, Trace
 from memsched.units import format_bytes, format_seconds
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -127,7 +131,10 @@ def measure(
     """Run `step_fn(scheduled_model)` warmup + steps times under the schedule (keep-all if None) and measure.
 
     step_fn receives the callable to run the forward with (the ScheduledModel) and does one whole step.
+    The comparison is logged (INFO) and returned; `Measurement.summary()` formats it.
     """
+    if steps < 1 or warmup < 0:
+        raise MemschedError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
     p0 = next(model.parameters(), None)
     device = p0.device if p0 is not None else torch.device("cpu")
     cuda = device.type == "cuda"
@@ -162,7 +169,7 @@ def measure(
     else:
         saved_peak, stages = None, {}
         peak = int(torch.cuda.max_memory_allocated(device))
-    return Measurement(
+    m = Measurement(
         device=device.type,
         step_s=statistics.median(times),
         peak_bytes=peak,
@@ -175,3 +182,5 @@ def measure(
         budget_bytes=schedule.budget_bytes if predicted else None,
         pool=pool,
     )
+    log.info("%s %s:\n%s", schedule.policy, "schedule" if predicted else "(unscheduled)", m.summary())
+    return m
