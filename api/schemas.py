@@ -99,6 +99,19 @@ class ErrorBody(BaseModel):
 class TraceRef(BaseModel):
     """A stored trace, without its body."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "31c90ea80ae7eeec499e0d0e38c4be0ad36b155a713af3f3cd4bbb5506af0fa5",
+                    "model": "synthetic/mlp",
+                    "n_layers": 3,
+                    "created_at": "2026-11-22T09:52:41.203299Z",
+                }
+            ]
+        }
+    )
+
     id: TraceId
     model: str = Field(description="the trace's model id")
     n_layers: int = Field(description="number of layers")
@@ -182,6 +195,35 @@ class CompareRow(BaseModel):
 class CompareOut(BaseModel):
     """The baseline table (the same as `memsched compare`)."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "trace_id": "31c90ea80ae7eeec499e0d0e38c4be0ad36b155a713af3f3cd4bbb5506af0fa5",
+                    "budget_bytes": 14347000,
+                    "static_bytes": 10000000,
+                    "keepall_activation_bytes": 6210000,
+                    "rows": [
+                        {
+                            "policy": "keep-all",
+                            "feasible": False,
+                            "peak_bytes": 16210000,
+                            "step_s": 0.05,
+                            "overhead_pct": 0.0,
+                        },
+                        {
+                            "policy": "checkpoint-all",
+                            "feasible": True,
+                            "peak_bytes": 13310000,
+                            "step_s": 0.056,
+                            "overhead_pct": 12.0,
+                        },
+                    ],
+                }
+            ]
+        }
+    )
+
     trace_id: TraceId
     budget_bytes: int = Field(description="the resolved budget in bytes")
     static_bytes: int = Field(description="static bytes of the trace")
@@ -191,6 +233,39 @@ class CompareOut(BaseModel):
 
 class JobOut(BaseModel):
     """A schedule job: its state, and the schedule once done."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "215a780705da42519e5630ceb401966a",
+                    "status": "queued",
+                    "trace_id": "31c90ea80ae7eeec499e0d0e38c4be0ad36b155a713af3f3cd4bbb5506af0fa5",
+                    "budget": "50%",
+                    "budget_bytes": 17605000,
+                    "solver": "auto",
+                    "time_limit_s": 30.0,
+                    "gap": 0.01,
+                    "window": None,
+                    "max_segment": None,
+                    "cached": False,
+                    "reason": None,
+                    "min_feasible_bytes": None,
+                    "attempts": 0,
+                    "solve_s": None,
+                    "created_at": "2026-11-22T09:52:41.223034Z",
+                    "started_at": None,
+                    "finished_at": None,
+                    "schedule": None,
+                    "links": {
+                        "self": "/v1/schedules/215a780705da42519e5630ceb401966a",
+                        "trace": "/v1/traces/31c90ea80ae7eeec499e0d0e38c4be0ad36b155a713af3f3cd4bbb5506af0fa5",
+                        "plot": "/v1/schedules/215a780705da42519e5630ceb401966a/plot.png",
+                    },
+                }
+            ]
+        }
+    )
 
     id: JobId
     status: JobStatus = Field(description="queued | running | done | failed")

@@ -284,3 +284,22 @@ def test_queue_limit_answers_429(tmp_path, monkeypatch) -> None:
         )
         again = c.post("/v1/schedules", json={**body, "budget": "70%"})
         assert again.status_code == 202 and again.json()["id"] == first.json()["id"]
+
+
+def test_openapi_examples_are_valid() -> None:
+    """The examples the docs show are real: each one validates against its own model."""
+    from memsched.api import schemas
+
+    models = [
+        schemas.JobOut,
+        schemas.TraceRef,
+        schemas.CompareOut,
+        schemas.ErrorBody,
+        schemas.ScheduleRequest,
+        schemas.CompareRequest,
+    ]
+    for model in models:
+        examples = model.model_json_schema().get("examples", [])
+        assert examples, model.__name__
+        for ex in examples:
+            model.model_validate(ex)
