@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from sqlalchemy.exc import SQLAlchemyError
 
 import memsched
 from memsched.api import crud
@@ -39,7 +40,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = Database(settings.database_url)
-        db.create_all()
+        try:
+            db.create_all()
+        except SQLAlchemyError as e:
+            # Say which database and why in one line; uvicorn then reports the failed start-up and exits.
+            log.error("cannot use the database %s: %s", db.safe_url, str(e).splitlines()[0])
+            raise
         log.info(
             "memsched service: database %s, %d solver workers, auth %s",
             db.safe_url,
