@@ -56,14 +56,57 @@ def run_one(name: str, trace: Trace, budget: int, backend: str, limit: float) ->
     return row
 
 
+def _meta() -> dict[str, object]:
+    return {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+                    "processor": platform.processor(), "load_avg_at_start": os.getloadavg()},
+        "versions": {p: version(p) for p in ("memsched", "pulp", "ortools", "highspy")},
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def heuristic_bench() -> None:
+    """The heuristic's wall time on 5,000-layer chains and DAGs at tight, middle and loose budgets."""
+    rows = []
+    for dag in (False, True):
+        t = make_trace(5000, 1, dag=dag)
+        lo, hi = min_feasible_budget(t), t.static.total + keepall_activation_peak(t)
+        for frac in (0.0, 0.1, 0.5, 0.9):
+            budget = lo + int((hi - lo) * frac)
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                h = heuristic(t, budget)
+                times.append(time.perf_counter() - t0)
+            rows.append({"trace": f"synthetic/{'dag' if dag else 'chain'}-5000", "budget_frac": frac,
+                         "best_s": round(min(times), 4), "median_s": round(sorted(times)[1], 4),
+                         "feasible": h.sim.feasible, "overhead_pct": round(h.sim.overhead_pct, 3)})
+            logging.info("%s", rows[-1])
+    meta = _meta()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "solver_heuristic.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = ["# Heuristic timing (5,000 layers)", "", f"Command: `{meta['command']}`  ",
+             f"Machine: {meta['machine']}  ", f"Versions: {meta['versions']}  ", f"Date: {meta['date_utc']}", "",
+             "Budget = min feasible + frac x (keep-all peak - min feasible). Best and median of 3 runs.", "",
+             "| trace | budget frac | best s | median s | feasible | overhead % |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['trace']} | {r['budget_frac']} | {r['best_s']} | {r['median_s']} | {r['feasible']} | "
+              f"{r['overhead_pct']} |" for r in rows]
+    (RESULTS / "solver_heuristic.md").write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     default_shared = os.environ.get("MEMSCHED_SHARED", str(Path(__file__).resolve().parents[2] / "shared"))
     ap.add_argument("--shared", default=default_shared)
     ap.add_argument("--backends", default="cbc,highs,cpsat")
+    ap.add_argument("--heuristic", action="store_true", help="only time the heuristic on 5,000 layers")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.heuristic:
+        heuristic_bench()
+        return
     backends = args.backends.split(",")
     rows: list[dict[str, object]] = []
     pipedream = Path(args.shared) / "data" / "pipedream"
@@ -86,13 +129,7 @@ def main() -> None:
                 if n >= 500 and b != "cbc":
                     limit = 10.0  # time box: the 60 s target is for the default backend
                 rows.append(run_one(f"synthetic/{'dag' if dag else 'chain'}-{n}@40%", t, budget, b, limit))
-    meta = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-                    "processor": platform.processor()},
-        "versions": {p: version(p) for p in ("memsched", "pulp", "ortools", "highspy")},
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    meta = _meta()
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "solver_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = ["# Solver benchmark", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",

@@ -6,8 +6,8 @@ Greedy by memory freed per second of estimated overhead, starting from keep-all,
 - *offload* a layer whose copy can hide behind compute: its estimated cost is the part of the copy that the
   D2H (forward) and H2D (backward) channels cannot overlap, given the copy time already committed to each
   channel, so cheap offloads come first and the channels' saturation makes further ones expensive;
-- *recompute* a layer (a singleton segment) where the copy cannot hide: cost = its forward time, and the
-  checkpoint inputs it adds are charged against the bytes it frees.
+- *recompute* a segment of up to 8 layers where copies cannot hide: cost = its forward time, and the
+  checkpoint inputs it adds (what enters the segment) are charged against the bytes it frees.
 
 Memory is tracked incrementally in one array of the 2n stages (numpy range updates), never re-simulated
 per candidate. A candidate is applied only if it lowers a stage that is still over budget. A reverse pass
@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from memsched.optimizer.budget import min_feasible_decisions
-from memsched.optimizer.plan import KEEP, Decision, offload_all, recompute
+from memsched.optimizer.plan import KEEP, Decision, group_start, offload_all, recompute
 from memsched.optimizer.simulate import D2H, H2D, SimResult, copy_seconds, default_timing, simulate, stage_memory
 from memsched.schema import Action, Trace
 
@@ -44,19 +44,25 @@ class HeuristicResult:
     """The simulator's result for them under the budget."""
 
 
-def _checkpoint_delta(trace: Trace, i: int, held_from: dict[int, int], last: int) -> list[tuple[int, int, int]]:
-    """(lo, hi, bytes) ranges that recomputing layer i (a singleton) adds as checkpoint inputs."""
+def _checkpoint_delta(trace: Trace, a: int, deps: set[int], held_from: dict[int, int],
+                      last: int) -> list[tuple[int, int, int]]:
+    """(lo, hi, bytes) ranges that a recompute segment starting at `a` adds by holding `deps` (producers
+    before `a` that its layers consume) from stage a+1 to last-a-1, given what is already held."""
     out = []
-    for j in trace.layers[i].deps:
+    for j in deps:
         nbytes = trace.layers[j].output_bytes
         old = held_from.get(j)
-        if not nbytes or (old is not None and old <= i):
+        if not nbytes or (old is not None and old <= a):
             continue
         if old is None:
-            out.append((i + 1, last - i - 1, nbytes))
-        else:  # extend the held interval [old+1, last-old-1] to [i+1, last-i-1]
-            out += [(i + 1, old, nbytes), (last - old, last - i - 1, nbytes)]
+            out.append((a + 1, last - a - 1, nbytes))
+        else:  # extend the held interval [old+1, last-old-1] to [a+1, last-a-1]
+            out += [(a + 1, old, nbytes), (last - old, last - a - 1, nbytes)]
     return out
+
+
+def _outside_deps(trace: Trace, a: int, b: int) -> set[int]:
+    return {j for c in range(a, b + 1) for j in trace.layers[c].deps if j < a}
 
 
 def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
@@ -83,45 +89,54 @@ def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
             cost += max(0.0, c - window) + max(0.0, load[ch] + c - total[ch])
         return cost
 
-    heap: list[tuple[float, int, str]] = []
+    sizes = [x.saved_bytes for x in trace.layers]
+    # Heap entries: (-score, first layer, kind, last layer). Offloads are single layers; recomputes are
+    # segments [a, b] of up to `seg_max` layers (a singleton often frees nothing: a layer that saves its
+    # input must hold that same input as its checkpoint; a segment holds only what enters it).
+    seg_max = 8 if n <= 2000 else 3
+    heap: list[tuple[float, int, str, int]] = []
     for i in range(n - 1):
-        s = trace.layers[i].saved_bytes
-        if s <= 0:
-            continue
-        heapq.heappush(heap, (-s / (offload_cost(i) + _EPS_S), i, "offload"))
-        ckpt = sum(trace.layers[j].output_bytes for j in trace.layers[i].deps)
-        if s > ckpt:  # recomputing frees s but holds the inputs (at most ckpt bytes more)
-            heapq.heappush(heap, (-(s - ckpt) / (trace.layers[i].forward_s + _EPS_S), i, "recompute"))
+        if sizes[i] > 0:
+            heapq.heappush(heap, (-sizes[i] / (offload_cost(i) + _EPS_S), i, "offload", i))
+    for a in range(n - 1):
+        freed, cost = 0, 0.0
+        for b in range(a, min(a + seg_max, n - 1)):
+            freed += sizes[b]
+            cost += trace.layers[b].forward_s
+            if sizes[b] <= 0:
+                continue  # a segment ending at a layer that saves nothing is dominated by a shorter one
+            net = freed - sum(trace.layers[j].output_bytes for j in _outside_deps(trace, a, b))
+            if net > 0:
+                heapq.heappush(heap, (-net / (cost + _EPS_S), a, "recompute", b))
     held_from: dict[int, int] = {}
-    applied: list[tuple[float, int]] = []  # (cost, layer) in application order
+    applied: list[tuple[float, int]] = []  # (cost, layer) of the offloads, in application order
     while heap and mem.max() > limit:
-        _neg, i, kind = heapq.heappop(heap)
-        if decisions[i].action != Action.KEEP:
+        _neg, a, kind, b = heapq.heappop(heap)
+        if any(decisions[i].action != Action.KEEP for i in range(a, b + 1)):
             continue
-        s = trace.layers[i].saved_bytes
-        if kind == "offload":
-            cost = offload_cost(i)
-            score = -s / (cost + _EPS_S)
-            if heap and score > heap[0][0] + 1e-12:  # stale: the channels filled up since it was pushed
-                heapq.heappush(heap, (score, i, kind))
-                continue
-        else:
-            cost = trace.layers[i].forward_s
-        lo, hi = i + 1, last - i - 1
+        lo, hi = a + 1, last - b - 1  # the stages where the whole choice frees its bytes
         if lo > hi or mem[lo : hi + 1].max() <= limit:
             continue  # frees nothing where memory is short
         if kind == "offload":
-            decisions[i] = offload_all(trace, i)
+            cost = offload_cost(a)
+            score = -sizes[a] / (cost + _EPS_S)
+            if heap and score > heap[0][0] + 1e-12:  # stale: the channels filled up since it was pushed
+                heapq.heappush(heap, (score, a, kind, b))
+                continue
+            decisions[a] = offload_all(trace, a)
             for ch in (D2H, H2D):
-                load[ch] += copy_seconds(trace, s, ch)
-        else:
-            decisions[i] = recompute()
-            for a, b, nbytes in _checkpoint_delta(trace, i, held_from, last):
-                mem[a : b + 1] += nbytes
-            for j in trace.layers[i].deps:
-                held_from[j] = min(held_from.get(j, i), i)
-        mem[lo : hi + 1] -= s
-        applied.append((cost, i))
+                load[ch] += copy_seconds(trace, sizes[a], ch)
+            mem[lo : hi + 1] -= sizes[a]
+            applied.append((cost, a))
+            continue
+        for i in range(a, b + 1):
+            decisions[i] = recompute(group=a)
+            mem[i + 1 : last - b] -= sizes[i]  # s_i is back from B_b on (the segment re-runs there)
+        deps = _outside_deps(trace, a, b)
+        for lo2, hi2, nbytes in _checkpoint_delta(trace, a, deps, held_from, last):
+            mem[lo2 : hi2 + 1] += nbytes
+        for j in deps:
+            held_from[j] = min(held_from.get(j, a), a)
     # Reverse pass: undo expensive choices that later ones made unnecessary (recompute undo is skipped:
     # its checkpoint bookkeeping is not reversible incrementally, and it is rarely the expensive one).
     for cost, i in sorted(applied, reverse=True):
@@ -153,13 +168,13 @@ def heuristic(trace: Trace, budget_bytes: int) -> HeuristicResult:
     decisions = default_timing(trace, greedy_decisions(trace, budget_bytes), budget_bytes)
     sim = simulate(trace, decisions, budget_bytes, with_events=False)
     if not sim.feasible:
-        # The greedy's singleton recomputes can hold more inputs than they free; make every layer whose
+        # The greedy's recomputes can hold more inputs than they free; make every layer whose
         # interior covers an over-budget stage a synchronous offload (the pointwise memory minimum).
         log.debug("greedy schedule over budget (%d > %d); tightening", sim.peak_bytes, budget_bytes)
         sync = min_feasible_decisions(trace)
         limit = budget_bytes - trace.static.total
         decisions = list(sim.decisions)
-        batch = 1
+        batch = max(1, trace.n // 128)  # tight budgets on long traces need many conversions
         mem = sim.stage_bytes
         while True:
             over = [t for t, b in enumerate(mem) if b > limit]
@@ -171,6 +186,14 @@ def heuristic(trace: Trace, budget_bytes: int) -> HeuristicResult:
                 decisions = sync  # cannot happen for a feasible budget; sync is the memory minimum
                 break
             for i in todo:
+                if decisions[i].action == Action.RECOMPUTE:  # dissolve its whole segment
+                    a = group_start(decisions, i)
+                    b = i
+                    while b + 1 < trace.n and decisions[b + 1].action == Action.RECOMPUTE and \
+                            group_start(decisions, b + 1) == a:
+                        b += 1
+                    for j in range(a, b + 1):
+                        decisions[j] = sync[j]
                 decisions[i] = sync[i]
             decisions = fix_prefetch_order(decisions)
             batch *= 2  # doubling keeps the number of memory evaluations logarithmic

@@ -154,7 +154,7 @@ def complete(m: MilpModel, binaries: dict[int, int], rows: list[ScaledRow], inte
             if integral:
                 value = float(math.ceil(value - 1e-9))
             best = value if m.rows[r].sense == "==" else max(best, value)
-        vals[t] = best
+        vals[t] = max(best, m.vars[t].lb)  # '==' rows can land a rounding error below the bound
         for u in users.get(t, ()):
             needs[u].discard(t)
             if not needs[u]:
