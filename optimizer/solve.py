@@ -122,26 +122,24 @@ def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend
 
 
 def _recompute_phase(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
-                     cands: list[Candidate]) -> float:
+                     cands: list[Candidate]) -> None:
     """Phase 1: the recompute-only model (no offload variables: small, and its LP is tight) for up to a
-    third of the time limit; its schedule joins the candidates that warm-start the full model. Returns
-    the seconds spent. Skipped on small traces, where the full model is solved outright."""
+    third of the time limit; its schedule joins the candidates that warm-start the full model. Skipped on
+    small traces, where the full model is solved outright."""
     if trace.n <= 24:
-        return 0.0
-    t0 = time.perf_counter()
+        return
     recompute_only = next((c for c in cands if all(d.action != Action.OFFLOAD for d in c.sim.decisions)), None)
     warm = recompute_only.sim.decisions if recompute_only else None
     try:
         out = _run_backend(trace, budget_bytes, options, backend, warm, options.time_limit_s / 3, offload=False)
     except SolverError as exc:  # reported below by the full run if it persists; phase 1 is optional
         log.info("recompute-only phase failed: %s", exc)
-        return time.perf_counter() - t0
+        return
     if out.decisions is not None:
         sim = simulate(trace, out.decisions, budget_bytes, with_events=False)
         if sim.feasible:
             cands.append(Candidate("recompute-ilp", sim))
             cands.sort(key=lambda c: c.sim.overhead_s)
-    return time.perf_counter() - t0
 
 
 def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> SolveReport:
@@ -167,11 +165,13 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
 
     backend = AUTO_BACKEND if options.solver == "auto" else options.solver
-    spent = _recompute_phase(trace, budget_bytes, options, backend, cands)
+    _recompute_phase(trace, budget_bytes, options, backend, cands)
     best = cands[0]
-    # The warm start: the best candidate (representable: see warm.representable) or nothing.
-    outcome = _run_backend(trace, budget_bytes, options, backend, best.sim.decisions,
-                           max(1.0, options.time_limit_s - spent), export=options.export_model)
+    # The warm start: the best candidate (representable: see warm.representable) or nothing. The time
+    # limit covers the whole solve (candidates, phase 1, model building), not only the search.
+    left = options.time_limit_s - (time.perf_counter() - t0)
+    outcome = _run_backend(trace, budget_bytes, options, backend, best.sim.decisions, max(1.0, left),
+                           export=options.export_model)
     wall = time.perf_counter() - t0
     if outcome.found == Found.INFEASIBLE:
         raise SolverError(
