@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -48,7 +49,12 @@ class JobRunner:
     def _new_pool(self, workers: int) -> ProcessPoolExecutor:
         # spawn, not fork: the server has threads (the thread pool, the database pool), and forking a
         # threaded process can copy a held lock into the child.
-        return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        return ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=worker.watch_parent,
+            initargs=(os.getpid(),),
+        )
 
     async def start(self) -> None:
         requeued, failed, queued = await self._db(lambda s: crud.recover(s, self.settings.max_attempts))

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,20 @@ def kill_descendants(pid: int) -> None:
     for child in descendants(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(child, signal.SIGKILL)
+
+
+def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
+    """Pool initializer: exit when the server that started this worker is gone. A pool worker whose parent was
+    killed (kill -9, the OOM killer) would otherwise wait on its queue forever, holding memory."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent_pid:
+                kill_descendants(os.getpid())
+                os._exit(1)
+
+    threading.Thread(target=watch, name="memsched-parent-watch", daemon=True).start()
 
 
 def warm_up() -> int:

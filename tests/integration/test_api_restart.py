@@ -4,8 +4,10 @@ once interrupted too often. None vanish. Over SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import signal
+import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 from api_helpers import KEY_A, Server
 from sqlalchemy import create_engine
@@ -15,6 +17,7 @@ from memsched.api import crud
 from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
 from memsched.api.models import Base, JobRow, JobStatus, TraceRow
+from memsched.api.worker import descendants
 from memsched.service import budget_bytes_for
 
 # The server and database fixtures (tests/conftest_api.py explains why they are not in a conftest.py).
@@ -99,9 +102,24 @@ def test_sigkill_mid_burst_loses_nothing(database_url: str, tmp_path) -> None:
                 )
                 assert r.status_code in (200, 202), r.text
                 ids.append(r.json()["id"])
+            workers = descendants(srv.proc.pid) if srv.proc else []
             srv.stop(signal.SIGKILL)
             srv.start()
             finals = [c.get(f"/v1/schedules/{i}", params={"wait": 20}).json() for i in ids]
     finally:
         srv.stop()
     assert [f["status"] for f in finals] == ["done"] * len(ids), finals
+    # The killed server's worker processes noticed and exited: nothing is left behind.
+    assert workers
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in workers):
+        time.sleep(0.2)
+    assert not [p for p in workers if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
