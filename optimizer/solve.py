@@ -142,6 +142,21 @@ def _recompute_phase(trace: Trace, budget_bytes: int, options: SolveOptions, bac
             cands.sort(key=lambda c: c.sim.overhead_s)
 
 
+def _candidate_schedule(trace: Trace, budget_bytes: int, best: Candidate, outcome: Outcome, wall: float,
+                        msg: str) -> Schedule:
+    """A candidate's schedule. When the backend proved a bound, it is kept (status feasible, with the
+    gap): it bounds every schedule with done-by / prefetch-at within W stages and segments of at most L
+    layers (all schedules on traces of up to 24 layers)."""
+    obj = best.sim.overhead_s
+    bound = outcome.bound_s
+    if bound is not None and bound <= obj:
+        rec = _record(best.name, SolverStatus.FEASIBLE, obj, wall,
+                      msg + f"; the bound is {outcome.backend}'s", bound=bound)
+    else:
+        rec = _record(best.name, SolverStatus.HEURISTIC, obj, wall, msg)
+    return make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec)
+
+
 def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> SolveReport:
     """solve(), with the backend's raw outcome kept."""
     options = options or SolveOptions()
@@ -194,15 +209,13 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         why = "found no schedule" if outcome.decisions is None else "returned a schedule over budget"
         msg = (f"{backend} {why} within {options.time_limit_s:g} s ({outcome.message}); returning the best "
                f"of the heuristic and the baselines ({best.name})")
-        rec = _record(best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, wall, msg)
-        return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), outcome, None)
+        return SolveReport(_candidate_schedule(trace, budget_bytes, best, outcome, wall, msg), outcome, None)
     obj = ilp_sim.overhead_s
     if best.sim.overhead_s < obj * (1 - _REL_TOL) - 1e-12:
         # Only possible at a time limit, or when the candidate uses segments longer than L.
         msg = (f"the {best.name} schedule ({best.sim.overhead_s:.6g} s overhead) beats {backend}'s "
                f"({obj:.6g} s, {outcome.found.value}; {outcome.message}); returning {best.name}")
-        rec = _record(best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, wall, msg)
-        return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), outcome, ilp_sim)
+        return SolveReport(_candidate_schedule(trace, budget_bytes, best, outcome, wall, msg), outcome, ilp_sim)
     status = SolverStatus.OPTIMAL if outcome.found == Found.OPTIMAL else SolverStatus.FEASIBLE
     msg = outcome.message
     if status == SolverStatus.FEASIBLE:

@@ -111,18 +111,24 @@ def test_export_model(tmp_path: Path, solver: str, suffix: str) -> None:
     assert "mem_F" in text or "mem_B" in text  # row names survive in every format
 
 
-def test_time_limit_without_incumbent_falls_back_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("bound", [None, 1e-6])
+def test_time_limit_without_incumbent_falls_back_with_a_message(monkeypatch: pytest.MonkeyPatch,
+                                                                bound: float | None) -> None:
     from memsched.optimizer import solve as solve_mod
     from memsched.optimizer.ilp.outcome import Found, Outcome
 
     def no_incumbent(*_a: object, **_k: object) -> Outcome:
-        return Outcome("cbc", Found.NO_SOLUTION, None, None, 0.001, 1.0, "cbc: Stopped on time limit")
+        return Outcome("cbc", Found.NO_SOLUTION, None, None, bound, 1.0, "cbc: Stopped on time limit")
 
     monkeypatch.setattr(solve_mod, "_run_backend", no_incumbent)
     trace = make_trace(15, 4)
     schedule = solve(trace, _budget(trace, 0.3), SolveOptions(time_limit_s=1))
-    assert schedule.solver.status == SolverStatus.HEURISTIC
     assert "found no schedule" in schedule.solver.message and "cbc" in schedule.solver.message
+    if bound is None:
+        assert schedule.solver.status == SolverStatus.HEURISTIC and schedule.solver.gap is None
+    else:  # the solver's bound is kept: the record says how far from optimal the fallback may be
+        assert schedule.solver.status == SolverStatus.FEASIBLE
+        assert schedule.solver.best_bound_s == bound and schedule.solver.gap is not None
 
 
 def test_solvers_tuple_is_the_cli_contract() -> None:
