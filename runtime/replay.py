@@ -34,7 +34,7 @@ from memsched.runtime.ledger import SavedLedger
 from memsched.runtime.offload import OffloadRecord
 from memsched.runtime.plan import RuntimePlan, build_plan
 from memsched.runtime.pool import HostBufferPool, PoolStats
-from memsched.runtime.storage import param_storages, storage_key
+from memsched.runtime.storage import StaticStorages
 from memsched.schema import Action, Schedule, Trace
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,8 @@ class _Observer(torch.autograd.graph.saved_tensors_hooks):
 class _Pass:
     """Bookkeeping of one forward pass (one training step) and its backward."""
 
-    def __init__(self, n: int, static_keys: set[tuple[str, int]]) -> None:
-        self.static_keys = static_keys
+    def __init__(self, n: int, static: StaticStorages) -> None:
+        self.static = static
         self.claims: dict[int, tuple[int, weakref.ref[torch.UntypedStorage]]] = {}
         self.next_index = [0] * n
         self.offloaded: dict[int, tuple[weakref.ref[torch.UntypedStorage], OffloadRecord]] = {}
@@ -111,7 +111,7 @@ class _Pass:
         return None
 
     def is_static(self, x: torch.Tensor) -> bool:
-        return storage_key(x) in self.static_keys
+        return x in self.static
 
 
 class ScheduledModel:
@@ -229,7 +229,7 @@ class ScheduledModel:
         if self._segment is not None:  # the previous forward stopped inside a segment
             self._segment.abort()
             self._segment = None
-        self._pass = _Pass(self.plan.n, param_storages(self.model))
+        self._pass = _Pass(self.plan.n, StaticStorages().add_module(self.model))
         return self._pass
 
     def _forward(self, i: int, orig: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -238,6 +238,9 @@ class ScheduledModel:
         if p is None or i <= p.last_forward:
             p = self._new_pass()
         p.last_forward = i
+        # Parameters a sharding wrapper (FSDP) gathers just before this layer runs are new storages: still
+        # static memory, never activations to offload or count.
+        p.static.add_module(self.plan.modules[i])
         if self.ledger is not None:
             self.ledger.mark(f"F{i}")
         seg = self._segment

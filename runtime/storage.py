@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import torch
 
@@ -22,23 +21,31 @@ def tensor_nbytes(t: torch.Tensor) -> int:
     return int(t.numel() * t.element_size())
 
 
-def is_sparse_or_meta(t: torch.Tensor) -> bool:
-    return t.is_sparse or t.device.type == "meta" or t.is_nested
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding this rank's data: a DTensor's local shard (FSDP2 parameters), else t itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
 
 
-@dataclass
-class StorageRef:
-    """A weak reference to a storage with the key it had; `alive(t)` tells whether t still uses it."""
+class StaticStorages:
+    """Storages of parameters and buffers: static memory, never counted or moved as activations.
 
-    ref: weakref.ref[torch.UntypedStorage]
-    """The storage, weakly (PyTorch preserves the Python object while the storage lives)."""
+    Membership is by storage identity (a weak reference per storage), not by address: a sharding wrapper
+    (FSDP) frees gathered parameters between uses, and an activation allocated at a freed parameter's
+    address must not pass for static."""
 
-    def same(self, t: torch.Tensor) -> bool:
-        return self.ref() is t.untyped_storage()
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
 
+    def add_module(self, module: torch.nn.Module) -> StaticStorages:
+        for t in (*module.parameters(), *module.buffers()):
+            s = local_tensor(t).untyped_storage()
+            self._refs[id(s)] = weakref.ref(s)
+        return self
 
-def param_storages(module: torch.nn.Module) -> set[tuple[str, int]]:
-    """Keys of parameter and buffer storages: static memory, never counted as saved activations."""
-    keys = {storage_key(p) for p in module.parameters()}
-    keys |= {storage_key(b) for b in module.buffers()}
-    return keys
+    def __contains__(self, t: object) -> bool:
+        if not isinstance(t, torch.Tensor):
+            return False
+        s = t.untyped_storage()
+        ref = self._refs.get(id(s))
+        return ref is not None and ref() is s

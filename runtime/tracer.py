@@ -30,7 +30,7 @@ from memsched.runtime.clock import Clock, sync
 from memsched.runtime.device import device_memory, device_name, framework_versions, measure_copy_speed
 from memsched.runtime.layers import find_layers
 from memsched.runtime.ledger import SavedLedger
-from memsched.runtime.storage import param_storages, storage_key, storage_nbytes, tensor_nbytes
+from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
 from memsched.schema import Baseline, DeviceInfo, Layer, StaticBytes, Trace
 
 log = logging.getLogger(__name__)
@@ -100,8 +100,11 @@ def _unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
 class _MemoryStep:
     """Instrumentation of the one memory step."""
 
-    def __init__(self, model: nn.Module, stats: list[_LayerStats], device: torch.device) -> None:
-        self.static = param_storages(model)
+    def __init__(
+        self, model: nn.Module, stats: list[_LayerStats], device: torch.device, modules: Sequence[nn.Module]
+    ) -> None:
+        self.static = StaticStorages().add_module(model)
+        self.modules = modules
         self.stats = stats
         self.device = device
         self.stack: list[int] = []
@@ -114,7 +117,7 @@ class _MemoryStep:
         self.bwd_done: set[int] = set()
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(x, torch.Tensor) and storage_key(x) not in self.static:
+        if isinstance(x, torch.Tensor) and x not in self.static:
             self._note(x)
         # Detached: the packed tensor must not point back at its own grad_fn (see replay._keep).
         return x.detach() if isinstance(x, torch.Tensor) and x.grad_fn is not None else x
@@ -145,6 +148,7 @@ class _MemoryStep:
         def forward(*args: Any, **kwargs: Any) -> Any:
             if i not in self.order:
                 self.order.append(i)
+            self.static.add_module(self.modules[i])  # parameters gathered just in time (FSDP)
             inputs = _input_tensors(args, kwargs)
             st.input_bytes = _unique_bytes([t for t in inputs if t.requires_grad])
             for t in inputs:
@@ -281,7 +285,7 @@ def static_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> S
     (The tracer adds the tensors saved outside the traced layers to `other`.)"""
     seen: set[tuple[str, int]] = set()
     params = grads = 0
-    for p in model.parameters():
+    for p in map(local_tensor, model.parameters()):
         k = storage_key(p)
         if k in seen:
             continue  # tied weights (GPT-2's lm_head and wte) are one allocation
@@ -300,7 +304,7 @@ def static_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> S
                         state_seen.add(k)
                         state += storage_nbytes(v)
     buffers = 0
-    for b in model.buffers():
+    for b in map(local_tensor, model.buffers()):
         k = storage_key(b)
         if k not in seen:
             seen.add(k)
@@ -356,7 +360,7 @@ def trace(
             timing.collect()
 
     # 3. the memory step.
-    mem = _MemoryStep(model, stats, device)
+    mem = _MemoryStep(model, stats, device, modules)
     with _wrapped(modules, mem.wrap), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
         step_fn()
     missing = [stats[i].name for i in range(len(stats)) if i not in mem.order]
