@@ -263,8 +263,17 @@ def test_cuda_workspace_bookkeeping_with_a_fake_allocator(monkeypatch):
     torch.manual_seed(0)
     net, x = Net(), torch.randn(5, 4)
     stats = [tr_mod._LayerStats(f"blocks.{i}", "Block") for i in range(3)]
-    mem = tr_mod._MemoryStep(net, stats, torch.device("cuda"))
+    mem = tr_mod._MemoryStep(net, stats, torch.device("cuda"), list(net.blocks))
     with tr_mod._wrapped(list(net.blocks), mem.wrap), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda t: t):
         net(x).backward()
     assert mem.bwd_done == {0, 1, 2} and not mem.bwd_open
     assert all(s.workspace >= 0 for s in stats)
+
+
+def test_the_runtime_never_imports_the_optimizer():
+    import subprocess
+    import sys
+
+    code = "import sys, memsched.runtime; print(any(m.startswith('memsched.optimizer') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
