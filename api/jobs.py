@@ -163,10 +163,10 @@ class JobRunner:
         pool = self._pool
         s = self.settings
         loop = asyncio.get_running_loop()
-        # The worker stops an overrunning solver by itself after time_limit + grace; the watchdog here
-        # kills the worker after a second grace, for a solver stuck where no signal reaches it.
+        # The worker stops an overrunning solver by itself after time_limit + grace and gives the heuristic
+        # one more grace; the watchdog here kills the worker after a third, for code no signal reaches.
         time_limit_s = job.params.time_limit_s
-        watchdog_s = time_limit_s + 2 * s.job_grace_s
+        watchdog_s = time_limit_s + 3 * s.job_grace_s
         try:
             fut = loop.run_in_executor(
                 pool, worker.run_solve, job.trace_json, job.budget_bytes, job.params, s.job_grace_s, s.solver_threads

@@ -10,7 +10,7 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
@@ -110,11 +110,12 @@ def run_solve(
     trace_json: str, budget_bytes: int, params: SolveParams, overrun_s: float, threads: int | None = None
 ) -> SolveOutcome:
     """Solve one job. The solver gets `time_limit_s`; if it is still running `overrun_s` later, an alarm in
-    this process stops it (the parent's watchdog kills the process if even that does not come back)."""
+    this process stops it and the job falls back to the heuristic (same service function, solver
+    'heuristic'), whose schedule says so in its solver message. The parent's watchdog kills the process if
+    even that does not come back."""
     t0 = time.perf_counter()
-    time_limit_s = params.time_limit_s
     signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, time_limit_s + overrun_s)
+    signal.setitimer(signal.ITIMER_REAL, params.time_limit_s + overrun_s)
     try:
         trace = Trace.model_validate_json(trace_json)
         options = SolveOptions(
@@ -125,14 +126,30 @@ def run_solve(
             max_segment=params.max_segment,
             threads=threads,
         )
-        schedule = solve_trace(trace, budget_bytes, options)
+        try:
+            schedule = solve_trace(trace, budget_bytes, options)
+        except _Overrun:
+            kill_descendants(os.getpid())  # e.g. a CBC binary still running past its own -sec limit
+            if params.solver == "heuristic":
+                raise
+            overran = (
+                f"the {params.solver} solver ran past its time limit of {params.time_limit_s:g} s by more than "
+                f"{overrun_s:g} s and was stopped"
+            )
+            log.warning("%s; falling back to the heuristic", overran)
+            signal.setitimer(signal.ITIMER_REAL, overrun_s)
+            schedule = solve_trace(trace, budget_bytes, replace(options, solver="heuristic"))
+            note = f"{overran}; this is the heuristic's schedule"
+            schedule.solver = schedule.solver.model_copy(
+                update={"message": f"{note} ({schedule.solver.message})" if schedule.solver.message else note}
+            )
         return SolveOutcome(schedule.model_dump_json(), wall_s=time.perf_counter() - t0)
     except _Overrun:
-        kill_descendants(os.getpid())  # e.g. a CBC binary still running past its own -sec limit
+        kill_descendants(os.getpid())
         return SolveOutcome(
             None,
-            f"the solver ran past its time limit of {time_limit_s:g} s by more than {overrun_s:g} s and was "
-            "stopped; resubmit with solver 'heuristic' or a shorter time_limit_s",
+            f"the solver ran past its time limit of {params.time_limit_s:g} s by more than {overrun_s:g} s (and the "
+            "heuristic fallback did not finish either) and was stopped; resubmit with a smaller trace",
             wall_s=time.perf_counter() - t0,
         )
     except InfeasibleBudgetError as e:

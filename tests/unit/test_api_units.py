@@ -113,6 +113,26 @@ def test_worker_stops_a_solver_that_overruns_its_time_limit(monkeypatch) -> None
     assert out.schedule_json is None and "ran past its time limit of 0.2 s" in (out.error or "")
 
 
+def test_worker_falls_back_to_the_heuristic_when_the_exact_solver_overruns(monkeypatch) -> None:
+    real = worker.solve_trace
+
+    def slow_exact(trace, budget, options):  # type: ignore[no-untyped-def]
+        if options.solver != "heuristic":
+            time.sleep(30)
+        return real(trace, budget, options)
+
+    monkeypatch.setattr(worker, "solve_trace", slow_exact)
+    tr = synthetic_trace(4)
+    t0 = time.perf_counter()
+    out = worker.run_solve(tr.model_dump_json(), min_feasible_budget(tr) + 10, SolveParams("cbc", 0.2), 0.3)
+    assert time.perf_counter() - t0 < 5
+    assert out.error is None and out.schedule_json is not None
+    sc = Schedule.model_validate_json(out.schedule_json)
+    check_schedule(sc, tr)
+    assert sc.solver.status == "heuristic"
+    assert sc.solver.message.startswith("the cbc solver ran past its time limit of 0.2 s")
+
+
 def test_worker_turns_solver_crashes_into_reasons(monkeypatch) -> None:
     def broken(*_args: object) -> Schedule:
         raise RuntimeError("backend exploded")
