@@ -61,6 +61,9 @@ def trace_cmd(
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
     dropout: Annotated[float | None, typer.Option("--dropout", help="Override the config's dropout.")] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="adamw, sgd or none.")] = "adamw",
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="CPU threads for torch [default: torch's own choice].")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Trace a model: run real training steps and write its layer-level cost trace (JSON)."""
@@ -72,6 +75,10 @@ def trace_cmd(
     _quiet_transformers()
     if steps < 1 or warmup < 0:
         raise MemschedError(f"--steps must be >= 1 and --warmup >= 0 (got {steps}, {warmup})")
+    if threads is not None:
+        if threads < 1:
+            raise MemschedError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise MemschedError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
     try:
@@ -138,16 +145,26 @@ def demo_cmd(
     seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length.")] = 128,
     budget: Annotated[str, typer.Option("--budget", "-b", help="Budget: N% (of activations) or bytes.")] = "50%",
     steps: Annotated[int, typer.Option("--steps", help="Measured steps.")] = 3,
+    threads: Annotated[
+        int, typer.Option("--threads", help="CPU threads for torch (1 keeps timings steady on a busy machine).")
+    ] = 1,
     as_json: JsonOpt = False,
 ) -> None:
     """Trace a small model on the CPU, solve for half its activations, replay it: predicted vs measured."""
     from memsched.demo import run_demo
 
     _quiet_transformers()
-    if steps < 1:
-        raise MemschedError(f"--steps must be >= 1, got {steps}")
+    if steps < 1 or threads < 1:
+        raise MemschedError(f"--steps and --threads must be >= 1 (got {steps}, {threads})")
     res = run_demo(
-        out_dir, model=model, num_layers=layers, batch_size=batch_size, seq_len=seq_len, budget=budget, steps=steps
+        out_dir,
+        model=model,
+        num_layers=layers,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        budget=budget,
+        steps=steps,
+        threads=threads,
     )
     if as_json:
         _print_json(res.to_json())

@@ -95,8 +95,28 @@ def run_demo(
     seq_len: int = 128,
     budget: str = "50%",
     steps: int = 3,
+    threads: int | None = 1,
 ) -> DemoResult:
-    """Trace, solve and replay a small model on the CPU; see the module docstring."""
+    """Trace, solve and replay a small model on the CPU; see the module docstring.
+
+    threads: torch's CPU threads for the run (restored after). One by default: on a machine shared with
+    other jobs, a second intra-op thread makes every op wait for the slower core, and step times become
+    several times slower and erratic; with one thread the trace and the replay see comparable conditions.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _run_demo(out_dir, model, num_layers, batch_size, seq_len, budget, steps)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run_demo(
+    out_dir: Path, model: str, num_layers: int, batch_size: int, seq_len: int, budget: str, steps: int
+) -> DemoResult:
     import torch
 
     from memsched.runtime import builtin_workload, measure, trace
@@ -109,8 +129,8 @@ def run_demo(
     tr = trace(
         w.model,
         w.step,
-        steps=steps,
-        warmup=1,
+        steps=max(steps, 5),  # medians of a few more steps: the prediction is built on these
+        warmup=2,
         model_id=w.model_id,
         batch_size=batch_size,
         seq_len=w.seq_len,
