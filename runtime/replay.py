@@ -176,7 +176,13 @@ class ScheduledModel:
     # -- installation --------------------------------------------------------------------------------------
 
     def _install(self) -> None:
-        for m in self.plan.modules:
+        for name, m in zip(self.schedule.layer_names, self.plan.modules, strict=True):
+            if getattr(m, "gradient_checkpointing", False) is True:
+                # The framework would checkpoint the block around our hooks and the two would fight.
+                raise ScheduleMismatchError(
+                    f"layer {name!r} has the framework's gradient checkpointing on; the schedule decides what is "
+                    "recomputed: call model.gradient_checkpointing_disable() before applying it"
+                )
             if _INSTALLED in m.__dict__:
                 raise ScheduleMismatchError(
                     f"a schedule is already applied to {type(m).__name__}; remove it (leave its `with` block or "

@@ -11,6 +11,7 @@ import torch
 from test_runtime_support import assert_bitwise, assert_close, grads, schedule_of, tiny
 
 from memsched.demo import predicted_saved_profile
+from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.baselines import BASELINES
 from memsched.optimizer.plan import KEEP, offload_subset, recompute
 from memsched.runtime import SavedLedger, apply_schedule, trace
@@ -217,3 +218,13 @@ def test_llama_offload_and_one_four_layer_segment():
     with apply_schedule(model, segment, trace=tr) as sm:
         _, got = grads(w, sm)
     assert_close(got, ref)
+
+
+def test_framework_gradient_checkpointing_must_be_off(gpt2):
+    w, tr = gpt2
+    w.model.gradient_checkpointing_enable()
+    try:
+        with pytest.raises(ScheduleMismatchError, match="gradient_checkpointing_disable"):
+            apply_schedule(w.model, schedule_of(tr, BASELINES["keep-all"](tr)))
+    finally:
+        w.model.gradient_checkpointing_disable()
