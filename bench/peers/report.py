@@ -101,28 +101,42 @@ def pareto_plot(res: dict[str, Any], path: Path) -> Path:
     shape = ", ".join(f"{k} {v}" for k, v in res["shape"].items())
     ax.set_title(f"{res['model']} ({shape}) on {res['settings']['device'].upper()}: memory vs time, measured")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def timeline_plot(res: dict[str, Any], out_dir: Path) -> Path | None:
-    """memsched's schedule at the middle budget (50% by default), simulated on its own trace."""
+def timeline_plots(res: dict[str, Any], out_dir: Path) -> list[tuple[str, Path]]:
+    """memsched's schedules at the middle budget (or the nearest feasible one), simulated on their own traces.
+    On CPU the recompute-only variant comes first: it is the configuration that can lower memory there."""
     from memsched.io import load_schedule, load_trace
     from memsched.plot import plot_timeline
 
     budgets = sorted(res["settings"]["budgets"])
     mid = budgets[len(budgets) // 2]
-    # The middle budget first, then the others nearest to it (a budget may have been infeasible).
-    for b in sorted(budgets, key=lambda x: abs(x - mid)):
-        for tag, trace_name in (("memsched", "trace"), ("memsched-recompute", "trace-recompute-only")):
+    variants = [("memsched-recompute", "trace-recompute-only", "recompute only"), ("memsched", "trace", "as traced")]
+    if res["settings"]["device"] != "cpu":
+        variants.reverse()
+    out: list[tuple[str, Path]] = []
+    for tag, trace_name, label in variants:
+        tp = out_dir / f"peers-{res['model']}.{trace_name}.json"
+        # The middle budget first, then the others nearest to it (a budget may have been infeasible).
+        for b in sorted(budgets, key=lambda x: abs(x - mid)):
             sp = out_dir / f"peers-{res['model']}-{tag}-{round(b * 100)}.schedule.json"
-            tp = out_dir / f"peers-{res['model']}.{trace_name}.json"
             if sp.is_file() and tp.is_file():
-                out = out_dir / f"peers-{res['model']}-timeline.png"
-                return plot_timeline(load_trace(tp), load_schedule(sp), out)
-    return None
+                suffix = "" if not out else f"-{tag}"
+                png = out_dir / f"peers-{res['model']}-timeline{suffix}.png"
+                tr, sc = load_trace(tp), load_schedule(sp)
+                title = (
+                    f"{res['model']}: memsched ({label}) at {round(b * 100)}% — {sc.policy}, predicted "
+                    f"+{sc.prediction.overhead_pct:.1f}%, peak {sc.prediction.peak_bytes / 2**30:.2f} GiB of "
+                    f"{sc.budget_bytes / 2**30:.2f} GiB (static {tr.static.total / 2**30:.2f} GiB)"
+                )
+                plot_timeline(tr, sc, png, title=title)
+                out.append((f"{label}, {round(b * 100)}% budget", png))
+                break
+    return out
 
 
 def _fmt_s(x: float | None) -> str:
@@ -227,12 +241,9 @@ def model_section(res: dict[str, Any], out_dir: Path) -> str:
                 f"{(_time_ratio(r, res) - 1) * 100:+.1f}% |"
             )
         lines.append("")
-    tl = timeline_plot(res, out_dir)
-    if tl is not None:
-        lines.append(
-            "memsched's schedule (middle budget, or the nearest that was feasible), as its simulator sees "
-            f"it:\n\n![{res['model']} timeline]({tl.name})\n"
-        )
+    for label, png in timeline_plots(res, out_dir):
+        lines.append(f"memsched's schedule ({label}), as its simulator sees it:\n")
+        lines.append(f"![{res['model']} {label}]({png.name})\n")
     return "\n".join(lines)
 
 
