@@ -71,6 +71,10 @@ def test_grad_check_catches_a_wrong_gradient():
     wrong = compare_grads({"w": torch.ones(4) * 2, "b": torch.ones(2)}, ref)
     assert not wrong.ok and wrong.worst_param == "w"
     assert not compare_grads({"w": torch.ones(4)}, ref).ok  # a missing gradient fails
+    # A gradient that is mathematically zero (rounding noise) is judged against the model's scale, not its own.
+    ref = {"w": torch.ones(1000), "noise": torch.full((4,), 1e-9)}
+    assert compare_grads({"w": torch.ones(1000), "noise": torch.full((4,), -1e-9)}, ref).ok
+    assert not compare_grads({"w": torch.ones(1000), "noise": torch.full((4,), 1e-2)}, ref).ok
 
 
 def test_peak_counts_what_the_step_allocates():
