@@ -29,7 +29,10 @@ class CopySpeed:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return str(torch.cuda.get_device_name(device))
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
+    # The torch thread count is part of what the CPU timings mean, so it is named with the device.
+    arch = platform.processor() or platform.machine()
+    n = torch.get_num_threads()
+    return f"cpu ({arch}, {os.cpu_count()} cores, {n} torch thread{'' if n == 1 else 's'})"
 
 
 def device_memory(device: torch.device) -> int:
