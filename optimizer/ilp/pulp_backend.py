@@ -9,9 +9,7 @@ simply measured in the scaled unit.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import pulp
 
 from memsched.errors import SolverError
+from memsched.optimizer.ilp.cbc import grace_s, run_cbc
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
 from memsched.optimizer.ilp.outcome import Found, Outcome
 from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
@@ -129,34 +128,6 @@ class _HighsWithStart(pulp.HiGHS):
         lp.solverModel.run()
 
 
-def _run_cbc(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool,
-             threads: int | None) -> tuple[str, bool]:
-    """Run CBC; returns its log and whether it had to be re-run. PuLP's bundled CBC 2.10.3 sometimes
-    segfaults when its time limit strikes while it is still processing a MIP start; then it is re-run
-    once, same limit, without the start (the caller says so in the record's message)."""
-    retried = False
-    t0 = time.perf_counter()
-    while True:
-        fd, logpath = tempfile.mkstemp(prefix="memsched-cbc-", suffix=".log")
-        os.close(fd)
-        try:
-            left = time_limit_s - (time.perf_counter() - t0)
-            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1.0, left), gapRel=gap, warmStart=warm,
-                                       logPath=logpath, threads=threads)
-            try:
-                prob.solve(solver)
-                return Path(logpath).read_text(errors="replace"), retried
-            except pulp.PulpSolverError as exc:
-                tail = Path(logpath).read_text(errors="replace")[-600:].strip()
-                if warm and not retried:
-                    log.warning("cbc crashed with a warm start (%s); re-running without it", exc)
-                    warm, retried = False, True
-                    continue
-                raise SolverError(f"cbc failed: {exc}; cbc's last output: {tail or '(none)'}") from exc
-        finally:
-            Path(logpath).unlink(missing_ok=True)
-
-
 def solve_pulp(
     m: MilpModel,
     backend: str,
@@ -175,10 +146,15 @@ def solve_pulp(
     bound: float | None = None
     message = ""
     if backend == "cbc":
-        text, retried = _run_cbc(prob, time_limit_s, gap, bool(start), threads)
+        run = run_cbc(prob, time_limit_s, gap, bool(start), threads)
+        text = run.log_text
+        if run.killed:
+            message = (f"cbc: did not stop at its {time_limit_s:g} s limit; killed after "
+                       f"{time_limit_s + grace_s(time_limit_s):g} s")
+            return Outcome(backend, Found.NO_SOLUTION, None, None, None, time.perf_counter() - t0, message)
         result = _CBC_RESULT.search(text)
         message = f"cbc: {result.group(1).strip() if result else pulp.LpStatus[prob.status]}"
-        if retried:
+        if run.retried:
             message += " (cbc 2.10.3 crashed processing the warm start; re-run once without it)"
         bound = _seconds(_float(m_.group(1)) if (m_ := _CBC_BOUND.search(text)) else None, m)
     elif backend == "highs":
