@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -78,6 +80,48 @@ def _estimate(spec: ModelSpec) -> tuple[Any, Any, str]:
     )
 
 
+_PROBED: dict[tuple[str, str], str | None] = {}
+
+
+def _probe_in_child(spec: ModelSpec) -> None:
+    """Run the estimators once in a child process first: on a machine without CUDA they can fail inside
+    autograd's C++ engine and abort the whole process (seen on ResNet-50: "terminate called after throwing an
+    instance of 'python_error'"), which would take the other approaches' results with it."""
+    device = str(next(spec.model.parameters()).device)
+    key = (spec.name, device)
+    if key not in _PROBED:
+        code = (
+            "import sys, torch; from bench.peers.models import build; from bench.peers.sac import _estimate, "
+            f"_ensure_pwlf; _ensure_pwlf([]); s = build({spec.name!r}, {spec.shape.get('batch_size', 1)}, "
+            f"{spec.shape.get('seq_len') or spec.shape.get('image_size')}, torch.device({device!r})); _estimate(s)"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=str(Path(__file__).resolve().parents[2]),
+        )
+        if proc.returncode == 0:
+            _PROBED[key] = None
+        else:
+            tail = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("USDT")]
+            if proc.returncode < 0:
+                said = " ".join(ln for ln in tail if "terminate" in ln or "what()" in ln) or "no message"
+                _PROBED[key] = (
+                    f"the SAC estimators aborted the process (signal {-proc.returncode}: {said}) on this CPU-only "
+                    "machine; on GPT-2 and BERT the same estimators fail cleanly, naming CUDA "
+                    "(torch.cuda.Event, GPU capabilities)"
+                )
+            else:
+                last = next(
+                    (ln for ln in reversed(tail) if "Error" in ln or "NotAvailable" in ln), tail[-1] if tail else ""
+                )
+                _PROBED[key] = f"{last.removeprefix('bench.peers.approaches.NotAvailable: ')}"
+    if _PROBED[key] is not None:
+        raise NotAvailable(str(_PROBED[key]))
+
+
 def _policy_factory(save: list[int], counts: dict[str, int]) -> Callable[[], Any]:
     """A fresh op counter per checkpoint call: the i-th op of the block's forward gets decision save[i]."""
 
@@ -105,6 +149,7 @@ def prepare_sac(spec: ModelSpec, fraction: float) -> Iterator[Prepared]:
 
     notes: list[str] = []
     _ensure_pwlf(notes)
+    _probe_in_child(spec)
     graph, sac_est, prefix = _estimate(spec)
     fqn = {f"{prefix}.{p}": p for p in spec.block_paths}
     # sac_milp's budget is the whole estimated peak in GiB (params + grads + activations). Map our fraction
