@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,23 +48,25 @@ def run_cbc(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, t
     if not solver.available():
         raise SolverError(f"cbc: the CBC binary bundled with PuLP is not executable ({solver.path})")
     retried = False
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memsched-cbc-") as tmp:
         mps, mst, sol, logp = (os.path.join(tmp, f"model.{ext}") for ext in ("mps", "mst", "sol", "log"))
         vs, var_names, con_names, _ = prob.writeMPS(mps, rename=1)
         if warm:
             solver.writesol(mst, prob, vs, var_names, con_names)
         while True:
+            limit = max(1.0, time_limit_s - (time.perf_counter() - t0))  # a re-run gets what is left
             args = [solver.path, mps]
             if warm:
                 args += ["-mips", mst]
-            args += ["-sec", f"{max(1.0, time_limit_s):g}", "-timeMode", "elapsed"]
+            args += ["-sec", f"{limit:g}", "-timeMode", "elapsed"]
             args += [tok for opt in solver.getOptions() for tok in ("-" + opt).split()]
             args += ["-solve", "-printingOptions", "all", "-solution", sol]
             Path(sol).unlink(missing_ok=True)
             with open(logp, "w") as out:
                 proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 try:
-                    rc = proc.wait(timeout=time_limit_s + grace_s(time_limit_s))
+                    rc = proc.wait(timeout=limit + grace_s(time_limit_s))
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
