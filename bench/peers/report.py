@@ -166,7 +166,7 @@ def model_section(res: dict[str, Any], out_dir: Path) -> str:
     shape = ", ".join(f"{k} {v}" for k, v in res["shape"].items())
     lines.append(f"### {res['model']} ({shape}; {res['n_blocks']} blocks, {res['params'] / 1e6:.1f} M parameters)\n")
     lines.append(
-        f"Command: `{res['command']}`  \n"
+        f"Command: `{res['command']}` (torch threads: {res['machine']['torch_threads']})  \n"
         f"Keep-all: peak activation memory **{res['keepall_peak_bytes'] / _MIB:.1f} MiB**, step "
         f"**{res['keepall_step_s']:.3f} s** (median of {res['settings']['steps']} after "
         f"{res['settings']['warmup']} warm-up).\n"
@@ -305,6 +305,8 @@ METHOD = """## How it is measured
   wall time and this process's CPU time (all its threads; `time.process_time`) are recorded. The 2 cores are
   shared with other jobs, which inflates wall time at random; CPU time does not count waiting for a core, so on
   CPU the Pareto plots and memsched's "measured overhead" use the CPU-time ratio. Both ratios are in the tables.
+  Runs with `--threads 1` (torch_threads above) avoid OpenMP worker threads spinning while they wait for a shared
+  core, which would count as CPU time.
 - **Gradients**: every run's parameter gradients from the profiled step are compared with keep-all's on the
   same weights and batch, dropout off: `ok` when every parameter's relative L2 error
   ||g - g_ref|| / max(||g_ref||, 1e-3 · rms · sqrt(numel)) <= 1e-4 and no gradient is missing ("bitwise" when all
