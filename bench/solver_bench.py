@@ -102,10 +102,24 @@ def main() -> None:
     ap.add_argument("--shared", default=default_shared)
     ap.add_argument("--backends", default="cbc,highs,cpsat")
     ap.add_argument("--heuristic", action="store_true", help="only time the heuristic on 5,000 layers")
+    ap.add_argument("--append-tight", type=float, metavar="PCT",
+                    help="append 1,000-layer rows at PCT%% (60 s each) to the existing results")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.heuristic:
         heuristic_bench()
+        return
+    if args.append_tight is not None:
+        old = json.loads((RESULTS / "solver_bench.json").read_text())
+        rows = old["rows"]
+        for dag in (False, True):
+            t = make_trace(1000, 1, dag=dag)
+            for b in args.backends.split(","):
+                name = f"synthetic/{'dag' if dag else 'chain'}-1000@{args.append_tight:g}%"
+                rows.append(run_one(name, t, pct_budget(t, args.append_tight), b, 60.0))
+        meta = old["meta"]
+        meta["appended"] = {"command": " ".join([Path(sys.executable).name, *sys.argv]), **_meta()}
+        write_results(meta, rows)
         return
     backends = args.backends.split(",")
     rows: list[dict[str, object]] = []
@@ -130,13 +144,22 @@ def main() -> None:
                     limit = 10.0  # time box: the 60 s target is for the default backend
                 rows.append(run_one(f"synthetic/{'dag' if dag else 'chain'}-{n}@40%", t, budget, b, limit))
     meta = _meta()
+    write_results(meta, rows)
+
+
+def write_results(meta: dict[str, object], rows: list[dict[str, object]]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "solver_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = ["# Solver benchmark", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
-             f"Versions: {meta['versions']}  ", f"Date: {meta['date_utc']}", "",
-             "| trace | n | backend | limit s | wall s | status | returned | overhead s | bound s | gap "
-             "| heuristic s (overhead) | best baseline s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"Versions: {meta['versions']}  ", f"Date: {meta['date_utc']}"]
+    if "appended" in meta:
+        app = meta["appended"]
+        assert isinstance(app, dict)
+        lines += ["", f"Rows appended by `{app['command']}` on {app['date_utc']}."]
+    lines += ["",
+              "| trace | n | backend | limit s | wall s | status | returned | overhead s | bound s | gap "
+              "| heuristic s (overhead) | best baseline s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         gap = "" if r["gap"] is None else f"{100 * float(r['gap']):.2f}%"  # type: ignore[arg-type]
         bound = "" if r["bound_s"] is None else f"{float(r['bound_s']):.5f}"  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ class CbcRun:
 
 def grace_s(time_limit_s: float) -> float:
     """How long past its limit CBC may run before it is killed."""
-    return max(2.0, 0.2 * time_limit_s)
+    return max(2.0, 0.05 * time_limit_s)
 
 
 def run_cbc(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, threads: int | None) -> CbcRun:
