@@ -176,12 +176,18 @@ def heuristic(trace: Trace, budget_bytes: int) -> HeuristicResult:
         decisions = list(sim.decisions)
         batch = max(1, trace.n // 128)  # tight budgets on long traces need many conversions
         mem = sim.stage_bytes
+        rounds = 0
         while True:
             over = [t for t, b in enumerate(mem) if b > limit]
             if not over:
                 break
-            k = min(min(t, 2 * trace.n - 1 - t) for t in over)  # the earliest layer whose stages overflow
-            todo = [i for i in range(k - 1, -1, -1) if decisions[i] != sync[i]][:batch]
+            rounds += 1
+            layer_of = [min(t, 2 * trace.n - 1 - t) for t in over]
+            if rounds <= 8:  # the layers just below the earliest overflowing stage, in growing batches
+                k = min(layer_of)
+                todo = [i for i in range(k - 1, -1, -1) if decisions[i] != sync[i]][:batch]
+            else:  # then everything below the last one: bounded rounds, each one O(n)
+                todo = [i for i in range(max(layer_of) - 1, -1, -1) if decisions[i] != sync[i]]
             if not todo:
                 decisions = sync  # cannot happen for a feasible budget; sync is the memory minimum
                 break
