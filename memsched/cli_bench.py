@@ -54,6 +54,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         approaches: Annotated[str | None, typer.Option("--approaches", help="Comma-separated subset.")] = None,
         device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+        threads: Annotated[
+            int | None, typer.Option("--threads", help="torch threads (default: 1 with --quick on CPU).")
+        ] = None,
         out: Annotated[Path | None, typer.Option("--out", help="Results folder (default bench/results).")] = None,
         report_only: Annotated[bool, typer.Option("--report-only", help="Only rebuild the report.")] = False,
     ) -> None:
@@ -71,6 +74,7 @@ def register(app: typer.Typer) -> None:
             ("--budgets", budgets),
             ("--approaches", approaches),
             ("--out", out),
+            ("--threads", threads),
         ):
             if value is not None:
                 argv += [flag, str(value)]

@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
         "--approaches", default=",".join(APPROACHES), help="comma separated subset of " + ", ".join(APPROACHES)
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: 1 with --quick on CPU, else torch's)")
     p.add_argument("--time-limit", type=float, help="memsched's exact-solver limit per budget, s (20 quick, 60 full)")
     p.add_argument(
         "--compile-reference",
@@ -76,7 +76,9 @@ def _settings(a: argparse.Namespace, model: str, command: str) -> Settings:
         budgets=tuple(float(b) for b in a.budgets.split(",")),
         approaches=approaches,
         device=a.device,
-        threads=a.threads,
+        # One thread for --quick on CPU: on a shared machine OpenMP workers spin while waiting for a core, which
+        # inflates both wall and CPU time; a single thread's CPU time is what the step costs.
+        threads=a.threads or (1 if a.quick and a.device == "cpu" else None),
         solve_time_limit_s=a.time_limit or (20.0 if a.quick else 60.0),
         compile_reference=(not a.quick) if a.compile_reference is None else a.compile_reference,
         command=command,
