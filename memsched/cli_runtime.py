@@ -1,4 +1,5 @@
-"""The runtime's commands, registered on the main app by memsched.cli: `memsched trace` and `memsched demo`.
+"""The runtime's commands, registered on the main app by memsched.cli: `memsched trace`, `memsched measure`
+and `memsched demo`.
 
 torch and transformers are imported inside the commands, so `memsched --help` stays fast.
 """
@@ -22,6 +23,13 @@ out = Console()
 log = logging.getLogger("memsched")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+MODELS_HELP = (
+    "gpt2, gpt2-medium, bert-base, bert-large, vit-base, vit-large, resnet50 (transformers configs, nothing "
+    "downloaded), or package.module:factory."
+)
+DtypeOpt = Annotated[
+    str, typer.Option("--dtype", help="Parameter/activation dtype of a built-in model: float32, bfloat16, float16.")
+]
 
 
 def _print_json(obj: Any) -> None:
@@ -41,7 +49,7 @@ def _quiet_transformers() -> None:
 def trace_cmd(
     model: Annotated[
         str,
-        typer.Argument(help="gpt2, gpt2-medium, bert-base, vit-base, resnet50, or package.module:factory."),
+        typer.Argument(help=MODELS_HELP),
     ],
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Where to write the trace JSON [default: MODEL.trace.json].")
@@ -61,6 +69,7 @@ def trace_cmd(
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
     dropout: Annotated[float | None, typer.Option("--dropout", help="Override the config's dropout.")] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="adamw, sgd or none.")] = "adamw",
+    dtype: DtypeOpt = "float32",
     threads: Annotated[
         int | None, typer.Option("--threads", help="CPU threads for torch [default: torch's own choice].")
     ] = None,
@@ -94,6 +103,7 @@ def trace_cmd(
         device=device,
         dropout=dropout,
         optimizer=optimizer,
+        dtype=dtype,
     )
     tr = trace(
         w.model,
@@ -139,7 +149,7 @@ def demo_cmd(
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where the trace, schedule and plot go.")] = Path(
         "out/demo"
     ),
-    model: Annotated[str, typer.Option("--model", help="Built-in model (small version).")] = "gpt2",
+    model: Annotated[str, typer.Option("--model", help="Built-in model (its small version).")] = "gpt2",
     layers: Annotated[int, typer.Option("--layers", help="Number of blocks.")] = 6,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size.")] = 8,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length.")] = 128,
@@ -148,6 +158,7 @@ def demo_cmd(
     threads: Annotated[
         int, typer.Option("--threads", help="CPU threads for torch (1 keeps timings steady on a busy machine).")
     ] = 1,
+    dtype: DtypeOpt = "float32",
     as_json: JsonOpt = False,
 ) -> None:
     """Trace a small model on the CPU, solve for half its activations, replay it: predicted vs measured."""
@@ -165,6 +176,7 @@ def demo_cmd(
         budget=budget,
         steps=steps,
         threads=threads,
+        dtype=dtype,
     )
     if as_json:
         _print_json(res.to_json())
@@ -190,7 +202,174 @@ def demo_cmd(
     out.print(f"done in {res.seconds:.1f} s")
 
 
+def measure_cmd(
+    model: Annotated[str, typer.Argument(help=MODELS_HELP)],
+    schedule: Annotated[
+        Path | None, typer.Argument(help="Schedule JSON solved for this model (omit with --keep-all).")
+    ] = None,
+    trace_path: Annotated[
+        Path | None,
+        typer.Option("--trace", help="The trace the schedule was solved from: checked, and used for predictions."),
+    ] = None,
+    keep_all: Annotated[
+        bool, typer.Option("--keep-all", help="Measure the in-core keep-all step only (no schedule).")
+    ] = False,
+    baseline: Annotated[
+        bool, typer.Option("--baseline/--no-baseline", help="Also measure keep-all at the same batch (slowdown).")
+    ] = True,
+    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Batch size.")] = 2,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length (text models).")] = 128,
+    layers: Annotated[
+        int | None, typer.Option("--layers", help="Number of blocks (overrides the config's depth).")
+    ] = None,
+    small: Annotated[bool, typer.Option("--small", help="A narrow version (hidden size 64) for CPU runs.")] = False,
+    layer_pattern: Annotated[
+        list[str] | None,
+        typer.Option("--layer-pattern", help="Regex over module names selecting the layers (repeatable)."),
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Measured steps per round (median).")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps before each measurement.")] = 2,
+    rounds: Annotated[
+        int, typer.Option("--rounds", help="Alternate keep-all/scheduled rounds; each keeps its fastest.")
+    ] = 1,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
+    dtype: DtypeOpt = "float32",
+    dropout: Annotated[float | None, typer.Option("--dropout", help="Override the config's dropout.")] = None,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="adamw, sgd or none.")] = "adamw",
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="CPU threads for torch [default: torch's own choice].")
+    ] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON result here.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay a schedule on its model: predicted vs measured peak and step time, slowdown vs keep-all.
+
+    Peak: max_memory_allocated on CUDA; on the CPU, static bytes + the saved-tensor ledger.
+    """
+    import torch
+
+    from memsched.io import load_schedule, load_trace
+    from memsched.measure_run import WorkloadArgs, run_measure
+
+    _quiet_transformers()
+    if keep_all and schedule is not None:
+        raise MemschedError(f"--keep-all measures without a schedule; drop either --keep-all or {schedule}")
+    if not keep_all and schedule is None:
+        raise MemschedError("give a SCHEDULE to replay, or --keep-all to measure the in-core baseline")
+    if threads is not None:
+        if threads < 1:
+            raise MemschedError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    sched = load_schedule(schedule) if schedule is not None else None
+    tr = load_trace(trace_path) if trace_path is not None else None
+    args = WorkloadArgs(
+        model=model,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_layers=layers,
+        small=small,
+        device=device,
+        dtype=dtype,
+        dropout=dropout,
+        optimizer=optimizer,
+        layer_pattern=layer_pattern,
+    )
+    rep = run_measure(
+        args,
+        sched,
+        tr,
+        steps=steps,
+        warmup=warmup,
+        rounds=rounds,
+        baseline=baseline or keep_all,
+        command=_measure_command(model, schedule, trace_path, args, keep_all, baseline, steps, warmup, rounds),
+    )
+    doc = rep.to_json()
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(doc, indent=2) + "\n")
+    if as_json:
+        _print_json(doc)
+        return
+    _print_measure(doc)
+    if output is not None:
+        out.print(f"[green]wrote[/] {output}")
+
+
+def _measure_command(
+    model: str,
+    schedule: Path | None,
+    trace_path: Path | None,
+    a: Any,
+    keep_all: bool,
+    baseline: bool,
+    steps: int,
+    warmup: int,
+    rounds: int,
+) -> str:
+    """The command line that reproduces this measurement, every setting spelled out (for the results file)."""
+    import shlex
+
+    argv = ["memsched", "measure", model]
+    argv += [str(schedule)] if schedule is not None else ["--keep-all"]
+    if trace_path is not None:
+        argv += ["--trace", str(trace_path)]
+    from memsched.runtime.models import parse_dtype
+
+    dtype = str(parse_dtype(a.dtype)).removeprefix("torch.")
+    argv += ["--device", a.device, "--dtype", dtype, "--batch-size", str(a.batch_size)]
+    argv += ["--seq-len", str(a.seq_len), "--steps", str(steps), "--warmup", str(warmup), "--rounds", str(rounds)]
+    argv += ["--optimizer", a.optimizer]
+    if a.num_layers is not None:
+        argv += ["--layers", str(a.num_layers)]
+    if a.small:
+        argv.append("--small")
+    if a.dropout is not None:
+        argv += ["--dropout", str(a.dropout)]
+    for pat in a.layer_pattern or []:
+        argv += ["--layer-pattern", pat]
+    if not baseline and not keep_all:
+        argv.append("--no-baseline")
+    return shlex.join(argv)
+
+
+def _print_measure(doc: dict[str, Any]) -> None:
+    budget = doc["budget_bytes"]
+    t = Table(
+        title=(
+            f"{doc['model']}: batch {doc['batch_size']}, seq {doc['seq_len']}, {doc['dtype']}, {doc['device_name']}"
+            f" — {doc['policy']}" + (f" under {format_bytes(budget)}" if budget else "")
+        ),
+        caption=f"memory: {doc['memory_basis']}",
+    )
+    for col, just in (("run", "left"), ("quantity", "left"), ("predicted", "right"), ("measured", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    t.add_column("measured / predicted", justify="right")
+    for label in ("keep_all", "scheduled"):
+        side = doc[label]
+        if side is None:
+            continue
+        ratios = side["ratio_measured_over_predicted"]
+        for q, key, fmt in (("peak", "peak_bytes", format_bytes), ("step time", "step_s", format_seconds)):
+            p, m = side[f"predicted_{key}"], side[f"measured_{key}"]
+            r = ratios["peak" if key == "peak_bytes" else "step"]
+            t.add_row(
+                label.replace("_", "-"), q, "-" if p is None else fmt(p), fmt(m), "-" if r is None else f"{r:.3f}"
+            )
+    out.print(t)
+    notes = []
+    if "slowdown_pct" in doc:
+        notes.append(f"slowdown vs keep-all {doc['slowdown_pct']:+.1f}%")
+    if "fits_budget" in doc:
+        notes.append("within budget" if doc["fits_budget"] else "[red]OVER budget[/]")
+    if "oversubscription" in doc:
+        notes.append(f"oversubscription {doc['oversubscription']:.2f}x")
+    if notes:
+        out.print("; ".join(notes))
+
+
 def register(app: typer.Typer) -> None:
-    """Add `trace` and `demo` to the main app."""
+    """Add `trace`, `measure` and `demo` to the main app."""
     app.command("trace")(trace_cmd)
+    app.command("measure")(measure_cmd)
     app.command("demo")(demo_cmd)

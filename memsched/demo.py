@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from memsched.io import save_model
-from memsched.optimizer.plan import decisions_from_schedule
+from memsched.optimizer.plan import Decision, decisions_from_schedule
 from memsched.optimizer.simulate import backward_transient, forward_transient, stage_memory
 from memsched.schema import Schedule, Trace
 
@@ -29,8 +29,13 @@ log = logging.getLogger(__name__)
 def predicted_saved_profile(trace: Trace, schedule: Schedule) -> list[int]:
     """Per stage (F_0..F_{n-1}, B_{n-1}..B_0): the simulator's non-static bytes minus the stage's transients,
     i.e. saved bytes plus checkpoint inputs: what the CPU ledger measures."""
+    return saved_profile(trace, decisions_from_schedule(schedule))
+
+
+def saved_profile(trace: Trace, decisions: list[Decision]) -> list[int]:
+    """`predicted_saved_profile` for decisions (e.g. a baseline's) rather than a Schedule."""
     n = trace.n
-    mem = stage_memory(trace, decisions_from_schedule(schedule))
+    mem = stage_memory(trace, decisions)
     return [
         mem[t] - (forward_transient(trace, t) if t < n else backward_transient(trace, 2 * n - 1 - t))
         for t in range(2 * n)
@@ -96,6 +101,7 @@ def run_demo(
     budget: str = "50%",
     steps: int = 3,
     threads: int | None = 1,
+    dtype: str = "float32",
 ) -> DemoResult:
     """Trace, solve and replay a small model on the CPU; see the module docstring.
 
@@ -109,13 +115,13 @@ def run_demo(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run_demo(out_dir, model, num_layers, batch_size, seq_len, budget, steps)
+        return _run_demo(out_dir, model, num_layers, batch_size, seq_len, budget, steps, dtype)
     finally:
         torch.set_num_threads(previous)
 
 
 def _run_demo(
-    out_dir: Path, model: str, num_layers: int, batch_size: int, seq_len: int, budget: str, steps: int
+    out_dir: Path, model: str, num_layers: int, batch_size: int, seq_len: int, budget: str, steps: int, dtype: str
 ) -> DemoResult:
     import torch
 
@@ -124,8 +130,8 @@ def _run_demo(
 
     t0 = time.perf_counter()
     torch.manual_seed(0)
-    w = builtin_workload(model, small=True, num_layers=num_layers, batch_size=batch_size, seq_len=seq_len)
-    log.info("tracing %s (batch %d, seq %d) on the CPU", w.model_id, batch_size, seq_len)
+    w = builtin_workload(model, small=True, num_layers=num_layers, batch_size=batch_size, seq_len=seq_len, dtype=dtype)
+    log.info("tracing %s (batch %d, seq %d, %s) on the CPU", w.model_id, batch_size, seq_len, dtype)
     tr = trace(
         w.model,
         w.step,

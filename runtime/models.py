@@ -14,7 +14,18 @@ from torch import nn
 
 from memsched.errors import MemschedError
 
-BUILTIN_MODELS = ("gpt2", "gpt2-medium", "bert-base", "vit-base", "resnet50")
+BUILTIN_MODELS = ("gpt2", "gpt2-medium", "bert-base", "bert-large", "vit-base", "vit-large", "resnet50")
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The parameter dtypes a built-in workload can be built in (`--dtype`); the trace's `dtype` field names it."""
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """'float32' | 'bfloat16' | 'float16' (also 'fp32', 'bf16', 'fp16') -> torch.dtype; MemschedError otherwise."""
+    key = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(name, name)
+    if key not in DTYPES:
+        raise MemschedError(f"--dtype {name!r} is not supported; use one of {', '.join(DTYPES)}")
+    return DTYPES[key]
 
 
 @dataclass
@@ -71,12 +82,16 @@ def builtin_workload(
     dropout: float | None = None,
     seed: int = 0,
     optimizer: str = "adamw",
+    dtype: str | torch.dtype = "float32",
 ) -> Workload:
     """A transformers model built from its config (random weights, no download).
 
     small: a narrow version (hidden size 64) for CPU tests and demos; num_layers overrides the depth
     (for resnet50, the number of bottleneck layers, spread over the four stages). dropout None keeps the
     config's default (0.1 for the transformers, which is what RNG-preserving recompute must survive).
+    dtype: the parameters' (and image inputs') dtype, float32 | bfloat16 | float16. The whole model is cast
+    (pure low-precision training, as memory-bound runs do; the optimizer state follows the parameters), so
+    every saved activation has that dtype too and the trace's `dtype` field says it.
     """
     try:
         import transformers as tf
@@ -86,6 +101,7 @@ def builtin_workload(
         raise MemschedError(f"batch size and sequence length must be >= 1 (got {batch_size}, {seq_len})")
     if num_layers is not None and num_layers < 1:
         raise MemschedError(f"--layers must be >= 1, got {num_layers}")
+    dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype)
     dev = torch.device(device)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -115,8 +131,9 @@ def builtin_workload(
         model = tf.GPT2LMHeadModel(cfg)
         ids = _tokens(gen, vocab, batch_size, seq_len, dev)
         batch = {"input_ids": ids, "labels": ids}
-    elif name == "bert-base":
-        depth, width, heads, inter, vocab = (12, 768, 12, 3072, 30522)
+    elif name in ("bert-base", "bert-large"):
+        depth, width, heads, inter = (12, 768, 12, 3072) if name == "bert-base" else (24, 1024, 16, 4096)
+        vocab = 30522
         if small:
             depth, width, heads, inter, vocab = 4, 64, 4, 256, 1024
         kw = {} if p is None else {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
@@ -132,8 +149,9 @@ def builtin_workload(
         model = tf.BertForMaskedLM(cfg)
         ids = _tokens(gen, vocab, batch_size, seq_len, dev)
         batch = {"input_ids": ids, "labels": ids}
-    elif name == "vit-base":
-        depth, width, heads, inter, image, patch = (12, 768, 12, 3072, 224, 16)
+    elif name in ("vit-base", "vit-large"):
+        depth, width, heads, inter = (12, 768, 12, 3072) if name == "vit-base" else (24, 1024, 16, 4096)
+        image, patch = 224, 16
         if small:
             depth, width, heads, inter, image, patch = 4, 64, 4, 256, 32, 8
         kw = {} if p is None else {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
@@ -148,7 +166,7 @@ def builtin_workload(
             **labels,
         )
         model = tf.ViTForImageClassification(cfg)
-        pixels = torch.randn(batch_size, 3, image, image, generator=gen).to(dev)
+        pixels = torch.randn(batch_size, 3, image, image, generator=gen).to(dev, dt)
         batch = {"pixel_values": pixels, "labels": torch.randint(0, 10, (batch_size,), generator=gen).to(dev)}
         sl = (image // patch) ** 2 + 1
     elif name == "resnet50":
@@ -161,12 +179,12 @@ def builtin_workload(
             depths = [num_layers // 4 + (1 if k < num_layers % 4 else 0) for k in range(4)]
         cfg = tf.ResNetConfig(depths=depths, hidden_sizes=hidden, embedding_size=emb, layer_type="bottleneck", **labels)
         model = tf.ResNetForImageClassification(cfg)
-        pixels = torch.randn(batch_size, 3, image, image, generator=gen).to(dev)
+        pixels = torch.randn(batch_size, 3, image, image, generator=gen).to(dev, dt)
         batch = {"pixel_values": pixels, "labels": torch.randint(0, 10, (batch_size,), generator=gen).to(dev)}
         sl = None
     else:
         raise MemschedError(f"unknown model {name!r}; use one of {', '.join(BUILTIN_MODELS)} or package.module:factory")
-    nn.Module.to(model, dev).train()
+    nn.Module.to(model, dev, dt).train()
     suffix = f"-small{num_layers or ''}" if small else (f"-{num_layers}l" if num_layers else "")
     opt = _optimizer(model, optimizer)
     return Workload(model, f"{name}{suffix}", batch, batch_size, sl, opt)
@@ -196,6 +214,10 @@ def load_factory(spec: str, **kwargs: Any) -> Workload:
     if not callable(factory):
         raise MemschedError(f"model {spec!r}: {mod_name} has no callable {attr!r}")
     params = inspect.signature(factory).parameters
+    dtype = kwargs.get("dtype")
+    if dtype not in (None, "float32", torch.float32) and "dtype" not in params:
+        # A dtype the factory cannot honour would be a silent float32 run named otherwise.
+        raise MemschedError(f"model {spec!r}: --dtype {dtype} needs a factory that takes a `dtype` argument")
     accepted = {k: v for k, v in kwargs.items() if k in params}
     out = factory(**accepted)
     if not isinstance(out, Workload):

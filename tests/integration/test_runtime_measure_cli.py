@@ -1,0 +1,145 @@
+"""`memsched measure` and `--dtype`: replay a solved schedule on the CPU, predicted vs measured, and the bad
+inputs that must exit 2 with one line. Tiny configs: the whole file runs in seconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memsched.cli import main
+from memsched.io import load_trace, save_model
+
+torch.set_num_threads(1)
+
+WL = ["--small", "--layers", 4, "--batch-size", 4, "--seq-len", 32]
+FAST = ["--steps", 1, "--warmup", 0, "--threads", 1]
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return e.value.code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """A bf16 trace of a 4-block small GPT-2 and a schedule solved for 50% of its activations."""
+    from memsched.service import solve_trace
+
+    d = tmp_path_factory.mktemp("measure")
+    trace_path = d / "t.json"
+    with pytest.raises(SystemExit) as e:
+        main(["trace", "gpt2", *map(str, WL), "--dtype", "bfloat16", *map(str, FAST), "-o", str(trace_path)])
+    assert e.value.code == 0
+    tr = load_trace(trace_path)
+    schedule_path = d / "s.json"
+    save_model(solve_trace(tr, "50%"), schedule_path)
+    return trace_path, schedule_path
+
+
+def test_trace_dtype_is_recorded(traced):
+    tr = load_trace(traced[0])
+    assert tr.dtype == "bfloat16"
+    # bf16 halves what a float32 trace of the same workload saves: every layer's tensors are 2-byte.
+    assert tr.static.params > 0 and all(x.saved_bytes > 0 for x in tr.layers)
+
+
+def test_measure_schedule_reports_predicted_vs_measured(traced, tmp_path, capsys):
+    trace_path, schedule_path = traced
+    out = tmp_path / "r.json"
+    code, stdout, err = run(
+        ["measure", "gpt2", schedule_path, "--trace", trace_path, *WL, "--dtype", "bf16", *FAST, "--json", "-o", out],
+        capsys,
+    )
+    assert code == 0, err
+    doc = json.loads(stdout)
+    assert json.loads(out.read_text()) == doc
+    assert doc["dtype"] == "bfloat16" and doc["device"] == "cpu" and doc["memory_basis"] == "cpu-ledger"
+    s, k = doc["scheduled"], doc["keep_all"]
+    assert s["measured_peak_bytes"] > 0 and k["measured_peak_bytes"] >= s["measured_peak_bytes"]
+    # The CPU ledger follows the simulator's saved profile closely on GPT-2 (runtime/README.md's table).
+    assert s["ratio_measured_over_predicted"]["peak"] == pytest.approx(1.0, abs=0.05)
+    assert k["ratio_measured_over_predicted"]["peak"] == pytest.approx(1.0, abs=0.05)
+    assert doc["fits_budget"] is True and doc["budget_bytes"] > 0
+    assert {"slowdown_pct", "oversubscription", "activation_oversubscription", "peak_within_target"} <= set(doc)
+    assert doc["activation_oversubscription"] == pytest.approx(2.0, rel=0.1)  # a 50% budget
+    assert doc["command"].startswith("memsched measure gpt2 ") and "--dtype bfloat16" in doc["command"]
+
+
+def test_measure_table_and_keep_all_only(traced, capsys):
+    trace_path, _ = traced
+    code, stdout, err = run(
+        ["measure", "gpt2", "--keep-all", "--trace", trace_path, *WL, "--dtype", "bf16", *FAST], capsys
+    )
+    assert code == 0, err
+    assert "keep-all" in stdout and "cpu-ledger" in stdout and "scheduled" not in stdout
+    code, stdout, err = run(["measure", "gpt2", "--keep-all", *WL, *FAST, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(stdout)
+    assert doc["scheduled"] is None and doc["keep_all"]["predicted_peak_bytes"] is None  # no trace: nothing to predict
+    assert doc["dtype"] == "float32"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--keep-all", "SCHED"], "--keep-all measures without a schedule"),
+        ([], "give a SCHEDULE"),
+        (["SCHED", "--trace", "TRACE", "--dtype", "float32"], "the trace's dtype is 'bfloat16'"),
+        (["SCHED", "--trace", "TRACE", "--dtype", "bf16", "--batch-size", 3], "the trace's batch_size is 4"),
+        (["SCHED", "--dtype", "int8"], "--dtype 'int8' is not supported"),
+        (["SCHED", "--device", "cuda"] if not torch.cuda.is_available() else ["SCHED", "--device", "tpu"], "--device"),
+        (["SCHED", "--steps", 0], "--steps and --rounds must be >= 1"),
+    ],
+)
+def test_measure_bad_input_exits_2_with_one_line(traced, extra, message, capsys):
+    trace_path, schedule_path = traced
+    sub = {"SCHED": schedule_path, "TRACE": trace_path}
+    argv = ["measure", "gpt2", *WL, *FAST, *[sub.get(x, x) for x in extra]]  # later flags win
+    code, _, err = run(argv, capsys)
+    assert code == 2, err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_measure_schedule_for_another_model_is_refused(traced, capsys):
+    _, schedule_path = traced
+    argv = ["measure", "gpt2", schedule_path, "--small", "--layers", 3, "--batch-size", 4, "--seq-len", 32, *FAST]
+    code, _, err = run(argv, capsys)
+    assert code == 2 and "the schedule has 4 layers but this model has 3" in err
+
+
+def test_builtin_dtypes_and_large_models():
+    from memsched.runtime import BUILTIN_MODELS, builtin_workload
+    from memsched.runtime.models import parse_dtype
+
+    assert {"bert-large", "vit-large"} <= set(BUILTIN_MODELS)
+    assert parse_dtype("bf16") is torch.bfloat16 and parse_dtype("float16") is torch.float16
+    w = builtin_workload("vit-large", small=True, num_layers=2, batch_size=1, dtype="float16")
+    assert {p.dtype for p in w.model.parameters()} == {torch.float16}
+    assert w.batch["pixel_values"].dtype == torch.float16 and w.batch["labels"].dtype == torch.int64
+    # The published sizes (one block, to stay fast): 1024 wide, 16 heads, 4096 intermediate.
+    for name in ("bert-large", "vit-large"):
+        w = builtin_workload(name, num_layers=1, batch_size=1, seq_len=8, dtype="bfloat16", optimizer="none")
+        cfg = w.model.config
+        assert (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size) == (1024, 16, 4096)
+        assert next(w.model.parameters()).dtype == torch.bfloat16
+    w = builtin_workload("resnet50", small=True, num_layers=4, batch_size=1, dtype="bfloat16")
+    assert w.batch["pixel_values"].dtype == torch.bfloat16
+
+
+def test_factory_without_dtype_refuses_a_dtype(tmp_path, monkeypatch):
+    from memsched.errors import MemschedError
+    from memsched.runtime import workload
+
+    (tmp_path / "fac_mod.py").write_text(
+        "from memsched.runtime import builtin_workload\n"
+        "def make(batch_size=1):\n"
+        "    return builtin_workload('gpt2', small=True, num_layers=2, batch_size=batch_size, seq_len=8)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert workload("fac_mod:make", batch_size=1, dtype="float32").model_id == "gpt2-small2"
+    with pytest.raises(MemschedError, match="needs a factory that takes a `dtype` argument"):
+        workload("fac_mod:make", batch_size=1, dtype="bfloat16")
