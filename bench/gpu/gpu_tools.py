@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import json
 import math
+import os
 import platform
 import re
 import shutil
@@ -80,8 +81,9 @@ def cmd_env(out: Path, dry_run: bool) -> None:
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "platform": platform.platform(),
-        "cpu_count": __import__("os").cpu_count(),
-        "git_commit": _run(["git", "-C", str(REPO), "rev-parse", "HEAD"]),
+        "cpu_count": os.cpu_count(),
+        # The device machine gets a copy of the working tree, maybe without .git: the caller names the commit.
+        "git_commit": os.environ.get("MEMSCHED_COMMIT") or _run(["git", "-C", str(REPO), "rev-parse", "HEAD"]) or None,
         "git_dirty": bool(_run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])),
         **_torch_facts(),
         "gpu_tag": gpu_tag(),
