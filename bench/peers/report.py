@@ -263,6 +263,9 @@ def write_report(out_dir: Path) -> Path:
         "peak, and recompute is priced at CPU compute speed. GPU numbers — where offload overlaps with compute "
         "over PCIe/NVLink — come from the GPU evidence issue, not from this file.\n"
     )
+    findings = out_dir / "peers-findings.md"
+    if findings.is_file():  # hand-written conclusions for the committed run (the rest of this file is generated)
+        parts.append(findings.read_text())
     if results:
         mi = results[0]["machine"]
         parts.append("## Machine and versions\n")
