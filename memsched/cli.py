@@ -295,7 +295,7 @@ def solve(
 
 def _register_optional() -> None:
     """Commands contributed by the runtime and the API live next to their code."""
-    for module in ("memsched.cli_runtime", "memsched.cli_api"):
+    for module in ("memsched.cli_runtime", "memsched.cli_api", "memsched.cli_bench"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ModuleNotFoundError as e:
