@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from memsched.errors import ScheduleMismatchError
+from memsched.optimizer.plan import KEEP as _KEEP
 from memsched.optimizer.plan import Decision, group_start, to_actions
 from memsched.optimizer.segtree import MaxSegTree
 from memsched.schema import Action, Prediction, Schedule, Trace, validate_actions
@@ -120,9 +121,21 @@ def forward_transient(trace: Trace, i: int) -> int:
 
 
 def backward_transient(trace: Trace, i: int) -> int:
-    """Bytes that exist only during B_i: workspace, the incoming output gradient and the input gradient."""
+    """Bytes that exist only during B_i: workspace, the incoming output gradient and the input gradient;
+    at B_{n-1}, where the loss is, also the trace's unattributed transient (see `unattributed_bytes`)."""
     layer = trace.layers[i]
-    return layer.workspace_bytes + layer.output_bytes + layer.input_bytes
+    base = layer.workspace_bytes + layer.output_bytes + layer.input_bytes
+    return base + unattributed_bytes(trace) if i == trace.n - 1 else base
+
+
+def unattributed_bytes(trace: Trace) -> int:
+    """Measured keep-all peak the layer model does not explain: the loss's transients (logits, their
+    float32 upcast, the loss gradient) and anything else outside the traced layers that is neither static
+    nor saved. It is the measured baseline peak minus the modelled keep-all peak, never negative, and it is
+    placed at the loss (B_{n-1}), so the model reproduces the measured in-core peak. Imported profiles and
+    CPU traces (whose baseline peak is itself modelled or ledger-based) get 0."""
+    modelled = trace.static.total + max(_stage_memory(trace, [_KEEP] * trace.n, unattributed=False))
+    return max(0, trace.baseline.peak_bytes - modelled)
 
 
 def checkpoint_inputs(trace: Trace, decisions: list[Decision]) -> dict[int, int]:
@@ -142,6 +155,10 @@ def checkpoint_inputs(trace: Trace, decisions: list[Decision]) -> dict[int, int]
 
 def stage_memory(trace: Trace, decisions: list[Decision]) -> list[int]:
     """Non-static bytes at each global stage 0..2n-1 (see docs/cost-model.md, 'Memory')."""
+    return _stage_memory(trace, decisions, unattributed=True)
+
+
+def _stage_memory(trace: Trace, decisions: list[Decision], unattributed: bool) -> list[int]:
     n = trace.n
     last = 2 * n - 1
     diff = [0] * (2 * n + 1)
@@ -172,7 +189,10 @@ def stage_memory(trace: Trace, decisions: list[Decision]) -> list[int]:
         add(a + 1, last - a - 1, trace.layers[j].output_bytes)
     for i in range(n):
         add(i, i, forward_transient(trace, i))
-        add(last - i, last - i, backward_transient(trace, i))
+        layer = trace.layers[i]
+        add(last - i, last - i, layer.workspace_bytes + layer.output_bytes + layer.input_bytes)
+    if unattributed:
+        add(n, n, unattributed_bytes(trace))  # global stage n is B_{n-1}, where the loss is
     out, run = [], 0
     for t in range(2 * n):
         run += diff[t]

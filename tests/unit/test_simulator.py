@@ -196,3 +196,29 @@ def test_fast_prefetch_placement_matches_its_definition(seed):
     fast = default_timing(tr, ds, budget)
     provisional = [replace(d, prefetch_at=i) if d.action == Action.OFFLOAD else d for i, d in enumerate(ds)]
     assert [d.prefetch_at for d in fast] == _naive_prefetch(tr, provisional, budget)
+
+
+def test_unattributed_measured_peak_is_placed_at_the_loss():
+    from memsched.optimizer.simulate import unattributed_bytes
+
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [10, 20, 30], static=5)
+    tr.baseline.peak_bytes = 5 + 60 + 25  # measured: 25 bytes more than the layers explain (logits, loss)
+    assert unattributed_bytes(tr) == 25
+    keep = simulate(tr, [KEEP] * 3)
+    # Only B2 (global stage 3, right after the loss) carries it; keep-all now reproduces the measured peak.
+    assert keep.stage_bytes == [10, 30, 60, 85, 30, 10]
+    assert keep.peak_bytes == tr.baseline.peak_bytes
+    tr.baseline.peak_bytes = 10  # a measured peak below the model's is not subtracted
+    assert unattributed_bytes(tr) == 0
+
+
+def test_ilp_counts_the_unattributed_transient_too():
+    from memsched.optimizer.solve import SolveOptions, solve
+
+    tr = tiny_trace([1, 2, 3, 1], [2, 4, 6, 2], [10, 20, 30, 10], static=5, bandwidth=10)
+    tr.baseline.peak_bytes = 5 + 70 + 40
+    budget = 5 + 80
+    s = solve(tr, budget, SolveOptions(solver="cbc", time_limit_s=20))
+    sim = simulate(tr, s)
+    assert sim.feasible and sim.peak_bytes <= budget
+    assert s.solver.objective_s == pytest.approx(sim.overhead_s, rel=1e-6, abs=1e-9)
