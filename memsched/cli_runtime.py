@@ -32,6 +32,17 @@ DtypeOpt = Annotated[
 ]
 
 
+# The workload options `trace` and `measure` share: measure must rebuild exactly the traced workload.
+BatchOpt = Annotated[int, typer.Option("--batch-size", "--batch", help="Batch size.")]
+SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Sequence length (text models).")]
+LayersOpt = Annotated[int | None, typer.Option("--layers", help="Number of blocks (overrides the config's depth).")]
+SmallOpt = Annotated[bool, typer.Option("--small", help="A narrow version (hidden size 64) for CPU runs.")]
+LayerPatternOpt = Annotated[
+    list[str] | None,
+    typer.Option("--layer-pattern", help="Regex over module names selecting the layers (repeatable)."),
+]
+
+
 def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
@@ -54,16 +65,11 @@ def trace_cmd(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Where to write the trace JSON [default: MODEL.trace.json].")
     ] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Batch size.")] = 2,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length (text models).")] = 128,
-    layers: Annotated[
-        int | None, typer.Option("--layers", help="Number of blocks (overrides the config's depth).")
-    ] = None,
-    small: Annotated[bool, typer.Option("--small", help="A narrow version (hidden size 64) for CPU runs.")] = False,
-    layer_pattern: Annotated[
-        list[str] | None,
-        typer.Option("--layer-pattern", help="Regex over module names selecting the layers (repeatable)."),
-    ] = None,
+    batch_size: BatchOpt = 2,
+    seq_len: SeqLenOpt = 128,
+    layers: LayersOpt = None,
+    small: SmallOpt = False,
+    layer_pattern: LayerPatternOpt = None,
     steps: Annotated[int, typer.Option("--steps", help="Measured steps (medians are reported).")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps before measuring.")] = 2,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
@@ -217,16 +223,11 @@ def measure_cmd(
     baseline: Annotated[
         bool, typer.Option("--baseline/--no-baseline", help="Also measure keep-all at the same batch (slowdown).")
     ] = True,
-    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", help="Batch size.")] = 2,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length (text models).")] = 128,
-    layers: Annotated[
-        int | None, typer.Option("--layers", help="Number of blocks (overrides the config's depth).")
-    ] = None,
-    small: Annotated[bool, typer.Option("--small", help="A narrow version (hidden size 64) for CPU runs.")] = False,
-    layer_pattern: Annotated[
-        list[str] | None,
-        typer.Option("--layer-pattern", help="Regex over module names selecting the layers (repeatable)."),
-    ] = None,
+    batch_size: BatchOpt = 2,
+    seq_len: SeqLenOpt = 128,
+    layers: LayersOpt = None,
+    small: SmallOpt = False,
+    layer_pattern: LayerPatternOpt = None,
     steps: Annotated[int, typer.Option("--steps", help="Measured steps per round (median).")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps before each measurement.")] = 2,
     rounds: Annotated[
