@@ -14,6 +14,7 @@ import os
 import subprocess
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +45,11 @@ def grace_s(time_limit_s: float) -> float:
 def run_cbc(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, threads: int | None) -> CbcRun:
     """Solve `prob` with CBC (variables' initial values as the MIP start if `warm`); the solution, if any,
     is assigned to `prob` as PuLP would. Raises SolverError if CBC fails other than by the two faults above."""
-    solver = pulp.PULP_CBC_CMD(msg=False, gapRel=gap, threads=threads)
+    with warnings.catch_warnings():
+        # PuLP 3.3 deprecates PULP_CBC_CMD in favour of COIN_CMD with a separately installed CBC; the
+        # bundled binary is the one memsched relies on, so that one warning is silenced here.
+        warnings.filterwarnings("ignore", message="PULP_CBC_CMD is deprecated", category=DeprecationWarning)
+        solver = pulp.PULP_CBC_CMD(msg=False, gapRel=gap, threads=threads)
     if not solver.available():
         raise SolverError(f"cbc: the CBC binary bundled with PuLP is not executable ({solver.path})")
     retried = False

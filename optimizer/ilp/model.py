@@ -146,10 +146,12 @@ def default_max_segment(n: int) -> int:
 
 def build_model(
     trace: Trace, budget_bytes: int, window: int | None = None, max_segment: int | None = None,
-    offload: bool = True, knapsack_rows: bool | None = None,
+    offload: bool = True, knapsack_rows: bool | None = None, channel_cuts: bool = False,
 ) -> MilpModel:
     """Build the MILP of docs/formulation.md for `trace` under `budget_bytes` (`offload=False`: the
-    recompute-only restriction, much easier, used as a first phase that seeds the full model)."""
+    recompute-only restriction, much easier, used as a first phase that seeds the full model;
+    `channel_cuts=True` adds the cumulative copy-channel cuts: valid, but measured not to raise the LP bound
+    on ResNet-50 while doubling its LP time, so off by default; see formulation.md, 'Cuts')."""
     n = trace.n
     layers = trace.layers
     w = default_window(n) if window is None else max(1, window)
@@ -353,6 +355,8 @@ def build_model(
             if short > 0:
                 m.add_row(Row(f"cut_d2h_{i}_{k}", [(cvar[k], 1.0)] + ([(cvar[i - 1], -1.0)] if i else [])
                               + [(m.z[i][k], -short)], -sum(fwd[i : k + 1]), ">=", SECONDS))
+    if channel_cuts:
+        _add_d2h_channel_cuts(m, cvar, fwd, dmin)
     cut_b: list[tuple[int, int, float]] = []  # (i, k, shortfall) for the backward cuts, added below
     for i in off:
         for k in range(i, m.last_stage(i) + 1):
@@ -403,6 +407,9 @@ def build_model(
             terms.append((m.ev[i][k + 1], short))
         m.add_row(Row(f"cut_h2d_{i}_{k}", terms, -sum(bwd[i : k + 1]), ">=", SECONDS))
 
+    if channel_cuts:
+        _add_h2d_channel_cuts(m, bvar, bwd, hmin)
+
     # ---- Objective: end of step - keep-all step = stall + recompute seconds. ---------------------------
     # A variable of its own (not b_0 - constant) so that the solvers' relative gap is measured against
     # the overhead itself and not against the whole step time.
@@ -411,6 +418,64 @@ def build_model(
     m.add_row(Row("overhead_def", [(ovh, 1.0), (bvar[0], -1.0)], keepall_step_s(trace), "==", SECONDS))
     m.objective = [(ovh, 1.0)]
     return m
+
+
+def _add_d2h_channel_cuts(m: MilpModel, cvar: list[int], fwd: list[float], dmin: dict[int, float]) -> None:
+    """Cumulative D2H channel cuts (valid inequalities, no big-M).
+
+    For a window of layers a..k: every copy of a layer i in a..k that is due by the end of F_k (z[i][k],
+    or o[i] once k is past i's window, whose done-by is then already <= k) starts after F_a's compute ends
+    (at c_{a-1} + forward_a or later), the D2H stream runs them one at a time, and F_k waits for all of
+    them, so
+
+        c_k - c_{a-1} >= forward_a + sum_{i=a..k} dmin_i * z[i][k].
+
+    dmin_i (the copy of i's smallest tensor) keeps the row valid under partial offload. The single-layer
+    cuts above are the case a = i; here a < k and at least two copies are summed. The compute chain
+    already gives c_k - c_{a-1} >= forward_{a..k}, so a row is written only when its copies can exceed
+    forward_{a+1..k}. a ranges over the window (k - W .. k - 1).
+    """
+    n = m.trace.n
+    for k in range(1, n):
+        for a in range(max(0, k - m.window), k):
+            terms: list[tuple[int, float]] = []
+            for i in range(a, k + 1):
+                if i in m.o:
+                    terms.append((m.z[i][min(k, m.last_stage(i))], -dmin[i]))
+            if len(terms) < 2 or -sum(c for _, c in terms) <= sum(fwd[a + 1 : k + 1]) + 1e-12:
+                continue
+            prev = [(cvar[a - 1], -1.0)] if a else []
+            m.add_row(Row(f"chan_d2h_{a}_{k}", [(cvar[k], 1.0), *prev, *terms], -fwd[a], ">=", SECONDS))
+
+
+def _add_h2d_channel_cuts(m: MilpModel, bvar: list[int], bwd: list[float], hmin: dict[int, float]) -> None:
+    """Cumulative H2D channel cuts (valid inequalities, no big-M): the mirror of the D2H ones.
+
+    For a window of layers a..k: every offloaded layer i in a..k whose prefetch is issued at B_k or later
+    (p_i <= k: o[i] - ev[i][k+1], or o[i] when k is at or past i's window end) is issued after b_{k+1},
+    the H2D stream runs them one at a time in descending layer order, and the lowest of them, i*, is
+    needed before B_{i*} starts, and B_a ends no earlier than B_{i*} (backward runs down to a), so
+
+        b_a - b_{k+1} >= backward_a + sum_{i=a..k} hmin_i * (o[i] - ev[i][k+1]).
+
+    (b_a >= b_{i*} + backward_{a..i*-1} >= q_{i*} + backward_{a..i*} and q_{i*} >= b_{k+1} + the copies.)
+    Written only when the copies can exceed backward_{a+1..k} (else the compute chain implies it).
+    """
+    n = m.trace.n
+    for k in range(1, n):
+        for a in range(max(0, k - m.window), k):
+            terms: list[tuple[int, float]] = []
+            for i in range(a, k + 1):
+                if i not in m.o:
+                    continue
+                terms.append((m.o[i], -hmin[i]))
+                if k + 1 in m.ev[i]:
+                    terms.append((m.ev[i][k + 1], hmin[i]))
+            total = sum(hmin[i] for i in range(a, k + 1) if i in m.o)
+            if sum(1 for i in range(a, k + 1) if i in m.o) < 2 or total <= sum(bwd[a + 1 : k + 1]) + 1e-12:
+                continue
+            m.add_row(Row(f"chan_h2d_{a}_{k}", [(bvar[a], 1.0), (bvar[k + 1], -1.0), *terms], -bwd[a], ">=",
+                          SECONDS))
 
 
 def _add_knapsack_rows(m: MilpModel, trace: Trace, limit: int, x_terms: dict[int, list[tuple[int, float]]]) -> None:

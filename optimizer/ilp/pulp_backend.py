@@ -9,10 +9,10 @@ simply measured in the scaled unit.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 import pulp
 
@@ -47,6 +47,21 @@ def scaled_rows(m: MilpModel) -> list[ScaledRow]:
     return out
 
 
+def _check_finite(m: MilpModel, rows: list[ScaledRow]) -> None:
+    """SolverError naming the first row or bound that is NaN or infinite (e.g. from a trace with a zero
+    bandwidth): PuLP would raise a bare PulpError, or write it into the model file unchecked."""
+    for v in m.vars:
+        for what, x in (("lower", v.lb), ("upper", v.ub)):
+            if x is not None and not math.isfinite(x):
+                raise SolverError(f"model: variable {v.name} has a non-finite {what} bound ({x})")
+    for row, (coef, const) in zip(m.rows, rows, strict=True):
+        bad = [(m.vars[j].name, c) for j, c in coef.items() if not math.isfinite(c)]
+        if not math.isfinite(const) or not math.isfinite(row.big_m) or bad:
+            what = f"coefficient of {bad[0][0]} = {bad[0][1]}" if bad else f"constant {const}, big-M {row.big_m}"
+            raise SolverError(f"model: row {row.name} has a non-finite {what}; check the trace's timings, "
+                              "sizes and bandwidths")
+
+
 def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable], list[ScaledRow]]:
     """The model as a PuLP problem (indicators as big-M rows), its variables by model index, and the
     scaled rows."""
@@ -59,9 +74,22 @@ def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable], list[S
             lb, ub = lb * TIME_SCALE, None if ub is None else ub * TIME_SCALE
         elif v.kind == BYTES:
             lb, ub = lb * BYTE_SCALE, None if ub is None else ub * BYTE_SCALE
-        cols.append(pulp.LpVariable(v.name, lowBound=lb if cat != pulp.LpBinary else None,
-                                    upBound=ub if cat != pulp.LpBinary else None, cat=cat))
+        # prob.add_variable (PuLP >= 3.3): constructing LpVariable directly is deprecated there.
+        cols.append(prob.add_variable(v.name, lowBound=lb if cat != pulp.LpBinary else None,
+                                      upBound=ub if cat != pulp.LpBinary else None, cat=cat))
     rows = scaled_rows(m)
+    for row, (coef, const) in zip(m.rows, big_m_rows(m, rows), strict=True):
+        expr = pulp.LpAffineExpression([(cols[j], c) for j, c in coef.items() if c != 0.0], constant=const)
+        prob += pulp.LpConstraint(expr, _SENSE[row.sense], name=row.name)
+    prob += pulp.LpAffineExpression([(cols[j], c) for j, c in m.objective])
+    return prob, cols, rows
+
+
+def big_m_rows(m: MilpModel, rows: list[ScaledRow]) -> list[ScaledRow]:
+    """The scaled rows with every indicator written as a big-M row (`expr + const (sense) 0`); checks
+    that every number is finite first."""
+    _check_finite(m, rows)
+    out: list[ScaledRow] = []
     for row, (base, const) in zip(m.rows, rows, strict=True):
         coef = dict(base)
         if row.lit >= 0:
@@ -71,10 +99,23 @@ def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable], list[S
                 const += big
             else:  # holds when lit = 0: expr + M lit >= 0
                 coef[row.lit] = coef.get(row.lit, 0.0) + big
-        expr = pulp.LpAffineExpression([(cols[j], c) for j, c in coef.items() if c != 0.0], constant=const)
-        prob += pulp.LpConstraint(expr, _SENSE[row.sense], name=row.name)
-    prob += pulp.LpAffineExpression([(cols[j], c) for j, c in m.objective])
-    return prob, cols, rows
+        out.append((coef, const))
+    return out
+
+
+def _col_bounds(m: MilpModel) -> tuple[list[float], list[float]]:
+    """Column bounds in the scaled units (binaries 0..1; None = +inf)."""
+    lo: list[float] = []
+    hi: list[float] = []
+    for v in m.vars:
+        scale = TIME_SCALE if v.kind == TIME else BYTE_SCALE if v.kind == BYTES else 1.0
+        if v.kind == BIN:
+            lo.append(0.0)
+            hi.append(1.0)
+        else:
+            lo.append(v.lb * scale)
+            hi.append(math.inf if v.ub is None else v.ub * scale)
+    return lo, hi
 
 
 def _values(m: MilpModel, cols: list[pulp.LpVariable]) -> list[float]:
@@ -83,12 +124,15 @@ def _values(m: MilpModel, cols: list[pulp.LpVariable]) -> list[float]:
 
 def export_pulp(m: MilpModel, path: Path) -> None:
     """Write the model as MPS (suffix .mps) or CPLEX LP (anything else)."""
-    prob, _, _ = to_pulp(m)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix.lower() == ".mps":
-        prob.writeMPS(str(path))
-    else:
-        prob.writeLP(str(path))
+    try:
+        prob, _, _ = to_pulp(m)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix.lower() == ".mps":
+            prob.writeMPS(str(path))
+        else:
+            prob.writeLP(str(path))
+    except pulp.PulpError as exc:
+        raise SolverError(f"pulp: could not write the model to {path}: {exc}") from exc
 
 
 _CBC_OBJ = re.compile(r"^Objective value:\s+(\S+)", re.M)
@@ -107,27 +151,6 @@ def _seconds(scaled: float | None, m: MilpModel) -> float | None:
     return None if scaled is None else scaled / TIME_SCALE
 
 
-class _HighsWithStart(pulp.HiGHS):
-    """PuLP's HiGHS API with a MIP start: PuLP passes none to highspy itself."""
-
-    def __init__(self, start: dict[str, float], **kw: Any) -> None:
-        super().__init__(**kw)
-        self._start = start
-
-    def callSolver(self, lp: pulp.LpProblem) -> None:
-        if self._start:
-            import highspy
-
-            # PuLP numbered the columns in lp.variables() order when it built the highspy model.
-            sol = highspy.HighsSolution()
-            sol.col_value = [float(self._start.get(v.name, 0.0)) for v in lp.variables()]
-            sol.value_valid = True
-            status = lp.solverModel.setSolution(sol)
-            if status != highspy.HighsStatus.kOk:
-                log.warning("highs rejected the warm start (%s)", status)
-        lp.solverModel.run()
-
-
 def solve_pulp(
     m: MilpModel,
     backend: str,
@@ -136,7 +159,24 @@ def solve_pulp(
     warm: list[Decision] | None,
     threads: int | None = None,
 ) -> Outcome:
-    """Solve with 'cbc' or 'highs'. Raises SolverError when the solver itself fails."""
+    """Solve with 'cbc' or 'highs'. Raises SolverError when the solver itself fails, and for any
+    PulpError (PuLP's own checks, e.g. a non-finite coefficient), with its reason."""
+    try:
+        return _solve_pulp(m, backend, time_limit_s, gap, warm, threads)
+    except pulp.PulpError as exc:
+        raise SolverError(f"{backend}: PuLP failed: {exc}") from exc
+
+
+def _solve_pulp(
+    m: MilpModel,
+    backend: str,
+    time_limit_s: float,
+    gap: float,
+    warm: list[Decision] | None,
+    threads: int | None,
+) -> Outcome:
+    if backend == "highs":
+        return _solve_highs(m, time_limit_s, gap, warm, threads)
     prob, cols, rows = to_pulp(m)
     # Greedy hint: the binaries of the warm schedule, every other variable at its least value (complete).
     start = complete(m, hint(m, warm), rows, integral=False) if warm is not None else {}
@@ -145,7 +185,7 @@ def solve_pulp(
     t0 = time.perf_counter()
     bound: float | None = None
     message = ""
-    if backend == "cbc":
+    if backend == "cbc":  # (HiGHS is handled above)
         run = run_cbc(prob, time_limit_s, gap, bool(start), threads)
         text = run.log_text
         if run.killed:
@@ -157,19 +197,6 @@ def solve_pulp(
         if run.retried:
             message += " (cbc 2.10.3 crashed processing the warm start; re-run once without it)"
         bound = _seconds(_float(m_.group(1)) if (m_ := _CBC_BOUND.search(text)) else None, m)
-    elif backend == "highs":
-        opts: dict[str, Any] = {}
-        if threads is not None:
-            opts["threads"] = threads
-        by_name = {cols[j].name: v for j, v in start.items()}
-        solver = _HighsWithStart(by_name, msg=False, timeLimit=time_limit_s, gapRel=gap, **opts)
-        try:
-            prob.solve(solver)
-        except pulp.PulpSolverError as exc:
-            raise SolverError(f"highs failed: {exc}") from exc
-        info = prob.solverModel.getInfo()
-        bound = _seconds(float(info.mip_dual_bound), m)
-        message = f"highs: {prob.solverModel.modelStatusToString(prob.solverModel.getModelStatus())}"
     else:
         raise SolverError(f"unknown PuLP backend {backend!r}")
     wall = time.perf_counter() - t0
@@ -200,3 +227,81 @@ def solve_pulp(
         # rounded to 1e-3 ms otherwise, so the bound is clamped into [objective * (1 - gap), objective].
         bound = objective * (1.0 - gap) if bound is None else min(max(bound, objective * (1.0 - gap)), objective)
     return Outcome(backend, found, decode(m, values), objective, bound, wall, message)
+
+
+def _solve_highs(m: MilpModel, time_limit_s: float, gap: float, warm: list[Decision] | None,
+                 threads: int | None) -> Outcome:
+    """HiGHS through highspy directly: the same scaled big-M rows as CBC, passed as one row-wise matrix.
+    (PuLP's HiGHS API adds the rows one by one, which took several seconds of a 10 s limit on ResNet-50,
+    before HiGHS' own clock started.)"""
+    try:
+        import highspy
+    except ImportError as exc:
+        raise SolverError("highs: highspy is not installed (pip install highspy)") from exc
+    rows = scaled_rows(m)
+    final = big_m_rows(m, rows)
+    inf = highspy.kHighsInf
+    lp = highspy.HighsLp()
+    lp.num_col_ = len(m.vars)
+    lp.num_row_ = len(final)
+    cost = [0.0] * len(m.vars)
+    for j, c in m.objective:
+        cost[j] += c
+    lo, hi = _col_bounds(m)
+    lp.col_cost_ = cost
+    lp.col_lower_ = lo
+    lp.col_upper_ = [inf if math.isinf(x) else x for x in hi]
+    row_lo: list[float] = []
+    row_hi: list[float] = []
+    start, index, value = [0], [], []
+    for row, (coef, const) in zip(m.rows, final, strict=True):
+        for j, c in coef.items():
+            if c != 0.0:
+                index.append(j)
+                value.append(c)
+        start.append(len(index))
+        # expr + const (sense) 0  ->  -const (sense) expr
+        row_lo.append(-const if row.sense in (">=", "==") else -inf)
+        row_hi.append(-const if row.sense in ("<=", "==") else inf)
+    lp.row_lower_ = row_lo
+    lp.row_upper_ = row_hi
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = start
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = value
+    lp.integrality_ = [highspy.HighsVarType.kInteger if v.kind == BIN else highspy.HighsVarType.kContinuous
+                       for v in m.vars]
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(gap))
+    if threads is not None:
+        h.setOptionValue("threads", int(threads))
+    t0 = time.perf_counter()
+    if h.passModel(lp) != highspy.HighsStatus.kOk:
+        raise SolverError("highs: the model was rejected (passModel failed)")
+    if warm is not None:
+        sol = highspy.HighsSolution()
+        start_vals = complete(m, hint(m, warm), rows, integral=False)
+        sol.col_value = [float(start_vals.get(j, 0.0)) for j in range(len(m.vars))]
+        sol.value_valid = True
+        if h.setSolution(sol) != highspy.HighsStatus.kOk:
+            log.warning("highs rejected the warm start")
+    run_status = h.run()
+    wall = time.perf_counter() - t0
+    status = h.getModelStatus()
+    message = f"highs: {h.modelStatusToString(status)}"
+    if run_status == highspy.HighsStatus.kError:
+        raise SolverError(f"highs failed ({message})")
+    info = h.getInfo()
+    bound = _seconds(float(info.mip_dual_bound), m) if math.isfinite(info.mip_dual_bound) else None
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return Outcome("highs", Found.INFEASIBLE, None, None, None, wall, message)
+    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+        return Outcome("highs", Found.NO_SOLUTION, None, None, bound, wall, message)
+    values = list(h.getSolution().col_value)
+    objective = _seconds(float(info.objective_function_value), m)
+    found = Found.OPTIMAL if status == highspy.HighsModelStatus.kOptimal else Found.FEASIBLE
+    if found == Found.OPTIMAL and objective is not None:
+        bound = objective * (1.0 - gap) if bound is None else min(max(bound, objective * (1.0 - gap)), objective)
+    return Outcome("highs", found, decode(m, values), objective, bound, wall, message)
