@@ -84,7 +84,7 @@ def _vit(batch_size: int, image_size: int, g: torch.Generator) -> ModelSpec:
     model = ViTForImageClassification(cfg)
     x = torch.randn(batch_size, 3, image_size, image_size, generator=g)
     y = torch.randint(0, 1000, (batch_size,), generator=g)
-    paths = [f"vit.encoder.layer.{i}" for i in range(cfg.num_hidden_layers)]
+    paths = [f"vit.layers.{i}" for i in range(cfg.num_hidden_layers)]  # transformers 5 layout
     return ModelSpec(
         "vit-base", model, {"pixel_values": x, "labels": y}, paths, {"batch_size": batch_size, "image_size": image_size}
     )

@@ -322,7 +322,7 @@ METHOD = """## How it is measured
   are identical). `rms` is the model's per-element gradient scale: the floor keeps gradients that are
   mathematically zero and numerically rounding noise (attention's key bias: softmax ignores a per-row constant)
   from counting as 100% errors.
-- **Blocks**: GPT-2 `transformer.h.*`, BERT `bert.encoder.layer.*`, ViT `vit.encoder.layer.*`, ResNet-50
+- **Blocks**: GPT-2 `transformer.h.*`, BERT `bert.encoder.layer.*`, ViT `vit.layers.*`, ResNet-50
   `resnet.encoder.stages.*.layers.*`. checkpoint_sequential uses round(sqrt(n)) segments; the last is not
   checkpointed (torch's rule).
 - **torch.compile**: `torch._functorch.config.activation_memory_budget` = the budget fraction, backend

@@ -74,10 +74,13 @@ def _estimate(spec: ModelSpec) -> tuple[Any, Any, str]:
             continue
         info = aggregate_stats(fmodel, mem, rt, sac, device)
         return parse_module_info(info), sac, type(fmodel).__name__
-    raise NotAvailable(
-        "the SAC estimators need CUDA here (" + "; ".join(errors) + "): benchmark mode times ops with "
-        "torch.cuda.Event and the cost model reads the GPU's capabilities"
-    )
+    joined = "; ".join(errors)
+    if "CUDA" in joined or "Event" in joined:
+        raise NotAvailable(
+            f"the SAC estimators need CUDA here ({joined}): benchmark mode times ops with torch.cuda.Event and the "
+            "cost model reads the GPU's capabilities"
+        )
+    raise NotAvailable(f"the SAC estimators failed under FakeTensorMode ({joined})")
 
 
 _PROBED: dict[tuple[str, str], str | None] = {}
