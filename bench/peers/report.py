@@ -172,7 +172,8 @@ def model_section(res: dict[str, Any], out_dir: Path) -> str:
     shape = ", ".join(f"{k} {v}" for k, v in res["shape"].items())
     lines.append(f"### {res['model']} ({shape}; {res['n_blocks']} blocks, {res['params'] / 1e6:.1f} M parameters)\n")
     lines.append(
-        f"Command: `{res['command']}` (torch threads: {res['machine']['torch_threads']})  \n"
+        f"Command: `{res['command']}` (torch threads: {res['machine']['torch_threads']}; memsched "
+        f"{res['machine']['memsched_commit']})  \n"
         f"Keep-all: peak activation memory **{res['keepall_peak_bytes'] / _MIB:.1f} MiB**, step "
         f"**{res['keepall_step_s']:.3f} s** (median of {res['settings']['steps']} after "
         f"{res['settings']['warmup']} warm-up).\n"
