@@ -227,6 +227,7 @@ def model_section(res: dict[str, Any], out_dir: Path) -> str:
     lines.append("")
     pareto = pareto_plot(res, out_dir / f"peers-{res['model']}-pareto.png")
     lines.append(f"![{res['model']} Pareto]({pareto.name})\n")
+    lines.append("A red × marks a run whose gradient check failed; the dotted lines are the budgets.\n")
     ms = [r for r in res["rows"] if r["approach"].startswith("memsched") and r["status"] == "ok"]
     if ms:
         lines.append("memsched's own figures (trace once, solve per budget; predictions are the simulator's):\n")
