@@ -55,7 +55,7 @@ def _patched_forwards(patches: dict[nn.Module, Callable[..., Any]]) -> Iterator[
     """Replace module forwards by instance attributes; the class's forward comes back on exit."""
     try:
         for m, f in patches.items():
-            m.forward = f  # type: ignore[method-assign]
+            m.forward = f
         yield
     finally:
         for m in patches:

@@ -66,7 +66,7 @@ def peak_activation_bytes(step: Step, device: torch.device) -> Peak:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    all_events = list(prof.profiler.kineto_results.events())  # type: ignore[union-attr]
+    all_events = list(prof.profiler.kineto_results.events())
     marks = [e.start_ns() for e in all_events if e.name() == BACKWARD_MARK]
     mark = min(marks) if marks else None
     events = [e for e in all_events if e.name() == "[memory]"]

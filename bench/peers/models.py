@@ -80,7 +80,8 @@ def _bert(batch_size: int, seq_len: int, g: torch.Generator) -> ModelSpec:
 def _vit(batch_size: int, image_size: int, g: torch.Generator) -> ModelSpec:
     from transformers import ViTConfig, ViTForImageClassification
 
-    cfg = ViTConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, image_size=image_size, num_labels=1000)
+    cfg = ViTConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, image_size=image_size)
+    cfg.num_labels = 1000  # a PretrainedConfig property (sets the label maps); the typed __init__ omits it
     model = ViTForImageClassification(cfg)
     x = torch.randn(batch_size, 3, image_size, image_size, generator=g)
     y = torch.randint(0, 1000, (batch_size,), generator=g)
@@ -93,11 +94,12 @@ def _vit(batch_size: int, image_size: int, g: torch.Generator) -> ModelSpec:
 def _resnet50(batch_size: int, image_size: int, g: torch.Generator) -> ModelSpec:
     from transformers import ResNetConfig, ResNetForImageClassification
 
-    cfg = ResNetConfig(num_labels=1000)  # the defaults are ResNet-50: bottleneck, depths [3, 4, 6, 3]
+    cfg = ResNetConfig()
+    cfg.num_labels = 1000  # the defaults are ResNet-50: bottleneck, depths [3, 4, 6, 3]
     model = ResNetForImageClassification(cfg)
     x = torch.randn(batch_size, 3, image_size, image_size, generator=g)
     y = torch.randint(0, 1000, (batch_size,), generator=g)
-    paths = [f"resnet.encoder.stages.{s}.layers.{i}" for s, d in enumerate(cfg.depths) for i in range(d)]
+    paths = [f"resnet.encoder.stages.{s}.layers.{i}" for s, d in enumerate(cfg.depths or ()) for i in range(d)]
     return ModelSpec(
         "resnet50", model, {"pixel_values": x, "labels": y}, paths, {"batch_size": batch_size, "image_size": image_size}
     )

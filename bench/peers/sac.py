@@ -37,7 +37,7 @@ def _ensure_pwlf(notes: list[str]) -> None:
     except ImportError:
         from bench.peers import pwlf_shim
 
-        sys.modules["pwlf"] = pwlf_shim  # type: ignore[assignment]
+        sys.modules["pwlf"] = pwlf_shim
         notes.append(
             "pwlf is not installed (not on this machine's package index): its trade-off-curve fit was "
             "replaced by bench/peers/pwlf_shim.py (same continuous piecewise-linear model, numpy)"
@@ -62,7 +62,7 @@ def _estimate(spec: ModelSpec) -> tuple[Any, Any, str]:
         fake_mode = FakeTensorMode()
         try:
             with fake_mode, device:
-                fmodel: nn.Module = type(spec.model)(config).train()  # type: ignore[operator]
+                fmodel: nn.Module = type(spec.model)(config).train()
                 batch = {k: fake_mode.from_tensor(v) for k, v in spec.batch.items()}
                 mem, rt, sac = MemTracker(), RuntimeEstimator(), SACEstimator()
                 mem.track_external(fmodel)
