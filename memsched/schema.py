@@ -55,6 +55,11 @@ class DeviceInfo(_Strict):
     """Measured pinned device->host bandwidth (offload speed)."""
     copy_latency_s: Seconds = Field(default=0.0, description="fixed cost per copy, seconds")
     """Fixed per-copy latency added to every transfer."""
+    concurrent_copies: bool = Field(
+        default=True, description="copies run on their own engine, overlapping compute (false on the CPU)"
+    )
+    """True when copies overlap compute (a GPU's copy engines). False when they run on the compute thread
+    (the CPU): every offload is then synchronous and its whole copy time is stall."""
 
 
 class StaticBytes(_Strict):
@@ -188,8 +193,13 @@ class Trace(_Strict):
         return [layer.name for layer in self.layers]
 
     def content_hash(self) -> str:
-        """sha256 of the canonical JSON form: identical traces hash identically, whatever the key order."""
-        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical JSON form: identical traces hash identically, whatever the key order.
+        Fields added after version 1 enter the hash only when they differ from their default, so traces
+        (and the schedules that name their hash) written before a field existed keep their hash."""
+        doc = self.model_dump(mode="json")
+        if doc["device"].get("concurrent_copies", True):
+            doc["device"].pop("concurrent_copies", None)
+        payload = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
 

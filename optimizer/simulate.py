@@ -216,6 +216,12 @@ def default_timing(trace: Trace, decisions: list[Decision], budget_bytes: int | 
     todo = [i for i, d in enumerate(out) if d.action == Action.OFFLOAD and (d.done_by < 0 or d.prefetch_at < 0)]
     if not todo:
         return out
+    if not trace.device.concurrent_copies:
+        # Copies run on the compute thread and cost their whole time whenever they run: holding the
+        # bytes any longer than the layer's own stages buys nothing, so the timing is synchronous.
+        for i in todo:
+            out[i] = replace(out[i], done_by=i, prefetch_at=i)
+        return out
     unset_done = sorted(i for i in todo if out[i].done_by < 0)
     unset_pref = {i for i in todo if out[i].prefetch_at < 0}
     # Done-by: the first forward stage whose compute ends after the copy (no-stall FIFO estimate).
@@ -308,6 +314,7 @@ def simulate(
             group_end[group_start(decisions, i)] = i
     segments_ending_at = {b: a for a, b in group_end.items()}
 
+    serial = not trace.device.concurrent_copies  # copies on the compute thread (the CPU)
     t = 0.0
     stall = 0.0
     recompute_s = 0.0
@@ -323,6 +330,10 @@ def simulate(
             d2h_free = start + copy_seconds(trace, d.offload_bytes, D2H)
             copy_done[i] = d2h_free
             ev(Event(D2H, "offload", i, start, d2h_free, d.offload_bytes))
+            if serial:  # the copy runs on the compute thread: compute waits for all of it, now
+                ev(Event(COMPUTE, "stall", i, t, d2h_free))
+                stall += d2h_free - t
+                t = d2h_free
         for j in waits.get(i, ()):
             if copy_done[j] > t:
                 ev(Event(COMPUTE, "stall", j, t, copy_done[j]))
@@ -343,6 +354,10 @@ def simulate(
             h2d_free = start + copy_seconds(trace, decisions[j].offload_bytes, H2D)
             prefetch_done[j] = h2d_free
             ev(Event(H2D, "prefetch", j, start, h2d_free, decisions[j].offload_bytes))
+            if serial:
+                ev(Event(COMPUTE, "stall", j, t, h2d_free))
+                stall += h2d_free - t
+                t = h2d_free
         if i in segments_ending_at:
             for k in range(segments_ending_at[i], i + 1):
                 ev(Event(COMPUTE, "recompute", k, t, t + layers[k].forward_s))

@@ -400,6 +400,8 @@ def trace(
         h2d_bytes_per_s=speed.h2d_bytes_per_s if speed else 1e10,
         d2h_bytes_per_s=speed.d2h_bytes_per_s if speed else 1e10,
         copy_latency_s=speed.latency_s if speed else 0.0,
+        # On the CPU a copy is a memcpy on the compute thread: nothing overlaps it.
+        concurrent_copies=device.type == "cuda",
     )
     # On the CPU there is no allocator peak: static memory (with what is saved outside the layers) plus the
     # peak of the layers' live saved tensors stands in.

@@ -154,7 +154,9 @@ def build_model(
     on ResNet-50 while doubling its LP time, so off by default; see formulation.md, 'Cuts')."""
     n = trace.n
     layers = trace.layers
-    w = default_window(n) if window is None else max(1, window)
+    w = default_window(n) if window is None else max(0, window)
+    if not trace.device.concurrent_copies:
+        w = 0  # copies on the compute thread: done-by and prefetch-at are the layer's own stages
     seg = default_max_segment(n) if max_segment is None else max(1, max_segment)
     m = MilpModel(trace=trace, budget_bytes=budget_bytes, window=w, max_segment=seg)
     off = offload_candidates(trace) if offload else []

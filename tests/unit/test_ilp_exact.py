@@ -86,9 +86,14 @@ def _budget(trace: Trace, frac: float) -> int:
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(2, 7), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.95))
-def test_ilp_beats_every_whole_layer_assignment(n: int, seed: int, dag: bool, frac: float) -> None:
+@given(
+    n=st.integers(2, 7), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.95),
+    serial=st.booleans(),
+)
+def test_ilp_beats_every_whole_layer_assignment(n: int, seed: int, dag: bool, frac: float, serial: bool) -> None:
     trace = make_trace(n, seed, dag=dag)
+    # serial: copies on the compute thread (a CPU trace), so every offload is synchronous.
+    trace.device.concurrent_copies = not serial
     budget = _budget(trace, frac)
     report = solve_report(trace, budget, SolveOptions(solver="cbc", gap=0.0, time_limit_s=60))
     sim = simulate(trace, report.schedule)

@@ -222,3 +222,30 @@ def test_ilp_counts_the_unattributed_transient_too():
     sim = simulate(tr, s)
     assert sim.feasible and sim.peak_bytes <= budget
     assert s.solver.objective_s == pytest.approx(sim.overhead_s, rel=1e-6, abs=1e-9)
+
+
+def test_copies_on_the_compute_thread_are_synchronous_and_all_stall():
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [100, 20, 30])
+    tr.device.concurrent_copies = False
+    sim = simulate(tr, [offload_all(tr, 0), KEEP, KEEP])
+    # Default timing is the only one there is: copy out at the end of F0 (1 s), back at the start of B0 (1 s).
+    assert (sim.decisions[0].done_by, sim.decisions[0].prefetch_at) == (0, 0)
+    assert sim.stall_s == 2 and sim.step_s == 20
+    # Any other timing costs the same time (the copies still run on the compute thread) and holds more memory.
+    late = simulate(tr, [offload_all(tr, 0, done_by=1, prefetch_at=1), KEEP, KEEP])
+    assert late.stall_s == 2 and late.peak_bytes > sim.peak_bytes
+    assert ("stall", 0, 13, 14) in spans(late, "compute")  # the prefetch, issued at B1's start (13)
+
+
+def test_new_default_fields_keep_old_hashes():
+    tr = tiny_trace([1, 2], [1, 2], [5, 6])
+    h = tr.content_hash()
+    doc = tr.model_dump(mode="json")
+    del doc["device"]["concurrent_copies"]
+    import hashlib
+    import json
+
+    old = hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert h == old
+    tr.device.concurrent_copies = False
+    assert tr.content_hash() != h
