@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_runtime_support import schedule_of, tiny
+from test_runtime_support import free_port, init_gloo, schedule_of, tiny
 
 from memsched.io import load_schedule, save_model
 from memsched.optimizer.plan import KEEP, offload_all, recompute
@@ -20,17 +18,8 @@ from memsched.runtime import apply_schedule, trace
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _worker(rank: int, world: int, port: int, folder: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_gloo(rank, world, port)
     try:
         w = tiny("gpt2", layers=4)  # same seed on every rank: same initial weights
         gen = torch.Generator().manual_seed(100 + rank)  # but each rank its own data
@@ -68,7 +57,7 @@ def test_ddp_gloo_two_processes_same_gradients(tmp_path):
     save_model(schedule_of(tr, offload), tmp_path / "offload.json")
     mixed = [offload_all(tr, 0, 1, 1), recompute(), recompute(group=1), KEEP]
     save_model(schedule_of(tr, mixed), tmp_path / "mixed.json")
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         assert r["offload"]["bitwise"], r  # keep + offload: bitwise, as on one process

@@ -5,15 +5,13 @@ reused by activations: static memory must be recognised by storage identity, not
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_runtime_support import schedule_of, tiny
+from test_runtime_support import free_port, init_gloo, schedule_of, tiny
 
 from memsched.io import load_schedule, save_model
 from memsched.optimizer.plan import offload_all, recompute
@@ -25,17 +23,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _worker(rank: int, world: int, port: int, folder: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_gloo(rank, world, port)
     try:
         from torch.distributed.fsdp import fully_shard
 
@@ -71,7 +60,7 @@ def test_fsdp2_two_processes_under_a_schedule(tmp_path):
     decisions = [offload_all(tr, 0, 1, 1), recompute(), recompute(group=1), offload_all(tr, 3, 3, 3)]
     sched = schedule_of(tr, decisions)
     save_model(sched, tmp_path / "schedule.json")
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     for r in range(2):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert res["max_diff"] <= 1e-6, res

@@ -49,3 +49,24 @@ def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None
     assert a.keys() == b.keys()
     for k, v in a.items():
         torch.testing.assert_close(v, b[k], rtol=1e-5, atol=1e-7)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback for a process group's rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_gloo(rank: int, world: int, port: int) -> None:
+    """Join a CPU (gloo) process group of `world` ranks on loopback, one torch thread per rank."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
