@@ -26,7 +26,16 @@ import numpy as np
 
 from memsched.optimizer.budget import min_feasible_decisions
 from memsched.optimizer.plan import KEEP, Decision, group_start, offload_all, recompute
-from memsched.optimizer.simulate import D2H, H2D, SimResult, copy_seconds, default_timing, simulate, stage_memory
+from memsched.optimizer.simulate import (
+    D2H,
+    H2D,
+    SimResult,
+    copy_seconds,
+    default_timing,
+    segment_external_bytes,
+    simulate,
+    stage_memory,
+)
 from memsched.schema import Action, Trace
 
 log = logging.getLogger(__name__)
@@ -106,6 +115,7 @@ def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
             if sizes[b] <= 0:
                 continue  # a segment ending at a layer that saves nothing is dominated by a shorter one
             net = freed - sum(trace.layers[j].output_bytes for j in _outside_deps(trace, a, b))
+            net -= segment_external_bytes(trace, a, b)
             if net > 0:
                 heapq.heappush(heap, (-net / (cost + _EPS_S), a, "recompute", b))
     held_from: dict[int, int] = {}
@@ -137,6 +147,9 @@ def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
             mem[lo2 : hi2 + 1] += nbytes
         for j in deps:
             held_from[j] = min(held_from.get(j, a), a)
+        ext = segment_external_bytes(trace, a, b)
+        if ext:
+            mem[a + 1 : last - a] += ext  # inputs no traced layer produced: held by this checkpoint
     # Reverse pass: undo expensive choices that later ones made unnecessary (recompute undo is skipped:
     # its checkpoint bookkeeping is not reversible incrementally, and it is rarely the expensive one).
     for cost, i in sorted(applied, reverse=True):

@@ -138,6 +138,18 @@ def unattributed_bytes(trace: Trace) -> int:
     return max(0, trace.baseline.peak_bytes - modelled)
 
 
+def external_input_bytes(trace: Trace, i: int) -> int:
+    """Bytes layer i reads that no traced layer produced (an embedding's or a stem's output, a mask): a
+    recompute segment containing i holds them as checkpoint inputs, like the outputs of its deps."""
+    layer = trace.layers[i]
+    return max(0, layer.input_bytes - sum(trace.layers[j].output_bytes for j in layer.deps))
+
+
+def segment_external_bytes(trace: Trace, a: int, b: int) -> int:
+    """External inputs held by the checkpoint of segment [a..b] (counted per segment: conservative)."""
+    return sum(external_input_bytes(trace, c) for c in range(a, b + 1))
+
+
 def checkpoint_inputs(trace: Trace, decisions: list[Decision]) -> dict[int, int]:
     """For each producer j whose output some recompute segment keeps as its input: the earliest such
     segment start. Segments' retention intervals are nested, so the earliest one covers the others and the
@@ -187,6 +199,8 @@ def _stage_memory(trace: Trace, decisions: list[Decision], unattributed: bool) -
             add(last - b, bwd, s)  # rematerialised when the segment's backward starts
     for j, a in checkpoint_inputs(trace, decisions).items():
         add(a + 1, last - a - 1, trace.layers[j].output_bytes)
+    for a, b in group_end.items():
+        add(a + 1, last - a - 1, segment_external_bytes(trace, a, b))
     for i in range(n):
         add(i, i, forward_transient(trace, i))
         layer = trace.layers[i]

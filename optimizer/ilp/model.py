@@ -19,6 +19,7 @@ from memsched.optimizer.simulate import (
     forward_transient,
     keepall_step_s,
     other_step_s,
+    segment_external_bytes,
 )
 from memsched.schema import Trace
 
@@ -238,6 +239,10 @@ def build_model(
         outside = {j for c in range(a, b + 1) for j in layers[c].deps if j < a}
         for j in outside:
             starts.setdefault(j, {}).setdefault(a, []).append(v)
+        # Inputs no traced layer produced are held by this segment's checkpoint alone (no dedup).
+        ext = segment_external_bytes(trace, a, b)
+        if ext:
+            held_inc.setdefault(a, []).append((v, float(ext)))
     for j, by_start in starts.items():
         out = float(layers[j].output_bytes)
         prev = -1

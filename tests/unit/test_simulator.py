@@ -249,3 +249,13 @@ def test_new_default_fields_keep_old_hashes():
     assert h == old
     tr.device.concurrent_copies = False
     assert tr.content_hash() != h
+
+
+def test_recompute_holds_inputs_no_traced_layer_produced():
+    # Layer 0 reads 9 bytes from outside the traced layers (an embedding's output); layer 1 reads 4 from
+    # layer 0 and 2 more from outside (a mask). Recomputing [0, 1] as one segment holds 9 + 2 over stages 1..4.
+    tr = tiny_trace([1, 1, 1], [1, 1, 1], [10, 20, 30], output=[4, 5, 6], inputs=[9, 6, 5])
+    sim = simulate(tr, [recompute(), recompute(group=0), KEEP])
+    # F0 10 + o0 4 | F1 20 + 5 + 11 | F2 30 + 6 + 11 | B2 30 + 11 + (6 + 5) | B1 10 + 20 + 11 + (5 + 6)
+    # | B0 10 + (4 + 9)
+    assert sim.stage_bytes == [14, 36, 47, 52, 52, 23]
