@@ -22,6 +22,7 @@ from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.ilp.outcome import Found, Outcome
 from memsched.optimizer.ilp.warm import representable
 from memsched.optimizer.plan import KEEP, Decision, make_schedule
+from memsched.optimizer.polish import polish
 from memsched.optimizer.simulate import SimResult, simulate, stage_memory
 from memsched.schema import Action, Schedule, SolverRecord, SolverStatus, Trace
 
@@ -124,14 +125,14 @@ def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend
 def _recompute_phase(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
                      cands: list[Candidate]) -> None:
     """Phase 1: the recompute-only model (no offload variables: small, and its LP is tight) for up to a
-    third of the time limit; its schedule joins the candidates that warm-start the full model. Skipped on
+    quarter of the time limit; its schedule joins the candidates that warm-start the full model. Skipped on
     small traces, where the full model is solved outright."""
     if trace.n <= 24:
         return
     recompute_only = next((c for c in cands if all(d.action != Action.OFFLOAD for d in c.sim.decisions)), None)
     warm = recompute_only.sim.decisions if recompute_only else None
     try:
-        out = _run_backend(trace, budget_bytes, options, backend, warm, options.time_limit_s / 3, offload=False)
+        out = _run_backend(trace, budget_bytes, options, backend, warm, options.time_limit_s / 4, offload=False)
     except SolverError as exc:  # reported below by the full run if it persists; phase 1 is optional
         log.info("recompute-only phase failed: %s", exc)
         return
@@ -140,6 +141,17 @@ def _recompute_phase(trace: Trace, budget_bytes: int, options: SolveOptions, bac
         if sim.feasible:
             cands.append(Candidate("recompute-ilp", sim))
             cands.sort(key=lambda c: c.sim.overhead_s)
+
+
+def _polish_phase(trace: Trace, budget_bytes: int, options: SolveOptions, cands: list[Candidate]) -> None:
+    """Phase 2: local search (optimizer/polish.py) from the best candidate so far, for up to a quarter of
+    the time limit (it stops earlier once a whole oscillation cycle finds nothing). Its schedule joins the
+    candidates, so the full model starts from it where it can represent it, and solve() returns it when
+    the backend finds nothing better."""
+    res = polish(trace, budget_bytes, cands[0].sim.decisions, options.time_limit_s / 4)
+    if res.improved:
+        cands.append(Candidate("local-search", res.sim))
+        cands.sort(key=lambda c: c.sim.overhead_s)
 
 
 def _candidate_schedule(trace: Trace, budget_bytes: int, best: Candidate, outcome: Outcome, wall: float,
@@ -181,6 +193,7 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
 
     backend = AUTO_BACKEND if options.solver == "auto" else options.solver
     _recompute_phase(trace, budget_bytes, options, backend, cands)
+    _polish_phase(trace, budget_bytes, options, cands)
     best = cands[0]
     # The warm start: the best candidate (representable: see warm.representable) or nothing. The time
     # limit covers the whole solve (candidates, phase 1, model building), not only the search.
