@@ -134,6 +134,10 @@ def unattributed_bytes(trace: Trace) -> int:
     nor saved. It is the measured baseline peak minus the modelled keep-all peak, never negative, and it is
     placed at the loss (B_{n-1}), so the model reproduces the measured in-core peak. Imported profiles and
     CPU traces (whose baseline peak is itself modelled or ledger-based) get 0."""
+    # The modelled keep-all peak is at least static + every saved byte (all are held at B_{n-1}); below
+    # that the answer is 0 without the O(n) pass (this runs on every stage_memory call).
+    if trace.baseline.peak_bytes <= trace.static.total + sum(x.saved_bytes for x in trace.layers):
+        return 0
     modelled = trace.static.total + max(_stage_memory(trace, [_KEEP] * trace.n, unattributed=False))
     return max(0, trace.baseline.peak_bytes - modelled)
 

@@ -154,6 +154,13 @@ def _polish_phase(trace: Trace, budget_bytes: int, options: SolveOptions, cands:
         cands.sort(key=lambda c: c.sim.overhead_s)
 
 
+def _zero_overhead(trace: Trace, budget_bytes: int, best: Candidate, wall: float) -> SolveReport:
+    """No stall and no recompute: nothing can do better, so the exact backend has nothing to prove."""
+    rec = _record(best.name, SolverStatus.OPTIMAL, 0.0, wall,
+                  f"the {best.name} schedule fits the budget with no overhead: optimal", bound=0.0)
+    return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
+
+
 def _candidate_schedule(trace: Trace, budget_bytes: int, best: Candidate, outcome: Outcome, wall: float,
                         msg: str) -> Schedule:
     """A candidate's schedule. When the backend proved a bound, it is kept (status feasible, with the
@@ -182,6 +189,8 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
     cands = _candidates(trace, budget_bytes)
     assert cands, "a feasible budget always admits the heuristic's schedule"
     best = cands[0]
+    if best.sim.overhead_s <= 0.0:
+        return _zero_overhead(trace, budget_bytes, best, time.perf_counter() - t0)
     if options.solver == "heuristic":
         heur = next(c for c in cands if c.name == "heuristic")
         msg = "greedy heuristic"
@@ -195,6 +204,8 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
     _recompute_phase(trace, budget_bytes, options, backend, cands)
     _polish_phase(trace, budget_bytes, options, cands)
     best = cands[0]
+    if best.sim.overhead_s <= 0.0:
+        return _zero_overhead(trace, budget_bytes, best, time.perf_counter() - t0)
     # The warm start: the best candidate (representable: see warm.representable) or nothing. The time
     # limit covers the whole solve (candidates, phase 1, model building), not only the search.
     left = options.time_limit_s - (time.perf_counter() - t0)

@@ -78,6 +78,23 @@ def test_keep_all_when_it_fits() -> None:
     assert schedule.prediction.overhead_s == 0.0
 
 
+def test_a_schedule_without_overhead_is_optimal_without_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memsched.optimizer import solve as solve_mod
+
+    def unreachable(*_a: object, **_k: object) -> None:
+        raise AssertionError("the exact backend should not run: nothing beats zero overhead")
+
+    monkeypatch.setattr(solve_mod, "_run_backend", unreachable)
+    trace = make_trace(30, 0)
+    budget = trace.static.total + round(keepall_activation_peak(trace) * 0.6)  # keep-all does not fit
+    assert simulate(trace, solve(trace, budget, SolveOptions(solver="heuristic"))).overhead_s == 0.0
+    schedule = solve(trace, budget, SolveOptions(solver="cbc"))
+    assert schedule.policy == "heuristic" and schedule.solver.status == SolverStatus.OPTIMAL
+    assert schedule.solver.best_bound_s == 0.0 and schedule.solver.gap == 0.0
+    assert "no overhead" in schedule.solver.message
+    assert simulate(trace, schedule).peak_bytes <= budget
+
+
 def test_infeasible_budget_reports_the_minimum() -> None:
     trace = make_trace(12, 3)
     minimum = min_feasible_budget(trace)
@@ -122,7 +139,8 @@ def test_time_limit_without_incumbent_falls_back_with_a_message(monkeypatch: pyt
 
     monkeypatch.setattr(solve_mod, "_run_backend", no_incumbent)
     trace = make_trace(15, 4)
-    schedule = solve(trace, _budget(trace, 0.3), SolveOptions(time_limit_s=1))
+    schedule = solve(trace, _budget(trace, 0.05), SolveOptions(time_limit_s=1))
+    assert schedule.solver.objective_s > 1e-6  # the fallback has overhead (else it is optimal outright)
     assert "found no schedule" in schedule.solver.message and "cbc" in schedule.solver.message
     if bound is None:
         assert schedule.solver.status == SolverStatus.HEURISTIC and schedule.solver.gap is None
