@@ -20,8 +20,9 @@ import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from memsched.optimizer.heuristic import fix_prefetch_order
 from memsched.optimizer.plan import KEEP, Decision, group_start, offload_subset, recompute
 from memsched.optimizer.simulate import SimResult, default_timing, simulate
 from memsched.schema import Action, Trace
@@ -124,6 +125,46 @@ class _Evaluator:
         return self.cache[key]
 
 
+_TIMING_STEPS = (-1, 1, -4, 4)  # stages by which one move shifts a done-by or a prefetch-at
+
+
+def _shift(trace: Trace, decisions: list[Decision], i: int, done_step: int, prefetch_step: int) -> list[Decision]:
+    """Decisions with layer i's done-by / prefetch-at moved by the steps (clamped to [i, n-1]); offloads
+    above i whose prefetch would now come first are pushed along, so the need order still holds."""
+    n = trace.n
+    out = list(decisions)
+    d = out[i]
+    p = min(max(d.prefetch_at + prefetch_step, i), n - 1)
+    out[i] = replace(d, done_by=min(max(d.done_by + done_step, i), n - 1), prefetch_at=p)
+    for j in range(i + 1, n):
+        if out[j].action == Action.OFFLOAD and out[j].prefetch_at < p:
+            out[j] = replace(out[j], prefetch_at=p)
+    return fix_prefetch_order(out)
+
+
+def _retime(trace: Trace, budget_bytes: int, sim: SimResult, deadline: float) -> SimResult:
+    """Descent on offload timing alone (the action search keeps `default_timing`'s): shift one layer's
+    done-by or prefetch-at at a time while that lowers the overhead within the budget."""
+    best = sim
+    moved = True
+    while moved and time.perf_counter() < deadline:
+        moved = False
+        for i, d in enumerate(best.decisions):
+            if d.action != Action.OFFLOAD:
+                continue
+            for done_step, prefetch_step in [(s, 0) for s in _TIMING_STEPS] + [(0, s) for s in _TIMING_STEPS]:
+                if time.perf_counter() >= deadline:
+                    return best
+                cand = _shift(trace, best.decisions, i, done_step, prefetch_step)
+                if cand == best.decisions:
+                    continue
+                res = simulate(trace, cand, budget_bytes, with_events=False)
+                if res.feasible and res.overhead_s < best.overhead_s - 1e-15:
+                    best, moved = res, True
+                    break
+    return best
+
+
 def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s: float,
            seed: int = 0) -> PolishResult:
     """Improve a feasible schedule by one-layer changes within `time_limit_s` (see the module docstring).
@@ -164,6 +205,8 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
         if best_seen >= before - 1e-15:
             break  # a whole cycle found nothing better: it would repeat itself
     found = evaluate.best
+    if found is not None and time.perf_counter() < deadline:
+        found = _retime(trace, budget_bytes, found, deadline)
     if found is not None and found.overhead_s < ref.overhead_s - 1e-15:
         log.debug("polish: %.6g s -> %.6g s overhead in %d evaluations", ref.overhead_s, found.overhead_s,
                   len(evaluate.cache))

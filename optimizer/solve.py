@@ -1,10 +1,12 @@
 """The optimizer's front door: trace + budget + options -> Schedule.
 
 Flow: check the budget (InfeasibleBudgetError with the smallest feasible budget); keep-all if it fits;
-otherwise the greedy heuristic and the baselines give candidates; the exact backend is warm-started with
-the best candidate it can represent; its schedule is re-simulated (the simulator is the yardstick), and the
-best of {ILP, heuristic, baselines} is returned, so the result is never worse than a baseline even when the
-solver stops at its time limit. Every substitution is stated in the SolverRecord's message.
+otherwise the greedy heuristic and the baselines give candidates (one with zero overhead is optimal as it
+stands); the recompute-only model (phase 1) and the local search (phase 2, optimizer/polish.py) add theirs;
+the full model is warm-started with the candidate that is best within its windows; its schedule is re-simulated (the
+simulator is the yardstick), and the best of {ILP, candidates} is returned, so the result is never worse
+than a baseline even when the solver stops at its time limit. Every substitution is stated in the
+SolverRecord's message.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from memsched.errors import MemschedError, SolverError
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import check_budget_feasible
 from memsched.optimizer.heuristic import heuristic
-from memsched.optimizer.ilp.model import build_model
+from memsched.optimizer.ilp.model import MilpModel, build_model
 from memsched.optimizer.ilp.outcome import Found, Outcome
 from memsched.optimizer.ilp.warm import representable
 from memsched.optimizer.plan import KEEP, Decision, make_schedule
@@ -103,12 +105,26 @@ def _candidates(trace: Trace, budget_bytes: int) -> list[Candidate]:
     return sorted((c for c in out if c.sim.feasible), key=lambda c: c.sim.overhead_s)
 
 
+def _best_start(m: MilpModel, starts: list[list[Decision]]) -> list[Decision] | None:
+    """The start that is best *in the model's terms*: each is pulled into the model's windows
+    (warm.representable, which can cost a lot: a done-by clipped to W stages makes the forward wait), and
+    the best of those that still fit the budget, by the simulator, warm-starts the backend."""
+    best: tuple[float, list[Decision]] | None = None
+    for start in starts:
+        rep = representable(m, start)
+        if rep is None:
+            continue
+        sim = simulate(m.trace, rep, m.budget_bytes, with_events=False)
+        if sim.feasible and (best is None or sim.overhead_s < best[0]):
+            best = (sim.overhead_s, rep)
+    return best[1] if best is not None else None
+
+
 def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
-                 warm: list[Decision] | None, time_limit_s: float, offload: bool = True,
+                 starts: list[list[Decision]], time_limit_s: float, offload: bool = True,
                  export: Path | None = None) -> Outcome:
     m = build_model(trace, budget_bytes, options.window, options.max_segment, offload=offload)
-    if warm is not None:
-        warm = representable(m, warm)
+    warm = _best_start(m, starts)
     if backend == "cpsat":
         from memsched.optimizer.ilp.cpsat_backend import export_cpsat, solve_cpsat
 
@@ -125,14 +141,13 @@ def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend
 def _recompute_phase(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
                      cands: list[Candidate]) -> None:
     """Phase 1: the recompute-only model (no offload variables: small, and its LP is tight) for up to a
-    quarter of the time limit; its schedule joins the candidates that warm-start the full model. Skipped on
+    third of the time limit; its schedule joins the candidates that warm-start the full model. Skipped on
     small traces, where the full model is solved outright."""
     if trace.n <= 24:
         return
-    recompute_only = next((c for c in cands if all(d.action != Action.OFFLOAD for d in c.sim.decisions)), None)
-    warm = recompute_only.sim.decisions if recompute_only else None
+    starts = [c.sim.decisions for c in cands if all(d.action != Action.OFFLOAD for d in c.sim.decisions)]
     try:
-        out = _run_backend(trace, budget_bytes, options, backend, warm, options.time_limit_s / 4, offload=False)
+        out = _run_backend(trace, budget_bytes, options, backend, starts, options.time_limit_s / 3, offload=False)
     except SolverError as exc:  # reported below by the full run if it persists; phase 1 is optional
         log.info("recompute-only phase failed: %s", exc)
         return
@@ -206,11 +221,11 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
     best = cands[0]
     if best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, best, time.perf_counter() - t0)
-    # The warm start: the best candidate (representable: see warm.representable) or nothing. The time
-    # limit covers the whole solve (candidates, phase 1, model building), not only the search.
+    # The warm start: the candidate that is best within the model's windows (see _best_start). The time
+    # limit covers the whole solve (candidates, phase 1, the local search, model building), not only the search.
     left = options.time_limit_s - (time.perf_counter() - t0)
-    outcome = _run_backend(trace, budget_bytes, options, backend, best.sim.decisions, max(1.0, left),
-                           export=options.export_model)
+    outcome = _run_backend(trace, budget_bytes, options, backend, [c.sim.decisions for c in cands],
+                           max(1.0, left), export=options.export_model)
     wall = time.perf_counter() - t0
     if outcome.found == Found.INFEASIBLE:
         raise SolverError(
