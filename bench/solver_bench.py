@@ -21,7 +21,7 @@ from pathlib import Path
 
 from memsched.importers import import_pipedream
 from memsched.optimizer.baselines import evaluate_baselines
-from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
+from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.solve import SolveOptions, solve
 from memsched.optimizer.synthetic import make_trace
@@ -71,9 +71,8 @@ def heuristic_bench() -> None:
     rows = []
     for dag in (False, True):
         t = make_trace(5000, 1, dag=dag)
-        lo, hi = min_feasible_budget(t), t.static.total + keepall_activation_peak(t)
         for frac in (0.0, 0.1, 0.5, 0.9):
-            budget = lo + int((hi - lo) * frac)
+            budget = budget_between(t, frac)
             times = []
             for _ in range(3):
                 t0 = time.perf_counter()

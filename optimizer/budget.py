@@ -44,6 +44,16 @@ def min_feasible_budget(trace: Trace) -> int:
     return simulate(trace, min_feasible_decisions(trace), with_events=False).peak_bytes
 
 
+def budget_between(trace: Trace, frac: float) -> int:
+    """The budget `frac` of the way from the smallest feasible one (0) to the keep-all peak (1): a scale
+    on which every value is feasible, used by tests and benchmarks."""
+    if not 0.0 <= frac <= 1.0:
+        raise ValueError(f"frac must be in [0, 1], got {frac}")
+    lo = min_feasible_budget(trace)
+    hi = trace.static.total + keepall_activation_peak(trace)
+    return lo + int((hi - lo) * frac)
+
+
 def check_budget_feasible(trace: Trace, budget_bytes: int) -> None:
     """Raise InfeasibleBudgetError (with the computed minimum) if no schedule can fit the budget."""
     if budget_bytes <= 0:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
+from memsched.optimizer.budget import budget_between, min_feasible_budget
 from memsched.optimizer.heuristic import fix_prefetch_order, heuristic
 from memsched.optimizer.plan import offload_all
 from memsched.optimizer.simulate import simulate
@@ -17,9 +17,7 @@ from memsched.optimizer.synthetic import make_trace
 @given(n=st.integers(1, 60), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 1.0))
 def test_feasible_whenever_the_budget_is(n: int, seed: int, dag: bool, frac: float) -> None:
     trace = make_trace(n, seed, dag=dag)
-    lo = min_feasible_budget(trace)
-    hi = trace.static.total + keepall_activation_peak(trace)
-    budget = lo + int((hi - lo) * frac)
+    budget = budget_between(trace, frac)
     result = heuristic(trace, budget)
     again = simulate(trace, result.decisions, budget, with_events=False)  # timing is fully set
     assert again.feasible and again.peak_bytes <= budget

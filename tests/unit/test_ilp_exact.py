@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
+from memsched.optimizer.budget import budget_between
 from memsched.optimizer.plan import KEEP, offload_all, recompute
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import SolveOptions, solve_report
@@ -79,12 +79,6 @@ def test_partial_offload_moves_only_what_is_needed() -> None:
     assert off is not None and off.tensors == [1]
 
 
-def _budget(trace: Trace, frac: float) -> int:
-    lo = min_feasible_budget(trace)
-    hi = trace.static.total + keepall_activation_peak(trace)
-    return lo + int((hi - lo) * frac)
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.integers(2, 7), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.95),
@@ -94,7 +88,7 @@ def test_ilp_beats_every_whole_layer_assignment(n: int, seed: int, dag: bool, fr
     trace = make_trace(n, seed, dag=dag)
     # serial: copies on the compute thread (a CPU trace), so every offload is synchronous.
     trace.device.concurrent_copies = not serial
-    budget = _budget(trace, frac)
+    budget = budget_between(trace, frac)
     report = solve_report(trace, budget, SolveOptions(solver="cbc", gap=0.0, time_limit_s=60))
     sim = simulate(trace, report.schedule)
     assert sim.feasible and sim.peak_bytes <= budget
@@ -111,7 +105,7 @@ def test_ilp_beats_every_whole_layer_assignment(n: int, seed: int, dag: bool, fr
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_backends_agree(seed: int) -> None:
     trace = make_trace(6 + seed, seed, dag=seed % 2 == 0)
-    budget = _budget(trace, 0.3)
+    budget = budget_between(trace, 0.3)
     values = {}
     for solver in ("cbc", "highs", "cpsat"):
         report = solve_report(trace, budget, SolveOptions(solver=solver, gap=0.0, time_limit_s=60))
@@ -130,7 +124,7 @@ def test_channel_cuts_keep_the_optimum(seed: int, dag: bool) -> None:
     from memsched.optimizer.ilp.pulp_backend import solve_pulp
 
     trace = make_trace(6 + seed, seed, dag=dag)
-    budget = _budget(trace, 0.3)
+    budget = budget_between(trace, 0.3)
     objs = []
     for cuts in (False, True):
         m = build_model(trace, budget, channel_cuts=cuts)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
+from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.plan import KEEP
 from memsched.optimizer.polish import polish
@@ -19,9 +19,7 @@ from memsched.optimizer.synthetic import make_trace
 @given(n=st.integers(2, 30), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.9))
 def test_feasible_and_never_worse_than_the_start(n: int, seed: int, dag: bool, frac: float) -> None:
     trace = make_trace(n, seed, dag=dag)
-    lo = min_feasible_budget(trace)
-    hi = trace.static.total + keepall_activation_peak(trace)
-    budget = lo + int((hi - lo) * frac)
+    budget = budget_between(trace, frac)
     start = heuristic(trace, budget).sim
     res = polish(trace, budget, start.decisions, time_limit_s=2.0)
     again = simulate(trace, res.sim.decisions, budget, with_events=False)  # timing is fully set

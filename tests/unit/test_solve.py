@@ -9,7 +9,7 @@ import pytest
 
 from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.baselines import evaluate_baselines
-from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
+from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import SOLVERS, SolveOptions, solve
@@ -25,12 +25,6 @@ def _shared_pipedream() -> Path | None:
 
 
 PIPEDREAM = _shared_pipedream()
-
-
-def _budget(trace: Trace, frac: float) -> int:
-    lo = min_feasible_budget(trace)
-    hi = trace.static.total + keepall_activation_peak(trace)
-    return lo + int((hi - lo) * frac)
 
 
 def _assert_never_worse(trace: Trace, budget: int, options: SolveOptions) -> None:
@@ -49,7 +43,7 @@ def _assert_never_worse(trace: Trace, budget: int, options: SolveOptions) -> Non
 @pytest.mark.parametrize("frac", [0.1, 0.5])
 def test_never_worse_than_baselines_synthetic(seed: int, frac: float) -> None:
     trace = make_trace(20 + 10 * seed, seed, dag=seed % 2 == 1)
-    _assert_never_worse(trace, _budget(trace, frac), SolveOptions(time_limit_s=2))
+    _assert_never_worse(trace, budget_between(trace, frac), SolveOptions(time_limit_s=2))
 
 
 @pytest.mark.skipif(PIPEDREAM is None, reason="../shared/data/pipedream not found (set MEMSCHED_SHARED)")
@@ -60,12 +54,12 @@ def test_never_worse_than_baselines_pipedream(model: str, frac: float) -> None:
 
     assert PIPEDREAM is not None
     trace = import_pipedream(PIPEDREAM / f"{model}.graph.txt", 128)
-    _assert_never_worse(trace, _budget(trace, frac), SolveOptions(time_limit_s=2))
+    _assert_never_worse(trace, budget_between(trace, frac), SolveOptions(time_limit_s=2))
 
 
 def test_heuristic_solver_is_feasible_and_no_worse() -> None:
     trace = make_trace(60, 7, dag=True)
-    budget = _budget(trace, 0.2)
+    budget = budget_between(trace, 0.2)
     schedule = solve(trace, budget, SolveOptions(solver="heuristic"))
     assert schedule.solver.status == SolverStatus.HEURISTIC
     _assert_never_worse(trace, budget, SolveOptions(solver="heuristic"))
@@ -116,14 +110,14 @@ def test_infeasible_budget_reports_the_minimum() -> None:
 def test_bad_options_name_the_field(options: SolveOptions, field: str) -> None:
     trace = make_trace(5, 1)
     with pytest.raises(MemschedError, match=field):
-        solve(trace, _budget(trace, 0.3), options)
+        solve(trace, budget_between(trace, 0.3), options)
 
 
 @pytest.mark.parametrize(("solver", "suffix"), [("cbc", ".lp"), ("highs", ".mps"), ("cpsat", ".pbtxt")])
 def test_export_model(tmp_path: Path, solver: str, suffix: str) -> None:
     trace = make_trace(6, 2)
     path = tmp_path / f"model{suffix}"
-    solve(trace, _budget(trace, 0.3), SolveOptions(solver=solver, export_model=path))
+    solve(trace, budget_between(trace, 0.3), SolveOptions(solver=solver, export_model=path))
     text = path.read_text()
     assert "mem_F" in text or "mem_B" in text  # row names survive in every format
 
@@ -139,7 +133,7 @@ def test_time_limit_without_incumbent_falls_back_with_a_message(monkeypatch: pyt
 
     monkeypatch.setattr(solve_mod, "_run_backend", no_incumbent)
     trace = make_trace(15, 4)
-    schedule = solve(trace, _budget(trace, 0.05), SolveOptions(time_limit_s=1))
+    schedule = solve(trace, budget_between(trace, 0.05), SolveOptions(time_limit_s=1))
     assert schedule.solver.objective_s > 1e-6  # the fallback has overhead (else it is optimal outright)
     assert "found no schedule" in schedule.solver.message and "cbc" in schedule.solver.message
     if bound is None:

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import tiny_trace
 from memsched.errors import MemschedError
-from memsched.optimizer.budget import keepall_activation_peak, resolve_budget
+from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget, resolve_budget
 from memsched.units import format_bytes, parse_budget, parse_bytes
 
 
@@ -48,3 +48,14 @@ def test_percent_rejects(text):
 def test_format_bytes():
     assert format_bytes(3 * 2**30) == "3.00 GiB"
     assert format_bytes(512) == "512 B"
+
+
+def test_budget_between_spans_minimum_to_keep_all() -> None:
+    trace = tiny_trace([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [100, 200, 300], static=50)
+    lo = min_feasible_budget(trace)
+    hi = trace.static.total + keepall_activation_peak(trace)
+    assert lo < hi
+    assert budget_between(trace, 0.0) == lo and budget_between(trace, 1.0) == hi
+    assert lo < budget_between(trace, 0.5) < hi
+    with pytest.raises(ValueError, match=r"frac must be in \[0, 1\]"):
+        budget_between(trace, 1.5)
