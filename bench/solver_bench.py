@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import platform
+import subprocess
 import sys
 import time
 from importlib.metadata import version
@@ -56,9 +57,23 @@ def run_one(name: str, trace: Trace, budget: int, backend: str, limit: float) ->
     return row
 
 
+def _commit() -> str:
+    """The checkout's commit (+ '-dirty' with uncommitted changes), or 'unknown' outside git."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
 def _meta() -> dict[str, object]:
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "commit": _commit(),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
                     "processor": platform.processor(), "load_avg_at_start": os.getloadavg()},
         "versions": {p: version(p) for p in ("memsched", "pulp", "ortools", "highspy")},
@@ -85,7 +100,7 @@ def heuristic_bench() -> None:
     meta = _meta()
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "solver_heuristic.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = ["# Heuristic timing (5,000 layers)", "", f"Command: `{meta['command']}`  ",
+    lines = ["# Heuristic timing (5,000 layers)", "", f"Command: `{meta['command']}` at commit {meta['commit']}  ",
              f"Machine: {meta['machine']}  ", f"Versions: {meta['versions']}  ", f"Date: {meta['date_utc']}", "",
              "Budget = min feasible + frac x (keep-all peak - min feasible). Best and median of 3 runs.", "",
              "| trace | budget frac | best s | median s | feasible | overhead % |", "|---|---|---|---|---|---|"]
@@ -136,7 +151,7 @@ def main() -> None:
         write_results(meta, rows)
         return
     backends = args.backends.split(",")
-    rows: list[dict[str, object]] = []
+    rows = []
     pipedream = Path(args.shared) / "data" / "pipedream"
     # Targets first: ResNet-50 (batch 128) at 50% and 25% of its activation memory, 10 s each.
     if pipedream.is_dir():
@@ -169,7 +184,8 @@ def write_results(meta: dict[str, object], rows: list[dict[str, object]]) -> Non
     old_md = md.read_text() if md.exists() else ""
     notes = old_md[old_md.index("\n## ") :] if "\n## " in old_md else ""
     (RESULTS / "solver_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = ["# Solver benchmark", "", f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
+    lines = ["# Solver benchmark", "", f"Command: `{meta['command']}` at commit {meta.get('commit', 'unknown')}  ",
+             f"Machine: {meta['machine']}  ",
              f"Versions: {meta['versions']}  ", f"Date: {meta['date_utc']}"]
     if "appended" in meta:
         app = meta["appended"]

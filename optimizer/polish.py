@@ -117,7 +117,9 @@ class _Evaluator:
         if hit is not None:
             return hit
         decisions = default_timing(self.trace, _decisions(self.trace, genes), self.budget)
-        sim = simulate(self.trace, decisions, self.budget, with_events=False)
+        # Valid by construction (segments from genes, prefetch order from default_timing); the schedule
+        # polish returns is simulated again with the checks.
+        sim = simulate(self.trace, decisions, self.budget, with_events=False, validate=False)
         excess = sum(b - self.limit for b in sim.stage_bytes if b > self.limit)
         if excess == 0 and (self.best is None or sim.overhead_s < self.best.overhead_s):
             self.best = sim
@@ -207,6 +209,8 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
     found = evaluate.best
     if found is not None and time.perf_counter() < deadline:
         found = _retime(trace, budget_bytes, found, deadline)
+    if found is not None:
+        found = simulate(trace, found.decisions, budget_bytes, with_events=False)  # with the checks
     if found is not None and found.overhead_s < ref.overhead_s - 1e-15:
         log.debug("polish: %.6g s -> %.6g s overhead in %d evaluations", ref.overhead_s, found.overhead_s,
                   len(evaluate.cache))

