@@ -111,6 +111,11 @@ class _Evaluator:
         self.cache: dict[tuple[Gene, ...], tuple[float, int]] = {}
         self.best: SimResult | None = None
 
+    @property
+    def best_overhead_s(self) -> float:
+        """Overhead of the best feasible schedule simulated so far (inf before the first)."""
+        return self.best.overhead_s if self.best is not None else float("inf")
+
     def __call__(self, genes: list[Gene]) -> tuple[float, int]:
         key = tuple(genes)
         hit = self.cache.get(key)
@@ -181,9 +186,8 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
     rng = random.Random(seed)
     genes = _genes(start)
     lam0 = _lambda0(trace)
-    best_seen = float("inf")
     while time.perf_counter() < deadline:
-        before = evaluate.best.overhead_s if evaluate.best is not None else float("inf")
+        before = evaluate.best_overhead_s
         for mult in _CYCLE:
             lam = lam0 * mult
             ovh, exc = evaluate(genes)
@@ -203,8 +207,7 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
                         ovh, exc = evaluate(cand)
                         if ovh + lam * exc < score - 1e-15:
                             genes, score, moved = cand, ovh + lam * exc, True
-        best_seen = evaluate.best.overhead_s if evaluate.best is not None else float("inf")
-        if best_seen >= before - 1e-15:
+        if evaluate.best_overhead_s >= before - 1e-15:
             break  # a whole cycle found nothing better: it would repeat itself
     found = evaluate.best
     if found is not None and time.perf_counter() < deadline:
