@@ -1,12 +1,19 @@
 """The optimizer's front door: trace + budget + options -> Schedule.
 
-Flow: check the budget (InfeasibleBudgetError with the smallest feasible budget); keep-all if it fits;
-otherwise the greedy heuristic and the baselines give candidates (one with zero overhead is optimal as it
-stands); the recompute-only model (phase 1) and the local search (phase 2, optimizer/polish.py) add theirs;
-the full model is warm-started with the candidate that is best within its windows; its schedule is re-simulated (the
-simulator is the yardstick), and the best of {ILP, candidates} is returned, so the result is never worse
-than a baseline even when the solver stops at its time limit. Every substitution is stated in the
-SolverRecord's message.
+Flow (docs/formulation.md, 'How solve() proceeds'): check the budget (InfeasibleBudgetError with the smallest
+feasible budget); keep-all if it fits; the greedy heuristic and the baselines give candidates (one with zero
+overhead is optimal as it stands); then
+
+1. the beam DP (optimizer/dp/) adds a strong candidate, fast;
+2. the local search (optimizer/polish.py) improves the best candidate;
+3. the exact DP, pruned by the best candidate, proves a lower bound that holds for every schedule;
+4. a MILP backend (optimizer/ilp/) when asked for by name, or, under `auto`, on small traces where its
+   windows cover every schedule and the DP left a gap.
+
+Every schedule is judged by the simulator and the best is returned, so the result is never worse than a
+baseline. The reported bound is the best *true* bound found: the DP's, or a MILP's only where the MILP's
+windows cover the whole problem (a windowed MILP's bound is mentioned in the message, never reported as a
+bound). `optimal` means that bound proves the requested gap. The time limit bounds the whole call.
 """
 
 from __future__ import annotations
@@ -19,18 +26,21 @@ from pathlib import Path
 from memsched.errors import MemschedError, SolverError
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import check_budget_feasible
+from memsched.optimizer.dp import DpOutcome, beam_search, exact_search
 from memsched.optimizer.heuristic import heuristic
+from memsched.optimizer.ilp.cbc import grace_s
 from memsched.optimizer.ilp.model import MilpModel, build_model
 from memsched.optimizer.ilp.outcome import Found, Outcome
 from memsched.optimizer.ilp.warm import representable
 from memsched.optimizer.plan import KEEP, Decision, make_schedule
 from memsched.optimizer.polish import polish
 from memsched.optimizer.simulate import SimResult, simulate, stage_memory
-from memsched.schema import Action, Schedule, SolverRecord, SolverStatus, Trace
+from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
 
 log = logging.getLogger(__name__)
 
-SOLVERS = ("auto", "cbc", "highs", "cpsat", "heuristic")
+SOLVERS = ("auto", "dp", "cbc", "highs", "cpsat", "heuristic")
+MILP_BACKENDS = ("cbc", "highs", "cpsat")
 AUTO_BACKEND = "cbc"  # measured fastest on our 2-core machine (bench/results/solver_bench.md)
 _REL_TOL = 1e-9
 
@@ -40,9 +50,9 @@ class SolveOptions:
     """How to solve."""
 
     solver: str = "auto"
-    """auto | cbc | highs | cpsat | heuristic."""
+    """auto | dp | cbc | highs | cpsat | heuristic (see the module docstring for what each runs)."""
     time_limit_s: float = 30.0
-    """Wall-clock limit for the exact solver, seconds."""
+    """Wall-clock limit for the whole solve, seconds (candidates, searches and backends together)."""
     gap: float = 0.01
     """Relative optimality gap at which the exact solver may stop."""
     export_model: Path | None = None
@@ -60,7 +70,7 @@ class Candidate:
     """A schedule someone proposed, as judged by the simulator."""
 
     name: str
-    """'heuristic' or a baseline policy name."""
+    """Where it came from: 'heuristic', a baseline policy, 'dp-beam', 'dp', 'local-search' or 'ilp'."""
     sim: SimResult
     """Simulated under the budget (timing filled in)."""
 
@@ -72,9 +82,21 @@ class SolveReport:
     schedule: Schedule
     """What solve() returns."""
     outcome: Outcome | None
-    """The exact backend's raw result (None for the heuristic or keep-all)."""
+    """The MILP backend's raw result (None where no backend ran)."""
     ilp_sim: SimResult | None
     """The simulator's verdict on the backend's incumbent, if there was one."""
+    dp: DpOutcome | None = None
+    """The exact DP's result (None where it did not run)."""
+
+
+# Shares of the time limit (upper bounds: each phase stops early when it has nothing left to do).
+_BEAM_SHARE = 0.2
+_POLISH_SHARE = 0.15
+_DP_SHARE_BEFORE_MILP = 0.3
+_RESERVE_S = 0.05  # building and simulating the returned schedule
+AUTO_MILP_MAX_LAYERS = 24
+"""Under `auto`, a MILP cross-check runs only up to this many layers, where its default windows cover every
+schedule (so its bound is true) and it solves in seconds."""
 
 
 def _check_options(options: SolveOptions) -> None:
@@ -120,147 +142,210 @@ def _best_start(m: MilpModel, starts: list[list[Decision]]) -> list[Decision] | 
     return best[1] if best is not None else None
 
 
+def _model_is_exact(m: MilpModel) -> bool:
+    """Whether the MILP's windows cover every schedule of its trace (then its bound is a true bound)."""
+    n = m.trace.n
+    timing_free = m.window >= n - 1 or not m.trace.device.concurrent_copies
+    return timing_free and m.max_segment >= n
+
+
 def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
-                 starts: list[list[Decision]], time_limit_s: float, offload: bool = True,
-                 export: Path | None = None) -> Outcome:
-    m = build_model(trace, budget_bytes, options.window, options.max_segment, offload=offload)
+                 starts: list[list[Decision]], time_limit_s: float,
+                 export: Path | None = None) -> tuple[Outcome, bool]:
+    """One MILP run; returns its outcome and whether its model is exact (windows cover everything)."""
+    m = build_model(trace, budget_bytes, options.window, options.max_segment)
     warm = _best_start(m, starts)
     if backend == "cpsat":
         from memsched.optimizer.ilp.cpsat_backend import export_cpsat, solve_cpsat
 
         if export is not None:
             export_cpsat(m, export)
-        return solve_cpsat(m, time_limit_s, options.gap, warm, options.threads)
+        return solve_cpsat(m, time_limit_s, options.gap, warm, options.threads), _model_is_exact(m)
     from memsched.optimizer.ilp.pulp_backend import export_pulp, solve_pulp
 
     if export is not None:
         export_pulp(m, export)
-    return solve_pulp(m, backend, time_limit_s, options.gap, warm, options.threads)
+    return solve_pulp(m, backend, time_limit_s, options.gap, warm, options.threads), _model_is_exact(m)
 
 
-def _recompute_phase(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
-                     cands: list[Candidate]) -> None:
-    """Phase 1: the recompute-only model (no offload variables: small, and its LP is tight) for up to a
-    third of the time limit; its schedule joins the candidates that warm-start the full model. Skipped on
-    small traces, where the full model is solved outright."""
-    if trace.n <= 24:
-        return
-    starts = [c.sim.decisions for c in cands if all(d.action != Action.OFFLOAD for d in c.sim.decisions)]
-    try:
-        out = _run_backend(trace, budget_bytes, options, backend, starts, options.time_limit_s / 3, offload=False)
-    except SolverError as exc:  # reported below by the full run if it persists; phase 1 is optional
-        log.info("recompute-only phase failed: %s", exc)
-        return
-    if out.decisions is not None:
-        sim = simulate(trace, out.decisions, budget_bytes, with_events=False)
+class _Flow:
+    """One solve: the candidates found so far, the best true bound, and what each phase said."""
+
+    def __init__(self, trace: Trace, budget_bytes: int, options: SolveOptions, t0: float) -> None:
+        self.trace, self.budget, self.options, self.t0 = trace, budget_bytes, options, t0
+        self.deadline = t0 + options.time_limit_s
+        self.cands = _candidates(trace, budget_bytes)
+        assert self.cands, "a feasible budget always admits the heuristic's schedule"
+        self.bound = 0.0
+        """Best lower bound on every schedule's overhead proved so far (0 always holds)."""
+        self.bound_source = "none"
+        self.notes: list[str] = []
+        self.outcome: Outcome | None = None
+        self.ilp_sim: SimResult | None = None
+        self.dp: DpOutcome | None = None
+
+    @property
+    def best(self) -> Candidate:
+        return self.cands[0]
+
+    def left(self) -> float:
+        return self.deadline - _RESERVE_S - time.perf_counter()
+
+    def until(self, share: float) -> float:
+        """A phase deadline: `share` of the limit from now, never past the overall deadline."""
+        return min(time.perf_counter() + share * self.options.time_limit_s, self.deadline - _RESERVE_S)
+
+    def add(self, name: str, sim: SimResult) -> None:
         if sim.feasible:
-            cands.append(Candidate("recompute-ilp", sim))
-            cands.sort(key=lambda c: c.sim.overhead_s)
+            self.cands.append(Candidate(name, sim))
+            self.cands.sort(key=lambda c: c.sim.overhead_s)
+
+    def prove(self, value: float | None, source: str) -> None:
+        if value is not None and value > self.bound:
+            self.bound, self.bound_source = value, source
+
+    def proven(self) -> bool:
+        obj = self.best.sim.overhead_s
+        return obj <= 0.0 or (obj - self.bound) <= self.options.gap * obj + 1e-15
+
+    # ---------------------------------------------------------------- phases
+    def beam(self) -> None:
+        out = beam_search(self.trace, self.budget, self.until(_BEAM_SHARE),
+                          threshold=self.best.sim.overhead_s)
+        if out.schedules:
+            self.add("dp-beam", out.schedules[0])
+        elif out.timed_out:
+            self.notes.append("the beam DP ran out of its share of the time")
+
+    def polish(self, share: float) -> None:
+        limit = self.until(share) - time.perf_counter()
+        if limit <= 0.05:
+            return
+        res = polish(self.trace, self.budget, self.best.sim.decisions, limit)
+        if res.improved:
+            self.add("local-search", res.sim)
+
+    def exact_dp(self, until: float) -> None:
+        out = exact_search(self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap)
+        self.dp = out
+        if out.schedules:
+            self.add("dp", out.schedules[0])
+        self.prove(out.bound_s, "dp")
+        if out.message:
+            self.notes.append(out.message)
+
+    def milp(self, backend: str) -> None:
+        limit = self.left()
+        if limit < 0.2:
+            self.notes.append(f"no time left for {backend}")
+            return
+        starts = [c.sim.decisions for c in self.cands]
+        outcome, exact = _run_backend(self.trace, self.budget, self.options, backend, starts,
+                                      backend_limit(limit), export=self.options.export_model)
+        self.outcome = outcome
+        if outcome.found == Found.INFEASIBLE:
+            raise SolverError(
+                f"{backend} reported the model infeasible although the budget is feasible "
+                f"({outcome.message}); this is a bug: please report it with --export-model output")
+        if outcome.decisions is None:
+            self.notes.append(f"{backend} found no schedule ({outcome.message})")
+        else:
+            sim = simulate(self.trace, outcome.decisions, self.budget, with_events=False)
+            if not sim.feasible:
+                log.warning("%s incumbent simulates over budget (%d > %d bytes): solver tolerance; discarded",
+                            backend, sim.peak_bytes, self.budget)
+                self.notes.append(f"{backend} returned a schedule over budget (discarded)")
+            else:
+                self.ilp_sim = sim
+                if outcome.objective_s is not None and backend != "cpsat":
+                    diff = abs(outcome.objective_s - sim.overhead_s)
+                    if diff > 1e-6 * max(sim.overhead_s, 1e-6):
+                        log.warning("%s objective %.9g s differs from the simulated %.9g s", backend,
+                                    outcome.objective_s, sim.overhead_s)
+                self.add("ilp", sim)
+                self.notes.append(f"{backend}: {outcome.message}")
+        if outcome.bound_s is not None:
+            if exact:
+                self.prove(outcome.bound_s, backend)
+            else:
+                self.notes.append(
+                    f"{backend}'s bound within its windows (W={self.options.window or 'default'}, "
+                    f"L={self.options.max_segment or 'default'}) is {outcome.bound_s:.6g} s; it does not bound "
+                    "schedules outside them, so it is not reported as a bound")
+
+    # ---------------------------------------------------------------- the answer
+    def report(self) -> SolveReport:
+        best = self.best
+        obj = best.sim.overhead_s
+        wall = time.perf_counter() - self.t0
+        status = SolverStatus.OPTIMAL if self.proven() else SolverStatus.FEASIBLE
+        head = f"best schedule from {best.name}"
+        if self.bound_source != "none":
+            head += f"; lower bound {self.bound:.6g} s from {self.bound_source}"
+        else:
+            head += "; no lower bound above 0 was proved in the time limit"
+        if status == SolverStatus.FEASIBLE and wall >= self.options.time_limit_s * 0.9:
+            head += f"; time limit {self.options.time_limit_s:g} s reached before the gap closed"
+        msg = "; ".join([head, *self.notes])
+        rec = _record(best.name, status, obj, wall, msg, bound=self.bound)
+        schedule = make_schedule(self.trace, best.sim.decisions, self.budget, best.name, rec)
+        return SolveReport(schedule, self.outcome, self.ilp_sim, self.dp)
 
 
-def _polish_phase(trace: Trace, budget_bytes: int, options: SolveOptions, cands: list[Candidate]) -> None:
-    """Phase 2: local search (optimizer/polish.py) from the best candidate so far, for up to a quarter of
-    the time limit (it stops earlier once a whole oscillation cycle finds nothing). Its schedule joins the
-    candidates, so the full model starts from it where it can represent it, and solve() returns it when
-    the backend finds nothing better."""
-    res = polish(trace, budget_bytes, cands[0].sim.decisions, options.time_limit_s / 4)
-    if res.improved:
-        cands.append(Candidate("local-search", res.sim))
-        cands.sort(key=lambda c: c.sim.overhead_s)
+def backend_limit(seconds_left: float) -> float:
+    """The limit to hand a MILP backend so that it, and CBC's kill grace after it, end within what is left."""
+    return max(0.1, min(seconds_left - grace_s(seconds_left), seconds_left / 1.05))
 
 
 def _zero_overhead(trace: Trace, budget_bytes: int, best: Candidate, wall: float) -> SolveReport:
-    """No stall and no recompute: nothing can do better, so the exact backend has nothing to prove."""
+    """No stall and no recompute: nothing can do better, so nothing has to be proved."""
     rec = _record(best.name, SolverStatus.OPTIMAL, 0.0, wall,
                   f"the {best.name} schedule fits the budget with no overhead: optimal", bound=0.0)
     return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
 
 
-def _candidate_schedule(trace: Trace, budget_bytes: int, best: Candidate, outcome: Outcome, wall: float,
-                        msg: str) -> Schedule:
-    """A candidate's schedule. When the backend proved a bound, it is kept (status feasible, with the
-    gap): it bounds every schedule with done-by / prefetch-at within W stages and segments of at most L
-    layers (all schedules on traces of up to 24 layers)."""
-    obj = best.sim.overhead_s
-    bound = outcome.bound_s
-    if bound is not None and bound <= obj:
-        rec = _record(best.name, SolverStatus.FEASIBLE, obj, wall,
-                      msg + f"; the bound is {outcome.backend}'s", bound=bound)
-    else:
-        rec = _record(best.name, SolverStatus.HEURISTIC, obj, wall, msg)
-    return make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec)
+def _heuristic_only(trace: Trace, budget_bytes: int, flow: _Flow) -> SolveReport:
+    best = flow.best
+    heur = next(c for c in flow.cands if c.name == "heuristic")
+    msg = "greedy heuristic"
+    if best.name != "heuristic" and best.sim.overhead_s < heur.sim.overhead_s * (1 - _REL_TOL):
+        msg = f"the {best.name} baseline beats the greedy heuristic ({best.sim.overhead_s:.6g} s vs " \
+              f"{heur.sim.overhead_s:.6g} s overhead)"
+    rec = _record(best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, time.perf_counter() - flow.t0, msg)
+    return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
 
 
 def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> SolveReport:
-    """solve(), with the backend's raw outcome kept."""
+    """solve(), with the phases' raw results kept."""
     options = options or SolveOptions()
     _check_options(options)
-    check_budget_feasible(trace, budget_bytes)
     t0 = time.perf_counter()
+    check_budget_feasible(trace, budget_bytes)
     if max(stage_memory(trace, [KEEP] * trace.n)) + trace.static.total <= budget_bytes:
         rec = _record("keep-all", SolverStatus.OPTIMAL, 0.0, time.perf_counter() - t0,
                       "keep-all fits the budget: no overhead", bound=0.0)
         return SolveReport(make_schedule(trace, [KEEP] * trace.n, budget_bytes, "keep-all", rec), None, None)
-    cands = _candidates(trace, budget_bytes)
-    assert cands, "a feasible budget always admits the heuristic's schedule"
-    best = cands[0]
-    if best.sim.overhead_s <= 0.0:
-        return _zero_overhead(trace, budget_bytes, best, time.perf_counter() - t0)
+    flow = _Flow(trace, budget_bytes, options, t0)
+    if flow.best.sim.overhead_s <= 0.0:
+        return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     if options.solver == "heuristic":
-        heur = next(c for c in cands if c.name == "heuristic")
-        msg = "greedy heuristic"
-        if best.name != "heuristic" and best.sim.overhead_s < heur.sim.overhead_s * (1 - _REL_TOL):
-            msg = f"the {best.name} baseline beats the greedy heuristic ({best.sim.overhead_s:.6g} s vs " \
-                  f"{heur.sim.overhead_s:.6g} s overhead)"
-        rec = _record(best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, time.perf_counter() - t0, msg)
-        return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
-
-    backend = AUTO_BACKEND if options.solver == "auto" else options.solver
-    _recompute_phase(trace, budget_bytes, options, backend, cands)
-    _polish_phase(trace, budget_bytes, options, cands)
-    best = cands[0]
-    if best.sim.overhead_s <= 0.0:
-        return _zero_overhead(trace, budget_bytes, best, time.perf_counter() - t0)
-    # The warm start: the candidate that is best within the model's windows (see _best_start). The time
-    # limit covers the whole solve (candidates, phase 1, the local search, model building), not only the search.
-    left = options.time_limit_s - (time.perf_counter() - t0)
-    outcome = _run_backend(trace, budget_bytes, options, backend, [c.sim.decisions for c in cands],
-                           max(1.0, left), export=options.export_model)
-    wall = time.perf_counter() - t0
-    if outcome.found == Found.INFEASIBLE:
-        raise SolverError(
-            f"{backend} reported the model infeasible although the budget is feasible "
-            f"({outcome.message}); this is a bug: please report it with --export-model output"
-        )
-    ilp_sim = None
-    if outcome.decisions is not None:
-        ilp_sim = simulate(trace, outcome.decisions, budget_bytes, with_events=False)
-        if not ilp_sim.feasible:
-            log.warning("%s incumbent simulates over budget (%d > %d bytes): solver tolerance; discarded",
-                        backend, ilp_sim.peak_bytes, budget_bytes)
-            ilp_sim = None
-        elif outcome.objective_s is not None:
-            diff = abs(outcome.objective_s - ilp_sim.overhead_s)
-            if diff > 1e-6 * max(ilp_sim.overhead_s, 1e-6) and backend != "cpsat":
-                log.warning("%s objective %.9g s differs from the simulated %.9g s", backend,
-                            outcome.objective_s, ilp_sim.overhead_s)
-    if ilp_sim is None:
-        why = "found no schedule" if outcome.decisions is None else "returned a schedule over budget"
-        msg = (f"{backend} {why} within {options.time_limit_s:g} s ({outcome.message}); returning the best "
-               f"of the heuristic and the baselines ({best.name})")
-        return SolveReport(_candidate_schedule(trace, budget_bytes, best, outcome, wall, msg), outcome, None)
-    obj = ilp_sim.overhead_s
-    if best.sim.overhead_s < obj * (1 - _REL_TOL) - 1e-12:
-        # Only possible at a time limit, or when the candidate uses segments longer than L.
-        msg = (f"the {best.name} schedule ({best.sim.overhead_s:.6g} s overhead) beats {backend}'s "
-               f"({obj:.6g} s, {outcome.found.value}; {outcome.message}); returning {best.name}")
-        return SolveReport(_candidate_schedule(trace, budget_bytes, best, outcome, wall, msg), outcome, ilp_sim)
-    status = SolverStatus.OPTIMAL if outcome.found == Found.OPTIMAL else SolverStatus.FEASIBLE
-    msg = outcome.message
-    if status == SolverStatus.FEASIBLE:
-        msg += f"; time limit {options.time_limit_s:g} s reached before the gap closed"
-    rec = _record(backend, status, obj, wall, msg, bound=outcome.bound_s)
-    return SolveReport(make_schedule(trace, ilp_sim.decisions, budget_bytes, "ilp", rec), outcome, ilp_sim)
+        return _heuristic_only(trace, budget_bytes, flow)
+    flow.beam()
+    flow.polish(_POLISH_SHARE)
+    if flow.best.sim.overhead_s <= 0.0:
+        return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
+    if options.solver in MILP_BACKENDS:
+        # A true bound first (the DP), then the backend asked for with the rest of the time.
+        flow.exact_dp(flow.until(_DP_SHARE_BEFORE_MILP))
+        flow.milp(options.solver)
+        return flow.report()
+    flow.exact_dp(flow.deadline - _RESERVE_S)
+    if not flow.proven() and flow.left() > 0.2:
+        if options.solver == "auto" and trace.n <= AUTO_MILP_MAX_LAYERS:
+            flow.milp(AUTO_BACKEND)
+        else:
+            flow.polish(1.0)  # the DP finished early: spend what is left on the incumbent
+    return flow.report()
 
 
 def solve(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> Schedule:

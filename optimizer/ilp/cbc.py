@@ -38,8 +38,8 @@ class CbcRun:
 
 
 def grace_s(time_limit_s: float) -> float:
-    """How long past its limit CBC may run before it is killed."""
-    return max(2.0, 0.05 * time_limit_s)
+    """How long past its limit CBC may run before it is killed (the caller's whole-solve limit includes it)."""
+    return min(2.0, max(0.5, 0.05 * time_limit_s))
 
 
 def run_cbc(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, threads: int | None) -> CbcRun:
@@ -60,7 +60,7 @@ def run_cbc(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, t
         if warm:
             solver.writesol(mst, prob, vs, var_names, con_names)
         while True:
-            limit = max(1.0, time_limit_s - (time.perf_counter() - t0))  # a re-run gets what is left
+            limit = max(0.2, time_limit_s - (time.perf_counter() - t0))  # a re-run gets what is left
             args = [solver.path, mps]
             if warm:
                 args += ["-mips", mst]

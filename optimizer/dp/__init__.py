@@ -1,0 +1,137 @@
+"""The memory-state dynamic program: an exact search over the real problem, with no windows on offload
+timing or segment length (docs/formulation.md, 'The memory-state DP').
+
+Two uses:
+
+- `beam_search`: the same sweep keeping a few hundred labels per boundary, decoded into schedules that the
+  simulator judges: a strong incumbent, fast;
+- `exact_search`: the full sweep, pruned by an incumbent. Copies are fluid in it (bytes drain at the link's
+  bandwidth, no latency), which is optimistic, so its optimum is a lower bound on every schedule's overhead.
+  Where the label cap is hit it retries with coarser byte quanta (rounded down: still a relaxation).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memsched.optimizer.dp.decode import decode
+from memsched.optimizer.dp.problem import DpProblem, build_problem
+from memsched.optimizer.dp.sweep import SweepConfig, SweepResult, run_sweep
+from memsched.optimizer.simulate import SimResult, simulate
+from memsched.schema import Trace
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BEAM_WIDTH = 192
+DEFAULT_MAX_LABELS = 24_000_000
+"""Labels held at once (stored for decoding + pending); about 0.7 GB at 30 bytes a label."""
+
+
+@dataclass
+class DpOutcome:
+    """What a DP run established."""
+
+    schedules: list[SimResult] = field(default_factory=list)
+    """Decoded plans that fit the budget, simulated (timing from default_timing), cheapest first."""
+    bound_s: float | None = None
+    """A lower bound on the overhead of every schedule of this trace at this budget (None: none proved)."""
+    fluid_optimum: bool = False
+    """The bound is the fluid relaxation's exact optimum (the sweep finished at byte resolution, unpruned
+    below the threshold)."""
+    cap_hit: bool = False
+    """The label cap stopped a sweep (a coarser one may have followed)."""
+    timed_out: bool = False
+    """The deadline stopped the last sweep."""
+    quantum_bytes: int = 1
+    """Resolution of the last sweep (1 = exact)."""
+    peak_labels: int = 0
+    """Most labels at one boundary in the last sweep."""
+    wall_s: float = 0.0
+    """Seconds spent."""
+    notes: list[str] = field(default_factory=list)
+    """Approximations and limits worth reporting."""
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.notes)
+
+
+def _decode_finals(trace: Trace, p: DpProblem, res: SweepResult, budget_bytes: int,
+                   limit: int = 8) -> list[SimResult]:
+    sims: list[SimResult] = []
+    seen: set[tuple[object, ...]] = set()
+    for _cost, label in res.finals[:limit]:
+        decisions = decode(trace, p, res, label)
+        key = tuple(decisions)
+        if key in seen:
+            continue
+        seen.add(key)
+        sim = simulate(trace, decisions, budget_bytes, with_events=False)
+        if sim.feasible:
+            sims.append(sim)
+    return sorted(sims, key=lambda s: s.overhead_s)
+
+
+def _approximation_notes(p: DpProblem) -> list[str]:
+    notes = []
+    if not p.offload_complete:
+        notes.append("a layer has too many saved tensors to try every offload subset: no DP bound claimed")
+    if not p.held_complete:
+        notes.append("over 62 checkpoint producers cross one boundary: the extra ones count as held (optimistic)")
+    return notes
+
+
+def beam_search(trace: Trace, budget_bytes: int, deadline: float, width: int = DEFAULT_BEAM_WIDTH,
+                threshold: float = np.inf) -> DpOutcome:
+    """The sweep with at most `width` labels per boundary, dropping plans that already cost `threshold`
+    (the best schedule known); its decoded plans (no bound)."""
+    t0 = time.perf_counter()
+    p = build_problem(trace, budget_bytes)
+    res = run_sweep(p, SweepConfig(deadline=deadline, beam=width, threshold=threshold))
+    out = DpOutcome(timed_out=res.timed_out, peak_labels=res.peak_labels, notes=_approximation_notes(p))
+    if res.finished:
+        out.schedules = _decode_finals(trace, p, res, budget_bytes)
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+def exact_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: float | None, gap: float,
+                 max_labels: int = DEFAULT_MAX_LABELS) -> DpOutcome:
+    """The full sweep, pruned at incumbent x (1 - gap); retried at coarser resolution when the label cap is
+    hit. The bound it returns holds for every schedule (see DpOutcome.bound_s)."""
+    t0 = time.perf_counter()
+    p = build_problem(trace, budget_bytes)
+    out = DpOutcome(notes=_approximation_notes(p))
+    threshold = np.inf if incumbent_s is None else incumbent_s * (1.0 - gap)
+    quantum = 1
+    best_bound = 0.0
+    while True:
+        res = run_sweep(p, SweepConfig(deadline=deadline, threshold=threshold, quantum_bytes=quantum,
+                                       max_labels=max_labels))
+        out.peak_labels, out.quantum_bytes = res.peak_labels, quantum
+        out.timed_out = res.timed_out
+        if res.bound_s is not None and np.isfinite(res.bound_s):
+            best_bound = max(best_bound, res.bound_s)
+        if res.finished:
+            out.fluid_optimum = quantum == 1
+            out.schedules = _decode_finals(trace, p, res, budget_bytes)
+            break
+        if not res.cap_hit:
+            out.notes.append(f"the exact DP stopped at its deadline at layer {res.boundary_reached} of {p.n}")
+            break
+        out.cap_hit = True
+        coarser = max(quantum * 16, 1, p.limit >> 14)
+        log.info("dp: %d labels at quantum %d bytes hit the cap; retrying at %d", res.total_labels, quantum, coarser)
+        out.notes.append(f"label cap hit at {quantum}-byte resolution; retried at {coarser} bytes")
+        quantum = coarser
+    if p.offload_complete:
+        out.bound_s = best_bound
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+__all__ = ["DpOutcome", "beam_search", "exact_search"]

@@ -1,0 +1,155 @@
+"""Label sets of the dynamic program: struct-of-arrays partial plans and their dominance filter.
+
+A label at boundary k (layers 0..k-1 decided) is one partial plan:
+
+- `retained` (int64): bytes that stay on the device through every later stage (kept layers, the part of
+  offloaded layers that is not moved, checkpoint inputs held for the rest of the step);
+- `held` (int64 bitmask over `DpProblem.crossing[k]`): producers whose outputs a checkpoint already holds,
+  so a later segment consuming them adds nothing;
+- `cost` (float64): seconds of overhead so far (recompute + stalls);
+- `d2h`, `h2d` (float64): fluid copy backlogs in bytes (see docs/formulation.md, 'The memory-state DP');
+- `parent`, `parent_boundary`, `action`: back-pointers for decoding (action -1 = a recompute segment from
+  `parent_boundary` to k-1, 0 = keep layer k-1, o+1 = offload option o of layer k-1).
+
+Dominance (the Pareto staircase): label A makes label B redundant when A holds a superset of B's checkpoint
+producers (here: the same set) and is no worse on retained bytes, cost and both backlogs, because every
+later row and every later cost is monotone in each of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+ACTION_SEGMENT = -1
+ACTION_KEEP = 0
+
+_RING = 48
+"""How many recent unsettled labels of the same held set each label is compared with. Settled labels
+(both backlogs 0) are compared exactly through their staircase; the ring only makes the filter cheaper
+than the full 4-D check, and never drops a label that is not dominated."""
+
+
+@dataclass
+class Labels:
+    """A set of labels (parallel arrays, one entry per label)."""
+
+    retained: np.ndarray
+    """int64 bytes retained through every later stage."""
+    held: np.ndarray
+    """int64 bitmask of checkpoint producers already held (bit order: DpProblem.crossing of the boundary)."""
+    cost: np.ndarray
+    """float64 seconds of overhead so far."""
+    d2h: np.ndarray
+    """float64 bytes still to copy device->host."""
+    h2d: np.ndarray
+    """float64 bytes still to copy host->device (reverse-time backlog)."""
+    parent: np.ndarray
+    """int32 index of the parent label in its boundary's stored set."""
+    parent_boundary: np.ndarray
+    """int32 boundary of the parent label."""
+    action: np.ndarray
+    """int16 transition taken from the parent (ACTION_SEGMENT, ACTION_KEEP or offload option + 1)."""
+
+    def __len__(self) -> int:
+        return len(self.cost)
+
+    def take(self, idx: np.ndarray) -> Labels:
+        return Labels(self.retained[idx], self.held[idx], self.cost[idx], self.d2h[idx], self.h2d[idx],
+                      self.parent[idx], self.parent_boundary[idx], self.action[idx])
+
+    @staticmethod
+    def concat(parts: list[Labels]) -> Labels:
+        if len(parts) == 1:
+            return parts[0]
+        return Labels(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
+
+    @staticmethod
+    def empty() -> Labels:
+        return Labels(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0),
+                      np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int16))
+
+
+_FIELDS = ("retained", "held", "cost", "d2h", "h2d", "parent", "parent_boundary", "action")
+
+
+@njit(cache=True)
+def _pareto_sorted(held: np.ndarray, retained: np.ndarray, cost: np.ndarray, d2h: np.ndarray,
+                   h2d: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """Keep-mask for labels sorted by (held, retained): a label is dropped when an earlier one of the same
+    held set (so no more retained bytes) is no worse on cost and both backlogs."""
+    n = len(cost)
+    keep = np.ones(n, dtype=np.bool_)
+    ring_c = np.empty(_RING)
+    ring_d = np.empty(_RING)
+    ring_h = np.empty(_RING)
+    fill = 0
+    pos = 0
+    best_settled = np.inf
+    for i in range(n):
+        if i == 0 or held[i] != held[i - 1]:
+            best_settled = np.inf
+            fill = 0
+            pos = 0
+        c = cost[i]
+        if c >= best_settled:
+            keep[i] = False
+            continue
+        settled = d2h[i] <= 0.0 and h2d[i] <= 0.0
+        if settled:
+            best_settled = c
+            continue
+        dominated = False
+        for r in range(fill):
+            if ring_c[r] <= c and ring_d[r] <= d2h[i] and ring_h[r] <= h2d[i]:
+                dominated = True
+                break
+        if dominated:
+            keep[i] = False
+            continue
+        ring_c[pos] = c
+        ring_d[pos] = d2h[i]
+        ring_h[pos] = h2d[i]
+        pos = (pos + 1) % _RING
+        fill = min(fill + 1, _RING)
+    return keep
+
+
+def pareto_filter(labels: Labels) -> Labels:
+    """The labels no other label dominates (up to the ring's reach for unsettled ones), sorted by
+    (held, retained)."""
+    if len(labels) <= 1:
+        return labels
+    # Sorted by (held set, retained bytes, cost): one int64 key after a cost sort, both stable. (Within a
+    # tie the order only affects how many dominated labels the ring catches, never which others survive;
+    # cost order makes the ring catch most of them.)
+    if labels.held.any():
+        _, group = np.unique(labels.held, return_inverse=True)
+    else:
+        group = np.zeros(len(labels), dtype=np.int64)
+    if int(labels.retained.max()) < 1 << 40 and int(group.max()) < 1 << 22:
+        by_cost = np.argsort(labels.cost, kind="stable")
+        key = (group.astype(np.int64) << 40) | labels.retained
+        order = by_cost[np.argsort(key[by_cost], kind="stable")]
+    else:
+        order = np.lexsort((labels.cost, labels.retained, group))
+    s = labels.take(order)
+    keep = _pareto_sorted(s.held, s.retained, s.cost, s.d2h, s.h2d)
+    return s.take(np.flatnonzero(keep))
+
+
+def beam_select(labels: Labels, width: int, score: np.ndarray) -> Labels:
+    """At most `width` labels spread along the retained-bytes axis: the best-scoring of each of `width` runs
+    of equal count in retained order, so the beam keeps both cheap-but-full and costly-but-lean plans."""
+    if len(labels) <= width:
+        return labels
+    order = np.argsort(labels.retained, kind="stable")
+    edges = np.linspace(0, len(order), width + 1).astype(np.int64)
+    cost_sorted = score[order]
+    picks = [order[lo + int(np.argmin(cost_sorted[lo:hi]))] for lo, hi in itertools.pairwise(edges)
+             if hi > lo]
+    picks.append(int(np.argmin(score)))
+    return labels.take(np.unique(np.asarray(picks, dtype=np.int64)))

@@ -1,0 +1,162 @@
+"""The trace as the dynamic program reads it: flat numpy arrays, precomputed once per (trace, budget).
+
+Everything here is a restatement of docs/cost-model.md in array form; the transients come from the
+simulator's own functions, so a change to the cost model's per-stage terms reaches the DP unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from memsched.optimizer.simulate import (
+    backward_transient,
+    external_input_bytes,
+    forward_transient,
+)
+from memsched.schema import Trace
+
+MAX_HELD_BITS = 62
+"""Producers tracked per boundary in a label's held-set mask (an int64 bitmask). Beyond this the DP treats
+the extra producers as already held: optimistic for the bound, and the simulator judges the schedule."""
+
+MAX_OFFLOAD_OPTIONS = 64
+"""Distinct offloaded byte counts tried per layer (subset sums of its saved tensors). A layer with more is
+searched over its largest ones only, and the DP's bound is then not claimed (it would not cover every subset)."""
+
+
+@dataclass(frozen=True)
+class OffloadOption:
+    """One way to offload part of a layer: the bytes moved and which tensors carry them."""
+
+    nbytes: int
+    """Bytes offloaded (a distinct subset sum of the layer's saved tensors)."""
+    tensors: tuple[int, ...]
+    """Indices of the tensors offloaded (the subset with the fewest tensors that sums to `nbytes`)."""
+
+
+@dataclass
+class DpProblem:
+    """Per-layer arrays of one trace under one budget (index = layer, forward order)."""
+
+    n: int
+    """Number of layers."""
+    limit: int
+    """Budget minus static bytes: what activations, copies and transients may use at any stage."""
+    saved: np.ndarray
+    """int64 saved bytes s_i."""
+    fwd: np.ndarray
+    """float64 forward seconds f_i."""
+    bwd: np.ndarray
+    """float64 backward seconds."""
+    trans_f: np.ndarray
+    """int64 transient bytes during F_i (workspace + output)."""
+    trans_b: np.ndarray
+    """int64 transient bytes during B_i (workspace + output gradient + input gradient; the loss at n-1)."""
+    output: np.ndarray
+    """int64 output bytes of each layer (what a checkpoint holds when a later segment consumes it)."""
+    external: np.ndarray
+    """int64 bytes each layer reads that no traced layer produced (held per segment)."""
+    deps: list[list[int]]
+    """Producers of each layer."""
+    offload: list[list[OffloadOption]]
+    """Offload choices of each layer (empty where offloading cannot lower any stage: no bytes, last layer)."""
+    offload_complete: bool
+    """False when some layer had more distinct subset sums than MAX_OFFLOAD_OPTIONS (bound not exhaustive)."""
+    crossing: list[list[int]]
+    """crossing[k], k = 0..n: producers j < k with a consumer >= k, sorted; the bit order of the held mask."""
+    held_complete: bool
+    """False when some boundary had more than MAX_HELD_BITS crossing producers (see MAX_HELD_BITS)."""
+    serial: bool
+    """Copies run on the compute thread (device.concurrent_copies false): every copy is a stall, exactly."""
+    d2h_bw: float
+    """Device-to-host bytes per second."""
+    h2d_bw: float
+    """Host-to-device bytes per second."""
+    latency: float
+    """Fixed seconds per copy (ignored by the fluid relaxation, exact on serial devices)."""
+    saved_prefix: np.ndarray
+    """int64 prefix sums of `saved` (length n + 1)."""
+    fwd_prefix: np.ndarray
+    """float64 prefix sums of `fwd` (length n + 1)."""
+    row_floor: np.ndarray
+    """int64, length n + 1: the least any stage of layers >= k needs beyond the retained bytes
+    (max over m >= k of s_m + max(transients)); a label retaining more than limit - row_floor[k] is dead."""
+
+
+def _offload_options(tensors: list[int]) -> tuple[list[OffloadOption], bool]:
+    """Every distinct subset sum of the positive tensors, with the smallest subset reaching it; and whether
+    the list is exhaustive (it is cut to the MAX_OFFLOAD_OPTIONS largest amounts otherwise)."""
+    positive = [(q, t) for q, t in enumerate(tensors) if t > 0]
+    by_sum: dict[int, tuple[int, ...]] = {}
+    exhausted = True
+    for r in range(1, len(positive) + 1):
+        if len(by_sum) > 4 * MAX_OFFLOAD_OPTIONS or math.comb(len(positive), r) > 1 << 14:
+            exhausted = False
+            break
+        for combo in itertools.combinations(positive, r):
+            total = sum(t for _, t in combo)
+            if total not in by_sum:  # fewer tensors first (r grows), so the first subset found is kept
+                by_sum[total] = tuple(q for q, _ in combo)
+    options = [OffloadOption(nbytes, subset) for nbytes, subset in sorted(by_sum.items())]
+    complete = exhausted and len(options) <= MAX_OFFLOAD_OPTIONS
+    if len(options) > MAX_OFFLOAD_OPTIONS:
+        options = options[-MAX_OFFLOAD_OPTIONS:]  # the largest amounts free the most memory
+    return options, complete
+
+
+def build_problem(trace: Trace, budget_bytes: int) -> DpProblem:
+    """Arrays of `trace` under `budget_bytes` (the budget is already known to be feasible)."""
+    n = trace.n
+    layers = trace.layers
+    saved = np.array([x.saved_bytes for x in layers], dtype=np.int64)
+    fwd = np.array([x.forward_s for x in layers], dtype=np.float64)
+    bwd = np.array([x.backward_s for x in layers], dtype=np.float64)
+    trans_f = np.array([forward_transient(trace, i) for i in range(n)], dtype=np.int64)
+    trans_b = np.array([backward_transient(trace, i) for i in range(n)], dtype=np.int64)
+    offload: list[list[OffloadOption]] = []
+    complete = True
+    for i, layer in enumerate(layers):
+        if i == n - 1 or layer.saved_bytes <= 0:
+            offload.append([])  # the last layer's interior is empty: offloading it lowers no stage
+            continue
+        opts, ok = _offload_options(layer.tensors)
+        offload.append(opts)
+        complete &= ok
+    last_use = [-1] * n
+    for c, layer in enumerate(layers):
+        for j in layer.deps:
+            last_use[j] = max(last_use[j], c)
+    crossing = [[j for j in range(k) if last_use[j] >= k] for k in range(n + 1)]
+    held_complete = all(len(c) <= MAX_HELD_BITS for c in crossing)
+    crossing = [c[:MAX_HELD_BITS] for c in crossing]
+    need = saved + np.maximum(trans_f, trans_b)
+    row_floor = np.zeros(n + 1, dtype=np.int64)
+    for k in range(n - 1, -1, -1):
+        row_floor[k] = max(row_floor[k + 1], need[k])
+    return DpProblem(
+        n=n,
+        limit=budget_bytes - trace.static.total,
+        saved=saved,
+        fwd=fwd,
+        bwd=bwd,
+        trans_f=trans_f,
+        trans_b=trans_b,
+        output=np.array([x.output_bytes for x in layers], dtype=np.int64),
+        external=np.array([external_input_bytes(trace, i) for i in range(n)], dtype=np.int64),
+        deps=[list(x.deps) for x in layers],
+        offload=offload,
+        offload_complete=complete,
+        crossing=crossing,
+        held_complete=held_complete,
+        serial=not trace.device.concurrent_copies,
+        d2h_bw=trace.device.d2h_bytes_per_s,
+        h2d_bw=trace.device.h2d_bytes_per_s,
+        latency=trace.device.copy_latency_s,
+        saved_prefix=np.concatenate([[0], np.cumsum(saved)]).astype(np.int64),
+        fwd_prefix=np.concatenate([[0.0], np.cumsum(fwd)]),
+        row_floor=row_floor,
+    )

@@ -1,0 +1,297 @@
+"""The forward sweep of the memory-state dynamic program (docs/formulation.md, 'The memory-state DP').
+
+Boundary k sits between layer k-1 and layer k. The labels at boundary k are partial plans for layers
+0..k-1 (optimizer/dp/labels.py). Processing boundary k checks layer k's two memory rows, F_k and B_k, which
+are the same for every action of layer k (its saved bytes are on the device at both, and a segment starting
+at k holds no checkpoint there yet), then emits children: keep and each offload option to boundary k+1, and
+every recompute segment [k, b] (one macro-step, stopped where a row fails for good) to boundary b+1.
+
+Copies are fluid: the D2H backlog drains at the link's bandwidth while forwards run, and the H2D backlog is
+swept in reverse time while backwards (and recomputations) run; a row that the backlog would overflow is met
+by the smallest stall that drains enough, which is optimal for the fluid queue. Latency is ignored. On a
+device whose copies run on the compute thread, offloads are synchronous and exact instead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memsched.optimizer.dp.labels import ACTION_KEEP, ACTION_SEGMENT, Labels, beam_select, pareto_filter
+from memsched.optimizer.dp.problem import DpProblem
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """How one sweep runs."""
+
+    deadline: float
+    """time.perf_counter() value at which the sweep stops (it then reports a partial bound)."""
+    threshold: float = np.inf
+    """Labels whose cost reaches this are dropped (incumbent x (1 - gap)): only cheaper plans matter."""
+    beam: int | None = None
+    """Keep at most this many labels per boundary (a heuristic search; its bound is not valid)."""
+    quantum_bytes: int = 1
+    """Retained bytes and backlogs are rounded down to multiples of this (1 = exact). Rounding down keeps
+    the sweep a relaxation, so its bound stays valid, while merging nearby states."""
+    backlog_quantum_bytes: int = 1
+    """Backlogs alone are rounded down to multiples of this (a finer relaxation than `quantum_bytes`)."""
+    max_labels: int = 30_000_000
+    """Labels stored and pending together; past it the sweep stops with `cap_hit`."""
+
+
+@dataclass
+class SweepResult:
+    """What one sweep established."""
+
+    finished: bool
+    """The sweep reached the last boundary (not stopped by the deadline or the label cap)."""
+    bound_s: float | None
+    """A lower bound on the fluid optimum (valid for the real problem when the sweep is not a beam, see
+    DpProblem.offload_complete): the best final cost, or the least cost left on the frontier when stopped,
+    capped by the threshold. None when the sweep is a beam."""
+    finals: list[tuple[float, int]] = field(default_factory=list)
+    """(final cost, label index at boundary n), cheapest first, at most 16."""
+    stored: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    """Back-pointers per boundary: (parent, parent_boundary, action)."""
+    cap_hit: bool = False
+    """The label cap stopped the sweep."""
+    timed_out: bool = False
+    """The deadline stopped the sweep."""
+    peak_labels: int = 0
+    """Largest label count at one boundary after filtering."""
+    total_labels: int = 0
+    """Labels stored over all boundaries."""
+    boundary_reached: int = 0
+    """The last boundary processed."""
+
+
+class _Sweep:
+    def __init__(self, p: DpProblem, cfg: SweepConfig) -> None:
+        self.p = p
+        self.cfg = cfg
+        self.pending: list[list[Labels]] = [[] for _ in range(p.n + 1)]
+        self.pending_count = 0
+        self.pending_sizes = [0] * (p.n + 1)
+        self.compact_at = [200_000] * (p.n + 1)
+        self.stored_count = 0
+        self._remaps: dict[tuple[int, int], list[tuple[int, int]]] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _quant_backlog(self, x: np.ndarray) -> np.ndarray:
+        q = max(self.cfg.quantum_bytes, self.cfg.backlog_quantum_bytes)
+        return np.floor(x / q) * q if q > 1 else x
+
+    def _quant(self, x: np.ndarray) -> np.ndarray:
+        q = self.cfg.quantum_bytes
+        if q <= 1:
+            return x
+        if x.dtype == np.int64:
+            return (x // q) * q
+        return np.floor(x / q) * q
+
+    def _remap(self, held: np.ndarray, src: int, dst: int) -> np.ndarray:
+        """Re-express held masks from crossing[src] bit order in crossing[dst] bit order."""
+        key = (src, dst)
+        pairs = self._remaps.get(key)
+        if pairs is None:
+            pos = {j: b for b, j in enumerate(self.p.crossing[src])}
+            pairs = [(pos[j], q) for q, j in enumerate(self.p.crossing[dst]) if j in pos]
+            self._remaps[key] = pairs
+        out = np.zeros_like(held)
+        for b, q in pairs:
+            out |= ((held >> b) & 1) << q
+        return out
+
+    def _emit(self, dst: int, retained: np.ndarray, held: np.ndarray, cost: np.ndarray, d2h: np.ndarray,
+              h2d: np.ndarray, parent: np.ndarray, src: int, action: int) -> None:
+        p = self.p
+        ok = (cost < self.cfg.threshold) & (retained <= p.limit - p.row_floor[dst])
+        if not ok.any():
+            return
+        idx = np.flatnonzero(ok)
+        m = len(idx)
+        self.pending[dst].append(Labels(
+            self._quant(retained[idx]), held[idx], cost[idx], self._quant_backlog(d2h[idx]),
+            self._quant_backlog(h2d[idx]), parent[idx].astype(np.int32), np.full(m, src, np.int32),
+            np.full(m, action, np.int16)))
+        self.pending_count += m
+        self.pending_sizes[dst] += m
+        if self.pending_sizes[dst] > self.compact_at[dst]:
+            self._compact(dst)
+        if self.stored_count + self.pending_count > self.cfg.max_labels:
+            raise _Stop("cap")
+
+    def _compact(self, dst: int) -> None:
+        """Filter a boundary's pending labels early, so segments emitted from many boundaries do not pile up."""
+        parts = self.pending[dst]
+        merged = pareto_filter(Labels.concat(parts))
+        self.pending[dst] = [merged]
+        self.pending_count += len(merged) - self.pending_sizes[dst]
+        self.pending_sizes[dst] = len(merged)
+        self.compact_at[dst] = max(self.compact_at[dst], 2 * len(merged))
+
+    def frontier_bound(self, start: int) -> float:
+        """Least cost among labels not yet processed (every unfinished plan passes through one of them)."""
+        best = self.cfg.threshold
+        for k in range(start, self.p.n + 1):
+            for part in self.pending[k]:
+                if len(part):
+                    best = min(best, float(part.cost.min()))
+        return best
+
+    # ------------------------------------------------------------------ one boundary
+    def collect(self, k: int) -> Labels:
+        parts = self.pending[k]
+        self.pending[k] = []
+        self.pending_count -= self.pending_sizes[k]
+        self.pending_sizes[k] = 0
+        if not parts:
+            return Labels.empty()
+        labels = pareto_filter(Labels.concat(parts))
+        if self.cfg.beam is not None:
+            # Scored as if the backlogs had to drain now: the cost a plan is sure to pay.
+            score = labels.cost if self.p.serial else (
+                labels.cost + labels.d2h / self.p.d2h_bw + labels.h2d / self.p.h2d_bw)
+            labels = beam_select(labels, self.cfg.beam, score)
+        return labels
+
+    def expand(self, k: int, lab: Labels) -> None:
+        p, cfg = self.p, self.cfg
+        idx = np.arange(len(lab), dtype=np.int64)
+        retained, held = lab.retained, lab.held
+        cost, d2h, h2d = lab.cost.copy(), lab.d2h.copy(), lab.h2d.copy()
+        # Rows F_k and B_k, common to every action of layer k; a backlog that overflows one is drained by
+        # the shortest stall that makes the row fit.
+        cap_f = (p.limit - p.saved[k] - p.trans_f[k] - retained).astype(np.float64)
+        cap_b = (p.limit - p.saved[k] - p.trans_b[k] - retained).astype(np.float64)
+        alive = (cap_f >= 0) & (cap_b >= 0)
+        if not p.serial:
+            cost += np.maximum(d2h - cap_f, 0.0) / p.d2h_bw + np.maximum(h2d - cap_b, 0.0) / p.h2d_bw
+            d2h = np.minimum(d2h, cap_f)
+            h2d = np.minimum(h2d, cap_b)
+            # F_k's compute drains the D2H backlog; B_k's (in reverse time) the H2D backlog.
+            d2h = np.maximum(d2h - p.d2h_bw * p.fwd[k], 0.0)
+            h2d = np.maximum(h2d - p.h2d_bw * p.bwd[k], 0.0)
+        alive &= cost < cfg.threshold
+        if not alive.all():
+            keep = np.flatnonzero(alive)
+            idx, retained, held, cost, d2h, h2d = (a[keep] for a in (idx, retained, held, cost, d2h, h2d))
+        if len(idx) == 0:
+            return
+        held_next = self._remap(held, k, k + 1)
+        # keep
+        self._emit(k + 1, retained + p.saved[k], held_next, cost, d2h, h2d, idx, k, ACTION_KEEP)
+        # offload option o: x bytes leave; the fluid backlogs of both links grow by x
+        for o, opt in enumerate(p.offload[k]):
+            x = opt.nbytes
+            if p.serial:
+                extra = 2 * p.latency + x / p.d2h_bw + x / p.h2d_bw
+                self._emit(k + 1, retained + (p.saved[k] - x), held_next, cost + extra, d2h, h2d, idx, k, o + 1)
+            else:
+                self._emit(k + 1, retained + (p.saved[k] - x), held_next, cost, d2h + x, h2d + x, idx, k, o + 1)
+        self._segments(k, idx, retained, held, cost, d2h, h2d)
+
+    def _segments(self, k: int, idx: np.ndarray, retained: np.ndarray, held: np.ndarray, cost: np.ndarray,
+                  d2h: np.ndarray, h2d: np.ndarray) -> None:
+        """Every recompute segment [k, b]: rows F_m / B_m of its layers m in (k, b] hold the segment's
+        checkpoint (`ckpt`: outside producers not held yet + external inputs) and, at B_m, the layers k..m
+        it has rematerialised; the recomputation (F_k..F_b) costs its forward time at B_b."""
+        p, cfg = self.p, self.cfg
+        bit_of = {j: b for b, j in enumerate(p.crossing[k])}
+        start = (idx, retained, held, cost, d2h, h2d)
+        seg_bits: set[int] = set()
+        external = 0
+        replay_from = k + 1  # interior rows still to (re)evaluate for the current checkpoint size
+        ckpt = np.zeros(len(idx), dtype=np.int64)
+        for b in range(k, p.n):
+            if time.perf_counter() > cfg.deadline:
+                raise _Stop("deadline")
+            new_bits = {bit_of[j] for j in p.deps[b] if j < k and j in bit_of} - seg_bits
+            if new_bits or p.external[b] > 0 or b == k:
+                seg_bits |= new_bits
+                external += int(p.external[b])
+                # The checkpoint grew: every interior row sees it, so replay them from the segment's start.
+                idx, retained, held, cost, d2h, h2d = start
+                ckpt = np.full(len(idx), external, dtype=np.int64)
+                for bit in seg_bits:
+                    ckpt += p.output[p.crossing[k][bit]] * (((held >> bit) & 1) == 0)
+                replay_from = k + 1
+            for m in range(replay_from, b + 1):
+                rem = p.saved_prefix[m + 1] - p.saved_prefix[k]
+                cap_f = (p.limit - p.saved[m] - p.trans_f[m] - retained - ckpt).astype(np.float64)
+                cap_b = (p.limit - rem - p.trans_b[m] - retained - ckpt).astype(np.float64)
+                ok = (cap_f >= 0) & (cap_b >= 0)
+                if not p.serial:
+                    cost = cost + np.maximum(d2h - cap_f, 0.0) / p.d2h_bw + np.maximum(h2d - cap_b, 0.0) / p.h2d_bw
+                    d2h = np.maximum(np.minimum(d2h, cap_f) - p.d2h_bw * p.fwd[m], 0.0)
+                    h2d = np.maximum(np.minimum(h2d, cap_b) - p.h2d_bw * p.bwd[m], 0.0)
+                # A failed row fails for every longer segment too (the checkpoint only grows); so does a
+                # cost that already reaches the threshold once the recomputation is added.
+                recompute_s = p.fwd_prefix[m + 1] - p.fwd_prefix[k]
+                ok &= cost + recompute_s < cfg.threshold
+                if not ok.all():
+                    keep = np.flatnonzero(ok)
+                    idx, retained, held, cost, d2h, h2d, ckpt = (
+                        a[keep] for a in (idx, retained, held, cost, d2h, h2d, ckpt))
+            replay_from = b + 1
+            if len(idx) == 0:
+                return
+            recompute_s = p.fwd_prefix[b + 1] - p.fwd_prefix[k]
+            h2d_end = h2d if p.serial else np.maximum(h2d - p.h2d_bw * recompute_s, 0.0)
+            mask = 0
+            for bit in seg_bits:
+                mask |= 1 << bit
+            held_out = self._remap(held | mask, k, b + 1)
+            self._emit(b + 1, retained + ckpt, held_out, cost + recompute_s, d2h, h2d_end, idx, k, ACTION_SEGMENT)
+
+
+class _Stop(Exception):
+    pass
+
+
+def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
+    """One sweep over all boundaries; stops early (with a valid partial bound) at the deadline or cap."""
+    sw = _Sweep(p, cfg)
+    root = Labels(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), np.zeros(1), np.zeros(1),
+                  np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int16))
+    sw.pending[0].append(root)
+    sw.pending_count = sw.pending_sizes[0] = 1
+    res = SweepResult(finished=False, bound_s=None)
+    k = 0
+    current_min = np.inf  # least cost at the boundary being expanded (its labels left the frontier)
+    try:
+        for k in range(p.n):
+            current_min = np.inf
+            if time.perf_counter() > cfg.deadline:
+                raise _Stop("deadline")
+            lab = sw.collect(k)
+            res.stored.append((lab.parent, lab.parent_boundary, lab.action))
+            res.peak_labels = max(res.peak_labels, len(lab))
+            sw.stored_count += len(lab)
+            if len(lab):
+                current_min = float(lab.cost.min())
+                if sw.stored_count + sw.pending_count > cfg.max_labels:
+                    raise _Stop("cap")
+                sw.expand(k, lab)
+        k = p.n
+        lab = sw.collect(p.n)
+        res.stored.append((lab.parent, lab.parent_boundary, lab.action))
+        final = lab.cost.copy()
+        if not p.serial:
+            final += lab.d2h / p.d2h_bw + lab.h2d / p.h2d_bw
+        order = np.argsort(final, kind="stable")[:16]
+        res.finals = [(float(final[i]), int(i)) for i in order]
+        res.finished = True
+        best = float(final[order[0]]) if len(order) else np.inf
+        res.bound_s = None if cfg.beam is not None else min(best, cfg.threshold)
+    except _Stop as stop:
+        res.cap_hit = str(stop) == "cap"
+        res.timed_out = str(stop) == "deadline"
+        if cfg.beam is None:
+            res.bound_s = min(sw.frontier_bound(k), current_min)
+    res.boundary_reached = k
+    res.total_labels = sw.stored_count
+    return res
