@@ -123,22 +123,32 @@ def pareto_filter(labels: Labels) -> Labels:
     (held, retained)."""
     if len(labels) <= 1:
         return labels
-    # Sorted by (held set, retained bytes, cost): one int64 key after a cost sort, both stable. (Within a
-    # tie the order only affects how many dominated labels the ring catches, never which others survive;
-    # cost order makes the ring catch most of them.)
+    order = _filter_order(labels)
+    keep = _pareto_sorted(labels.held[order], labels.retained[order], labels.cost[order], labels.d2h[order],
+                          labels.h2d[order])
+    return labels.take(order[keep])
+
+
+def _filter_order(labels: Labels) -> np.ndarray:
+    """Order by (held set, retained bytes, cost): one sort of a packed int64 key where it fits (cost to 16
+    bits: within a tie the order only affects how many dominated labels the ring catches, never which
+    undominated ones survive), a lexsort otherwise."""
     if labels.held.any():
         _, group = np.unique(labels.held, return_inverse=True)
+        groups = int(group.max()) + 1
     else:
+        group, groups = None, 1
+    if int(labels.retained.max()) < 1 << 40 and groups <= 1 << 8:
+        c = labels.cost
+        lo, hi = float(c.min()), float(c.max())
+        scale = 65535.0 / (hi - lo) if hi > lo else 0.0
+        key = (labels.retained << 16) | ((c - lo) * scale).astype(np.int64)
+        if group is not None:
+            key |= group.astype(np.int64) << 56
+        return np.argsort(key)
+    if group is None:
         group = np.zeros(len(labels), dtype=np.int64)
-    if int(labels.retained.max()) < 1 << 40 and int(group.max()) < 1 << 22:
-        by_cost = np.argsort(labels.cost, kind="stable")
-        key = (group.astype(np.int64) << 40) | labels.retained
-        order = by_cost[np.argsort(key[by_cost], kind="stable")]
-    else:
-        order = np.lexsort((labels.cost, labels.retained, group))
-    s = labels.take(order)
-    keep = _pareto_sorted(s.held, s.retained, s.cost, s.d2h, s.h2d)
-    return s.take(np.flatnonzero(keep))
+    return np.lexsort((labels.cost, labels.retained, group))
 
 
 def beam_select(labels: Labels, width: int, score: np.ndarray) -> Labels:

@@ -62,6 +62,8 @@ class DpProblem:
     """int64 bytes each layer reads that no traced layer produced (held per segment)."""
     deps: list[list[int]]
     """Producers of each layer."""
+    consumers: list[list[int]]
+    """Consumers of each layer's output."""
     offload: list[list[OffloadOption]]
     """Offload choices of each layer (empty where offloading cannot lower any stage: no bytes, last layer)."""
     offload_complete: bool
@@ -127,9 +129,11 @@ def build_problem(trace: Trace, budget_bytes: int) -> DpProblem:
         offload.append(opts)
         complete &= ok
     last_use = [-1] * n
+    consumers: list[list[int]] = [[] for _ in range(n)]
     for c, layer in enumerate(layers):
         for j in layer.deps:
             last_use[j] = max(last_use[j], c)
+            consumers[j].append(c)
     crossing = [[j for j in range(k) if last_use[j] >= k] for k in range(n + 1)]
     held_complete = all(len(c) <= MAX_HELD_BITS for c in crossing)
     crossing = [c[:MAX_HELD_BITS] for c in crossing]
@@ -148,6 +152,7 @@ def build_problem(trace: Trace, budget_bytes: int) -> DpProblem:
         output=np.array([x.output_bytes for x in layers], dtype=np.int64),
         external=np.array([external_input_bytes(trace, i) for i in range(n)], dtype=np.int64),
         deps=[list(x.deps) for x in layers],
+        consumers=consumers,
         offload=offload,
         offload_complete=complete,
         crossing=crossing,

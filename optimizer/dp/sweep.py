@@ -14,11 +14,13 @@ device whose copies run on the compute thread, offloads are synchronous and exac
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from memsched.optimizer.dp.kernels import segment_children
 from memsched.optimizer.dp.labels import ACTION_KEEP, ACTION_SEGMENT, Labels, beam_select, pareto_filter
 from memsched.optimizer.dp.problem import DpProblem
 
@@ -109,14 +111,18 @@ class _Sweep:
               h2d: np.ndarray, parent: np.ndarray, src: int, action: int) -> None:
         p = self.p
         ok = (cost < self.cfg.threshold) & (retained <= p.limit - p.row_floor[dst])
-        if not ok.any():
-            return
-        idx = np.flatnonzero(ok)
-        m = len(idx)
-        self.pending[dst].append(Labels(
-            self._quant(retained[idx]), held[idx], cost[idx], self._quant_backlog(d2h[idx]),
-            self._quant_backlog(h2d[idx]), parent[idx].astype(np.int32), np.full(m, src, np.int32),
-            np.full(m, action, np.int16)))
+        if not ok.all():
+            idx = np.flatnonzero(ok)
+            retained, held, cost, d2h, h2d, parent = (a[idx] for a in (retained, held, cost, d2h, h2d, parent))
+        m = len(cost)
+        if m:
+            self._push(dst, Labels(self._quant(retained), held, cost, self._quant_backlog(d2h),
+                                   self._quant_backlog(h2d), parent.astype(np.int32), np.full(m, src, np.int32),
+                                   np.full(m, action, np.int16)))
+
+    def _push(self, dst: int, labels: Labels) -> None:
+        m = len(labels)
+        self.pending[dst].append(labels)
         self.pending_count += m
         self.pending_sizes[dst] += m
         if self.pending_sizes[dst] > self.compact_at[dst]:
@@ -196,56 +202,52 @@ class _Sweep:
 
     def _segments(self, k: int, idx: np.ndarray, retained: np.ndarray, held: np.ndarray, cost: np.ndarray,
                   d2h: np.ndarray, h2d: np.ndarray) -> None:
-        """Every recompute segment [k, b]: rows F_m / B_m of its layers m in (k, b] hold the segment's
-        checkpoint (`ckpt`: outside producers not held yet + external inputs) and, at B_m, the layers k..m
-        it has rematerialised; the recomputation (F_k..F_b) costs its forward time at B_b."""
+        """Every recompute segment [k, b] (optimizer/dp/kernels.py): rows F_m / B_m of its layers m in
+        (k, b] hold the segment's checkpoint (outside producers not held yet + external inputs) and, at B_m,
+        the layers k..m it has rematerialised; the recomputation (F_k..F_b) costs its forward time at B_b."""
         p, cfg = self.p, self.cfg
-        bit_of = {j: b for b, j in enumerate(p.crossing[k])}
-        start = (idx, retained, held, cost, d2h, h2d)
-        seg_bits: set[int] = set()
-        external = 0
-        replay_from = k + 1  # interior rows still to (re)evaluate for the current checkpoint size
-        ckpt = np.zeros(len(idx), dtype=np.int64)
-        for b in range(k, p.n):
+        bits_at, out_bytes_bit = self._segment_inputs(k)
+        capacity = max(4 * (p.n - k), 1 << 20)
+        pos = 0
+        while pos < len(idx):
             if time.perf_counter() > cfg.deadline:
                 raise _Stop("deadline")
-            new_bits = {bit_of[j] for j in p.deps[b] if j < k and j in bit_of} - seg_bits
-            if new_bits or p.external[b] > 0 or b == k:
-                seg_bits |= new_bits
-                external += int(p.external[b])
-                # The checkpoint grew: every interior row sees it, so replay them from the segment's start.
-                idx, retained, held, cost, d2h, h2d = start
-                ckpt = np.full(len(idx), external, dtype=np.int64)
-                for bit in seg_bits:
-                    ckpt += p.output[p.crossing[k][bit]] * (((held >> bit) & 1) == 0)
-                replay_from = k + 1
-            for m in range(replay_from, b + 1):
-                rem = p.saved_prefix[m + 1] - p.saved_prefix[k]
-                cap_f = (p.limit - p.saved[m] - p.trans_f[m] - retained - ckpt).astype(np.float64)
-                cap_b = (p.limit - rem - p.trans_b[m] - retained - ckpt).astype(np.float64)
-                ok = (cap_f >= 0) & (cap_b >= 0)
-                if not p.serial:
-                    cost = cost + np.maximum(d2h - cap_f, 0.0) / p.d2h_bw + np.maximum(h2d - cap_b, 0.0) / p.h2d_bw
-                    d2h = np.maximum(np.minimum(d2h, cap_f) - p.d2h_bw * p.fwd[m], 0.0)
-                    h2d = np.maximum(np.minimum(h2d, cap_b) - p.h2d_bw * p.bwd[m], 0.0)
-                # A failed row fails for every longer segment too (the checkpoint only grows); so does a
-                # cost that already reaches the threshold once the recomputation is added.
-                recompute_s = p.fwd_prefix[m + 1] - p.fwd_prefix[k]
-                ok &= cost + recompute_s < cfg.threshold
-                if not ok.all():
-                    keep = np.flatnonzero(ok)
-                    idx, retained, held, cost, d2h, h2d, ckpt = (
-                        a[keep] for a in (idx, retained, held, cost, d2h, h2d, ckpt))
-            replay_from = b + 1
-            if len(idx) == 0:
-                return
-            recompute_s = p.fwd_prefix[b + 1] - p.fwd_prefix[k]
-            h2d_end = h2d if p.serial else np.maximum(h2d - p.h2d_bw * recompute_s, 0.0)
-            mask = 0
-            for bit in seg_bits:
-                mask |= 1 << bit
-            held_out = self._remap(held | mask, k, b + 1)
-            self._emit(b + 1, retained + ckpt, held_out, cost + recompute_s, d2h, h2d_end, idx, k, ACTION_SEGMENT)
+            sl = slice(pos, pos + max(1, min(len(idx) - pos, 1 << 14)))
+            done, w, dst, parent, ret, hd, cost_o, d2h_o, h2d_o = segment_children(
+                k, p.limit, p.serial, p.d2h_bw, p.h2d_bw, cfg.threshold, p.saved, p.saved_prefix, p.fwd,
+                p.fwd_prefix, p.bwd, p.trans_f, p.trans_b, p.row_floor, p.external, bits_at, out_bytes_bit,
+                retained[sl], held[sl], cost[sl], d2h[sl], h2d[sl], capacity)
+            pos += done
+            if w == 0:
+                continue
+            # Children leave the kernel filtered (cost, rows, future floor); sorted by destination here.
+            small = dst[:w].astype(np.int16) if p.n < 1 << 15 else dst[:w]  # 16-bit keys: a radix sort
+            order = np.argsort(small, kind="stable")
+            dst = dst[order]
+            parent = idx[sl][parent[order]].astype(np.int32)
+            ret, hd = self._quant(ret[order]), hd[order]
+            cost_o, d2h_o, h2d_o = cost_o[order], self._quant_backlog(d2h_o[order]), self._quant_backlog(h2d_o[order])
+            any_held = bool(hd.any())
+            cuts = [0, *(np.flatnonzero(np.diff(dst)) + 1).tolist(), w]
+            for lo, hi in itertools.pairwise(cuts):
+                b1 = int(dst[lo])
+                held_b = self._remap(hd[lo:hi], k, b1) if any_held else hd[lo:hi]
+                self._push(b1, Labels(ret[lo:hi], held_b, cost_o[lo:hi], d2h_o[lo:hi], h2d_o[lo:hi],
+                                      parent[lo:hi], np.full(hi - lo, k, np.int32),
+                                      np.full(hi - lo, ACTION_SEGMENT, np.int16)))
+
+    def _segment_inputs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """For segments starting at k: per layer b >= k, the held-mask bits of the producers before k it
+        reads; and each bit's output bytes."""
+        p = self.p
+        crossing = p.crossing[k]
+        bits_at = np.zeros(p.n - k, dtype=np.int64)
+        for bit, j in enumerate(crossing):
+            for c in p.consumers[j]:
+                if c >= k:
+                    bits_at[c - k] |= np.int64(1) << np.int64(bit)
+        out_bytes_bit = np.array([p.output[j] for j in crossing], dtype=np.int64)
+        return bits_at, out_bytes_bit
 
 
 class _Stop(Exception):

@@ -1,0 +1,102 @@
+"""Compiled inner loop of the sweep: every recompute segment [k, b] of every label, one label at a time.
+
+numba (a wheel, no compiler needed on the user's machine) compiles it on first use and caches the machine
+code beside this file. The rules are those of docs/formulation.md, 'The memory-state DP', and of the
+vectorised rows in optimizer/dp/sweep.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def segment_children(
+    k: int, limit: int, serial: bool, d2h_bw: float, h2d_bw: float, threshold: float,
+    saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray, bwd: np.ndarray,
+    trans_f: np.ndarray, trans_b: np.ndarray, row_floor: np.ndarray, external: np.ndarray,
+    bits_at: np.ndarray, out_bytes_bit: np.ndarray,
+    retained: np.ndarray, held: np.ndarray, cost: np.ndarray, d2h: np.ndarray, h2d: np.ndarray,
+    capacity: int,
+) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Children of labels (already past rows F_k / B_k and drained by layer k's compute) that recompute
+    [k, b], for every b where all rows fit and the cost stays under `threshold`.
+
+    `bits_at[b - k]`: held-mask bits (crossing[k] order) of the producers before k that layer b consumes;
+    `out_bytes_bit[bit]`: those producers' output bytes. Returns (labels done, children written, then the
+    children's arrays: destination boundary, parent, retained, held (crossing[k] order), cost, d2h, h2d).
+    Stops before a label whose children might not fit in `capacity`; the caller resumes from there."""
+    n = len(saved)
+    o_dst = np.empty(capacity, np.int64)
+    o_parent = np.empty(capacity, np.int64)
+    o_ret = np.empty(capacity, np.int64)
+    o_held = np.empty(capacity, np.int64)
+    o_cost = np.empty(capacity)
+    o_d2h = np.empty(capacity)
+    o_h2d = np.empty(capacity)
+    w = 0
+    nbits = len(out_bytes_bit)
+    done = 0
+    for i in range(len(cost)):
+        if w + (n - k) > capacity:
+            break
+        done = i + 1
+        r = retained[i]
+        c0, d0, h0 = cost[i], d2h[i], h2d[i]
+        c, d, h = c0, d0, h0
+        seg = np.int64(0)
+        ext = np.int64(0)
+        ckpt = np.int64(0)
+        replay_from = k + 1
+        for b in range(k, n):
+            new_bits = bits_at[b - k] & ~seg
+            if new_bits != 0 or external[b] > 0 or b == k:
+                # The checkpoint grew: every interior row sees it, so replay them from the segment's start.
+                seg |= new_bits
+                ext += external[b]
+                ckpt = ext
+                for bit in range(nbits):
+                    if (seg >> bit) & 1 and not (held[i] >> bit) & 1:
+                        ckpt += out_bytes_bit[bit]
+                c, d, h = c0, d0, h0
+                replay_from = k + 1
+            dead = False
+            for m in range(replay_from, b + 1):
+                rem = saved_prefix[m + 1] - saved_prefix[k]
+                cap_f = limit - saved[m] - trans_f[m] - r - ckpt
+                cap_b = limit - rem - trans_b[m] - r - ckpt
+                if cap_f < 0 or cap_b < 0:
+                    dead = True  # and for every longer segment: the checkpoint only grows
+                    break
+                if not serial:
+                    if d > cap_f:
+                        c += (d - cap_f) / d2h_bw
+                        d = float(cap_f)
+                    if h > cap_b:
+                        c += (h - cap_b) / h2d_bw
+                        h = float(cap_b)
+                    d = max(d - d2h_bw * fwd[m], 0.0)
+                    h = max(h - h2d_bw * bwd[m], 0.0)
+                if c + (fwd_prefix[m + 1] - fwd_prefix[k]) >= threshold:
+                    dead = True
+                    break
+            if dead:
+                break
+            replay_from = b + 1
+            recompute_s = fwd_prefix[b + 1] - fwd_prefix[k]
+            child_cost = c + recompute_s
+            child_ret = r + ckpt
+            if child_cost >= threshold:
+                break
+            if child_ret > limit - row_floor[b + 1]:
+                continue
+            o_dst[w] = b + 1
+            o_parent[w] = i
+            o_ret[w] = child_ret
+            o_held[w] = held[i] | seg
+            o_cost[w] = child_cost
+            o_d2h[w] = d
+            o_h2d[w] = h if serial else max(h - h2d_bw * recompute_s, 0.0)
+            w += 1
+    return done, w, o_dst, o_parent, o_ret, o_held, o_cost, o_d2h, o_h2d
