@@ -125,6 +125,9 @@ def exact_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: 
             break
         out.cap_hit = True
         coarser = max(quantum * 16, 1, p.limit >> 14)
+        if coarser > max(1, p.limit):
+            out.notes.append(f"label cap hit even at {quantum}-byte resolution: the bound is the partial sweep's")
+            break
         log.info("dp: %d labels at quantum %d bytes hit the cap; retrying at %d", res.total_labels, quantum, coarser)
         out.notes.append(f"label cap hit at {quantum}-byte resolution; retried at {coarser} bytes")
         quantum = coarser

@@ -1,0 +1,164 @@
+"""The memory-state DP (optimizer/dp/): its bound never exceeds the exact optimum, its decoded schedules
+are feasible and cost what the simulator says, timing by default_timing is optimal for fixed actions, and
+solve()'s reported bound is true on every path."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memsched.optimizer.budget import budget_between, resolve_budget
+from memsched.optimizer.dp import exact_search
+from memsched.optimizer.ilp.model import build_model
+from memsched.optimizer.ilp.outcome import Found
+from memsched.optimizer.ilp.pulp_backend import solve_pulp
+from memsched.optimizer.plan import KEEP, offload_all, recompute
+from memsched.optimizer.simulate import simulate
+from memsched.optimizer.solve import SolveOptions, solve_report
+from memsched.optimizer.synthetic import make_trace
+from memsched.schema import Action, SolverStatus, Trace
+
+FAR = time.perf_counter() + 10**6  # a deadline that never comes
+
+
+def _random_trace(n: int, seed: int, dag: bool, serial: bool, latency: bool) -> Trace:
+    trace = make_trace(n, seed, dag=dag, copy_latency_s=20e-6 if latency else 0.0)
+    trace.device.concurrent_copies = not serial
+    return trace
+
+
+def exact_optimum(trace: Trace, budget: int) -> float:
+    """The MILP with windows covering every timing and segment (W = L = n), solved to gap 0: the exact
+    optimum under the cost model (tests/unit/test_ilp_exact.py checks it against brute force)."""
+    m = build_model(trace, budget, window=trace.n, max_segment=trace.n)
+    out = solve_pulp(m, "cbc", 120, 0.0, None)
+    assert out.found == Found.OPTIMAL and out.decisions is not None
+    return simulate(trace, out.decisions, budget).overhead_s
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(2, 8), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.9),
+       serial=st.booleans(), latency=st.booleans())
+def test_dp_bound_is_below_the_exact_optimum(n: int, seed: int, dag: bool, frac: float, serial: bool,
+                                             latency: bool) -> None:
+    trace = _random_trace(n, seed, dag, serial, latency)
+    budget = budget_between(trace, frac)
+    out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    assert out.fluid_optimum and out.bound_s is not None
+    opt = exact_optimum(trace, budget)
+    assert out.bound_s <= opt * (1 + 1e-9) + 1e-12
+    # Decoded plans fit the budget, and none is cheaper than the optimum or the bound (the relaxation).
+    assert out.schedules, "the DP's best plan decodes into a feasible schedule"
+    best = out.schedules[0]
+    assert best.feasible and best.peak_bytes <= budget
+    assert best.overhead_s >= opt * (1 - 1e-9) - 1e-12
+    assert best.overhead_s >= out.bound_s * (1 - 1e-9) - 1e-12
+    if serial:
+        # Copies on the compute thread: the DP's model is exact, so it finds the optimum outright.
+        assert best.overhead_s == pytest.approx(opt, rel=1e-9, abs=1e-12)
+        assert out.bound_s == pytest.approx(opt, rel=1e-9, abs=1e-12)
+    elif not latency:
+        # Without copy latency the fluid bound can still be below the FIFO optimum, never above.
+        assert out.bound_s <= best.overhead_s + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_default_timing_is_optimal_for_fixed_actions(seed: int) -> None:
+    """For fixed actions, default_timing's done-by / prefetch-at are as good as the best of all timings
+    (brute force): this is what lets the DP and the local search search actions only."""
+    rng = random.Random(seed)
+    n = rng.randint(3, 6)
+    trace = make_trace(n, seed, dag=seed % 2 == 0)
+    budget = budget_between(trace, rng.uniform(0.0, 0.9))
+    offloaded: list[int] = []
+    while not offloaded:  # draw until some layer is offloaded: that is what gets timed
+        acts = [rng.choice("KKOOR") for _ in range(n)]
+        decisions = [KEEP if a == "K" else offload_all(trace, i) if a == "O" else recompute()
+                     for i, a in enumerate(acts)]
+        offloaded = [i for i, d in enumerate(decisions) if d.action == Action.OFFLOAD]
+    best = None
+    for combo in itertools.product(*[[(d, p) for d in range(i, n) for p in range(i, n)] for i in offloaded]):
+        timed = list(decisions)
+        for i, (done, pref) in zip(offloaded, combo, strict=True):
+            timed[i] = replace(timed[i], done_by=done, prefetch_at=pref)
+        try:
+            sim = simulate(trace, timed, budget, with_events=False)
+        except ValueError:  # prefetch order violated: not a valid timing
+            continue
+        if sim.feasible and (best is None or sim.overhead_s < best):
+            best = sim.overhead_s
+    default = simulate(trace, decisions, budget, with_events=False)
+    if best is None:
+        assert not default.feasible
+        return
+    assert default.feasible and default.overhead_s <= best * (1 + 1e-9) + 1e-12
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(8, 11), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.8),
+       solver=st.sampled_from(["auto", "dp", "cbc"]))
+def test_reported_bound_is_true_on_every_path(n: int, seed: int, dag: bool, frac: float, solver: str) -> None:
+    trace = make_trace(n, seed, dag=dag)
+    budget = budget_between(trace, frac)
+    report = solve_report(trace, budget, SolveOptions(solver=solver, time_limit_s=5, gap=0.0))
+    rec = report.schedule.solver
+    assert rec.best_bound_s is not None and rec.gap is not None
+    opt = exact_optimum(trace, budget)
+    assert rec.best_bound_s <= opt * (1 + 1e-9) + 1e-12
+    assert rec.objective_s >= opt * (1 - 1e-9) - 1e-12
+    if rec.status == SolverStatus.OPTIMAL:
+        assert rec.objective_s == pytest.approx(opt, rel=1e-6, abs=1e-9)
+
+
+def test_label_cap_gives_a_true_bound_and_says_so() -> None:
+    trace = make_trace(40, 3)
+    budget = budget_between(trace, 0.3)
+    full = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    capped = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0, max_labels=60)
+    assert full.fluid_optimum and full.bound_s is not None
+    assert capped.cap_hit and "label cap" in capped.message
+    assert capped.bound_s is not None and capped.bound_s <= full.bound_s * (1 + 1e-9) + 1e-12
+
+
+def test_windowed_milp_bound_is_not_reported_as_a_bound() -> None:
+    trace = make_trace(40, 5, dag=True)
+    budget = budget_between(trace, 0.2)
+    report = solve_report(trace, budget, SolveOptions(solver="cbc", time_limit_s=6, window=3, max_segment=3))
+    rec = report.schedule.solver
+    assert rec.best_bound_s is not None
+    if report.outcome is not None and report.outcome.bound_s is not None:
+        assert "not reported as a bound" in rec.message
+    assert "from cbc" not in rec.message  # the bound's source is the DP (or none), never the windowed MILP
+
+
+def test_time_limit_bounds_the_whole_call() -> None:
+    solve_report(make_trace(8, 1), budget_between(make_trace(8, 1), 0.2), SolveOptions(time_limit_s=2))  # warm
+    trace = make_trace(1000, 11)
+    budget = budget_between(trace, 0.2)
+    t0 = time.perf_counter()
+    report = solve_report(trace, budget, SolveOptions(time_limit_s=3))
+    wall = time.perf_counter() - t0
+    assert wall <= 3 * 1.1 + 0.5, wall
+    rec = report.schedule.solver
+    assert rec.best_bound_s is not None and rec.status in (SolverStatus.OPTIMAL, SolverStatus.FEASIBLE)
+    assert simulate(trace, report.schedule).feasible
+
+
+@pytest.mark.slow
+def test_resnet50_at_25_percent_is_proven() -> None:
+    from conftest import require_pipedream
+
+    from memsched.importers import import_pipedream
+
+    trace = import_pipedream(require_pipedream() / "resnet50.graph.txt", 128)
+    budget = resolve_budget("25%", trace)
+    report = solve_report(trace, budget, SolveOptions(time_limit_s=150))
+    rec = report.schedule.solver
+    assert rec.objective_s <= 0.0896
+    assert rec.status == SolverStatus.OPTIMAL and rec.gap is not None and rec.gap <= 0.01, rec.message
