@@ -93,6 +93,7 @@ class SolveReport:
 _BEAM_SHARE = 0.2
 _POLISH_SHARE = 0.15
 _DP_SHARE_BEFORE_MILP = 0.3
+_MAX_BEAM_WIDTH = 1536
 _RESERVE_S = 0.05  # building and simulating the returned schedule
 AUTO_MILP_MAX_LAYERS = 24
 """Under `auto`, a MILP cross-check runs only up to this many layers, where its default windows cover every
@@ -211,12 +212,18 @@ class _Flow:
 
     # ---------------------------------------------------------------- phases
     def beam(self) -> None:
-        out = beam_search(self.trace, self.budget, self.until(_BEAM_SHARE),
-                          threshold=self.best.sim.overhead_s)
-        if out.schedules:
-            self.add("dp-beam", out.schedules[0])
-        elif out.timed_out:
-            self.notes.append("the beam DP ran out of its share of the time")
+        """Beams of growing width within the share: an answer early, a better one if time allows."""
+        until = self.until(_BEAM_SHARE)
+        width = 24
+        while time.perf_counter() < until:
+            out = beam_search(self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s)
+            if out.schedules:
+                self.add("dp-beam", out.schedules[0])
+            if out.timed_out:
+                break
+            width *= 4
+            if width > _MAX_BEAM_WIDTH:
+                break
 
     def polish(self, share: float) -> None:
         limit = self.until(share) - time.perf_counter()
