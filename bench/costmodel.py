@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from memsched.errors import InfeasibleBudgetError, MemschedError
-from memsched.importers import import_pipedream
+from memsched.service.importers import import_pipedream
 from memsched.io import load_trace
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget, resolve_budget

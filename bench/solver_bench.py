@@ -20,7 +20,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from memsched.importers import import_pipedream
+from memsched.service.importers import import_pipedream
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.heuristic import heuristic

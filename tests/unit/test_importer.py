@@ -4,7 +4,7 @@ import pytest
 
 from conftest import require_pipedream
 from memsched.errors import TraceFormatError
-from memsched.importers import import_pipedream
+from memsched.service.importers import import_pipedream
 from memsched.optimizer.baselines import keep_all
 from memsched.optimizer.simulate import simulate
 from memsched.service import compare_policies

@@ -50,7 +50,7 @@ def test_never_worse_than_baselines_synthetic(seed: int, frac: float) -> None:
 @pytest.mark.parametrize("model", ["alexnet", "gnmt", "resnet18", "vgg16"])
 @pytest.mark.parametrize("frac", [0.2, 0.6])
 def test_never_worse_than_baselines_pipedream(model: str, frac: float) -> None:
-    from memsched.importers import import_pipedream
+    from memsched.service.importers import import_pipedream
 
     assert PIPEDREAM is not None
     trace = import_pipedream(PIPEDREAM / f"{model}.graph.txt", 128)

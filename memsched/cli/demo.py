@@ -84,9 +84,9 @@ class DemoResult:
 
 def _plot(trace: Trace, schedule: Schedule, path: Path) -> Path | None:
     try:
-        from memsched.plot import plot_timeline
+        from memsched.service.plot import plot_timeline
     except ImportError as e:
-        log.info("timeline plot skipped: memsched.plot is unavailable (%s)", e)
+        log.info("timeline plot skipped: memsched.service.plot is unavailable (%s)", e)
         return None
     return plot_timeline(trace, schedule, path)
 

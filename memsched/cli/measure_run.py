@@ -199,7 +199,7 @@ def _keepall_prediction(trace: Trace | None, cpu: bool) -> tuple[int | None, flo
 
     sim = simulate(trace, keep_all(trace), with_events=False)
     if cpu:
-        from memsched.demo import saved_profile
+        from memsched.cli.demo import saved_profile
 
         return trace.static.total + max(saved_profile(trace, sim.decisions)), sim.step_s
     return sim.peak_bytes, sim.step_s
@@ -260,7 +260,7 @@ def run_measure(
             # The CPU has no allocator: the measured peak is static + the saved-tensor ledger, and its
             # prediction the simulator's saved part of stage memory (needs the trace).
             if trace is not None:
-                from memsched.demo import predicted_saved_profile
+                from memsched.cli.demo import predicted_saved_profile
 
                 predicted_saved = max(predicted_saved_profile(trace, schedule))
                 sched_pred_peak = trace.static.total + predicted_saved

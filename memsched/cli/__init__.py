@@ -187,7 +187,7 @@ def import_pipedream_cmd(
     ] = 1.0,
 ) -> None:
     """Import a PipeDream profile (keeps its DAG edges) into a memsched trace."""
-    from memsched.importers import import_pipedream
+    from memsched.service.importers import import_pipedream
     from memsched.units import parse_bytes
 
     for name, v in (("--h2d-bandwidth", h2d_bandwidth), ("--d2h-bandwidth", d2h_bandwidth)):
@@ -218,7 +218,7 @@ def plot(
     output: Annotated[Path, typer.Option("-o", "--output", help="PNG to write.")] = Path("timeline.png"),
 ) -> None:
     """Plot memory against the budget over one step, above a Gantt chart of the three streams."""
-    from memsched.plot import plot_timeline
+    from memsched.service.plot import plot_timeline
     from memsched.schema import check_schedule
 
     tr, sc = load_trace(trace), load_schedule(schedule)
@@ -257,7 +257,7 @@ def solve(
     spec = parse_budget(budget)
     options = SolveOptions(solver=solver, time_limit_s=time_limit, gap=gap, export_model=export_model)
     if server:
-        from memsched.cli_api import solve_via_server
+        from memsched.cli.api import solve_via_server
 
         sc = solve_via_server(server, tr, budget, options, api_key)
     else:
@@ -295,7 +295,7 @@ def solve(
 
 def _register_optional() -> None:
     """Commands contributed by the runtime and the API live next to their code."""
-    for module in ("memsched.cli_runtime", "memsched.cli_api", "memsched.cli_bench"):
+    for module in ("memsched.cli.runtime", "memsched.cli.api", "memsched.cli.bench"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ModuleNotFoundError as e:

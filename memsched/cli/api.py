@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memsched.client import solve_via_server
+from memsched.service.client import solve_via_server
 
 __all__ = ["register", "solve_via_server"]
 

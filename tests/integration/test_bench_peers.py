@@ -133,7 +133,7 @@ def test_cli_bench_registers_and_fails_cleanly_without_a_checkout(tmp_path, monk
     from typer.testing import CliRunner
 
     import memsched
-    from memsched import cli_bench
+    from memsched.cli import bench as cli_bench
     from memsched.errors import MemschedError
 
     app = typer.Typer()
