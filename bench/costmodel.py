@@ -25,13 +25,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from memsched.errors import InfeasibleBudgetError, MemschedError
-from memsched.service.importers import import_pipedream
 from memsched.io import load_trace
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget, resolve_budget
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.solve import SolveOptions, solve
 from memsched.schema import Trace
+from memsched.service.importers import import_pipedream
 
 log = logging.getLogger(__name__)
 
