@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -44,11 +44,6 @@ BudgetOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _print_json(obj: Any) -> None:
@@ -218,8 +213,8 @@ def plot(
     output: Annotated[Path, typer.Option("-o", "--output", help="PNG to write.")] = Path("timeline.png"),
 ) -> None:
     """Plot memory against the budget over one step, above a Gantt chart of the three streams."""
-    from memsched.service.plot import plot_timeline
     from memsched.schema import check_schedule
+    from memsched.service.plot import plot_timeline
 
     tr, sc = load_trace(trace), load_schedule(schedule)
     check_schedule(sc, tr)
@@ -293,28 +288,51 @@ def solve(
     out.print(t)
 
 
-def _register_optional() -> None:
-    """Commands contributed by the runtime and the API live next to their code."""
-    for module in ("memsched.cli.runtime", "memsched.cli.api", "memsched.cli.bench"):
-        try:
-            mod = __import__(module, fromlist=["register"])
-        except ModuleNotFoundError as e:
-            if e.name not in (module, "torch", "fastapi", "uvicorn", "sqlalchemy", "transformers"):
-                raise
-            log.debug("commands of %s unavailable: %s", module, e)
-            continue
-        mod.register(app)
+# The optional packages a command may need, by the extra that installs them (pyproject.toml): a core install
+# answers a command that needs one with the pip line, not a traceback.
+_EXTRA_OF = {
+    "torch": "runtime",
+    "transformers": "runtime",
+    "fastapi": "api",
+    "uvicorn": "api",
+    "sqlalchemy": "api",
+    "httpx": "api",
+    "highspy": "highs",
+}
+
+
+def _register_parts() -> None:
+    """The commands of the runtime, the service and the benchmarks live beside the main app, one module each.
+    Each imports its part only inside its commands: a core install lists them all and answers one whose extra
+    is missing with the pip line (see `main`)."""
+    from memsched.cli import api, bench, runtime
+
+    for module in (runtime, api, bench):
+        module.register(app)
+
+
+_register_parts()
 
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("MEMSCHED_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
-    _register_optional()
     try:
         # Standalone mode: typer/click report usage errors themselves (exit 2) and turn typer.Exit into
         # sys.exit; everything else reaches the handlers below.
         app(args=argv)
     except MemschedError as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except ModuleNotFoundError as e:
+        extra = _EXTRA_OF.get((e.name or "").split(".")[0])
+        if extra is None or os.environ.get("MEMSCHED_DEBUG"):
+            raise
+        err.print(
+            f"[bold red]error:[/] this command needs {e.name}, which is in the {extra} extra: "
+            f"pip install 'memsched[{extra}]'",
+            highlight=False,
+            soft_wrap=True,
+        )
         sys.exit(2)
     except Exception as e:
         if os.environ.get("MEMSCHED_DEBUG"):
@@ -324,7 +342,3 @@ def main(argv: list[str] | None = None) -> None:
             highlight=False,
         )
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

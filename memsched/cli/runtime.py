@@ -249,8 +249,8 @@ def measure_cmd(
     """
     import torch
 
-    from memsched.io import load_schedule, load_trace
     from memsched.cli.measure_run import WorkloadArgs, run_measure
+    from memsched.io import load_schedule, load_trace
 
     _quiet_transformers()
     if keep_all and schedule is not None:
