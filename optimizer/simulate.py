@@ -15,8 +15,8 @@ import numpy as np
 
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.plan import KEEP as _KEEP
-from memsched.optimizer.plan import Decision, group_start, to_actions
-from memsched.schema import Action, Prediction, Schedule, Trace, validate_actions
+from memsched.optimizer.plan import Decision, decisions_from_schedule, group_start, to_actions
+from memsched.schema import Action, Prediction, Schedule, SolverRecord, Trace, check_schedule, validate_actions
 
 COMPUTE, D2H, H2D = "compute", "d2h", "h2d"
 
@@ -309,9 +309,6 @@ def simulate(
     `validate=False` skips the structural checks of the decisions: only for callers that build them valid
     by construction and simulate thousands (the local search)."""
     if isinstance(schedule, Schedule):
-        from memsched.optimizer.plan import decisions_from_schedule
-        from memsched.schema import check_schedule
-
         check_schedule(schedule, trace)
         decisions = decisions_from_schedule(schedule)
         if budget_bytes is None:
@@ -408,4 +405,24 @@ def simulate(
         recompute_s=recompute_s,
         events=events,
         budget_bytes=budget_bytes,
+    )
+
+
+def make_schedule(
+    trace: Trace,
+    decisions: list[Decision],
+    budget_bytes: int,
+    policy: str,
+    solver: SolverRecord,
+) -> Schedule:
+    """Build a Schedule whose prediction is the simulator's (the one yardstick for every policy)."""
+    sim = simulate(trace, decisions, budget_bytes)
+    return Schedule(
+        trace_hash=trace.content_hash(),
+        layer_names=trace.layer_names,
+        budget_bytes=budget_bytes,
+        policy=policy,
+        actions=to_actions(trace, sim.decisions),
+        prediction=sim.prediction(),
+        solver=solver,
     )
