@@ -110,7 +110,7 @@ def evaluate(trace: Trace, pct: int, time_limit_s: float) -> Point:
         "bound_pct": None if bound is None or base <= 0 else 100 * bound / base,
         "gap": sc.solver.gap,
         "wall_s": wall,
-        "actions": {a: sum(1 for x in sc.actions if x.action.value == a) for a in ("keep", "offload", "recompute")},
+        "actions": sc.action_counts(),
     }
     return Point(pct, budget, pol)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -337,6 +338,24 @@ class Schedule(_Strict):
             if a.layer != name:
                 raise ValueError(f"actions[{i}].layer is {a.layer!r} but layer_names[{i}] is {name!r}")
         return self
+
+    def action_counts(self) -> dict[str, int]:
+        """How many layers keep, offload and recompute (every action named, in that order)."""
+        counts = dict.fromkeys((a.value for a in Action), 0)
+        for a in self.actions:
+            counts[a.action.value] += 1
+        return counts
+
+
+def recompute_segment_ends(starts: Sequence[int | None]) -> dict[int, int]:
+    """The recompute segments as {first layer: last layer}. `starts[i]` is the first layer of layer i's segment
+    (i itself for a segment of its own; `LayerAction.recompute_group`), or None when layer i is not recomputed.
+    The optimizer's cost model and the runtime's replay read their segments from here."""
+    ends: dict[int, int] = {}
+    for i, a in enumerate(starts):
+        if a is not None:
+            ends[a] = max(ends.get(a, a), i)
+    return ends
 
 
 def check_schedule(schedule: Schedule, trace: Trace) -> None:

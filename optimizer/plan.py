@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memsched.schema import Action, LayerAction, OffloadPlan, Schedule, Trace
+from memsched.schema import Action, LayerAction, OffloadPlan, Schedule, Trace, recompute_segment_ends
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,13 @@ def group_start(decisions: list[Decision], i: int) -> int:
     return d.group if d.group >= 0 else i
 
 
+def segment_ends(decisions: list[Decision]) -> dict[int, int]:
+    """The recompute segments as {first layer: last layer} (the schema's rule, `recompute_segment_ends`)."""
+    return recompute_segment_ends(
+        [group_start(decisions, i) if d.action == Action.RECOMPUTE else None for i, d in enumerate(decisions)]
+    )
+
+
 def decisions_from_schedule(schedule: Schedule) -> list[Decision]:
     out: list[Decision] = []
     for a in schedule.actions:
@@ -119,5 +126,6 @@ __all__ = [
     "offload_all",
     "offload_subset",
     "recompute",
+    "segment_ends",
     "to_actions",
 ]

@@ -15,7 +15,7 @@ import numpy as np
 
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.plan import KEEP as _KEEP
-from memsched.optimizer.plan import Decision, decisions_from_schedule, group_start, to_actions
+from memsched.optimizer.plan import Decision, decisions_from_schedule, group_start, segment_ends, to_actions
 from memsched.schema import Action, Prediction, Schedule, SolverRecord, Trace, check_schedule, validate_actions
 
 COMPUTE, D2H, H2D = "compute", "d2h", "h2d"
@@ -155,18 +155,19 @@ def segment_external_bytes(trace: Trace, a: int, b: int) -> int:
     return sum(external_input_bytes(trace, c) for c in range(a, b + 1))
 
 
+def segment_outside_deps(trace: Trace, a: int, b: int) -> set[int]:
+    """The producers outside segment [a..b] whose outputs its layers consume: its checkpoint holds them."""
+    return {j for c in range(a, b + 1) for j in trace.layers[c].deps if j < a}
+
+
 def checkpoint_inputs(trace: Trace, decisions: list[Decision]) -> dict[int, int]:
     """For each producer j whose output some recompute segment keeps as its input: the earliest such
     segment start. Segments' retention intervals are nested, so the earliest one covers the others and the
     tensor is counted once (the DAG case: one output consumed by several recomputed layers)."""
     earliest: dict[int, int] = {}
-    for i, d in enumerate(decisions):
-        if d.action != Action.RECOMPUTE:
-            continue
-        a = group_start(decisions, i)
-        for j in trace.layers[i].deps:
-            if j < a:  # produced outside the segment: the checkpoint holds it
-                earliest[j] = min(earliest.get(j, a), a)
+    for a, b in segment_ends(decisions).items():
+        for j in segment_outside_deps(trace, a, b):
+            earliest[j] = min(earliest.get(j, a), a)
     return earliest
 
 
@@ -185,10 +186,7 @@ def _stage_memory(trace: Trace, decisions: list[Decision], unattributed: bool) -
             diff[lo] += nbytes
             diff[hi + 1] -= nbytes
 
-    group_end: dict[int, int] = {}
-    for i, d in enumerate(decisions):
-        if d.action == Action.RECOMPUTE:
-            group_end[group_start(decisions, i)] = i
+    group_end = segment_ends(decisions)
     for i, (layer, d) in enumerate(zip(trace.layers, decisions, strict=True)):
         s, fwd, bwd = layer.saved_bytes, i, last - i
         if d.action == Action.KEEP:
@@ -331,11 +329,7 @@ def simulate(
         if d.action == Action.OFFLOAD:
             waits.setdefault(d.done_by, []).append(i)
             prefetches.setdefault(d.prefetch_at, []).append(i)
-    group_end: dict[int, int] = {}
-    for i, d in enumerate(decisions):
-        if d.action == Action.RECOMPUTE:
-            group_end[group_start(decisions, i)] = i
-    segments_ending_at = {b: a for a, b in group_end.items()}
+    segments_ending_at = {b: a for a, b in segment_ends(decisions).items()}
 
     serial = not trace.device.concurrent_copies  # copies on the compute thread (the CPU)
     t = 0.0

@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from memsched.errors import MemschedError
@@ -271,7 +272,7 @@ def solve(
             }
         )
         return
-    counts = {a: sum(1 for x in sc.actions if x.action == a) for a in ("keep", "offload", "recompute")}
+    counts = sc.action_counts()
     t = Table(title=f"{tr.model}: schedule under {format_bytes(sc.budget_bytes)} → {output}")
     t.add_column("quantity")
     t.add_column("value", justify="right")
@@ -321,7 +322,8 @@ def main(argv: list[str] | None = None) -> None:
         # sys.exit; everything else reaches the handlers below.
         app(args=argv)
     except MemschedError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # escape: a message may hold brackets that are not markup, like pip's 'memsched[api]'.
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except ModuleNotFoundError as e:
         extra = _EXTRA_OF.get((e.name or "").split(".")[0])
@@ -329,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err.print(
             f"[bold red]error:[/] this command needs {e.name}, which is in the {extra} extra: "
-            f"pip install 'memsched[{extra}]'",
+            + escape(f"pip install 'memsched[{extra}]'"),
             highlight=False,
             soft_wrap=True,
         )
@@ -338,7 +340,8 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("MEMSCHED_DEBUG"):
             raise
         err.print(
-            f"[bold red]internal error:[/] {type(e).__name__}: {e} (set MEMSCHED_DEBUG=1 for the traceback)",
+            f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))} "
+            "(set MEMSCHED_DEBUG=1 for the traceback)",
             highlight=False,
         )
         sys.exit(1)

@@ -148,9 +148,7 @@ def _run_demo(
     schedule = solve_trace(tr, budget)
     schedule_path = out_dir / "schedule.json"
     save_model(schedule, schedule_path)
-    actions: dict[str, int] = {}
-    for a in schedule.actions:
-        actions[a.action.value] = actions.get(a.action.value, 0) + 1
+    actions = schedule.action_counts()
 
     def step(m: Any) -> None:
         w.step(m)

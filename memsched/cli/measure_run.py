@@ -182,12 +182,7 @@ def check_schedule_matches(schedule: Schedule, names: Sequence[str]) -> None:
 
 
 def _counts(schedule: Schedule | None) -> dict[str, int]:
-    if schedule is None:
-        return {}
-    out: dict[str, int] = {}
-    for a in schedule.actions:
-        out[a.action.value] = out.get(a.action.value, 0) + 1
-    return out
+    return {} if schedule is None else schedule.action_counts()
 
 
 def _keepall_prediction(trace: Trace | None, cpu: bool) -> tuple[int | None, float | None]:

@@ -20,6 +20,7 @@ from memsched.optimizer.simulate import (
     keepall_step_s,
     other_step_s,
     segment_external_bytes,
+    segment_outside_deps,
 )
 from memsched.schema import Trace
 
@@ -236,8 +237,7 @@ def build_model(
     starts: dict[int, dict[int, list[int]]] = {}  # producer j -> segment start a -> segment variables
     seg_end = {v: b for (_, b), v in m.seg.items()}
     for (a, b), v in m.seg.items():
-        outside = {j for c in range(a, b + 1) for j in layers[c].deps if j < a}
-        for j in outside:
+        for j in segment_outside_deps(trace, a, b):
             starts.setdefault(j, {}).setdefault(a, []).append(v)
         # Inputs no traced layer produced are held by this segment's checkpoint alone (no dedup).
         ext = segment_external_bytes(trace, a, b)
