@@ -11,6 +11,7 @@ from memsched.api.examples import EXAMPLE_TRACE
 from memsched.api.models import JobStatus
 from memsched.optimizer.solve import SOLVERS
 from memsched.schema import Schedule, Trace
+from memsched.service import CompareRow
 
 TraceId = Annotated[
     str,
@@ -182,14 +183,6 @@ class CompareRequest(_Strict):
     budget: Budget
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"trace": EXAMPLE_TRACE, "budget": "70%"}]})
-
-
-class CompareRow(BaseModel):
-    policy: str = Field(description="policy name")
-    feasible: bool = Field(description="whether its predicted peak fits the budget")
-    peak_bytes: int = Field(description="predicted peak bytes")
-    step_s: float = Field(description="predicted step time, seconds")
-    overhead_pct: float = Field(description="predicted overhead vs. keep-all, percent")
 
 
 class CompareOut(BaseModel):
