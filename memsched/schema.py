@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -347,14 +347,13 @@ class Schedule(_Strict):
         return counts
 
 
-def recompute_segment_ends(starts: Sequence[int | None]) -> dict[int, int]:
-    """The recompute segments as {first layer: last layer}. `starts[i]` is the first layer of layer i's segment
-    (i itself for a segment of its own; `LayerAction.recompute_group`), or None when layer i is not recomputed.
+def recompute_segment_ends(starts: Iterable[tuple[int, int]]) -> dict[int, int]:
+    """The recompute segments as {first layer: last layer}, from (layer, first layer of its segment) for every
+    recomputed layer (a layer starts a segment of its own when `LayerAction.recompute_group` is None).
     The optimizer's cost model and the runtime's replay read their segments from here."""
     ends: dict[int, int] = {}
-    for i, a in enumerate(starts):
-        if a is not None:
-            ends[a] = max(ends.get(a, a), i)
+    for i, a in starts:
+        ends[a] = max(ends.get(a, a), i)
     return ends
 
 

@@ -68,7 +68,7 @@ def group_start(decisions: list[Decision], i: int) -> int:
 def segment_ends(decisions: list[Decision]) -> dict[int, int]:
     """The recompute segments as {first layer: last layer} (the schema's rule, `recompute_segment_ends`)."""
     return recompute_segment_ends(
-        [group_start(decisions, i) if d.action == Action.RECOMPUTE else None for i, d in enumerate(decisions)]
+        (i, d.group if d.group >= 0 else i) for i, d in enumerate(decisions) if d.action == Action.RECOMPUTE
     )
 
 

@@ -127,7 +127,7 @@ def build_plan(
     for i, a in enumerate(schedule.actions):
         if a.action == Action.RECOMPUTE:
             seg_start[i] = a.recompute_group if a.recompute_group is not None else i
-    seg_end = recompute_segment_ends([seg_start.get(i) for i in range(n)])
+    seg_end = recompute_segment_ends(seg_start.items())
     release_at: dict[int, list[int]] = {}
     prefetch_at: dict[int, list[int]] = {}
     for i, a in enumerate(schedule.actions):
