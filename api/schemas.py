@@ -46,7 +46,8 @@ def _check_budget(v: object) -> int | str:
 
 
 # The budget is an integer number of bytes (the whole device-memory peak) or a string the CLI also reads:
-# "8GiB", "500MB", "1.5e9", or "N%" (static bytes + N% of the keep-all activation peak; DESIGN.md, Units).
+# "8GiB", "500MB", "1.5e9", or "N%" (static bytes + N% of the keep-all activation peak; docs/architecture.md,
+# 'Units and budgets').
 Budget = Annotated[
     int | str,
     PlainValidator(_check_budget),

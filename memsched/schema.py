@@ -90,7 +90,8 @@ class Baseline(_Strict):
 
 
 class Layer(_Strict):
-    """One traced layer, in forward order. Its saved tensors follow the attribution rule of DESIGN.md."""
+    """One traced layer, in forward order. Its saved tensors follow the attribution rule
+    (docs/architecture.md, 'Trace')."""
 
     name: str = Field(min_length=1)
     """Module path in the model, e.g. 'transformer.h.3' (unique within the trace)."""
@@ -132,7 +133,7 @@ class Layer(_Strict):
 
 
 class Trace(_Strict):
-    """A layer-level cost trace of one training step (see DESIGN.md, 'Trace')."""
+    """A layer-level cost trace of one training step (docs/architecture.md, 'Trace')."""
 
     schema_version: str = TRACE_SCHEMA_VERSION
     """Trace format version; unknown versions are rejected."""

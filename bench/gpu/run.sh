@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU evidence (issue 7) in one script: install, environment, gpu-marked tests, real traces, solved schedules
+# GPU evidence (bench/gpu/README.md) in one script: install, environment, gpu-marked tests, real traces, solved schedules
 # replayed and measured against their predictions, the peer benchmark, and a results report, all under RUN_DIR,
 # packed into one tarball. See bench/gpu/README.md for the device-tool calls.
 #

@@ -1,11 +1,12 @@
 """`memsched measure`: replay a schedule on the workload it was made for and compare with the prediction.
 
 The runtime (memsched.runtime) measures; the prediction comes from the schedule and, for the CPU ledger's
-counterpart and the keep-all prediction, from the simulator. That is why this lives in memsched/ and not in
+counterpart and the keep-all prediction, from the simulator. That is why this lives in memsched/cli/ and not in
 runtime/: the runtime never imports the optimizer.
 
 One process measures the in-core keep-all step and the scheduled step on the same model at the same batch,
-alternating rounds, so the slowdown is a ratio measured side by side (DESIGN.md, 'Benchmarks').
+alternating rounds, so the slowdown is a ratio measured side by side (docs/architecture.md, 'Benchmarks, not
+timed tests').
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # torch stays out of `memsched --help`
 log = logging.getLogger(__name__)
 
 PEAK_TARGET = 0.05
-"""Measured peak within 5% of the predicted peak (issue 7's target)."""
+"""Measured peak within 5% of the predicted peak (the GPU evidence's target: bench/gpu/README.md)."""
 STEP_TARGET = 0.10
 """Measured step time within 10% of the predicted step time."""
 

@@ -130,7 +130,7 @@ def test_exact_solver_in_the_worker_pool(server: Server) -> None:
     sc = Schedule.model_validate(job["schedule"])
     check_schedule(sc, tr)
     local = solve_trace(tr, "60%", SolveOptions(solver="heuristic"))
-    # Never worse than the heuristic (DESIGN.md): the service returns the optimizer's answer unchanged.
+    # Never worse than the heuristic (docs/architecture.md, 'What "done" means'): the service returns the optimizer's answer unchanged.
     assert sc.prediction.overhead_s <= local.prediction.overhead_s + 1e-9
 
 
