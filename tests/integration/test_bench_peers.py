@@ -16,7 +16,7 @@ if str(REPO) not in sys.path:  # bench/ is a folder of the checkout, not an inst
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import tiny_trace  # noqa: E402
+from helpers import tiny_trace  # noqa: E402
 from memsched.errors import MemschedError  # noqa: E402
 
 

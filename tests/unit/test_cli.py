@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import require_pipedream, tiny_trace
+from helpers import require_pipedream, tiny_trace
 from memsched.cli import main
 from memsched.io import save_model
 

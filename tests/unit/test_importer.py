@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import require_pipedream
+from helpers import require_pipedream
 from memsched.errors import TraceFormatError
 from memsched.optimizer.baselines import keep_all
 from memsched.optimizer.simulate import simulate

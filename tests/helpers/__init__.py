@@ -10,7 +10,7 @@ import pytest
 
 from memsched.schema import Baseline, DeviceInfo, Layer, StaticBytes, Trace
 
-SHARED = Path(os.environ.get("MEMSCHED_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+SHARED = Path(os.environ.get("MEMSCHED_SHARED", Path(__file__).resolve().parents[3] / "shared"))
 PIPEDREAM = SHARED / "data" / "pipedream"
 
 
