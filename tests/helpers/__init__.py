@@ -1,4 +1,5 @@
-"""Shared test helpers: tiny hand-built traces whose numbers are easy to compute by hand."""
+"""Helpers the tests import (`from helpers import ...`; pytest's `pythonpath` puts tests/ on the path): tiny
+hand-built traces whose numbers are easy to compute by hand, and the shared PipeDream profiles."""
 
 from __future__ import annotations
 
