@@ -22,6 +22,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy memsched optimizer runtime api
+	$(BIN)/python .ci/lint-imports
 
 test: lint
 	$(BIN)/python -m pytest -q

@@ -11,6 +11,7 @@ from memsched.api.examples import EXAMPLE_TRACE
 from memsched.api.models import JobStatus
 from memsched.optimizer.solve import SOLVERS
 from memsched.schema import Schedule, Trace
+from memsched.service import CompareRow
 
 TraceId = Annotated[
     str,
@@ -45,7 +46,8 @@ def _check_budget(v: object) -> int | str:
 
 
 # The budget is an integer number of bytes (the whole device-memory peak) or a string the CLI also reads:
-# "8GiB", "500MB", "1.5e9", or "N%" (static bytes + N% of the keep-all activation peak; DESIGN.md, Units).
+# "8GiB", "500MB", "1.5e9", or "N%" (static bytes + N% of the keep-all activation peak; docs/architecture.md,
+# 'Units and budgets').
 Budget = Annotated[
     int | str,
     PlainValidator(_check_budget),
@@ -182,14 +184,6 @@ class CompareRequest(_Strict):
     budget: Budget
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"trace": EXAMPLE_TRACE, "budget": "70%"}]})
-
-
-class CompareRow(BaseModel):
-    policy: str = Field(description="policy name")
-    feasible: bool = Field(description="whether its predicted peak fits the budget")
-    peak_bytes: int = Field(description="predicted peak bytes")
-    step_s: float = Field(description="predicted step time, seconds")
-    overhead_pct: float = Field(description="predicted overhead vs. keep-all, percent")
 
 
 class CompareOut(BaseModel):

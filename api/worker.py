@@ -165,10 +165,10 @@ def run_solve(
 
 
 def render_plot(trace_json: str, schedule_json: str) -> bytes:
-    """The timeline PNG of a schedule (memsched.plot, matplotlib Agg), rendered in a worker process because
+    """The timeline PNG of a schedule (memsched.service.plot, matplotlib Agg), rendered in a worker process because
     pyplot keeps global state and rendering is CPU-bound."""
-    from memsched.plot import plot_timeline
     from memsched.schema import Schedule
+    from memsched.service.plot import plot_timeline
 
     trace = Trace.model_validate_json(trace_json)
     schedule = Schedule.model_validate_json(schedule_json)

@@ -1,4 +1,4 @@
-"""Cost-model comparison (issue 6, item 2): memsched's schedule vs. every baseline and the greedy heuristic,
+"""Cost-model comparison: memsched's schedule vs. every baseline and the greedy heuristic,
 and the ILP's proven bound, as the simulator prices them, on the imported PipeDream profiles and on our
 recorded traces, at budgets from 90% down to 10% of the keep-all activation memory.
 
@@ -25,13 +25,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from memsched.errors import InfeasibleBudgetError, MemschedError
-from memsched.importers import import_pipedream
 from memsched.io import load_trace
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget, resolve_budget
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.solve import SolveOptions, solve
 from memsched.schema import Trace
+from memsched.service.importers import import_pipedream
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def evaluate(trace: Trace, pct: int, time_limit_s: float) -> Point:
         "bound_pct": None if bound is None or base <= 0 else 100 * bound / base,
         "gap": sc.solver.gap,
         "wall_s": wall,
-        "actions": {a: sum(1 for x in sc.actions if x.action.value == a) for a in ("keep", "offload", "recompute")},
+        "actions": sc.action_counts(),
     }
     return Point(pct, budget, pol)
 
@@ -173,9 +173,10 @@ def report(results: list[dict[str, Any]], out_dir: Path, command: str, time_limi
     lines = [
         "# Cost-model comparison: memsched vs. baselines and the heuristic, as the simulator prices them\n",
         f"Command: `{command}` (exact solver: auto backend, time limit {time_limit_s:g} s per budget).  ",
-        "Budgets: N% = static bytes + N% of the trace's keep-all activation peak (DESIGN.md). Cells: predicted "
-        "overhead in % of the keep-all step; — = infeasible at that budget. `bound` is the ILP's proven lower "
-        "bound on the overhead (blank when the heuristic or a baseline was returned, or keep-all fits). "
+        "Budgets: N% = static bytes + N% of the trace's keep-all activation peak (docs/architecture.md). "
+        "Cells: predicted overhead in % of the keep-all step; — = infeasible at that budget. "
+        "`bound` is the ILP's proven lower bound on the overhead "
+        "(blank when the heuristic or a baseline was returned, or keep-all fits). "
         "PipeDream profiles carry no device: the importer's default (16 GiB, 12 GB/s PCIe copies) is used; "
         "our CPU traces carry the CPU's memcpy speed as their 'copy bandwidth'.\n",
     ]

@@ -20,13 +20,13 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from memsched.importers import import_pipedream
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.solve import SolveOptions, solve
 from memsched.optimizer.synthetic import make_trace
 from memsched.schema import Trace
+from memsched.service.importers import import_pipedream
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

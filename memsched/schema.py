@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -18,14 +19,16 @@ from memsched.errors import ScheduleMismatchError
 TRACE_SCHEMA_VERSION = "1"
 SCHEDULE_SCHEMA_VERSION = "1"
 
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False, description="seconds, finite, >= 0")]
-Bytes = Annotated[int, Field(ge=0, description="bytes, >= 0")]
-PositiveBytes = Annotated[int, Field(gt=0, description="bytes, > 0")]
-PositiveRate = Annotated[float, Field(gt=0, allow_inf_nan=False, description="bytes per second, > 0")]
+# Units by type, constraints only: a description here would hide every field's own docstring in the JSON Schema.
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Bytes = Annotated[int, Field(ge=0)]
+PositiveBytes = Annotated[int, Field(gt=0)]
+PositiveRate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=False)
+    # Each field's docstring is its description in docs/*.schema.json and in the API's OpenAPI document.
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=False, use_attribute_docstrings=True)
 
 
 def _check_version(value: str, supported: str, what: str) -> str:
@@ -45,19 +48,17 @@ def _check_version(value: str, supported: str, what: str) -> str:
 class DeviceInfo(_Strict):
     """The device the trace was measured on, with its copy engine's measured speeds."""
 
-    name: str = Field(min_length=1, description="device name, e.g. 'NVIDIA H100 80GB HBM3' or 'cpu'")
-    """Device name as the framework reports it."""
-    memory_bytes: PositiveBytes = Field(description="device memory capacity in bytes")
-    """Total device memory capacity."""
-    h2d_bytes_per_s: PositiveRate = Field(description="measured pinned host->device copy bandwidth")
-    """Measured pinned host->device bandwidth (prefetch speed)."""
-    d2h_bytes_per_s: PositiveRate = Field(description="measured pinned device->host copy bandwidth")
-    """Measured pinned device->host bandwidth (offload speed)."""
-    copy_latency_s: Seconds = Field(default=0.0, description="fixed cost per copy, seconds")
-    """Fixed per-copy latency added to every transfer."""
-    concurrent_copies: bool = Field(
-        default=True, description="copies run on their own engine, overlapping compute (false on the CPU)"
-    )
+    name: str = Field(min_length=1)
+    """Device name as the framework reports it, e.g. 'NVIDIA H100 80GB HBM3' or 'cpu'."""
+    memory_bytes: PositiveBytes
+    """Total device memory capacity, bytes."""
+    h2d_bytes_per_s: PositiveRate
+    """Measured pinned host->device copy bandwidth, bytes per second (the prefetch speed)."""
+    d2h_bytes_per_s: PositiveRate
+    """Measured pinned device->host copy bandwidth, bytes per second (the offload speed)."""
+    copy_latency_s: Seconds = 0.0
+    """Fixed per-copy latency added to every transfer, seconds."""
+    concurrent_copies: bool = True
     """True when copies overlap compute (a GPU's copy engines). False when they run on the compute thread
     (the CPU): every offload is then synchronous and its whole copy time is stall."""
 
@@ -72,7 +73,7 @@ class StaticBytes(_Strict):
     optimizer_state: Bytes = 0
     """Optimizer state bytes (e.g. 2x params for Adam)."""
     other: Bytes = 0
-    """Anything else resident for the whole step (input batch, buffers, allocator reserve)."""
+    """Bytes of anything else resident for the whole step (input batch, buffers, allocator reserve)."""
 
     @property
     def total(self) -> int:
@@ -83,22 +84,24 @@ class Baseline(_Strict):
     """The unscheduled (keep-all) training step as measured."""
 
     step_s: Seconds
-    """Median measured step time (forward + backward + optimizer)."""
+    """Median measured step time (forward + backward + optimizer), seconds."""
     peak_bytes: Bytes
-    """Measured device-memory peak of the step."""
+    """Measured device-memory peak of the step, bytes."""
 
 
 class Layer(_Strict):
-    """One traced layer, in forward order. Its saved tensors follow the attribution rule of DESIGN.md."""
+    """One traced layer, in forward order. Its saved tensors follow the attribution rule
+    (docs/architecture.md, 'Trace')."""
 
-    name: str = Field(min_length=1, description="module path, e.g. 'transformer.h.3'")
-    """Module path in the model (unique within the trace)."""
-    kind: str = Field(default="", description="module class, e.g. 'GPT2Block'")
-    """Module class name or operator kind."""
+    name: str = Field(min_length=1)
+    """Module path in the model, e.g. 'transformer.h.3' (unique within the trace)."""
+    kind: str = ""
+    """Module class name or operator kind, e.g. 'GPT2Block'."""
     forward_s: Seconds
-    """Forward compute time of this layer."""
+    """Forward compute time of this layer, seconds."""
     backward_s: Seconds
-    """Backward compute time of this layer."""
+    """Backward compute time of this layer, seconds: its gradient computation, not the forward re-run of a
+    recompute (that costs forward_s again)."""
     saved_bytes: Bytes
     """Bytes autograd keeps for this layer's backward, deduplicated by storage."""
     saved_tensor_bytes: list[Bytes] = Field(default_factory=list)
@@ -130,7 +133,7 @@ class Layer(_Strict):
 
 
 class Trace(_Strict):
-    """A layer-level cost trace of one training step (see DESIGN.md, 'Trace')."""
+    """A layer-level cost trace of one training step (docs/architecture.md, 'Trace')."""
 
     schema_version: str = TRACE_SCHEMA_VERSION
     """Trace format version; unknown versions are rejected."""
@@ -231,7 +234,7 @@ class OffloadPlan(_Strict):
     tensors: list[int]
     """Indices into the layer's saved_tensor_bytes that are offloaded (memory object sectioning)."""
     bytes: Bytes
-    """Sum of the offloaded tensors' sizes."""
+    """Sum of the offloaded tensors' sizes, bytes."""
     done_by_layer: int = Field(ge=0)
     """Forward stage (layer index >= this layer) at whose end the device->host copy must be done and freed."""
     prefetch_at_layer: int = Field(ge=0)
@@ -267,19 +270,19 @@ class Prediction(_Strict):
     """What the simulator predicts for the schedule."""
 
     peak_bytes: Bytes
-    """Predicted device-memory peak (static + activations + in-flight copies + workspace)."""
+    """Predicted device-memory peak, bytes (static + activations + in-flight copies + workspace)."""
     step_s: Seconds
-    """Predicted step time."""
+    """Predicted step time, seconds."""
     keepall_step_s: Seconds
-    """Predicted step time of the in-core (keep-all) step."""
+    """Predicted step time of the in-core (keep-all) step, seconds."""
     overhead_s: Seconds
-    """step_s - keepall_step_s = stall_s + recompute_s."""
+    """step_s - keepall_step_s = stall_s + recompute_s, seconds."""
     overhead_pct: float
     """overhead_s as a percentage of keepall_step_s."""
     stall_s: Seconds
-    """Time compute waits for copies."""
+    """Time compute waits for copies, seconds."""
     recompute_s: Seconds
-    """Time spent re-running forwards."""
+    """Time spent re-running forwards, seconds."""
 
 
 class SolverRecord(_Strict):
@@ -296,7 +299,7 @@ class SolverRecord(_Strict):
     gap: float | None = None
     """Relative gap (objective - bound) / objective, when a bound is known."""
     wall_s: Seconds = 0.0
-    """Wall-clock time spent solving."""
+    """Wall-clock time spent solving, seconds."""
     message: str = ""
     """Anything the user should know (time limit hit, fallback taken and why)."""
 
@@ -337,6 +340,23 @@ class Schedule(_Strict):
             if a.layer != name:
                 raise ValueError(f"actions[{i}].layer is {a.layer!r} but layer_names[{i}] is {name!r}")
         return self
+
+    def action_counts(self) -> dict[str, int]:
+        """How many layers keep, offload and recompute (every action named, in that order)."""
+        counts = dict.fromkeys((a.value for a in Action), 0)
+        for a in self.actions:
+            counts[a.action.value] += 1
+        return counts
+
+
+def recompute_segment_ends(starts: Iterable[tuple[int, int]]) -> dict[int, int]:
+    """The recompute segments as {first layer: last layer}, from (layer, first layer of its segment) for every
+    recomputed layer (a layer starts a segment of its own when `LayerAction.recompute_group` is None).
+    The optimizer's cost model and the runtime's replay read their segments from here."""
+    ends: dict[int, int] = {}
+    for i, a in starts:
+        ends[a] = max(ends.get(a, a), i)
+    return ends
 
 
 def check_schedule(schedule: Schedule, trace: Trace) -> None:

@@ -54,7 +54,8 @@ class BudgetSpec:
 
 
 def parse_budget(text: str | int) -> BudgetSpec:
-    """Parse a budget: '12GiB', '500MB', plain bytes, or 'N%' (see DESIGN.md: static + N% of activations)."""
+    """Parse a budget: '12GiB', '500MB', plain bytes, or 'N%' (static + N% of activations: docs/architecture.md,
+    'Units and budgets')."""
     if isinstance(text, str) and text.strip().endswith("%"):
         raw = text.strip()[:-1]
         try:

@@ -1,7 +1,7 @@
 """memsched.optimizer: trace -> schedule. Pure Python plus solver libraries; never imports torch."""
 
-from memsched.optimizer.plan import Decision, decisions_from_schedule, make_schedule
-from memsched.optimizer.simulate import SimResult, default_timing, simulate, stage_memory
+from memsched.optimizer.plan import Decision, decisions_from_schedule
+from memsched.optimizer.simulate import SimResult, default_timing, make_schedule, simulate, stage_memory
 
 __all__ = [
     "Decision",

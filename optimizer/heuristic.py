@@ -33,6 +33,7 @@ from memsched.optimizer.simulate import (
     copy_seconds,
     default_timing,
     segment_external_bytes,
+    segment_outside_deps,
     simulate,
     stage_memory,
 )
@@ -68,10 +69,6 @@ def _checkpoint_delta(trace: Trace, a: int, deps: set[int], held_from: dict[int,
         else:  # extend the held interval [old+1, last-old-1] to [a+1, last-a-1]
             out += [(a + 1, old, nbytes), (last - old, last - a - 1, nbytes)]
     return out
-
-
-def _outside_deps(trace: Trace, a: int, b: int) -> set[int]:
-    return {j for c in range(a, b + 1) for j in trace.layers[c].deps if j < a}
 
 
 def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
@@ -114,7 +111,7 @@ def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
             cost += trace.layers[b].forward_s
             if sizes[b] <= 0:
                 continue  # a segment ending at a layer that saves nothing is dominated by a shorter one
-            net = freed - sum(trace.layers[j].output_bytes for j in _outside_deps(trace, a, b))
+            net = freed - sum(trace.layers[j].output_bytes for j in segment_outside_deps(trace, a, b))
             net -= segment_external_bytes(trace, a, b)
             if net > 0:
                 heapq.heappush(heap, (-net / (cost + _EPS_S), a, "recompute", b))
@@ -142,7 +139,7 @@ def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
         for i in range(a, b + 1):
             decisions[i] = recompute(group=a)
             mem[i + 1 : last - b] -= sizes[i]  # s_i is back from B_b on (the segment re-runs there)
-        deps = _outside_deps(trace, a, b)
+        deps = segment_outside_deps(trace, a, b)
         for lo2, hi2, nbytes in _checkpoint_delta(trace, a, deps, held_from, last):
             mem[lo2 : hi2 + 1] += nbytes
         for j in deps:

@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from memsched.schema import (
-    Action,
-    LayerAction,
-    OffloadPlan,
-    Prediction,
-    Schedule,
-    SolverRecord,
-    Trace,
-)
+from memsched.schema import Action, LayerAction, OffloadPlan, Schedule, Trace, recompute_segment_ends
 
 
 @dataclass(frozen=True)
@@ -73,6 +65,13 @@ def group_start(decisions: list[Decision], i: int) -> int:
     return d.group if d.group >= 0 else i
 
 
+def segment_ends(decisions: list[Decision]) -> dict[int, int]:
+    """The recompute segments as {first layer: last layer} (the schema's rule, `recompute_segment_ends`)."""
+    return recompute_segment_ends(
+        (i, d.group if d.group >= 0 else i) for i, d in enumerate(decisions) if d.action == Action.RECOMPUTE
+    )
+
+
 def decisions_from_schedule(schedule: Schedule) -> list[Decision]:
     out: list[Decision] = []
     for a in schedule.actions:
@@ -119,42 +118,14 @@ def to_actions(trace: Trace, decisions: list[Decision]) -> list[LayerAction]:
     return actions
 
 
-def make_schedule(
-    trace: Trace,
-    decisions: list[Decision],
-    budget_bytes: int,
-    policy: str,
-    solver: SolverRecord,
-) -> Schedule:
-    """Build a Schedule whose prediction is the simulator's (the one yardstick for every policy)."""
-    from memsched.optimizer.simulate import simulate
-
-    sim = simulate(trace, decisions, budget_bytes)
-    return Schedule(
-        trace_hash=trace.content_hash(),
-        layer_names=trace.layer_names,
-        budget_bytes=budget_bytes,
-        policy=policy,
-        actions=to_actions(trace, sim.decisions),
-        prediction=sim.prediction(),
-        solver=solver,
-    )
-
-
-def with_timing(d: Decision, done_by: int, prefetch_at: int) -> Decision:
-    return replace(d, done_by=done_by, prefetch_at=prefetch_at)
-
-
 __all__ = [
     "KEEP",
     "Decision",
-    "Prediction",
     "decisions_from_schedule",
     "group_start",
-    "make_schedule",
     "offload_all",
     "offload_subset",
     "recompute",
+    "segment_ends",
     "to_actions",
-    "with_timing",
 ]

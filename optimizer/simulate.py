@@ -9,14 +9,15 @@ The ILP models exactly these rules, so its objective equals `simulate(...).overh
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.plan import KEEP as _KEEP
-from memsched.optimizer.plan import Decision, group_start, to_actions
-from memsched.schema import Action, Prediction, Schedule, Trace, validate_actions
+from memsched.optimizer.plan import Decision, decisions_from_schedule, group_start, segment_ends, to_actions
+from memsched.schema import Action, Prediction, Schedule, SolverRecord, Trace, check_schedule, validate_actions
 
 COMPUTE, D2H, H2D = "compute", "d2h", "h2d"
 
@@ -155,18 +156,22 @@ def segment_external_bytes(trace: Trace, a: int, b: int) -> int:
     return sum(external_input_bytes(trace, c) for c in range(a, b + 1))
 
 
-def checkpoint_inputs(trace: Trace, decisions: list[Decision]) -> dict[int, int]:
+def segment_outside_deps(trace: Trace, a: int, b: int) -> set[int]:
+    """The producers outside segment [a..b] whose outputs its layers consume: its checkpoint holds them."""
+    return {j for c in range(a, b + 1) for j in trace.layers[c].deps if j < a}
+
+
+def checkpoint_inputs(
+    trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None
+) -> dict[int, int]:
     """For each producer j whose output some recompute segment keeps as its input: the earliest such
     segment start. Segments' retention intervals are nested, so the earliest one covers the others and the
-    tensor is counted once (the DAG case: one output consumed by several recomputed layers)."""
+    tensor is counted once (the DAG case: one output consumed by several recomputed layers).
+    `ends`: `segment_ends(decisions)`, when the caller has it already."""
     earliest: dict[int, int] = {}
-    for i, d in enumerate(decisions):
-        if d.action != Action.RECOMPUTE:
-            continue
-        a = group_start(decisions, i)
-        for j in trace.layers[i].deps:
-            if j < a:  # produced outside the segment: the checkpoint holds it
-                earliest[j] = min(earliest.get(j, a), a)
+    for a, b in (segment_ends(decisions) if ends is None else ends).items():
+        for j in segment_outside_deps(trace, a, b):
+            earliest[j] = min(earliest.get(j, a), a)
     return earliest
 
 
@@ -185,10 +190,7 @@ def _stage_memory(trace: Trace, decisions: list[Decision], unattributed: bool) -
             diff[lo] += nbytes
             diff[hi + 1] -= nbytes
 
-    group_end: dict[int, int] = {}
-    for i, d in enumerate(decisions):
-        if d.action == Action.RECOMPUTE:
-            group_end[group_start(decisions, i)] = i
+    group_end = segment_ends(decisions)
     for i, (layer, d) in enumerate(zip(trace.layers, decisions, strict=True)):
         s, fwd, bwd = layer.saved_bytes, i, last - i
         if d.action == Action.KEEP:
@@ -202,7 +204,7 @@ def _stage_memory(trace: Trace, decisions: list[Decision], unattributed: bool) -
             add(fwd, fwd, s)  # produced during its own forward, then dropped
             b = group_end[group_start(decisions, i)]
             add(last - b, bwd, s)  # rematerialised when the segment's backward starts
-    for j, a in checkpoint_inputs(trace, decisions).items():
+    for j, a in checkpoint_inputs(trace, decisions, group_end).items():
         add(a + 1, last - a - 1, trace.layers[j].output_bytes)
     for a, b in group_end.items():
         add(a + 1, last - a - 1, segment_external_bytes(trace, a, b))
@@ -307,11 +309,11 @@ def simulate(
 ) -> SimResult:
     """Simulate one training step under a schedule (or raw decisions; unset timing gets `default_timing`).
     `validate=False` skips the structural checks of the decisions: only for callers that build them valid
-    by construction and simulate thousands (the local search)."""
-    if isinstance(schedule, Schedule):
-        from memsched.optimizer.plan import decisions_from_schedule
-        from memsched.schema import check_schedule
+    by construction and simulate thousands (the local search).
 
+    Memory is `stage_memory` (docs/cost-model.md, 'Memory'); time walks the forward stages, the rest of the
+    step, then the backward stages over the three streams (docs/cost-model.md, 'Time')."""
+    if isinstance(schedule, Schedule):
         check_schedule(schedule, trace)
         decisions = decisions_from_schedule(schedule)
         if budget_bytes is None:
@@ -321,32 +323,50 @@ def simulate(
     if validate:
         _check(trace, decisions)
     n = trace.n
-    last = 2 * n - 1
-    layers = trace.layers
     events: list[Event] = []
     stage_start = [0.0] * (2 * n)
     stage_end = [0.0] * (2 * n)
     ev = events.append if with_events else (lambda _e: None)
+    t, fwd_stall = _forward_stages(trace, decisions, ev, stage_start, stage_end)
+    # The loss and the optimizer step take the rest of the measured step; they are placed between the
+    # forward and the backward on the timeline (where the loss is), which moves no copy relative to compute
+    # in a way that changes stalls: prefetches are issued by backward stages.
+    t += other_step_s(trace)
+    t, stall, recompute_s = _backward_stages(trace, decisions, t, fwd_stall, ev, stage_start, stage_end)
+    return SimResult(
+        decisions=decisions,
+        static_bytes=trace.static.total,
+        stage_bytes=stage_memory(trace, decisions),
+        stage_start=stage_start,
+        stage_end=stage_end,
+        step_s=t,
+        keepall_step_s=keepall_step_s(trace),
+        stall_s=stall,
+        recompute_s=recompute_s,
+        events=events,
+        budget_bytes=budget_bytes,
+    )
 
+
+def _forward_stages(
+    trace: Trace,
+    decisions: list[Decision],
+    ev: Callable[[Event], None],
+    stage_start: list[float],
+    stage_end: list[float],
+) -> tuple[float, float]:
+    """F_0..F_{n-1}: each forward, then its offload enqueued on the device->host stream, then the waits for
+    the copies due by the end of this stage. Returns (end of the forward, stall so far)."""
     waits: dict[int, list[int]] = {}  # forward stage -> offloaded layers whose copy must be done by its end
-    prefetches: dict[int, list[int]] = {}  # backward stage (layer index) -> layers prefetched at its start
     for i, d in enumerate(decisions):
         if d.action == Action.OFFLOAD:
             waits.setdefault(d.done_by, []).append(i)
-            prefetches.setdefault(d.prefetch_at, []).append(i)
-    group_end: dict[int, int] = {}
-    for i, d in enumerate(decisions):
-        if d.action == Action.RECOMPUTE:
-            group_end[group_start(decisions, i)] = i
-    segments_ending_at = {b: a for a, b in group_end.items()}
-
     serial = not trace.device.concurrent_copies  # copies on the compute thread (the CPU)
     t = 0.0
     stall = 0.0
-    recompute_s = 0.0
     d2h_free = 0.0
     copy_done: dict[int, float] = {}
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(trace.layers):
         stage_start[i] = t
         ev(Event(COMPUTE, "forward", i, t, t + layer.forward_s))
         t += layer.forward_s
@@ -366,10 +386,31 @@ def simulate(
                 stall += copy_done[j] - t
                 t = copy_done[j]
         stage_end[i] = t
-    # The loss and the optimizer step take the rest of the measured step; they are placed between the
-    # forward and the backward on the timeline (where the loss is), which moves no copy relative to compute
-    # in a way that changes stalls: prefetches are issued by backward stages.
-    t += other_step_s(trace)
+    return t, stall
+
+
+def _backward_stages(
+    trace: Trace,
+    decisions: list[Decision],
+    t: float,
+    stall: float,
+    ev: Callable[[Event], None],
+    stage_start: list[float],
+    stage_end: list[float],
+) -> tuple[float, float, float]:
+    """B_{n-1}..B_0 from time t: the prefetches issued at this stage (host->device stream, in need order),
+    the re-run of a recompute segment ending here, the wait for this layer's own prefetch, then its
+    backward. Returns (end of the step, total stall, recompute time)."""
+    n = trace.n
+    last = 2 * n - 1
+    layers = trace.layers
+    prefetches: dict[int, list[int]] = {}  # backward stage (layer index) -> layers prefetched at its start
+    for i, d in enumerate(decisions):
+        if d.action == Action.OFFLOAD:
+            prefetches.setdefault(d.prefetch_at, []).append(i)
+    segments_ending_at = {b: a for a, b in segment_ends(decisions).items()}
+    serial = not trace.device.concurrent_copies
+    recompute_s = 0.0
     h2d_free = 0.0
     prefetch_done: dict[int, float] = {}
     for i in range(n - 1, -1, -1):
@@ -396,16 +437,24 @@ def simulate(
         ev(Event(COMPUTE, "backward", i, t, t + layers[i].backward_s))
         t += layers[i].backward_s
         stage_end[s] = t
-    return SimResult(
-        decisions=decisions,
-        static_bytes=trace.static.total,
-        stage_bytes=stage_memory(trace, decisions),
-        stage_start=stage_start,
-        stage_end=stage_end,
-        step_s=t,
-        keepall_step_s=keepall_step_s(trace),
-        stall_s=stall,
-        recompute_s=recompute_s,
-        events=events,
+    return t, stall, recompute_s
+
+
+def make_schedule(
+    trace: Trace,
+    decisions: list[Decision],
+    budget_bytes: int,
+    policy: str,
+    solver: SolverRecord,
+) -> Schedule:
+    """Build a Schedule whose prediction is the simulator's (the one yardstick for every policy)."""
+    sim = simulate(trace, decisions, budget_bytes)
+    return Schedule(
+        trace_hash=trace.content_hash(),
+        layer_names=trace.layer_names,
         budget_bytes=budget_bytes,
+        policy=policy,
+        actions=to_actions(trace, sim.decisions),
+        prediction=sim.prediction(),
+        solver=solver,
     )

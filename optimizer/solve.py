@@ -32,9 +32,9 @@ from memsched.optimizer.ilp.cbc import grace_s
 from memsched.optimizer.ilp.model import MilpModel, build_model
 from memsched.optimizer.ilp.outcome import Found, Outcome
 from memsched.optimizer.ilp.warm import representable
-from memsched.optimizer.plan import KEEP, Decision, make_schedule
+from memsched.optimizer.plan import KEEP, Decision
 from memsched.optimizer.polish import polish
-from memsched.optimizer.simulate import SimResult, simulate, stage_memory
+from memsched.optimizer.simulate import SimResult, make_schedule, simulate, stage_memory
 from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""The CPU memory ledger: device bytes of live saved tensors, by the attribution rule of DESIGN.md.
+"""The CPU memory ledger: device bytes of live saved tensors, by the attribution rule (docs/architecture.md,
+'Trace').
 
 A storage is noted when a traced layer's forward saves it for backward (the innermost traced layer, the first
 time in the step) and leaves the ledger when the storage is freed (a weakref finalizer on the storage, which

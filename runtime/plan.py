@@ -9,7 +9,7 @@ from torch import nn
 
 from memsched.errors import ScheduleMismatchError
 from memsched.runtime.layers import find_layers
-from memsched.schema import Action, Schedule, Trace, check_schedule
+from memsched.schema import Action, Schedule, Trace, check_schedule, recompute_segment_ends
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,7 @@ def build_plan(
     for i, a in enumerate(schedule.actions):
         if a.action == Action.RECOMPUTE:
             seg_start[i] = a.recompute_group if a.recompute_group is not None else i
-    seg_end: dict[int, int] = {}
-    for i, s in seg_start.items():
-        seg_end[s] = max(seg_end.get(s, s), i)
+    seg_end = recompute_segment_ends(seg_start.items())
     release_at: dict[int, list[int]] = {}
     prefetch_at: dict[int, list[int]] = {}
     for i, a in enumerate(schedule.actions):

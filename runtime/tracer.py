@@ -1,4 +1,4 @@
-"""The tracer: run a few real training steps and write a Trace (see DESIGN.md, 'Trace').
+"""The tracer: run a few real training steps and write a Trace (docs/architecture.md, 'Trace').
 
 Three kinds of step, so that instrumentation never inflates what it measures:
 1. plain steps: warm-up, then the baseline step time (median) and, on CUDA, the peak (max_memory_allocated);

@@ -153,9 +153,9 @@ async def get_plot(job_id: Annotated[JobId, Path()], db: DatabaseDep, owner: Own
         )
     if row.plot_png is None:
         try:
-            import memsched.plot  # noqa: F401  # only to learn whether plotting is installed
+            import memsched.service.plot  # noqa: F401  # only to learn whether plotting is installed
         except ImportError:
-            raise ApiError(503, "plotting is not available in this installation (memsched.plot is missing)") from None
+            raise ApiError(503, "plotting is unavailable in this installation (no memsched.service.plot)") from None
 
         def load_trace() -> str:
             with db.session() as s:

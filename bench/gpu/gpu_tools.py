@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 GIB = float(2**30)
 PEAK_TARGET, STEP_TARGET = 0.05, 0.10
-# Published points (DESIGN.md / issue 7): (who, oversubscription, slowdown % or a note).
+# Published points (the seed papers' results): (who, oversubscription, slowdown % or a note).
 PUBLISHED = [
     ("vDNN (VGG-16 b=256, 12 GB)", "~2.3x", "+18%"),
     ("PoocH", "~3x", "+38%"),

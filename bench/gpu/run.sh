@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU evidence (issue 7) in one script: install, environment, gpu-marked tests, real traces, solved schedules
+# GPU evidence (bench/gpu/README.md) in one script: install, environment, gpu-marked tests, real traces, solved schedules
 # replayed and measured against their predictions, the peer benchmark, and a results report, all under RUN_DIR,
 # packed into one tarball. See bench/gpu/README.md for the device-tool calls.
 #
@@ -193,7 +193,7 @@ stage_install() {
       --no-build-isolation --target "$SITE" . || rc=$?
   fi
   step install check 5 60 install.log "$PY" -c \
-    "import pydantic, pulp, torch, transformers, memsched.optimizer.solve, memsched.runtime, memsched.cli_runtime; \
+    "import pydantic, pulp, torch, transformers, memsched.optimizer.solve, memsched.runtime, memsched.cli.runtime; \
 print('pydantic', pydantic.VERSION, 'pulp', pulp.__version__, 'torch', torch.__version__, \
 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())" || rc=$?
   return "$rc"

@@ -85,9 +85,7 @@ def prepare_memsched(spec: ModelSpec, fraction: float, no_offload: bool = False)
     solve_s = time.perf_counter() - t0
     key = "memsched_schedules_recompute_only" if no_offload else "memsched_schedules"
     spec.cache.setdefault(key, {})[fraction] = schedule
-    counts: dict[str, int] = {}
-    for a in schedule.actions:
-        counts[a.action.value] = counts.get(a.action.value, 0) + 1
+    counts = schedule.action_counts()
     sim = simulate(tr, schedule)
     ledger = rt.SavedLedger()
     extra: dict[str, Any] = {

@@ -111,7 +111,7 @@ def timeline_plots(res: dict[str, Any], out_dir: Path) -> list[tuple[str, Path]]
     """memsched's schedules at the middle budget (or the nearest feasible one), simulated on their own traces.
     On CPU the recompute-only variant comes first: it is the configuration that can lower memory there."""
     from memsched.io import load_schedule, load_trace
-    from memsched.plot import plot_timeline
+    from memsched.service.plot import plot_timeline
 
     budgets = sorted(res["settings"]["budgets"])
     mid = budgets[len(budgets) // 2]

@@ -156,7 +156,8 @@ def prepare_sac(spec: ModelSpec, fraction: float) -> Iterator[Prepared]:
     graph, sac_est, prefix = _estimate(spec)
     fqn = {f"{prefix}.{p}": p for p in spec.block_paths}
     # sac_milp's budget is the whole estimated peak in GiB (params + grads + activations). Map our fraction
-    # onto it the way DESIGN.md defines N%: what no checkpointing can move + N% of the rest.
+    # onto it the way docs/architecture.md ('Units and budgets') defines N%: what no checkpointing can move
+    # + N% of the rest.
     peak, _ = get_peak_memory_runtime_baseline(graph)
     fixed = graph.nodes[0]["param_per_module"] + max(n["grad_total"] for n in graph.nodes)
     budget_gib = (fixed + fraction * max(0, peak - fixed)) / _GIB

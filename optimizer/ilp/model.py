@@ -20,12 +20,15 @@ from memsched.optimizer.simulate import (
     keepall_step_s,
     other_step_s,
     segment_external_bytes,
+    segment_outside_deps,
 )
 from memsched.schema import Trace
 
 BIN, TIME, BYTES, FRAC = "bin", "time", "bytes", "frac"
 # Units of rows: every term of a row is in the same unit, so each backend can scale a row on its own.
 SECONDS, BYTE_UNIT, ONE = "time", "bytes", "one"
+Terms = list[tuple[int, float]]
+"""A linear expression: (variable index, coefficient) pairs."""
 
 
 @dataclass
@@ -152,44 +155,73 @@ def build_model(
     """Build the MILP of docs/formulation.md for `trace` under `budget_bytes` (`offload=False`: the
     recompute-only restriction, much easier, used as a first phase that seeds the full model;
     `channel_cuts=True` adds the cumulative copy-channel cuts: valid, but measured not to raise the LP bound
-    on ResNet-50 while doubling its LP time, so off by default; see formulation.md, 'Cuts')."""
+    on ResNet-50 while doubling its LP time, so off by default; see formulation.md, 'Cuts').
+
+    Each step below is one section of docs/formulation.md; the order of the calls is the order of the
+    model's columns and rows, which the solvers' behaviour (and so the returned schedules) depends on."""
     n = trace.n
-    layers = trace.layers
     w = default_window(n) if window is None else max(0, window)
     if not trace.device.concurrent_copies:
         w = 0  # copies on the compute thread: done-by and prefetch-at are the layer's own stages
     seg = default_max_segment(n) if max_segment is None else max(1, max_segment)
     m = MilpModel(trace=trace, budget_bytes=budget_bytes, window=w, max_segment=seg)
     off = offload_candidates(trace) if offload else []
-    off_set = set(off)
     limit = budget_bytes - trace.static.total
-    lat = trace.device.copy_latency_s
-    bw_d, bw_h = trace.device.d2h_bytes_per_s, trace.device.h2d_bytes_per_s
-    sizes = [layer.saved_bytes for layer in layers]
-    fwd = [layer.forward_s for layer in layers]
-    bwd = [layer.backward_s for layer in layers]
 
-    # ---- Action variables: o[i] = layer i offloaded; seg[a, b] = layers a..b form one recompute
-    # segment (checkpoint at a, re-run F_a..F_b when B_b starts); keep = neither. ----------------------
+    covering = _add_action_vars(m, off)
+    _add_one_action_rows(m, covering)
+    x_terms = _add_partial_offload(m, off)
+    _add_done_by_vars(m, off)
+    _add_prefetch_at_vars(m, off)
+    _add_prefetch_order_rows(m, off)
+    held_inc = _add_checkpoint_inputs(m)
+    acc, held = _add_cumulative_bytes(m, off, covering, x_terms, held_inc)
+    _add_memory_rows(m, off, limit, x_terms, acc, held)
+    if knapsack_rows if knapsack_rows is not None else n <= 60:  # where it pays: see the docstring
+        _add_knapsack_rows(m, trace, limit, x_terms)
+    cvar, gvar = _add_forward_time(m, off, x_terms)
+    dmin = _add_d2h_cuts(m, off, cvar, gvar)
+    if channel_cuts:
+        _add_d2h_channel_cuts(m, cvar, [x.forward_s for x in trace.layers], dmin)
+    bvar = _add_backward_time(m, off, x_terms, cvar)
+    hmin = _add_h2d_cuts(m, off, bvar)
+    if channel_cuts:
+        _add_h2d_channel_cuts(m, bvar, [x.backward_s for x in trace.layers], hmin)
+    _set_objective(m, bvar)
+    return m
+
+
+def _add_action_vars(m: MilpModel, off: list[int]) -> dict[int, list[int]]:
+    """Variables o_i and s_{a,b} (formulation.md, 'Variables'): o[i] = layer i offloaded; seg[a, b] = layers
+    a..b form one recompute segment (checkpoint at a, re-run F_a..F_b when B_b starts); keep = neither.
+    Returns, per layer, the segment variables containing it."""
     for i in off:
         m.o[i] = m.add_var(f"o_{i}", BIN, 0, 1)
-    for a, b in segments(trace, m.max_segment):
+    for a, b in segments(m.trace, m.max_segment):
         m.seg[(a, b)] = m.add_var(f"s_{a}_{b}", BIN, 0, 1)
-    covering: dict[int, list[int]] = {i: [] for i in range(n)}  # segment variables containing layer i
+    covering: dict[int, list[int]] = {i: [] for i in range(m.trace.n)}
     for (a, b), v in m.seg.items():
         for i in range(a, b + 1):
             covering[i].append(v)
-    # ---- Exactly one action per layer: o[i] + sum(seg[a, b] for a <= i <= b) <= 1. ----------------------
-    for i in range(n):
+    return covering
+
+
+def _add_one_action_rows(m: MilpModel, covering: dict[int, list[int]]) -> None:
+    """'Exactly one action per layer': o[i] + sum(seg[a, b] for a <= i <= b) <= 1."""
+    for i in range(m.trace.n):
         terms = [(v, 1.0) for v in covering[i]] + ([(m.o[i], 1.0)] if i in m.o else [])
         if len(terms) > 1:
             m.add_row(Row(f"one_action_{i}", terms, -1.0, "<=", ONE))
 
-    # ---- Partial offload: y[i][q] = tensor q of layer i goes to the host; x_i = sum(size_q * y). -------
-    # x_terms[i]: the bytes offloaded by layer i as linear terms (also the copy size).
-    x_terms: dict[int, list[tuple[int, float]]] = {}
+
+def _add_partial_offload(m: MilpModel, off: list[int]) -> dict[int, Terms]:
+    """Variables y_{i,q}: tensor q of layer i goes to the host; x_i = sum(size_q * y) ('Exactly one action
+    per layer': an offloaded layer moves at least one tensor). Returns x_i per candidate as linear terms
+    (also the copy size)."""
+    layers = m.trace.layers
+    x_terms: dict[int, Terms] = {}
     for i in off:
-        pos = positive_tensors(trace, i)
+        pos = positive_tensors(m.trace, i)
         tens = layers[i].tensors
         if len(pos) == 1:
             m.single[i] = pos[0]
@@ -204,47 +236,61 @@ def build_model(
         # An offloaded layer moves at least one tensor.
         m.add_row(Row(f"offload_moves_some_{i}", [(v, 1.0) for _, v in m.y[i]] + [(m.o[i], -1.0)], 0.0, ">=", ONE))
         x_terms[i] = [(v, float(tens[q])) for q, v in m.y[i]]
+    return x_terms
 
-    def dur(i: int, bw: float) -> list[tuple[int, float]]:
-        """Copy duration of layer i as terms: latency * o_i + x_i / bandwidth (0 when not offloaded)."""
-        return [(m.o[i], lat)] + [(v, c / bw) for v, c in x_terms[i]]
 
-    # ---- Done-by: z[i][k] = (d_i <= k), monotone in k, z[i][e_i] = o[i] (the window ends the choice). --
+def _copy_duration(m: MilpModel, x_terms: dict[int, Terms], i: int, bw: float) -> Terms:
+    """Copy duration of layer i as terms: latency * o_i + x_i / bandwidth (0 when not offloaded)."""
+    return [(m.o[i], m.trace.device.copy_latency_s)] + [(v, c / bw) for v, c in x_terms[i]]
+
+
+def _add_done_by_vars(m: MilpModel, off: list[int]) -> None:
+    """Variables z_{i,k} = (d_i <= k), monotone in k, z[i][e_i] = o[i] (the window ends the choice)."""
     for i in off:
         e = m.last_stage(i)
         m.z[i] = {k: m.add_var(f"z_{i}_{k}", BIN, 0, 1) for k in range(i, e)}
         m.z[i][e] = m.o[i]
         for k in range(i, e):
             m.add_row(Row(f"doneby_monotone_{i}_{k}", [(m.z[i][k], 1.0), (m.z[i][k + 1], -1.0)], 0.0, "<=", ONE))
-    # ---- Prefetch-at: ev[i][k] = (p_i >= k) for k in (i, f_i], monotone in k. --------------------------
-    # Not tied to o[i]: a kept layer carries a *virtual* prefetch stage that keeps the order chain below
-    # unbroken (see formulation.md, 'prefetch order'); its memory terms are zero because x_i = 0.
+
+
+def _add_prefetch_at_vars(m: MilpModel, off: list[int]) -> None:
+    """Variables p_{i,k}: ev[i][k] = (p_i >= k) for k in (i, f_i], monotone in k.
+
+    Not tied to o[i]: a kept layer carries a *virtual* prefetch stage that keeps the order chain unbroken
+    (formulation.md, 'Prefetch order'); its memory terms are zero because x_i = 0."""
     for i in off:
         f = m.last_stage(i)
         m.ev[i] = {k: m.add_var(f"p_{i}_{k}", BIN, 0, 1) for k in range(i + 1, f + 1)}
         for k in range(i + 1, f):
             m.add_row(Row(f"prefetch_monotone_{i}_{k}", [(m.ev[i][k + 1], 1.0), (m.ev[i][k], -1.0)], 0.0, "<=", ONE))
-    # ---- Prefetch order: p is non-decreasing along the offload candidates (validate_actions' rule). ----
-    # p_i = i + sum_k ev[i][k]; consecutive candidates a < b need p_a <= p_b.
+
+
+def _add_prefetch_order_rows(m: MilpModel, off: list[int]) -> None:
+    """'Prefetch order': p is non-decreasing along the offload candidates (validate_actions' rule).
+    p_i = i + sum_k ev[i][k]; consecutive candidates a < b need p_a <= p_b."""
     for a, b in itertools.pairwise(off):
         terms = [(v, 1.0) for v in m.ev[b].values()] + [(v, -1.0) for v in m.ev[a].values()]
         m.add_row(Row(f"prefetch_order_{a}_{b}", terms, float(b - a), ">=", ONE))
 
-    # ---- Checkpoint inputs: h[j, a] = producer j's output is held at the stages of layers > a because a
-    # selected segment starting at some a' <= a consumes it from outside (j < a'). Monotone in a. --------
-    held_inc: dict[int, list[tuple[int, float]]] = {}  # a -> terms that start being held after layer a
+
+def _add_checkpoint_inputs(m: MilpModel) -> dict[int, Terms]:
+    """'Recompute needs its inputs present; DAG dependencies': h[j, a] = producer j's output is held at the
+    stages of layers > a because a selected segment starting at some a' <= a consumes it from outside
+    (j < a'). Monotone in a. Returns, per layer a, the bytes (as terms) that start being held after it."""
+    trace = m.trace
+    held_inc: dict[int, Terms] = {}
     starts: dict[int, dict[int, list[int]]] = {}  # producer j -> segment start a -> segment variables
     seg_end = {v: b for (_, b), v in m.seg.items()}
     for (a, b), v in m.seg.items():
-        outside = {j for c in range(a, b + 1) for j in layers[c].deps if j < a}
-        for j in outside:
+        for j in segment_outside_deps(trace, a, b):
             starts.setdefault(j, {}).setdefault(a, []).append(v)
         # Inputs no traced layer produced are held by this segment's checkpoint alone (no dedup).
         ext = segment_external_bytes(trace, a, b)
         if ext:
             held_inc.setdefault(a, []).append((v, float(ext)))
     for j, by_start in starts.items():
-        out = float(layers[j].output_bytes)
+        out = float(trace.layers[j].output_bytes)
         prev = -1
         for a in sorted(by_start):
             h = m.add_var(f"h_{j}_{a}", FRAC, 0, 1)
@@ -259,9 +305,21 @@ def build_model(
             else:
                 held_inc.setdefault(a, []).append((h, out))
             prev = h
+    return held_inc
 
-    # ---- Cumulative bytes: A_k = sum_{i<k} (s_i r_i + x_i) freed; H_k = checkpoint bytes held. ----------
-    # Recurrences keep every memory row O(W) long instead of O(n).
+
+def _add_cumulative_bytes(
+    m: MilpModel,
+    off: list[int],
+    covering: dict[int, list[int]],
+    x_terms: dict[int, Terms],
+    held_inc: dict[int, Terms],
+) -> tuple[list[int], list[int]]:
+    """Variables A_k = sum_{i<k} (s_i r_i + x_i) freed and H_k = checkpoint bytes held ('Memory at every
+    stage <= budget'). Recurrences keep every memory row O(W) long instead of O(n). Returns (A, H)."""
+    n = m.trace.n
+    sizes = [layer.saved_bytes for layer in m.trace.layers]
+    off_set = set(off)
     acc: list[int] = [-1] * n
     held: list[int] = [-1] * n
     for k in range(1, n):
@@ -276,13 +334,23 @@ def build_model(
         hterms = [(held[k], 1.0)] + ([(held[i], -1.0)] if i >= 1 else [])
         hterms += [(v, -c) for v, c in held_inc.get(i, [])]
         m.add_row(Row(f"held_acc_{k}", hterms, 0.0, "==", BYTE_UNIT))
+    return acc, held
 
-    # ---- Memory at every stage <= budget. -------------------------------------------------------------
-    # Stage F_k / B_k: transients + sum_{i<=k} s_i - A_k + H_k + bytes of interior offloads still on the
-    # device (copy not done yet in forward, prefetched already in backward).
+
+def _add_memory_rows(
+    m: MilpModel, off: list[int], limit: int, x_terms: dict[int, Terms], acc: list[int], held: list[int]
+) -> None:
+    """'Memory at every stage <= budget', with the variables vF / vB of 'An offload frees memory only once
+    its copy has finished' and 'its destination is allocated at issue'.
+
+    Stage F_k / B_k: transients + sum_{i<=k} s_i - A_k + H_k + bytes of interior offloads still on the
+    device (copy not done yet in forward, prefetched already in backward)."""
+    trace = m.trace
+    n = trace.n
+    sizes = [layer.saved_bytes for layer in trace.layers]
     prefix = 0
-    pend_f: dict[int, list[tuple[int, float]]] = {k: [] for k in range(n)}
-    pend_b: dict[int, list[tuple[int, float]]] = {k: [] for k in range(n)}
+    pend_f: dict[int, Terms] = {k: [] for k in range(n)}
+    pend_b: dict[int, Terms] = {k: [] for k in range(n)}
     for i in off:
         e = m.last_stage(i)
         for k in range(i + 1, e + 1):
@@ -302,7 +370,7 @@ def build_model(
             pend_b[k].append((wv, 1.0))
     # A segment [a, b] rematerialises its layers' saved bytes when B_b starts: at B_k (a < k <= b) the
     # bytes of its layers a..k-1 are back on the device.
-    remat: dict[int, list[tuple[int, float]]] = {k: [] for k in range(n)}
+    remat: dict[int, Terms] = {k: [] for k in range(n)}
     for (a, b), v in m.seg.items():
         for k in range(a + 1, b + 1):
             nbytes = float(sum(sizes[a:k]))
@@ -316,10 +384,18 @@ def build_model(
             ("B", backward_transient(trace, k), pend_b[k] + remat[k]),
         ):
             m.add_row(Row(f"mem_{stage}{k}", common + pend, float(transient + prefix - limit), "<=", BYTE_UNIT))
-    if knapsack_rows if knapsack_rows is not None else n <= 60:  # where it pays: see the docstring
-        _add_knapsack_rows(m, trace, limit, x_terms)
 
-    # ---- Time. Forward: c_k end of F_k (after waits), g_i end of layer i's D2H copy (FIFO). -------------
+
+def _add_forward_time(m: MilpModel, off: list[int], x_terms: dict[int, Terms]) -> tuple[list[int], dict[int, int]]:
+    """'Copy-channel capacity in each direction', forward: c_k end of F_k (after waits), g_i end of layer
+    i's D2H copy (FIFO), and the waits c_k >= g_i when d_i <= k (indicator z[i][k]; big-M = the D2H backlog
+    bound of 'Big-M values'). Returns (c, g)."""
+    trace = m.trace
+    n = trace.n
+    fwd = [layer.forward_s for layer in trace.layers]
+    sizes = [layer.saved_bytes for layer in trace.layers]
+    bw_d = trace.device.d2h_bytes_per_s
+    off_set = set(off)
     cvar = [m.add_var(f"c_{k}", TIME, 0) for k in range(n)]
     gvar: dict[int, int] = {}
     prev_g = -1
@@ -330,16 +406,15 @@ def build_model(
         if k in off_set:
             g = m.add_var(f"g_{k}", TIME, 0)
             gvar[k] = g
-            d = [(t, -c) for t, c in dur(k, bw_d)]
+            d = [(t, -c) for t, c in _copy_duration(m, x_terms, k, bw_d)]
             # D2H FIFO: the copy starts after the layer's forward and after the previous copy.
             m.add_row(Row(f"d2h_after_fwd_{k}", [(g, 1.0), *prev_c, *d], -fwd[k], ">=", SECONDS))
             if prev_g >= 0:
                 m.add_row(Row(f"d2h_fifo_{k}", [(g, 1.0), (prev_g, -1.0), *d], 0.0, ">=", SECONDS))
             prev_g = g
-    # Waits: c_k >= g_i when d_i <= k (indicator z[i][k]); big-M = the D2H backlog bound of formulation.md.
     for i in off:
         e = m.last_stage(i)
-        backlog = sum(copy_seconds(trace, sizes[j], D2H) for j in off if i - w < j <= i)
+        backlog = sum(copy_seconds(trace, sizes[j], D2H) for j in off if i - m.window < j <= i)
         # Valid for every candidate, offloaded or not (a kept layer's g_i is at most the previous copy's end
         # or its own forward's end): the D2H channel never lags more than the window. Strengthens the LP.
         m.add_row(Row(f"d2h_window_{i}", [(cvar[e], 1.0), (gvar[i], -1.0)], 0.0, ">=", SECONDS))
@@ -347,13 +422,25 @@ def build_model(
             big = max(0.0, backlog - sum(fwd[i + 1 : k + 1]))
             m.add_row(Row(f"wait_copy_{i}_{k}", [(cvar[k], 1.0), (gvar[i], -1.0)], 0.0, ">=", SECONDS,
                           lit=m.z[i][k], lit_value=1, big_m=big))
+    return cvar, gvar
 
-    # ---- Valid inequalities (cuts): a copy that cannot hide behind the compute between its start and its
-    # deadline stalls by the difference. Implied at integral points, but local (no big-M), so the LP
-    # relaxation cannot make a fractional done-by / prefetch-at stage look free. dmin = the smallest
-    # possible copy of the layer (its smallest tensor), which keeps the cut valid under partial offload.
-    dmin = {i: min(copy_seconds(trace, layers[i].tensors[q], D2H) for q in positive_tensors(trace, i)) for i in off}
-    hmin = {i: min(copy_seconds(trace, layers[i].tensors[q], H2D) for q in positive_tensors(trace, i)) for i in off}
+
+def _smallest_copy(m: MilpModel, off: list[int], direction: str) -> dict[int, float]:
+    """dmin / hmin of 'Valid inequalities (cuts)': the copy time of each candidate's smallest tensor, which
+    keeps the cuts valid under partial offload."""
+    trace = m.trace
+    return {
+        i: min(copy_seconds(trace, trace.layers[i].tensors[q], direction) for q in positive_tensors(trace, i))
+        for i in off
+    }
+
+
+def _add_d2h_cuts(m: MilpModel, off: list[int], cvar: list[int], gvar: dict[int, int]) -> dict[int, float]:
+    """'Valid inequalities (cuts)', forward: a copy that cannot hide behind the compute between its start
+    and its deadline stalls by the difference. Implied at integral points, but local (no big-M), so the LP
+    relaxation cannot make a fractional done-by stage look free. Returns dmin."""
+    fwd = [layer.forward_s for layer in m.trace.layers]
+    dmin = _smallest_copy(m, off, D2H)
     for i in off:
         e = m.last_stage(i)
         for k in range(i, e + 1):
@@ -362,23 +449,26 @@ def build_model(
             if short > 0:
                 m.add_row(Row(f"cut_d2h_{i}_{k}", [(cvar[k], 1.0)] + ([(cvar[i - 1], -1.0)] if i else [])
                               + [(m.z[i][k], -short)], -sum(fwd[i : k + 1]), ">=", SECONDS))
-    if channel_cuts:
-        _add_d2h_channel_cuts(m, cvar, fwd, dmin)
-    cut_b: list[tuple[int, int, float]] = []  # (i, k, shortfall) for the backward cuts, added below
-    for i in off:
-        for k in range(i, m.last_stage(i) + 1):
-            short = hmin[i] - sum(bwd[i + 1 : k + 1])
-            if short > 0:
-                cut_b.append((i, k, short))
+    return dmin
 
-    # ---- Time. Backward: b_k end of B_k; b_n = c_{n-1} + other; q_i end of layer i's prefetch (FIFO in
-    # descending layer order, which the prefetch order makes the issue order). --------------------------
+
+def _add_backward_time(m: MilpModel, off: list[int], x_terms: dict[int, Terms], cvar: list[int]) -> list[int]:
+    """'Copy-channel capacity in each direction', backward, and 'A prefetch finishes before its layer's
+    backward': b_k end of B_k; b_n = c_{n-1} + other; q_i end of layer i's prefetch (FIFO in descending
+    layer order, which the prefetch order makes the issue order). Returns b."""
+    trace = m.trace
+    n = trace.n
+    fwd = [layer.forward_s for layer in trace.layers]
+    bwd = [layer.backward_s for layer in trace.layers]
+    sizes = [layer.saved_bytes for layer in trace.layers]
+    bw_h = trace.device.h2d_bytes_per_s
+    off_set = set(off)
     bvar = [m.add_var(f"b_{k}", TIME, 0) for k in range(n + 1)]
     m.add_row(Row("other_time", [(bvar[n], 1.0), (cvar[n - 1], -1.0)], -other_step_s(trace), "==", SECONDS))
     qvar: dict[int, int] = {}
     prev_q = -1
     # Per-stage bound on b_{l} - b_{l+1} (compute + recompute or prefetch stall), for the big-Ms.
-    rerun: dict[int, list[tuple[int, float]]] = {k: [] for k in range(n)}  # segments ending at k
+    rerun: dict[int, Terms] = {k: [] for k in range(n)}  # segments ending at k
     for (a, b), v in m.seg.items():
         rerun[b].append((v, sum(fwd[a : b + 1])))
     step_ub = [bwd[k] + max(max((c for _, c in rerun[k]), default=0.0),
@@ -386,7 +476,7 @@ def build_model(
     for i in reversed(off):
         q = m.add_var(f"q_{i}", TIME, 0)
         qvar[i] = q
-        d = [(t, -c) for t, c in dur(i, bw_h)]
+        d = [(t, -c) for t, c in _copy_duration(m, x_terms, i, bw_h)]
         if prev_q >= 0:
             # H2D FIFO: after the prefetch of the next higher offloaded layer.
             m.add_row(Row(f"h2d_fifo_{i}", [(q, 1.0), (prev_q, -1.0), *d], 0.0, ">=", SECONDS))
@@ -406,25 +496,35 @@ def build_model(
         if k in off_set:
             # b_k >= q_k + backward_k: the backward waits for its prefetch (harmless when kept: q_k <= b_{k+1}).
             m.add_row(Row(f"wait_prefetch_{k}", [(bvar[k], 1.0), (qvar[k], -1.0)], -bwd[k], ">=", SECONDS))
+    return bvar
 
-    for i, k, short in cut_b:
-        # p_i <= k (offloaded, not ev[i][k+1]): b_i - b_{k+1} >= backward_i..k + (prefetch_i - backward_{i+1..k})^+.
-        terms = [(bvar[i], 1.0), (bvar[k + 1], -1.0), (m.o[i], -short)]
-        if k + 1 in m.ev[i]:
-            terms.append((m.ev[i][k + 1], short))
-        m.add_row(Row(f"cut_h2d_{i}_{k}", terms, -sum(bwd[i : k + 1]), ">=", SECONDS))
 
-    if channel_cuts:
-        _add_h2d_channel_cuts(m, bvar, bwd, hmin)
+def _add_h2d_cuts(m: MilpModel, off: list[int], bvar: list[int]) -> dict[int, float]:
+    """'Valid inequalities (cuts)', backward: the prefetch of layer i issued at B_k or later cannot hide
+    behind less than backward_{i+1..k}. Returns hmin."""
+    bwd = [layer.backward_s for layer in m.trace.layers]
+    hmin = _smallest_copy(m, off, H2D)
+    for i in off:
+        for k in range(i, m.last_stage(i) + 1):
+            short = hmin[i] - sum(bwd[i + 1 : k + 1])
+            if short <= 0:
+                continue
+            # p_i <= k (offloaded, not ev[i][k+1]): b_i - b_{k+1} >= backward_i..k + (prefetch_i - backward_{i+1..k})^+.
+            terms = [(bvar[i], 1.0), (bvar[k + 1], -1.0), (m.o[i], -short)]
+            if k + 1 in m.ev[i]:
+                terms.append((m.ev[i][k + 1], short))
+            m.add_row(Row(f"cut_h2d_{i}_{k}", terms, -sum(bwd[i : k + 1]), ">=", SECONDS))
+    return hmin
 
-    # ---- Objective: end of step - keep-all step = stall + recompute seconds. ---------------------------
-    # A variable of its own (not b_0 - constant) so that the solvers' relative gap is measured against
-    # the overhead itself and not against the whole step time.
+
+def _set_objective(m: MilpModel, bvar: list[int]) -> None:
+    """'Objective': end of step - keep-all step = stall + recompute seconds. A variable of its own (not
+    b_0 - constant) so that the solvers' relative gap is measured against the overhead itself and not
+    against the whole step time."""
     m.end_var = bvar[0]
     ovh = m.add_var("overhead", TIME, 0)
-    m.add_row(Row("overhead_def", [(ovh, 1.0), (bvar[0], -1.0)], keepall_step_s(trace), "==", SECONDS))
+    m.add_row(Row("overhead_def", [(ovh, 1.0), (bvar[0], -1.0)], keepall_step_s(m.trace), "==", SECONDS))
     m.objective = [(ovh, 1.0)]
-    return m
 
 
 def _add_d2h_channel_cuts(m: MilpModel, cvar: list[int], fwd: list[float], dmin: dict[int, float]) -> None:

@@ -6,7 +6,7 @@ import math
 from collections import deque
 
 from memsched.optimizer.ilp.model import BIN, MilpModel
-from memsched.optimizer.plan import KEEP, Decision, group_start, offload_subset, recompute
+from memsched.optimizer.plan import KEEP, Decision, offload_subset, recompute, segment_ends
 from memsched.schema import Action
 
 ScaledRow = tuple[dict[int, float], float]
@@ -37,21 +37,8 @@ def decode(m: MilpModel, value: list[float]) -> list[Decision]:
 
 
 def segments_of(decisions: list[Decision]) -> list[tuple[int, int]]:
-    """The recompute segments [a, b] of a decision list."""
-    out: list[tuple[int, int]] = []
-    i = 0
-    while i < len(decisions):
-        if decisions[i].action == Action.RECOMPUTE:
-            a = group_start(decisions, i)
-            b = i
-            while b + 1 < len(decisions) and decisions[b + 1].action == Action.RECOMPUTE and \
-                    group_start(decisions, b + 1) == a:
-                b += 1
-            out.append((a, b))
-            i = b + 1
-        else:
-            i += 1
-    return out
+    """The recompute segments [a, b] of a decision list, in order."""
+    return sorted(segment_ends(decisions).items())
 
 
 def hint(m: MilpModel, decisions: list[Decision]) -> dict[int, int]:

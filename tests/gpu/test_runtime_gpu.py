@@ -81,8 +81,7 @@ def test_offload_and_prefetch_copies_overlap_compute(traced):
     from torch.profiler import ProfilerActivity, profile
 
     from memsched.optimizer.baselines import offload_all_overlapped
-    from memsched.optimizer.plan import make_schedule
-    from memsched.optimizer.simulate import simulate
+    from memsched.optimizer.simulate import make_schedule, simulate
     from memsched.runtime import apply_schedule
     from memsched.schema import SolverRecord, SolverStatus
 
@@ -110,8 +109,7 @@ def test_offload_and_prefetch_copies_overlap_compute(traced):
 
 def test_gradients_match_under_offload_on_cuda(traced):
     from memsched.optimizer.baselines import offload_all_overlapped
-    from memsched.optimizer.plan import make_schedule
-    from memsched.optimizer.simulate import simulate
+    from memsched.optimizer.simulate import make_schedule, simulate
     from memsched.runtime import apply_schedule
     from memsched.schema import SolverRecord, SolverStatus
 

@@ -130,7 +130,7 @@ def test_exact_solver_in_the_worker_pool(server: Server) -> None:
     sc = Schedule.model_validate(job["schedule"])
     check_schedule(sc, tr)
     local = solve_trace(tr, "60%", SolveOptions(solver="heuristic"))
-    # Never worse than the heuristic (DESIGN.md): the service returns the optimizer's answer unchanged.
+    # Never worse than the heuristic (docs/architecture.md, 'What "done" means'): the service returns the optimizer's answer unchanged.
     assert sc.prediction.overhead_s <= local.prediction.overhead_s + 1e-9
 
 
@@ -271,7 +271,7 @@ def test_compare(server: Server) -> None:
 
 
 def test_plot_png(server: Server) -> None:
-    pytest.importorskip("memsched.plot", reason="memsched.plot (the timeline plot) is not in this tree yet")
+    pytest.importorskip("memsched.service.plot", reason="memsched.service.plot (the timeline plot) is not in this tree yet")
     tr = synthetic_trace(4, scale=11)
     with server.client() as c:
         job = c.post(
@@ -299,7 +299,7 @@ def test_metrics(server: Server) -> None:
 
 
 def test_solve_via_server_round_trip(server: Server) -> None:
-    from memsched.cli_api import solve_via_server
+    from memsched.cli.api import solve_via_server
 
     tr = synthetic_trace(7, scale=17)
     opts = SolveOptions(solver="heuristic", time_limit_s=5)

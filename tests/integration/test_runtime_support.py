@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from memsched.optimizer.plan import Decision, make_schedule
-from memsched.optimizer.simulate import simulate
+from memsched.optimizer.plan import Decision
+from memsched.optimizer.simulate import make_schedule, simulate
 from memsched.runtime import Workload, builtin_workload
 from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
 

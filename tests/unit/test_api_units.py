@@ -21,11 +21,11 @@ from memsched.api.db import make_engine
 from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
 from memsched.api.middleware import BodySizeLimit
-from memsched.client import MemschedClient, budget_to_json, solve_via_server
 from memsched.errors import InfeasibleBudgetError, MemschedError, SolverError
 from memsched.optimizer.budget import min_feasible_budget
 from memsched.optimizer.solve import SolveOptions
 from memsched.schema import Schedule, check_schedule
+from memsched.service.client import MemschedClient, budget_to_json, solve_via_server
 from memsched.units import BudgetSpec
 
 # ------------------------------------------------------------------------------------------------ settings

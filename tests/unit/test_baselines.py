@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from conftest import tiny_trace
+from helpers import tiny_trace
 from memsched.errors import InfeasibleBudgetError
 from memsched.optimizer.baselines import BASELINES, best_baseline, evaluate_baselines, sqrt_segments
 from memsched.optimizer.budget import check_budget_feasible, min_feasible_budget

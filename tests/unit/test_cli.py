@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import require_pipedream, tiny_trace
+from helpers import require_pipedream, tiny_trace
 from memsched.cli import main
 from memsched.io import save_model
 
@@ -139,3 +139,21 @@ def test_console_script_import_and_compare_under_5s(tmp_path):
         text=True,
     )
     assert r.returncode == 2 and "smallest feasible budget" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("missing", "argv", "extra"),
+    [
+        ("httpx", ["solve", "{trace}", "--budget", "60%", "--server", "http://127.0.0.1:9", "-o", "{out}"], "api"),
+        ("torch", ["trace", "gpt2", "--small", "--layers", "2", "-o", "{out}"], "runtime"),
+        ("uvicorn", ["serve"], "api"),
+    ],
+)
+def test_a_command_whose_extra_is_missing_names_it(trace_file, tmp_path, missing, argv, extra):
+    # A core install lacks the package: None in sys.modules makes importing it fail as a missing module does.
+    args = [a.format(trace=trace_file, out=tmp_path / "out.json") for a in argv]
+    code = f"import sys; sys.modules[{missing!r}] = None; from memsched.cli import main; main({args!r})"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+    assert f"pip install 'memsched[{extra}]'" in p.stderr

@@ -152,8 +152,8 @@ def test_time_limit_bounds_the_whole_call() -> None:
 
 @pytest.mark.slow
 def test_resnet50_at_25_percent_is_proven() -> None:
-    from conftest import require_pipedream
-    from memsched.importers import import_pipedream
+    from helpers import require_pipedream
+    from memsched.service.importers import import_pipedream
 
     trace = import_pipedream(require_pipedream() / "resnet50.graph.txt", 128)
     budget = resolve_budget("25%", trace)

@@ -9,31 +9,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import tiny_trace
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.plan import KEEP, offload_all, recompute
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import SolveOptions, solve_report
 from memsched.optimizer.synthetic import make_trace
-from memsched.schema import Action, Baseline, DeviceInfo, Layer, SolverStatus, Trace
+from memsched.schema import Action, SolverStatus, Trace
 
 MB = 10**6
 MS = 1e-3
 
 
-def tiny_trace(saved: list[list[int]], bandwidth: float, fwd_ms: float = 5.0, bwd_ms: float = 10.0) -> Trace:
-    """A chain with no transients, no copy latency, no static bytes and no time outside the layers."""
-    n = len(saved)
-    layers = [
-        Layer(name=f"l{i}", forward_s=fwd_ms * MS, backward_s=bwd_ms * MS, saved_bytes=sum(t),
-              saved_tensor_bytes=t, deps=[i - 1] if i else [])
-        for i, t in enumerate(saved)
-    ]
-    return Trace(
-        model="tiny", batch_size=1,
-        device=DeviceInfo(name="t", memory_bytes=10**12, h2d_bytes_per_s=bandwidth, d2h_bytes_per_s=bandwidth),
-        baseline=Baseline(step_s=n * (fwd_ms + bwd_ms) * MS, peak_bytes=0),
-        layers=layers,
-    )
+def chain(saved: list[list[int]], bandwidth: float) -> Trace:
+    """Layers of 5 ms forward and 10 ms backward, no transients, no copy latency, no static bytes and no time
+    outside the layers."""
+    return tiny_trace([5 * MS] * len(saved), [10 * MS] * len(saved), saved, bandwidth=bandwidth)
 
 
 def exact(trace: Trace, budget: int, solver: str = "cbc"):
@@ -48,7 +39,7 @@ def test_hidden_offload_is_free() -> None:
     # gone at F2 and B2. Copies run at 1 GB/s: 4 MB takes 4 ms. D2H 5..9 ms ends before F1 ends (10 ms),
     # so done-by 1 costs nothing; in backward B2 runs 15..25, the prefetch issued at B1 (25) ends at 29,
     # before B0 starts (35). Optimum: offload layer 0, overhead 0 (recompute would cost 5 ms).
-    t = tiny_trace([[4 * MB], [], [2 * MB]], bandwidth=1e9)
+    t = chain([[4 * MB], [], [2 * MB]], bandwidth=1e9)
     report, sim = exact(t, 5 * MB)
     assert sim.overhead_s == pytest.approx(0.0, abs=1e-12)
     assert report.schedule.actions[0].action == Action.OFFLOAD
@@ -60,7 +51,7 @@ def test_slow_copy_loses_to_recompute() -> None:
     # end of F1 (10 ms): a 15 ms stall; the prefetch issued at B1 (40 ms) ends at 60 while B0 could start at
     # 50: 10 ms more. Recompute: re-run F0 (5 ms) before B0, memory 4 MB at F0 and B0 only, within 5 MB.
     # Optimum: recompute layer 0, overhead 5 ms.
-    t = tiny_trace([[4 * MB], [], [2 * MB]], bandwidth=0.2e9)
+    t = chain([[4 * MB], [], [2 * MB]], bandwidth=0.2e9)
     report, sim = exact(t, 5 * MB)
     assert sim.overhead_s == pytest.approx(5 * MS, rel=1e-9)
     assert report.schedule.actions[0].action == Action.RECOMPUTE
@@ -72,7 +63,7 @@ def test_partial_offload_moves_only_what_is_needed() -> None:
     # 1 MB tensor copies in 5 ms: D2H 5..10 ms, done by the end of F1 (10 ms), no stall; prefetch issued
     # at B1 (25 ms) ends at 30, before B0 (35 ms). Whole-layer offload stalls (20 ms copies), recompute
     # costs 5 ms. Optimum: offload tensor 1 only, overhead 0.
-    t = tiny_trace([[3 * MB, 1 * MB], [], [2 * MB]], bandwidth=0.2e9)
+    t = chain([[3 * MB, 1 * MB], [], [2 * MB]], bandwidth=0.2e9)
     report, sim = exact(t, 5 * MB)
     assert sim.overhead_s == pytest.approx(0.0, abs=1e-12)
     off = report.schedule.actions[0].offload

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import require_pipedream
+from helpers import require_pipedream
 from memsched.errors import TraceFormatError
-from memsched.importers import import_pipedream
 from memsched.optimizer.baselines import keep_all
 from memsched.optimizer.simulate import simulate
 from memsched.service import compare_policies
+from memsched.service.importers import import_pipedream
 
 BATCH = {"alexnet": 256, "resnet18": 256, "vgg16": 128, "resnet50": 128, "densenet121": 64, "gnmt": 64}
 

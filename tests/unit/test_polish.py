@@ -36,7 +36,10 @@ def test_reaches_the_proven_optimum_of_the_20_layer_chain() -> None:
     trace = make_trace(20, 1)
     budget = trace.static.total + round(keepall_activation_peak(trace) * 0.4)
     start = heuristic(trace, budget).sim
-    res = polish(trace, budget, start.decisions, time_limit_s=30.0)
+    # The search is deterministic for its seed until a time limit cuts it; here it stops by itself (a whole
+    # cycle finds nothing better: about 660 evaluations, 2 s on 2 shared cores). A limit no machine reaches
+    # keeps the result independent of the machine's speed (pytest-timeout still bounds a hang).
+    res = polish(trace, budget, start.decisions, time_limit_s=1e6)
     assert start.overhead_s > 0.03
     assert res.improved
     assert res.sim.overhead_s == pytest.approx(0.0016836088641569438, rel=1e-9)

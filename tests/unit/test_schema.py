@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from conftest import tiny_trace
+from helpers import tiny_trace
 from memsched.errors import MemschedError, ScheduleMismatchError, TraceFormatError
 from memsched.io import load_schedule, load_trace, parse_model, save_model
 from memsched.optimizer.baselines import best_baseline

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from helpers import PIPEDREAM as SHARED_PIPEDREAM
 from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
@@ -16,15 +16,7 @@ from memsched.optimizer.solve import SOLVERS, SolveOptions, solve
 from memsched.optimizer.synthetic import make_trace
 from memsched.schema import SolverStatus, Trace
 
-
-def _shared_pipedream() -> Path | None:
-    env = os.environ.get("MEMSCHED_SHARED")
-    root = Path(env) if env else Path(__file__).resolve().parents[3] / "shared"
-    path = root / "data" / "pipedream"
-    return path if path.is_dir() else None
-
-
-PIPEDREAM = _shared_pipedream()
+PIPEDREAM = SHARED_PIPEDREAM if SHARED_PIPEDREAM.is_dir() else None
 
 
 def _assert_never_worse(trace: Trace, budget: int, options: SolveOptions) -> None:
@@ -50,7 +42,7 @@ def test_never_worse_than_baselines_synthetic(seed: int, frac: float) -> None:
 @pytest.mark.parametrize("model", ["alexnet", "gnmt", "resnet18", "vgg16"])
 @pytest.mark.parametrize("frac", [0.2, 0.6])
 def test_never_worse_than_baselines_pipedream(model: str, frac: float) -> None:
-    from memsched.importers import import_pipedream
+    from memsched.service.importers import import_pipedream
 
     assert PIPEDREAM is not None
     trace = import_pipedream(PIPEDREAM / f"{model}.graph.txt", 128)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import tiny_trace
+from helpers import tiny_trace
 from memsched.errors import MemschedError
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget, resolve_budget
 from memsched.units import format_bytes, parse_budget, parse_bytes

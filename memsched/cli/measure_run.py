@@ -1,11 +1,12 @@
 """`memsched measure`: replay a schedule on the workload it was made for and compare with the prediction.
 
 The runtime (memsched.runtime) measures; the prediction comes from the schedule and, for the CPU ledger's
-counterpart and the keep-all prediction, from the simulator. That is why this lives in memsched/ and not in
+counterpart and the keep-all prediction, from the simulator. That is why this lives in memsched/cli/ and not in
 runtime/: the runtime never imports the optimizer.
 
 One process measures the in-core keep-all step and the scheduled step on the same model at the same batch,
-alternating rounds, so the slowdown is a ratio measured side by side (DESIGN.md, 'Benchmarks').
+alternating rounds, so the slowdown is a ratio measured side by side (docs/architecture.md, 'Benchmarks, not
+timed tests').
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # torch stays out of `memsched --help`
 log = logging.getLogger(__name__)
 
 PEAK_TARGET = 0.05
-"""Measured peak within 5% of the predicted peak (issue 7's target)."""
+"""Measured peak within 5% of the predicted peak (the GPU evidence's target: bench/gpu/README.md)."""
 STEP_TARGET = 0.10
 """Measured step time within 10% of the predicted step time."""
 
@@ -182,12 +183,7 @@ def check_schedule_matches(schedule: Schedule, names: Sequence[str]) -> None:
 
 
 def _counts(schedule: Schedule | None) -> dict[str, int]:
-    if schedule is None:
-        return {}
-    out: dict[str, int] = {}
-    for a in schedule.actions:
-        out[a.action.value] = out.get(a.action.value, 0) + 1
-    return out
+    return {} if schedule is None else schedule.action_counts()
 
 
 def _keepall_prediction(trace: Trace | None, cpu: bool) -> tuple[int | None, float | None]:
@@ -199,7 +195,7 @@ def _keepall_prediction(trace: Trace | None, cpu: bool) -> tuple[int | None, flo
 
     sim = simulate(trace, keep_all(trace), with_events=False)
     if cpu:
-        from memsched.demo import saved_profile
+        from memsched.cli.demo import saved_profile
 
         return trace.static.total + max(saved_profile(trace, sim.decisions)), sim.step_s
     return sim.peak_bytes, sim.step_s
@@ -260,7 +256,7 @@ def run_measure(
             # The CPU has no allocator: the measured peak is static + the saved-tensor ledger, and its
             # prediction the simulator's saved part of stage memory (needs the trace).
             if trace is not None:
-                from memsched.demo import predicted_saved_profile
+                from memsched.cli.demo import predicted_saved_profile
 
                 predicted_saved = max(predicted_saved_profile(trace, schedule))
                 sched_pred_peak = trace.static.total + predicted_saved

@@ -1,4 +1,5 @@
-"""Shared test helpers: tiny hand-built traces whose numbers are easy to compute by hand."""
+"""Helpers the tests import (`from helpers import ...`; pytest's `pythonpath` puts tests/ on the path): tiny
+hand-built traces whose numbers are easy to compute by hand, and the shared PipeDream profiles."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from memsched.schema import Baseline, DeviceInfo, Layer, StaticBytes, Trace
 
-SHARED = Path(os.environ.get("MEMSCHED_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+SHARED = Path(os.environ.get("MEMSCHED_SHARED", Path(__file__).resolve().parents[3] / "shared"))
 PIPEDREAM = SHARED / "data" / "pipedream"
 
 

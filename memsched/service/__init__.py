@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict
+
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import keepall_activation_peak, resolve_budget
 from memsched.optimizer.simulate import SimResult, simulate
@@ -12,9 +14,10 @@ from memsched.schema import Schedule, Trace
 from memsched.units import BudgetSpec
 
 
-@dataclass
-class CompareRow:
-    """One policy in the comparison table."""
+class CompareRow(BaseModel):
+    """One policy in the comparison table (the CLI's `memsched compare` and the API's POST /v1/compare)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     policy: str
     """Policy name."""
@@ -28,13 +31,7 @@ class CompareRow:
     """Predicted overhead vs. keep-all, percent."""
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "policy": self.policy,
-            "feasible": self.feasible,
-            "peak_bytes": self.peak_bytes,
-            "step_s": self.step_s,
-            "overhead_pct": self.overhead_pct,
-        }
+        return self.model_dump()
 
 
 @dataclass
@@ -67,7 +64,13 @@ def compare_policies(trace: Trace, budget: BudgetSpec | str | int) -> Comparison
     """Every baseline under one budget, judged by the simulator."""
     b = resolve_budget(budget, trace)
     rows = [
-        CompareRow(r.policy, r.feasible, r.sim.peak_bytes, r.sim.step_s, r.sim.overhead_pct)
+        CompareRow(
+            policy=r.policy,
+            feasible=r.feasible,
+            peak_bytes=r.sim.peak_bytes,
+            step_s=r.sim.step_s,
+            overhead_pct=r.sim.overhead_pct,
+        )
         for r in evaluate_baselines(trace, b)
     ]
     return Comparison(b, trace.static.total, keepall_activation_peak(trace), rows)

@@ -1,39 +1,44 @@
-"""`memsched bench ...`: the benchmarks under bench/, which live in the source checkout, not in the wheel."""
+"""`memsched bench ...`: the benchmarks under bench/, which live in the source checkout, not in the wheel.
+
+The harness is imported as the ordinary package `bench`, found on the import path as Python finds any other
+(never by a path computed from the installed package): from the repository root, `python -m memsched.cli bench`
+or `PYTHONPATH=. memsched bench` sees it; an installed wheel alone does not, and says so.
+"""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-import memsched
 from memsched.errors import MemschedError
 
-
-def bench_dir() -> Path:
-    """The checkout's bench/ folder (next to the memsched package); MemschedError when absent."""
-    path = Path(memsched.__file__).resolve().parents[1] / "bench"
-    if not (path / "peers" / "__main__.py").is_file():
-        raise MemschedError(
-            f"bench: no benchmark harness at {path}; `memsched bench` runs from a source checkout "
-            "(git clone the repository, then `pip install -e '.[runtime]'` in it)"
-        )
-    return path
+_NO_HARNESS = (
+    "bench: the benchmark harness (the bench/ folder of a source checkout) is not on the import path; "
+    "git clone the repository, `pip install -e '.[runtime]'` in it, and from its root run "
+    "`python -m bench.peers ...` or `PYTHONPATH=. memsched bench peers ...`"
+)
 
 
-def _import_bench() -> None:
-    root = str(bench_dir().parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
+def _bench_main() -> Callable[[list[str]], int]:
+    """The harness's entry point; MemschedError naming the fix when it or its torch/transformers is missing."""
+    try:
+        found = importlib.util.find_spec("bench.peers.__main__") is not None
+    except ModuleNotFoundError:  # no `bench` package at all
+        found = False
+    if not found:
+        raise MemschedError(_NO_HARNESS)
     for mod in ("torch", "transformers"):
-        try:
-            __import__(mod)
-        except ImportError:
+        if importlib.util.find_spec(mod) is None:
             raise MemschedError(
                 f"bench: {mod} is not installed; install the runtime extra: pip install -e '.[runtime]'"
-            ) from None
+            )
+    from bench.peers.__main__ import main
+
+    return main
 
 
 def register(app: typer.Typer) -> None:
@@ -61,7 +66,7 @@ def register(app: typer.Typer) -> None:
         report_only: Annotated[bool, typer.Option("--report-only", help="Only rebuild the report.")] = False,
     ) -> None:
         """Measure memsched against checkpointing, save_on_cpu, torch.compile's budget and PyTorch's SAC MILP."""
-        _import_bench()
+        bench_main = _bench_main()
         argv: list[str] = []
         for m in model or ["gpt2"]:
             argv += ["--model", m]
@@ -81,8 +86,6 @@ def register(app: typer.Typer) -> None:
         argv += ["--device", device]
         if report_only:
             argv.append("--report-only")
-        from bench.peers.__main__ import main as bench_main
-
         try:
             rc = bench_main(argv)
         except SystemExit as e:  # argparse rejects a value: its message is already printed

@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memsched.client import solve_via_server
+from memsched.errors import MemschedError
+
+if TYPE_CHECKING:
+    from memsched.optimizer.solve import SolveOptions
+    from memsched.schema import Schedule, Trace
+    from memsched.units import BudgetSpec
 
 __all__ = ["register", "solve_via_server"]
+
+
+def solve_via_server(
+    url: str,
+    trace: Trace,
+    budget: BudgetSpec | str | int,
+    options: SolveOptions | None = None,
+    api_key: str | None = None,
+) -> Schedule:
+    """`memsched solve --server`: the HTTP client (httpx, in the api extra) is loaded only here, so that the
+    core install's CLI works without it."""
+    try:
+        from memsched.service.client import solve_via_server as remote_solve
+    except ModuleNotFoundError as e:
+        if e.name != "httpx":
+            raise
+        raise MemschedError("--server needs the HTTP client httpx: pip install 'memsched[api]'") from None
+    return remote_solve(url, trace, budget, options, api_key)
 
 
 def serve(
@@ -31,10 +54,15 @@ def serve(
     docs/api.md (API keys, body / layer / time-limit limits, queue size)."""
     from pydantic import ValidationError
 
-    from memsched.api.server import serve as run
-    from memsched.api.settings import Settings
-    from memsched.errors import MemschedError
     from memsched.io import describe_validation_error
+
+    try:
+        from memsched.api.server import serve as run
+        from memsched.api.settings import Settings
+    except ModuleNotFoundError as e:
+        if (e.name or "memsched").startswith("memsched"):
+            raise
+        raise MemschedError(f"serve needs the api extra ({e.name} is missing): pip install 'memsched[api]'") from None
 
     overrides: dict[str, Any] = {
         k: v

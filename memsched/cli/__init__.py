@@ -11,10 +11,11 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from memsched.errors import MemschedError
@@ -44,11 +45,6 @@ BudgetOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _print_json(obj: Any) -> None:
@@ -187,7 +183,7 @@ def import_pipedream_cmd(
     ] = 1.0,
 ) -> None:
     """Import a PipeDream profile (keeps its DAG edges) into a memsched trace."""
-    from memsched.importers import import_pipedream
+    from memsched.service.importers import import_pipedream
     from memsched.units import parse_bytes
 
     for name, v in (("--h2d-bandwidth", h2d_bandwidth), ("--d2h-bandwidth", d2h_bandwidth)):
@@ -218,8 +214,8 @@ def plot(
     output: Annotated[Path, typer.Option("-o", "--output", help="PNG to write.")] = Path("timeline.png"),
 ) -> None:
     """Plot memory against the budget over one step, above a Gantt chart of the three streams."""
-    from memsched.plot import plot_timeline
     from memsched.schema import check_schedule
+    from memsched.service.plot import plot_timeline
 
     tr, sc = load_trace(trace), load_schedule(schedule)
     check_schedule(sc, tr)
@@ -257,7 +253,7 @@ def solve(
     spec = parse_budget(budget)
     options = SolveOptions(solver=solver, time_limit_s=time_limit, gap=gap, export_model=export_model)
     if server:
-        from memsched.cli_api import solve_via_server
+        from memsched.cli.api import solve_via_server
 
         sc = solve_via_server(server, tr, budget, options, api_key)
     else:
@@ -276,7 +272,7 @@ def solve(
             }
         )
         return
-    counts = {a: sum(1 for x in sc.actions if x.action == a) for a in ("keep", "offload", "recompute")}
+    counts = sc.action_counts()
     t = Table(title=f"{tr.model}: schedule under {format_bytes(sc.budget_bytes)} → {output}")
     t.add_column("quantity")
     t.add_column("value", justify="right")
@@ -293,38 +289,59 @@ def solve(
     out.print(t)
 
 
-def _register_optional() -> None:
-    """Commands contributed by the runtime and the API live next to their code."""
-    for module in ("memsched.cli_runtime", "memsched.cli_api", "memsched.cli_bench"):
-        try:
-            mod = __import__(module, fromlist=["register"])
-        except ModuleNotFoundError as e:
-            if e.name not in (module, "torch", "fastapi", "uvicorn", "sqlalchemy", "transformers"):
-                raise
-            log.debug("commands of %s unavailable: %s", module, e)
-            continue
-        mod.register(app)
+# The optional packages a command may need, by the extra that installs them (pyproject.toml): a core install
+# answers a command that needs one with the pip line, not a traceback.
+_EXTRA_OF = {
+    "torch": "runtime",
+    "transformers": "runtime",
+    "fastapi": "api",
+    "uvicorn": "api",
+    "sqlalchemy": "api",
+    "httpx": "api",
+    "highspy": "highs",
+}
+
+
+def _register_parts() -> None:
+    """The commands of the runtime, the service and the benchmarks live beside the main app, one module each.
+    Each imports its part only inside its commands: a core install lists them all and answers one whose extra
+    is missing with the pip line (see `main`)."""
+    from memsched.cli import api, bench, runtime
+
+    for module in (runtime, api, bench):
+        module.register(app)
+
+
+_register_parts()
 
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("MEMSCHED_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
-    _register_optional()
     try:
         # Standalone mode: typer/click report usage errors themselves (exit 2) and turn typer.Exit into
         # sys.exit; everything else reaches the handlers below.
         app(args=argv)
     except MemschedError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # escape: a message may hold brackets that are not markup, like pip's 'memsched[api]'.
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except ModuleNotFoundError as e:
+        extra = _EXTRA_OF.get((e.name or "").split(".")[0])
+        if extra is None or os.environ.get("MEMSCHED_DEBUG"):
+            raise
+        err.print(
+            f"[bold red]error:[/] this command needs {e.name}, which is in the {extra} extra: "
+            + escape(f"pip install 'memsched[{extra}]'"),
+            highlight=False,
+            soft_wrap=True,
+        )
         sys.exit(2)
     except Exception as e:
         if os.environ.get("MEMSCHED_DEBUG"):
             raise
         err.print(
-            f"[bold red]internal error:[/] {type(e).__name__}: {e} (set MEMSCHED_DEBUG=1 for the traceback)",
+            f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))} "
+            "(set MEMSCHED_DEBUG=1 for the traceback)",
             highlight=False,
         )
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

@@ -2,8 +2,8 @@
 
 PipeDream records per node: forward/backward time (ms), output size (bytes), parameter size (bytes), and the
 DAG's edges. It does not record what autograd saves, so saved bytes follow a documented rule (see
-`_saves`), with the attribution rule of DESIGN.md: each tensor is counted once, by the first layer that
-saves it. It does not name the device either: copy speeds and capacity come from flags.
+`_saves`), with the attribution rule (docs/architecture.md, 'Trace'): each tensor is counted once, by the
+first layer that saves it. It does not name the device either: copy speeds and capacity come from flags.
 """
 
 from __future__ import annotations

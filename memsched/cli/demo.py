@@ -84,9 +84,9 @@ class DemoResult:
 
 def _plot(trace: Trace, schedule: Schedule, path: Path) -> Path | None:
     try:
-        from memsched.plot import plot_timeline
+        from memsched.service.plot import plot_timeline
     except ImportError as e:
-        log.info("timeline plot skipped: memsched.plot is unavailable (%s)", e)
+        log.info("timeline plot skipped: memsched.service.plot is unavailable (%s)", e)
         return None
     return plot_timeline(trace, schedule, path)
 
@@ -148,9 +148,7 @@ def _run_demo(
     schedule = solve_trace(tr, budget)
     schedule_path = out_dir / "schedule.json"
     save_model(schedule, schedule_path)
-    actions: dict[str, int] = {}
-    for a in schedule.actions:
-        actions[a.action.value] = actions.get(a.action.value, 0) + 1
+    actions = schedule.action_counts()
 
     def step(m: Any) -> None:
         w.step(m)

@@ -168,7 +168,7 @@ def demo_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Trace a small model on the CPU, solve for half its activations, replay it: predicted vs measured."""
-    from memsched.demo import run_demo
+    from memsched.cli.demo import run_demo
 
     _quiet_transformers()
     if steps < 1 or threads < 1:
@@ -204,7 +204,7 @@ def demo_cmd(
         t.add_row(r["quantity"], "-" if p is None else fmt(p), "-" if m is None else fmt(m), ratio)
     out.print(t)
     out.print(f"trace    {res.trace_path}\nschedule {res.schedule_path}")
-    out.print(f"plot     {res.plot_path}" if res.plot_path else "plot     (skipped: memsched.plot unavailable)")
+    out.print(f"plot     {res.plot_path}" if res.plot_path else "plot     (skipped: memsched.service.plot unavailable)")
     out.print(f"done in {res.seconds:.1f} s")
 
 
@@ -249,8 +249,8 @@ def measure_cmd(
     """
     import torch
 
+    from memsched.cli.measure_run import WorkloadArgs, run_measure
     from memsched.io import load_schedule, load_trace
-    from memsched.measure_run import WorkloadArgs, run_measure
 
     _quiet_transformers()
     if keep_all and schedule is not None:

@@ -16,7 +16,8 @@ if str(REPO) not in sys.path:  # bench/ is a folder of the checkout, not an inst
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import tiny_trace  # noqa: E402
+from helpers import tiny_trace  # noqa: E402
+from memsched.errors import MemschedError  # noqa: E402
 
 
 def test_harness_on_tiny_gpt2(tmp_path):
@@ -129,12 +130,12 @@ def test_costmodel_marks_infeasible_budgets_and_beats_baselines():
 
 
 def test_cli_bench_registers_and_fails_cleanly_without_a_checkout(tmp_path, monkeypatch):
+    import importlib.util
+
     import typer
     from typer.testing import CliRunner
 
-    import memsched
-    from memsched import cli_bench
-    from memsched.errors import MemschedError
+    from memsched.cli import bench as cli_bench
 
     app = typer.Typer()
 
@@ -147,6 +148,15 @@ def test_cli_bench_registers_and_fails_cleanly_without_a_checkout(tmp_path, monk
     assert r.exit_code == 0, r.output
     assert (tmp_path / "peers.md").is_file()
 
-    monkeypatch.setattr(memsched, "__file__", str(tmp_path / "site" / "memsched" / "__init__.py"))
-    with pytest.raises(MemschedError, match="source checkout"):
-        cli_bench.bench_dir()
+    # An installed wheel without the checkout: `bench` is not importable, and the command says where it runs.
+    real_find_spec = importlib.util.find_spec
+
+    def no_bench(name, *args, **kwargs):
+        if name.split(".")[0] == "bench":
+            raise ModuleNotFoundError(f"No module named {name!r}", name="bench")
+        return real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_bench)
+    r = CliRunner().invoke(app, ["bench", "peers", "--report-only", "--out", str(tmp_path)])
+    assert r.exit_code != 0
+    assert isinstance(r.exception, MemschedError) and "source checkout" in str(r.exception)
