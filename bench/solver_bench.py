@@ -1,7 +1,8 @@
 """Solver benchmark: solve time and gap against layer count, chains and DAGs, and the PipeDream traces,
 for each backend. Writes bench/results/solver_bench.{md,json} naming the machine, versions and command.
 
-    python bench/solver_bench.py [--quick] [--shared ../shared]
+    python bench/solver_bench.py --targets [--shared ../shared]   # the exact-search targets (default flow)
+    python bench/solver_bench.py [--quick] [--shared ../shared]   # every backend on synthetic sizes
 
 Every row solves through memsched.optimizer.solve (warm start, fallback and the baseline guard included)
 and reports the simulator's overhead of the returned schedule, the solver's proven bound and the gap.
@@ -109,6 +110,45 @@ def heuristic_bench() -> None:
     (RESULTS / "solver_heuristic.md").write_text("\n".join(lines) + "\n")
 
 
+PREVIOUS = RESULTS / "solver_bench_previous.json"
+_BATCH = {"alexnet": 256, "resnet18": 256, "vgg16": 128, "densenet121": 64, "gnmt": 64, "resnet50": 128}
+
+
+def _previous_overheads() -> dict[str, float]:
+    """Best overhead per trace row of the run before the exact search (any backend): the comparison column."""
+    if not PREVIOUS.exists():
+        return {}
+    best: dict[str, float] = {}
+    for r in json.loads(PREVIOUS.read_text())["rows"]:
+        name, value = str(r["trace"]), float(r["overhead_s"])
+        best[name] = min(best.get(name, value), value)
+    return best
+
+
+def targets_bench(pipedream: Path) -> None:
+    """The default flow (auto) on the rows the exact search is measured by."""
+    rows: list[dict[str, object]] = []
+    jobs: list[tuple[str, Trace, int, float]] = []
+    if pipedream.is_dir():
+        rn = import_pipedream(pipedream / "resnet50.graph.txt", 128)
+        for pct in (25, 50):
+            jobs.append((f"pipedream/resnet50@{pct}%", rn, pct_budget(rn, pct), 10.0))
+        for model in sorted(_BATCH):
+            t = import_pipedream(pipedream / f"{model}.graph.txt", _BATCH[model])
+            jobs += [(f"pipedream/{model}@{pct}%", t, pct_budget(t, pct), 30.0) for pct in (75, 50, 25)]
+    for dag in (False, True):
+        t = make_trace(1000, 1, dag=dag)
+        jobs.append((f"synthetic/{'dag' if dag else 'chain'}-1000@20%", t, pct_budget(t, 20), 60.0))
+    previous = _previous_overheads()
+    solve(make_trace(8, 1), budget_between(make_trace(8, 1), 0.2))  # compile the DP's kernels outside the rows
+    for name, trace, budget, limit in jobs:
+        row = run_one(name, trace, budget, "auto", limit)
+        row["previous_overhead_s"] = previous.get(name)
+        row["within_limit"] = float(row["wall_s"]) <= limit * 1.1 + 0.5  # type: ignore[arg-type]
+        rows.append(row)
+    write_results(_meta(), rows, previous=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
@@ -116,6 +156,9 @@ def main() -> None:
     ap.add_argument("--shared", default=default_shared)
     ap.add_argument("--backends", default="cbc,highs,cpsat")
     ap.add_argument("--heuristic", action="store_true", help="only time the heuristic on 5,000 layers")
+    ap.add_argument("--targets", action="store_true",
+                    help="the default flow (auto) on every PipeDream profile at 75/50/25%% (30 s), ResNet-50 at "
+                         "10 s, and 1,000-layer chain/DAG at 20%% (60 s), beside the previous run's rows")
     ap.add_argument("--append-tight", type=float, metavar="PCT",
                     help="append 1,000-layer rows at PCT%% (60 s each) to the existing results")
     ap.add_argument("--rerun-resnet50", action="store_true",
@@ -125,6 +168,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.heuristic:
         heuristic_bench()
+        return
+    if args.targets:
+        targets_bench(Path(args.shared) / "data" / "pipedream")
         return
     if args.rerun_resnet50:
         old = json.loads((RESULTS / "solver_bench.json").read_text())
@@ -176,9 +222,10 @@ def main() -> None:
     write_results(meta, rows)
 
 
-def write_results(meta: dict[str, object], rows: list[dict[str, object]]) -> None:
+def write_results(meta: dict[str, object], rows: list[dict[str, object]], previous: bool = False) -> None:
     """Write the JSON and the markdown table; hand-written notes below the table (from the first '## '
-    heading of the existing markdown on) are kept."""
+    heading of the existing markdown on) are kept. `previous`: add the previous run's overhead and the
+    time-limit check (limit x 1.1 + 0.5 s) as columns."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     md = RESULTS / "solver_bench.md"
     old_md = md.read_text() if md.exists() else ""
@@ -196,17 +243,22 @@ def write_results(meta: dict[str, object], rows: list[dict[str, object]]) -> Non
         assert isinstance(rr, dict)
         lines += ["", f"ResNet-50 rows re-run by `{rr['command']}` on {rr['date_utc']} "
                       f"(load average at start {rr['machine']['load_avg_at_start']})."]
+    extra_head = " previous s | wall <= 1.1 limit + 0.5 |" if previous else ""
     lines += ["",
               "| trace | n | backend | limit s | wall s | status | returned | overhead s | bound s | gap "
-              "| heuristic s (overhead) | best baseline s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| heuristic s (overhead) | best baseline s |" + extra_head,
+              "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if previous else "")]
     for r in rows:
         gap = "" if r["gap"] is None else f"{100 * float(r['gap']):.2f}%"  # type: ignore[arg-type]
         bound = "" if r["bound_s"] is None else f"{float(r['bound_s']):.5f}"  # type: ignore[arg-type]
         base = "" if r["best_baseline_overhead_s"] is None else f"{float(r['best_baseline_overhead_s']):.5f}"  # type: ignore[arg-type]
-        lines.append(f"| {r['trace']} | {r['layers']} | {r['backend']} | {r['time_limit_s']} | {r['wall_s']} | "
-                     f"{r['status']} | {r['returned']} | {float(r['overhead_s']):.5f} | {bound} | {gap} | "  # type: ignore[arg-type]
-                     f"{r['heuristic_s']} ({float(r['heuristic_overhead_s']):.5f}) | {base} |")  # type: ignore[arg-type]
+        line = (f"| {r['trace']} | {r['layers']} | {r['backend']} | {r['time_limit_s']} | {r['wall_s']} | "
+                f"{r['status']} | {r['returned']} | {float(r['overhead_s']):.5f} | {bound} | {gap} | "  # type: ignore[arg-type]
+                f"{r['heuristic_s']} ({float(r['heuristic_overhead_s']):.5f}) | {base} |")  # type: ignore[arg-type]
+        if previous:
+            prev = r.get("previous_overhead_s")
+            line += f" {'' if prev is None else f'{float(prev):.5f}'} | {'yes' if r['within_limit'] else 'NO'} |"  # type: ignore[arg-type]
+        lines.append(line)
     md.write_text("\n".join(lines) + "\n" + notes)
 
 

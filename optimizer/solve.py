@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from memsched.errors import MemschedError, SolverError
@@ -95,9 +95,10 @@ _POLISH_SHARE = 0.15
 _DP_SHARE_BEFORE_MILP = 0.3
 _MAX_BEAM_WIDTH = 1536
 _RESERVE_S = 0.05  # building and simulating the returned schedule
-AUTO_MILP_MAX_LAYERS = 24
-"""Under `auto`, a MILP cross-check runs only up to this many layers, where its default windows cover every
-schedule (so its bound is true) and it solves in seconds."""
+AUTO_MILP_MAX_LAYERS = 60
+"""Under `auto`, when the DP leaves a gap (its fluid bound is loose where stalls matter), the MILP with windows
+covering every schedule (W = L = n: an exact model, so its bound is true) gets the time left, up to this many
+layers (its size grows as n^3)."""
 
 
 def _check_options(options: SolveOptions) -> None:
@@ -153,7 +154,8 @@ def _model_is_exact(m: MilpModel) -> bool:
 def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
                  starts: list[list[Decision]], time_limit_s: float,
                  export: Path | None = None) -> tuple[Outcome, bool]:
-    """One MILP run; returns its outcome and whether its model is exact (windows cover everything)."""
+    """One MILP run (windows from `options`); returns its outcome and whether its model is exact (windows
+    cover everything)."""
     m = build_model(trace, budget_bytes, options.window, options.max_segment)
     warm = _best_start(m, starts)
     if backend == "cpsat":
@@ -242,13 +244,17 @@ class _Flow:
         if out.message:
             self.notes.append(out.message)
 
-    def milp(self, backend: str) -> None:
+    def milp(self, backend: str, exact_windows: bool = False) -> None:
+        """A MILP backend with what is left; `exact_windows`: W = L = n, so the model covers every schedule."""
         limit = self.left()
         if limit < 0.2:
             self.notes.append(f"no time left for {backend}")
             return
+        options = self.options
+        if exact_windows:
+            options = replace(options, window=self.trace.n, max_segment=self.trace.n)
         starts = [c.sim.decisions for c in self.cands]
-        outcome, exact = _run_backend(self.trace, self.budget, self.options, backend, starts,
+        outcome, exact = _run_backend(self.trace, self.budget, options, backend, starts,
                                       backend_limit(limit), export=self.options.export_model)
         self.outcome = outcome
         if outcome.found == Found.INFEASIBLE:
@@ -350,7 +356,7 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
     flow.exact_dp(flow.deadline - _RESERVE_S)
     if not flow.proven() and flow.left() > 0.2:
         if options.solver == "auto" and trace.n <= AUTO_MILP_MAX_LAYERS:
-            flow.milp(AUTO_BACKEND)
+            flow.milp(AUTO_BACKEND, exact_windows=True)
         else:
             flow.polish(1.0)  # the DP finished early: spend what is left on the incumbent
     return flow.report()

@@ -27,10 +27,12 @@ from numba import njit
 ACTION_SEGMENT = -1
 ACTION_KEEP = 0
 
-_RING = 48
-"""How many recent unsettled labels of the same held set each label is compared with. Settled labels
-(both backlogs 0) are compared exactly through their staircase; the ring only makes the filter cheaper
-than the full 4-D check, and never drops a label that is not dominated."""
+_RING = 16
+"""How many recent kept labels of the same held set each label is also compared with exactly (catching the
+dominations the grid below cannot see: two labels in one grid cell)."""
+
+_GRID = 48
+"""Grid lines per backlog axis of the dominance index (quantiles of the labels' backlogs)."""
 
 
 @dataclass
@@ -77,55 +79,102 @@ _FIELDS = ("retained", "held", "cost", "d2h", "h2d", "parent", "parent_boundary"
 
 
 @njit(cache=True)
-def _pareto_sorted(held: np.ndarray, retained: np.ndarray, cost: np.ndarray, d2h: np.ndarray,
-                   h2d: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+def _fenwick_min(tree: np.ndarray, i: int, j: int) -> float:  # pragma: no cover - compiled
+    """Least value stored at cells [1..i] x [1..j]."""
+    best = np.inf
+    a = i
+    while a > 0:
+        b = j
+        while b > 0:
+            best = min(best, tree[a, b])
+            b -= b & -b
+        a -= a & -a
+    return best
+
+
+@njit(cache=True)
+def _fenwick_put(tree: np.ndarray, i: int, j: int, value: float) -> None:  # pragma: no cover - compiled
+    g = tree.shape[0]
+    a = i
+    while a < g:
+        b = j
+        while b < g:
+            tree[a, b] = min(tree[a, b], value)
+            b += b & -b
+        a += a & -a
+
+
+@njit(cache=True)
+def _pareto_sorted(held: np.ndarray, cost: np.ndarray, d2h: np.ndarray, h2d: np.ndarray,
+                   grid_d: np.ndarray, grid_h: np.ndarray, d2h_bw: float, h2d_bw: float,
+                   ) -> np.ndarray:  # pragma: no cover - compiled
     """Keep-mask for labels sorted by (held, retained): a label is dropped when an earlier one of the same
-    held set (so no more retained bytes) is no worse on cost and both backlogs."""
+    held set (so no more retained bytes) is no worse on cost and both backlogs.
+
+    The earlier labels sit in a 2-D Fenwick tree of least cost over a grid of backlog values: a label is
+    stored at the grid cell just *above* its backlogs and looked up at the cell just *below* its own, so any
+    cost found there belongs to a label with backlogs no larger (sound; two labels in one cell are left to
+    the ring)."""
     n = len(cost)
+    g = len(grid_d)
     keep = np.ones(n, dtype=np.bool_)
+    tree = np.full((g + 1, g + 1), np.inf)
     ring_c = np.empty(_RING)
     ring_d = np.empty(_RING)
     ring_h = np.empty(_RING)
     fill = 0
     pos = 0
-    best_settled = np.inf
     for i in range(n):
         if i == 0 or held[i] != held[i - 1]:
-            best_settled = np.inf
+            tree[:, :] = np.inf
             fill = 0
             pos = 0
-        c = cost[i]
-        if c >= best_settled:
+        c, d, h = cost[i], d2h[i], h2d[i]
+        lo_d = np.searchsorted(grid_d, d, side="right")  # grid lines <= d: cells 1..lo_d
+        lo_h = np.searchsorted(grid_h, h, side="right")
+        if _fenwick_min(tree, lo_d, lo_h) <= c:
             keep[i] = False
-            continue
-        settled = d2h[i] <= 0.0 and h2d[i] <= 0.0
-        if settled:
-            best_settled = c
             continue
         dominated = False
         for r in range(fill):
-            if ring_c[r] <= c and ring_d[r] <= d2h[i] and ring_h[r] <= h2d[i]:
+            # Ring labels are also compared with stalls allowed: one that drains its larger backlogs now
+            # (a stall of excess / bandwidth) and still costs no more is at least as good.
+            extra = max(ring_d[r] - d, 0.0) / d2h_bw + max(ring_h[r] - h, 0.0) / h2d_bw
+            if ring_c[r] + extra <= c:
                 dominated = True
                 break
         if dominated:
             keep[i] = False
             continue
+        up_d = np.searchsorted(grid_d, d, side="left")  # first grid line >= d (its cell is up_d + 1)
+        up_h = np.searchsorted(grid_h, h, side="left")
+        if up_d < g and up_h < g:
+            _fenwick_put(tree, up_d + 1, up_h + 1, c)
         ring_c[pos] = c
-        ring_d[pos] = d2h[i]
-        ring_h[pos] = h2d[i]
+        ring_d[pos] = d
+        ring_h[pos] = h
         pos = (pos + 1) % _RING
         fill = min(fill + 1, _RING)
     return keep
 
 
-def pareto_filter(labels: Labels) -> Labels:
+def _grid(values: np.ndarray) -> np.ndarray:
+    """0 and quantiles of the positive values (from a sample): the dominance index's grid lines."""
+    positive = values[values > 0]
+    if len(positive) > 4096:
+        positive = positive[:: len(positive) // 4096]
+    lines = np.quantile(positive, np.linspace(0.0, 1.0, _GRID - 1)) if len(positive) else np.zeros(0)
+    return np.unique(np.concatenate([[0.0], lines]))
+
+
+def pareto_filter(labels: Labels, d2h_bw: float = np.inf, h2d_bw: float = np.inf) -> Labels:
     """The labels no other label dominates (up to the ring's reach for unsettled ones), sorted by
     (held, retained)."""
     if len(labels) <= 1:
         return labels
     order = _filter_order(labels)
-    keep = _pareto_sorted(labels.held[order], labels.retained[order], labels.cost[order], labels.d2h[order],
-                          labels.h2d[order])
+    keep = _pareto_sorted(labels.held[order], labels.cost[order], labels.d2h[order], labels.h2d[order],
+                          _grid(labels.d2h), _grid(labels.h2d), d2h_bw, h2d_bw)
     return labels.take(order[keep])
 
 

@@ -80,6 +80,9 @@ class _Sweep:
         self.compact_at = [200_000] * (p.n + 1)
         self.stored_count = 0
         self._remaps: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        # A voluntary stall drains a backlog at the link's bandwidth (a legal move of the relaxation), which
+        # the dominance test uses; serial devices have no backlogs.
+        self._bandwidths = (np.inf, np.inf) if p.serial else (p.d2h_bw, p.h2d_bw)
 
     # ------------------------------------------------------------------ helpers
     def _quant_backlog(self, x: np.ndarray) -> np.ndarray:
@@ -133,7 +136,7 @@ class _Sweep:
     def _compact(self, dst: int) -> None:
         """Filter a boundary's pending labels early, so segments emitted from many boundaries do not pile up."""
         parts = self.pending[dst]
-        merged = pareto_filter(Labels.concat(parts))
+        merged = pareto_filter(Labels.concat(parts), *self._bandwidths)
         self.pending[dst] = [merged]
         self.pending_count += len(merged) - self.pending_sizes[dst]
         self.pending_sizes[dst] = len(merged)
@@ -156,7 +159,7 @@ class _Sweep:
         self.pending_sizes[k] = 0
         if not parts:
             return Labels.empty()
-        labels = pareto_filter(Labels.concat(parts))
+        labels = pareto_filter(Labels.concat(parts), *self._bandwidths)
         if self.cfg.beam is not None:
             # Scored as if the backlogs had to drain now: the cost a plan is sure to pay.
             score = labels.cost if self.p.serial else (
