@@ -93,6 +93,7 @@ class SolveReport:
 _BEAM_SHARE = 0.2
 _POLISH_SHARE = 0.15
 _DP_SHARE_BEFORE_MILP = 0.3
+_DP_UNTIL = 0.75  # under auto, the exact DP stops at this fraction of the limit if it has not finished
 _MAX_BEAM_WIDTH = 1536
 _RESERVE_S = 0.05  # building and simulating the returned schedule
 AUTO_MILP_MAX_LAYERS = 60
@@ -353,12 +354,14 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         flow.exact_dp(flow.until(_DP_SHARE_BEFORE_MILP))
         flow.milp(options.solver)
         return flow.report()
-    flow.exact_dp(flow.deadline - _RESERVE_S)
+    # The exact DP gets most of what is left; where it cannot finish (long traces) the last part goes to
+    # the local search instead, so a long trace's answer is never starved by a bound it cannot prove.
+    flow.exact_dp(flow.deadline - _RESERVE_S if options.solver == "dp" else flow.t0 + _DP_UNTIL * options.time_limit_s)
     if not flow.proven() and flow.left() > 0.2:
         if options.solver == "auto" and trace.n <= AUTO_MILP_MAX_LAYERS:
             flow.milp(AUTO_BACKEND, exact_windows=True)
         else:
-            flow.polish(1.0)  # the DP finished early: spend what is left on the incumbent
+            flow.polish(1.0)
     return flow.report()
 
 
