@@ -92,6 +92,10 @@ class SolveReport:
 # Shares of the time limit (upper bounds: each phase stops early when it has nothing left to do).
 _BEAM_SHARE = 0.2
 _POLISH_SHARE = 0.15
+_LONG_TRACE = 300
+"""Above this many layers the exact DP rarely finishes in a time limit of minutes, so the local search, which
+improves the answer, gets a larger share first (_POLISH_SHARE_LONG) and the DP then proves what it can."""
+_POLISH_SHARE_LONG = 0.4
 _DP_SHARE_BEFORE_MILP = 0.3
 _DP_UNTIL = 0.75  # under auto, the exact DP stops at this fraction of the limit if it has not finished
 _MAX_BEAM_WIDTH = 1536
@@ -214,9 +218,9 @@ class _Flow:
         return obj <= 0.0 or (obj - self.bound) <= (self.options.gap + 1e-6) * obj + 1e-12
 
     # ---------------------------------------------------------------- phases
-    def beam(self) -> None:
+    def beam(self, share: float) -> None:
         """Beams of growing width within the share: an answer early, a better one if time allows."""
-        until = self.until(_BEAM_SHARE)
+        until = self.until(share)
         width = 24
         while time.perf_counter() < until:
             out = beam_search(self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s)
@@ -345,8 +349,9 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     if options.solver == "heuristic":
         return _heuristic_only(trace, budget_bytes, flow)
-    flow.beam()
-    flow.polish(_POLISH_SHARE)
+    long_trace = trace.n > _LONG_TRACE
+    flow.beam(_BEAM_SHARE / 2 if long_trace else _BEAM_SHARE)
+    flow.polish(_POLISH_SHARE_LONG if long_trace else _POLISH_SHARE)
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     if options.solver in MILP_BACKENDS:
