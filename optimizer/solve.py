@@ -95,12 +95,13 @@ _POLISH_SHARE = 0.15
 _LONG_TRACE = 300
 """Above this many layers the exact DP rarely finishes in a time limit of minutes, so the local search, which
 improves the answer, gets a larger share first (_POLISH_SHARE_LONG) and the DP then proves what it can."""
-_POLISH_SHARE_LONG = 0.4
+_POLISH_SHARE_LONG = 0.6
+_DP_UNTIL_LONG = 0.85
 _DP_SHARE_BEFORE_MILP = 0.3
 _DP_UNTIL = 0.75  # under auto, the exact DP stops at this fraction of the limit if it has not finished
 _MAX_BEAM_WIDTH = 1536
 _RESERVE_S = 0.05  # building and simulating the returned schedule
-AUTO_MILP_MAX_LAYERS = 60
+AUTO_MILP_MAX_LAYERS = 100
 """Under `auto`, when the DP leaves a gap (its fluid bound is loose where stalls matter), the MILP with windows
 covering every schedule (W = L = n: an exact model, so its bound is true) gets the time left, up to this many
 layers (its size grows as n^3)."""
@@ -157,12 +158,13 @@ def _model_is_exact(m: MilpModel) -> bool:
 
 
 def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
-                 starts: list[list[Decision]], time_limit_s: float,
+                 starts: list[list[Decision]], deadline: float,
                  export: Path | None = None) -> tuple[Outcome, bool]:
-    """One MILP run (windows from `options`); returns its outcome and whether its model is exact (windows
-    cover everything)."""
+    """One MILP run (windows from `options`) that ends by `deadline` (perf_counter), model building
+    included; returns its outcome and whether its model is exact (windows cover everything)."""
     m = build_model(trace, budget_bytes, options.window, options.max_segment)
     warm = _best_start(m, starts)
+    time_limit_s = backend_limit(deadline - time.perf_counter())
     if backend == "cpsat":
         from memsched.optimizer.ilp.cpsat_backend import export_cpsat, solve_cpsat
 
@@ -251,8 +253,7 @@ class _Flow:
 
     def milp(self, backend: str, exact_windows: bool = False) -> None:
         """A MILP backend with what is left; `exact_windows`: W = L = n, so the model covers every schedule."""
-        limit = self.left()
-        if limit < 0.2:
+        if self.left() < 1.0:  # building, warm-starting and CBC's kill grace need about that much
             self.notes.append(f"no time left for {backend}")
             return
         options = self.options
@@ -260,7 +261,7 @@ class _Flow:
             options = replace(options, window=self.trace.n, max_segment=self.trace.n)
         starts = [c.sim.decisions for c in self.cands]
         outcome, exact = _run_backend(self.trace, self.budget, options, backend, starts,
-                                      backend_limit(limit), export=self.options.export_model)
+                                      self.deadline - _RESERVE_S, export=self.options.export_model)
         self.outcome = outcome
         if outcome.found == Found.INFEASIBLE:
             raise SolverError(
@@ -361,7 +362,8 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         return flow.report()
     # The exact DP gets most of what is left; where it cannot finish (long traces) the last part goes to
     # the local search instead, so a long trace's answer is never starved by a bound it cannot prove.
-    flow.exact_dp(flow.deadline - _RESERVE_S if options.solver == "dp" else flow.t0 + _DP_UNTIL * options.time_limit_s)
+    dp_until = _DP_UNTIL_LONG if long_trace else _DP_UNTIL
+    flow.exact_dp(flow.deadline - _RESERVE_S if options.solver == "dp" else flow.t0 + dp_until * options.time_limit_s)
     if not flow.proven() and flow.left() > 0.2:
         if options.solver == "auto" and trace.n <= AUTO_MILP_MAX_LAYERS:
             flow.milp(AUTO_BACKEND, exact_windows=True)
