@@ -99,42 +99,64 @@ def beam_search(trace: Trace, budget_bytes: int, deadline: float, width: int = D
     return out
 
 
+_DEEPENING = (0.7, 0.85, 0.95, 1.0)
+"""Thresholds of the successive exact sweeps, as fractions of incumbent x (1 - gap). A sweep below a low
+threshold prunes hard and is cheap: it either finds the fluid optimum (when that is below the threshold) or
+proves the threshold as a bound. Raising it step by step reaches the incumbent's threshold with the bound
+already proved up to the last step, and each step costs far less than the final one."""
+
+
 def exact_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: float | None, gap: float,
                  max_labels: int = DEFAULT_MAX_LABELS) -> DpOutcome:
-    """The full sweep, pruned at incumbent x (1 - gap); retried at coarser resolution when the label cap is
-    hit. The bound it returns holds for every schedule (see DpOutcome.bound_s)."""
+    """Exact sweeps under rising thresholds up to incumbent x (1 - gap) (iterative deepening, see
+    _DEEPENING); a sweep that hits the label cap is retried at a coarser resolution. The bound it returns
+    holds for every schedule (see DpOutcome.bound_s)."""
     t0 = time.perf_counter()
     p = build_problem(trace, budget_bytes)
     out = DpOutcome(notes=_approximation_notes(p))
-    threshold = np.inf if incumbent_s is None else incumbent_s * (1.0 - gap)
-    quantum = 1
+    top = np.inf if incumbent_s is None else incumbent_s * (1.0 - gap)
+    thresholds = [top] if not np.isfinite(top) else [top * f for f in _DEEPENING]
     best_bound = 0.0
-    while True:
-        res = run_sweep(p, SweepConfig(deadline=deadline, threshold=threshold, quantum_bytes=quantum,
-                                       max_labels=max_labels))
-        out.peak_labels, out.quantum_bytes = res.peak_labels, quantum
-        out.timed_out = res.timed_out
+    for threshold in thresholds:
+        if threshold <= best_bound:
+            continue
+        res = _sweep_with_cap(p, out, deadline, threshold, max_labels)
         if res.bound_s is not None and np.isfinite(res.bound_s):
             best_bound = max(best_bound, res.bound_s)
-        if res.finished:
-            out.fluid_optimum = quantum == 1
+        if not res.finished:
+            out.notes.append(f"the exact DP stopped at its deadline at layer {res.boundary_reached} of {p.n}"
+                             if res.timed_out else "the exact DP stopped at its label cap")
+            break
+        if res.finals and res.finals[0][0] < threshold:
+            # Nothing below the threshold was pruned, so the cheapest plan found is the fluid optimum.
+            out.fluid_optimum = out.quantum_bytes == 1
             out.schedules = _decode_finals(trace, p, res, budget_bytes)
             break
-        if not res.cap_hit:
-            out.notes.append(f"the exact DP stopped at its deadline at layer {res.boundary_reached} of {p.n}")
-            break
-        out.cap_hit = True
-        coarser = max(quantum * 16, 1, p.limit >> 14)
-        if coarser > max(1, p.limit):
-            out.notes.append(f"label cap hit even at {quantum}-byte resolution: the bound is the partial sweep's")
-            break
-        log.info("dp: %d labels at quantum %d bytes hit the cap; retrying at %d", res.total_labels, quantum, coarser)
-        out.notes.append(f"label cap hit at {quantum}-byte resolution; retried at {coarser} bytes")
-        quantum = coarser
     if p.offload_complete:
         out.bound_s = best_bound
     out.wall_s = time.perf_counter() - t0
     return out
+
+
+def _sweep_with_cap(p: DpProblem, out: DpOutcome, deadline: float, threshold: float,
+                    max_labels: int) -> SweepResult:
+    """One exact sweep; where the label cap stops it, again at coarser byte quanta (each still a relaxation)."""
+    quantum = 1
+    while True:
+        res = run_sweep(p, SweepConfig(deadline=deadline, threshold=threshold, quantum_bytes=quantum,
+                                       max_labels=max_labels))
+        out.peak_labels, out.quantum_bytes = max(out.peak_labels, res.peak_labels), quantum
+        out.timed_out = res.timed_out
+        if not res.cap_hit:
+            return res
+        out.cap_hit = True
+        coarser = max(quantum * 16, 1, p.limit >> 14)
+        if coarser > max(1, p.limit) or time.perf_counter() > deadline:
+            out.notes.append(f"label cap hit even at {quantum}-byte resolution: the bound is the partial sweep's")
+            return res
+        log.info("dp: %d labels at quantum %d bytes hit the cap; retrying at %d", res.total_labels, quantum, coarser)
+        out.notes.append(f"label cap hit at {quantum}-byte resolution; retried at {coarser} bytes")
+        quantum = coarser
 
 
 __all__ = ["DpOutcome", "beam_search", "exact_search"]
