@@ -6,20 +6,28 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from memsched.api.models import JobRow, JobStatus, TraceRow, utcnow
-from memsched.api.worker import SolveParams
+from memsched.optimizer.solve import SolveOptions
 from memsched.schema import Trace
 
+JOB_FIELDS = ("solver", "time_limit_s", "gap", "window", "max_segment")
+"""The SolveOptions a job carries, one column each. The others are the server's (threads) or the CLI's own
+(export_model), and do not change the answer."""
 
-def cache_key(trace_hash: str, budget_bytes: int, params: SolveParams) -> str:
+
+def job_options(options: SolveOptions) -> dict[str, object]:
+    return {f: getattr(options, f) for f in JOB_FIELDS}
+
+
+def cache_key(trace_hash: str, budget_bytes: int, params: SolveOptions) -> str:
     """Equal keys mean the same question: the same trace, budget bytes and solve options."""
-    payload = json.dumps({"trace": trace_hash, "budget_bytes": budget_bytes, **asdict(params)}, sort_keys=True)
+    payload = json.dumps({"trace": trace_hash, "budget_bytes": budget_bytes, **job_options(params)}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -94,7 +102,7 @@ def submit_job(
     trace_row: TraceRow,
     budget_spec: str,
     budget_bytes: int,
-    params: SolveParams,
+    params: SolveOptions,
 ) -> Submission:
     """Find or create the job for (owner, cache key): a repeat returns the same job; a question another
     owner already had answered is copied from that answer; a failed job is retried; else a new job is queued."""
@@ -145,8 +153,8 @@ def submit_job(
     raise RuntimeError("could not insert or find the job after 3 tries")  # unreachable in practice
 
 
-def params_of(row: JobRow) -> SolveParams:
-    return SolveParams(row.solver, row.time_limit_s, row.gap, row.window, row.max_segment)
+def params_of(row: JobRow) -> SolveOptions:
+    return SolveOptions(**{f: getattr(row, f) for f in JOB_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -154,7 +162,7 @@ class ClaimedJob:
     id: str
     trace_json: str
     budget_bytes: int
-    params: SolveParams
+    params: SolveOptions
     attempts: int
 
 

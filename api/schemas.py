@@ -9,7 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidat
 
 from memsched.api.examples import EXAMPLE_TRACE
 from memsched.api.models import JobStatus
-from memsched.optimizer.solve import SOLVERS
+from memsched.optimizer.solve import SOLVERS, SolveOptions
 from memsched.schema import Schedule, Trace
 
 TraceId = Annotated[
@@ -131,7 +131,7 @@ class ScheduleRequest(_Strict):
     trace: StrictTrace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
     budget: Budget
     solver: str = Field(
-        default="auto",
+        default=SolveOptions.solver,
         description="solver backend: " + " | ".join(SOLVERS),
         json_schema_extra={"enum": list(SOLVERS)},
     )
@@ -142,7 +142,7 @@ class ScheduleRequest(_Strict):
         description="wall-clock limit for the exact solver, seconds (server default if absent; capped by the "
         "server's MEMSCHED_MAX_TIME_LIMIT_S)",
     )
-    gap: float = Field(default=0.01, ge=0, lt=1, allow_inf_nan=False, description="relative optimality gap")
+    gap: float = Field(default=SolveOptions.gap, ge=0, lt=1, allow_inf_nan=False, description="relative optimality gap")
     window: int | None = Field(
         default=None,
         ge=1,

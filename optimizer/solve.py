@@ -54,6 +54,19 @@ class SolveOptions:
     threads: int | None = None
     """Solver threads; None = the backend's default (CP-SAT: 2)."""
 
+    def __post_init__(self) -> None:
+        # The one place the options are checked: the CLI, the API's request schema and its jobs all build a
+        # SolveOptions, so a bad value gets the same message wherever it comes from.
+        if self.solver not in SOLVERS:
+            raise MemschedError(f"solver: {self.solver!r} is not one of {', '.join(SOLVERS)}; pick one of those")
+        if not self.time_limit_s > 0:
+            raise MemschedError(f"time limit: must be > 0 seconds, got {self.time_limit_s}; e.g. --time-limit 30")
+        if not 0 <= self.gap < 1:
+            raise MemschedError(f"gap: must be in [0, 1), got {self.gap}; e.g. --gap 0.01 for 1%")
+        for name, value in (("window", self.window), ("max segment", self.max_segment)):
+            if value is not None and value < 1:
+                raise MemschedError(f"{name}: must be >= 1, got {value}; leave it unset for the default")
+
 
 @dataclass
 class Candidate:
@@ -75,18 +88,6 @@ class SolveReport:
     """The exact backend's raw result (None for the heuristic or keep-all)."""
     ilp_sim: SimResult | None
     """The simulator's verdict on the backend's incumbent, if there was one."""
-
-
-def _check_options(options: SolveOptions) -> None:
-    if options.solver not in SOLVERS:
-        raise MemschedError(f"solver: {options.solver!r} is not one of {', '.join(SOLVERS)}; pick one of those")
-    if not options.time_limit_s > 0:
-        raise MemschedError(f"time limit: must be > 0 seconds, got {options.time_limit_s}; e.g. --time-limit 30")
-    if not 0 <= options.gap < 1:
-        raise MemschedError(f"gap: must be in [0, 1), got {options.gap}; e.g. --gap 0.01 for 1%")
-    for name, value in (("window", options.window), ("max segment", options.max_segment)):
-        if value is not None and value < 1:
-            raise MemschedError(f"{name}: must be >= 1, got {value}; leave it unset for the default")
 
 
 def _record(backend: str, status: SolverStatus, objective: float, wall: float, message: str,
@@ -194,7 +195,6 @@ def _candidate_schedule(trace: Trace, budget_bytes: int, best: Candidate, outcom
 def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> SolveReport:
     """solve(), with the backend's raw outcome kept."""
     options = options or SolveOptions()
-    _check_options(options)
     check_budget_feasible(trace, budget_bytes)
     t0 = time.perf_counter()
     if max(stage_memory(trace, [KEEP] * trace.n)) + trace.static.total <= budget_bytes:
