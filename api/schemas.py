@@ -296,7 +296,12 @@ class Health(BaseModel):
 
 class Ready(Health):
     database: str = Field(description="database backend (sqlite or postgresql)")
-    workers: int = Field(description="solver processes")
+    workers: int = Field(
+        description="solver processes of this server; in distributed mode, the live Celery workers consuming "
+        "the queue"
+    )
+    broker: str | None = Field(default=None, description="distributed mode: the broker (redis or amqp)")
+    queue_depth: int | None = Field(default=None, description="distributed mode: jobs waiting in the broker's queue")
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -309,6 +314,6 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         413: "request body larger than MEMSCHED_MAX_BODY_BYTES",
         422: "invalid input; `field` names it (infeasible budgets carry `min_feasible_bytes`)",
         429: "too many queued jobs; retry later",
-        503: "not ready (database unreachable or plotting unavailable)",
+        503: "not ready, or a dependency is down (database, broker, plotting); retry after `Retry-After` seconds",
     }
     return {c: {"model": ErrorBody, "description": text[c]} for c in codes}

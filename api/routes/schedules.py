@@ -12,6 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.deps import DatabaseDep, MetricsDep, OwnerDep, RunnerDep, SettingsDep
+from memsched.api.distributed import DistributedRunner
 from memsched.api.errors import ApiError, from_memsched_error
 from memsched.api.models import JobRow, JobStatus
 from memsched.api.routes.common import job_out, request_budget, resolve_trace
@@ -52,7 +53,7 @@ def _status_code(row: JobRow) -> int:
     "An infeasible budget is answered at once with 422 and `min_feasible_bytes`.",
     responses={
         200: {"model": JobOut, "description": "finished (done or failed) within the wait"},
-        **error_responses(400, 401, 404, 413, 422, 429),
+        **error_responses(400, 401, 404, 413, 422, 429, 503),
     },
 )
 async def create_schedule(
@@ -93,7 +94,12 @@ async def create_schedule(
                     None,
                     headers={"Retry-After": "10"},
                 )
-            sub = crud.submit_job(s, owner, trace_row, spec, budget_bytes, params)
+            # Distributed mode: the job's message is sent before its row is committed (see crud.submit_job).
+            enqueue = None
+            if isinstance(runner, DistributedRunner):
+                dist = runner
+                enqueue = lambda row: dist.enqueue(row.id, row.time_limit_s)  # noqa: E731
+            sub = crud.submit_job(s, owner, trace_row, spec, budget_bytes, params, enqueue)
             return sub.job, sub.new_solve
 
     # The submission does database work and one simulation: run it off the event loop.

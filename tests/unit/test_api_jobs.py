@@ -18,7 +18,7 @@ import pytest
 from memsched.api import crud, worker
 from memsched.api.db import Database
 from memsched.api.examples import synthetic_trace
-from memsched.api.jobs import JobRunner, _kill
+from memsched.api.jobs import JobRunner, kill_pool
 from memsched.api.metrics import Metrics
 from memsched.api.models import JobRow
 from memsched.api.settings import Settings
@@ -111,7 +111,7 @@ def test_kill_takes_the_solver_binaries_with_the_pool() -> None:
         time.sleep(0.05)
     grandchildren = worker.descendants(procs[0].pid)
     assert grandchildren
-    _kill(pool)
+    kill_pool(pool)
     with pytest.raises(Exception, match="terminated abruptly|BrokenProcessPool"):
         fut.result(timeout=10)
     time.sleep(0.2)
