@@ -45,9 +45,9 @@ class _Broker(Collector):
             g = GaugeMetricFamily(name, doc)
             try:
                 g.add_metric([], fn())
-            except Exception:
+            except Exception as e:  # noqa: BLE001  # kombu, redis, amqp or OS errors alike
                 # The broker is down: leave the sample out rather than fail the scrape (/readyz says why).
-                log.warning("could not read %s for /metrics", name, exc_info=True)
+                log.warning("could not read %s for /metrics: %s: %s", name, type(e).__name__, str(e)[:200])
             yield g
 
 
