@@ -32,8 +32,8 @@ from memsched.api import crud, worker
 from memsched.api.db import Database
 from memsched.api.errors import BrokerUnavailable
 from memsched.api.jobs import kill_pool, spawn_pool
-from memsched.api.models import JobStatus
-from memsched.api.settings import Settings
+from memsched.api.models import JobRow, JobStatus
+from memsched.api.settings import BROKER_SCHEMES, Settings
 from memsched.errors import MemschedError
 from memsched.schema import SCHEDULE_SCHEMA_VERSION, TRACE_SCHEMA_VERSION
 
@@ -62,11 +62,9 @@ def _describe(v: dict[str, Any]) -> str:
 
 def broker_kind(url: str) -> str:
     """'redis' or 'amqp' from the URL's scheme; MemschedError naming the fix for anything else."""
-    scheme = urlsplit(url).scheme.lower()
-    if scheme in ("redis", "rediss"):
-        return "redis"
-    if scheme in ("amqp", "amqps", "pyamqp"):
-        return "amqp"
+    kind = BROKER_SCHEMES.get(urlsplit(url).scheme.lower())
+    if kind is not None:
+        return kind
     raise MemschedError(
         f"MEMSCHED_BROKER_URL {safe_broker_url(url)!r}: use redis://host:6379/0 (Redis) or "
         "amqp://user:password@host:5672// (RabbitMQ)"
@@ -285,11 +283,36 @@ def _running_elsewhere(task: Any, job_id: str) -> bool:
 
 def run_task(task: Any, job_id: str, versions: dict[str, Any] | None = None) -> str:
     """The Celery task: refuse a job from another version; claim the row; solve with the embedded mode's solve
-    function under Celery's soft limit; store the answer. Returns what happened (for the worker's log)."""
+    function under Celery's soft limit; store the answer. Returns what happened (for the worker's log).
+
+    When the database stays unreachable (a minute of retries), the message goes back to the queue (Celery's
+    Reject), so the job runs once the database is back instead of being acknowledged unanswered."""
+    from celery.exceptions import Reject
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    try:
+        return _run_job(task, job_id, versions)
+    except (OperationalError, InterfaceError) as e:
+        log.error("job %s: database unavailable (%s); returning its message to the queue", job_id, e)
+        raise Reject(str(e), requeue=True) from e
+
+
+def _row_exists(s: Any, job_id: str) -> bool:
+    return s.get(JobRow, job_id) is not None
+
+
+def _run_job(task: Any, job_id: str, versions: dict[str, Any] | None) -> str:
     from celery.exceptions import SoftTimeLimitExceeded
 
     st = _state()
     me = f"{task.request.hostname} (pid {os.getpid()})"
+    # The replica commits the row right after sending the message: a fast worker may be here first.
+    deadline = time.monotonic() + _ROW_WAIT_S
+    while not _with_db_retries("looking up a job", lambda s: _row_exists(s, job_id)):
+        if time.monotonic() > deadline:
+            log.warning("job %s: no such job in the database after %.0f s; message dropped", job_id, _ROW_WAIT_S)
+            return "missing"
+        time.sleep(0.02)
     mine = job_versions()
     if (versions or {}) != mine:
         reason = (
@@ -301,19 +324,13 @@ def run_task(task: Any, job_id: str, versions: dict[str, Any] | None = None) -> 
         _with_db_retries("refusing a job", lambda s: crud.fail_unfinished(s, job_id, reason))
         return "refused"
 
-    deadline = time.monotonic() + _ROW_WAIT_S
-    while True:
-        claim = _with_db_retries(
-            "claiming a job",
-            lambda s: crud.claim_delivery(
-                s, job_id, me, st.settings.max_attempts, lambda: _running_elsewhere(task, job_id)
-            ),
-        )
-        if claim is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    claim = _with_db_retries(
+        "claiming a job",
+        lambda s: crud.claim_delivery(
+            s, job_id, me, st.settings.max_attempts, lambda: _running_elsewhere(task, job_id)
+        ),
+    )
     if claim is None:
-        log.warning("job %s: no such job in the database after %.0f s; message dropped", job_id, _ROW_WAIT_S)
         return "missing"
     if isinstance(claim, str):
         log.info("job %s not run: %s", job_id, claim)
@@ -333,8 +350,7 @@ def run_task(task: Any, job_id: str, versions: dict[str, Any] | None = None) -> 
             vt,
         )
     overran = (
-        f"reached its soft time limit of {soft:g} s (time limit {claim.params.time_limit_s:g} s + "
-        "MEMSCHED_JOB_GRACE_S)"
+        f"reached its soft time limit of {soft:g} s (time limit {claim.params.time_limit_s:g} s + MEMSCHED_JOB_GRACE_S)"
         if soft
         else "was stopped by Celery's soft time limit"
     )
@@ -406,6 +422,18 @@ def worker_app(settings: Settings) -> Any:
 def run_worker(settings: Settings, concurrency: int, queues: list[str], name: str | None, loglevel: str) -> None:
     """Start a Celery worker (prefork pool of `concurrency` processes) consuming `queues`; returns at shutdown."""
     assert settings.broker_url
+    db = Database(settings.database_url)
+    # The tables, if no replica has made them yet (under the same lock); and a clear error now, not at the first
+    # job, when the database is not reachable.
+    db.create_all()
+    log.info(
+        "memsched worker: %d processes, queues %s, broker %s, database %s",
+        concurrency,
+        ",".join(queues),
+        safe_broker_url(settings.broker_url),
+        db.safe_url,
+    )
+    db.dispose()
     app = worker_app(settings)
     # Import the solver stack now, in the parent, so forked pool processes start with it loaded.
     import memsched.service  # noqa: F401
@@ -422,11 +450,4 @@ def run_worker(settings: Settings, concurrency: int, queues: list[str], name: st
         "--without-gossip",
         "--without-mingle",
     ]
-    log.info(
-        "memsched worker: %d processes, queues %s, broker %s, database %s",
-        concurrency,
-        ",".join(queues),
-        safe_broker_url(settings.broker_url),
-        Database(settings.database_url).safe_url,
-    )
     app.worker_main(argv=argv)

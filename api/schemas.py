@@ -297,8 +297,7 @@ class Health(BaseModel):
 class Ready(Health):
     database: str = Field(description="database backend (sqlite or postgresql)")
     workers: int = Field(
-        description="solver processes of this server; in distributed mode, the live Celery workers consuming "
-        "the queue"
+        description="solver processes of this server; in distributed mode, the live Celery workers consuming the queue"
     )
     broker: str | None = Field(default=None, description="distributed mode: the broker (redis or amqp)")
     queue_depth: int | None = Field(default=None, description="distributed mode: jobs waiting in the broker's queue")

@@ -23,6 +23,10 @@ def default_database_url() -> str:
     return f"sqlite:///{default_data_dir() / 'memsched.db'}"
 
 
+BROKER_SCHEMES = {"redis": "redis", "rediss": "redis", "amqp": "amqp", "amqps": "amqp", "pyamqp": "amqp"}
+"""The Celery brokers memsched supports, by URL scheme."""
+
+
 class Settings(BaseSettings):
     """Environment: MEMSCHED_<FIELD>, e.g. MEMSCHED_DATABASE_URL, MEMSCHED_API_KEYS=key1,key2."""
 
@@ -79,6 +83,19 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return [k.strip() for k in v.split(",") if k.strip()]
         return v
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker(cls, url: str | None) -> str | None:
+        if not url:
+            return None
+        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        if scheme not in BROKER_SCHEMES:
+            raise ValueError(
+                f"{scheme or 'no'} scheme; use redis://host:6379/0 (Redis) or amqp://user:password@host:5672// "
+                "(RabbitMQ)"
+            )
+        return url
 
     @field_validator("api_keys")
     @classmethod

@@ -251,7 +251,7 @@ def write_results(meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         f"Date: {meta['date']}  ",
         f"Setup: {meta['setup']}.",
         "",
-        "| worker processes | jobs | solve | solves / min | makespan s | mean solve s | latency p50 s | p95 s | p99 s |",
+        "| workers | jobs | solve | solves / min | makespan s | mean solve s | latency p50 s | p95 s | p99 s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
