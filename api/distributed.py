@@ -233,6 +233,10 @@ class _WorkerState:
 
     def db(self) -> Database:
         if self._db is None or self._pid != os.getpid():
+            if self._db is not None:
+                # Inherited from the main process by fork: forget its connections without closing them, so the
+                # parent's stay usable (SQLAlchemy's advice for forked processes).
+                self._db.engine.dispose(close=False)
             self._db = Database(self.settings.database_url)
             self._pid = os.getpid()
         return self._db

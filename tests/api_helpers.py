@@ -189,6 +189,15 @@ def broker_answers(url: str) -> str:
         return f"{type(e).__name__}: {e}"
 
 
+def try_install_redis() -> str:
+    """apt-get redis-server when MEMSCHED_TEST_INSTALL_REDIS=1 (CI) and we are root; returns what was done."""
+    if os.environ.get("MEMSCHED_TEST_INSTALL_REDIS") != "1":
+        return "set MEMSCHED_TEST_INSTALL_REDIS=1 to let the tests apt-get it"
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "installing redis-server needs root and apt-get"
+    return "; ".join([_run(["apt-get", "update", "-q"]), _run(["apt-get", "install", "-y", "-q", "redis-server"])])
+
+
 class RedisServer:
     """Our own redis-server on a free loopback port, persisting to an append-only file so that its queue
     survives a stop and start (the broker-down test stops it; the shared Redis is never stopped)."""

@@ -23,6 +23,7 @@ from api_helpers import (
     broker_answers,
     find_pg,
     try_install_and_start_pg,
+    try_install_redis,
 )
 
 
@@ -97,7 +98,9 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield REDIS_URL
         return
     if shutil.which("redis-server") is None:
-        pytest.skip(f"no Redis at {REDIS_URL} ({why}) and no redis-server binary to start one")
+        done = try_install_redis()
+        if shutil.which("redis-server") is None:
+            pytest.skip(f"no Redis at {REDIS_URL} ({why}) and no redis-server binary to start one ({done})")
     own = RedisServer(tmp_path_factory.mktemp("redis")).start()
     try:
         yield own.url
