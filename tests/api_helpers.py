@@ -237,15 +237,13 @@ class RedisServer:
 class Worker:
     """`memsched worker` in a subprocess (its own process group, so kill() takes its pool processes too)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, *args: str, version: str | None = None) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, *args: str, prelude: str = "") -> None:
+        """`prelude`: Python run before the worker starts, to inject a fault (a solver that ignores its time
+        limit) or to report another memsched version."""
         self.env = env
         self.log_path = log_path
-        if version is None:
-            self.argv = [sys.executable, "-m", "memsched.cli", "worker", *args]
-        else:
-            # A worker of another memsched version: the same code, reporting `version`.
-            code = f"import sys, memsched; memsched.__version__ = {version!r}; from memsched.cli import main; main()"
-            self.argv = [sys.executable, "-c", code, "worker", *args]
+        code = f"{prelude}\nfrom memsched.cli import main\nmain()"
+        self.argv = [sys.executable, "-c", code, "worker", *args]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> Worker:

@@ -28,6 +28,8 @@ async def healthz() -> Health:
 @router.get(
     "/readyz",
     response_model=Ready,
+    # The embedded mode's answer stays as it was: the broker fields appear only in distributed mode.
+    response_model_exclude_none=True,
     summary="Readiness: the database (and the broker, in distributed mode) answers",
     responses=error_responses(503),
 )
