@@ -204,7 +204,8 @@ class DistributedRunner:
         from kombu.exceptions import ChannelError
 
         with self.app.connection_for_read() as conn:
-            conn.ensure_connection(max_retries=1, timeout=3)
+            # A probe answers at once: no retries (kombu's would add seconds while the broker is down).
+            conn.ensure_connection(max_retries=0, timeout=3)
             channel = conn.channel()
             try:
                 return int(channel.queue_declare(queue=self.settings.queue, passive=True).message_count)
@@ -216,6 +217,8 @@ class DistributedRunner:
 
     def live_workers(self, timeout: float = 1.0) -> int:
         """Workers that answer Celery's broadcast and consume this queue (Celery's own remote control)."""
+        with self.app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=0, timeout=3)  # fail fast, before the broadcast's own retries
         replies = self.app.control.inspect(timeout=timeout).active_queues() or {}
         return sum(1 for queues in replies.values() if any(q.get("name") == self.settings.queue for q in queues))
 
