@@ -225,6 +225,7 @@ def main() -> None:
     finally:
         with psycopg.connect(args.pg, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        _purge_redis(args.redis, f"{queue}:")
     meta = {
         "command": "python bench/service_scale.py " + " ".join(sys.argv[1:]),
         "commit": commit,
@@ -243,6 +244,17 @@ def main() -> None:
         "this machine; each job a distinct trace (no cache hits), all submitted at once",
     }
     write_results(meta, rows)
+
+
+def _purge_redis(url: str, prefix: str) -> None:
+    """Leave the shared Redis as found: delete this run's keys."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 def write_results(meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:

@@ -177,6 +177,23 @@ def unique_queue() -> str:
     return f"memsched-test-{uuid.uuid4().hex[:12]}"
 
 
+def purge_broker(url: str, queue: str, key_prefix: str) -> None:
+    """Leave the shared broker as found: Redis keys under the run's prefix, or the run's RabbitMQ queue."""
+    if url.startswith("redis"):
+        import redis
+
+        client = redis.Redis.from_url(url)
+        keys = list(client.scan_iter(match=f"{key_prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+        return
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=3) as conn:
+        conn.default_channel.queue_delete(queue)
+
+
 def broker_answers(url: str) -> str:
     """'' if a broker answers at url, else why not."""
     from kombu import Connection

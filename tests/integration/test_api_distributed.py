@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -16,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_helpers import KEY_A, RedisServer, Server, Worker, unique_queue
+from api_helpers import KEY_A, RedisServer, Server, Worker, purge_broker, unique_queue
 
 from memsched.api.examples import synthetic_trace
 
@@ -90,6 +91,8 @@ class Cluster:
     def stop(self) -> None:
         for p in [*self.apis, *self.workers]:
             p.stop()
+        with contextlib.suppress(Exception):  # a broker stopped by the test itself has nothing left to purge
+            purge_broker(self.broker_url, self.queue, self.settings.get("broker_key_prefix", "memsched:"))
 
 
 def _start_all(*procs: Server | Worker) -> None:
