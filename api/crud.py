@@ -6,20 +6,29 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from memsched.api.models import JobRow, JobStatus, TraceRow, utcnow
-from memsched.api.worker import SolveParams
+from memsched.optimizer.solve import SolveOptions
 from memsched.schema import Trace
 
+JOB_FIELDS = ("solver", "time_limit_s", "gap", "window", "max_segment")
+"""The SolveOptions a job carries, one column each. The others are the server's (threads) or the CLI's own
+(export_model), and do not change the answer."""
 
-def cache_key(trace_hash: str, budget_bytes: int, params: SolveParams) -> str:
+
+def job_options(options: SolveOptions) -> dict[str, object]:
+    return {f: getattr(options, f) for f in JOB_FIELDS}
+
+
+def cache_key(trace_hash: str, budget_bytes: int, params: SolveOptions) -> str:
     """Equal keys mean the same question: the same trace, budget bytes and solve options."""
-    payload = json.dumps({"trace": trace_hash, "budget_bytes": budget_bytes, **asdict(params)}, sort_keys=True)
+    payload = json.dumps({"trace": trace_hash, "budget_bytes": budget_bytes, **job_options(params)}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -94,11 +103,28 @@ def submit_job(
     trace_row: TraceRow,
     budget_spec: str,
     budget_bytes: int,
-    params: SolveParams,
+    params: SolveOptions,
+    enqueue: Callable[[JobRow], None] | None = None,
 ) -> Submission:
     """Find or create the job for (owner, cache key): a repeat returns the same job; a question another
-    owner already had answered is copied from that answer; a failed job is retried; else a new job is queued."""
+    owner already had answered is copied from that answer; a failed job is retried; else a new job is queued.
+
+    `enqueue` (distributed mode) sends a job that needs a solve to the broker before the row is committed:
+    if the broker refuses, the transaction is rolled back and nothing is stored, so no row waits for a
+    message that was never sent. The row is flushed first, so the unique (owner, cache_key) constraint
+    settles a race between replicas before anything is sent."""
     key = cache_key(trace_row.id, budget_bytes, params)
+
+    def commit_solve(row: JobRow) -> None:
+        if enqueue is not None:
+            s.flush()
+            try:
+                enqueue(row)
+            except BaseException:
+                s.rollback()
+                raise
+        s.commit()
+
     for _ in range(3):
         existing = s.scalars(select(JobRow).where(JobRow.owner == owner, JobRow.cache_key == key)).first()
         if existing is not None:
@@ -109,7 +135,7 @@ def submit_job(
             existing.reason = text(f"resubmitted after failure: {existing.reason}", 4000)
             existing.attempts = 0
             existing.started_at = existing.finished_at = None
-            s.commit()
+            commit_solve(existing)
             return Submission(existing, True)
         done = s.scalars(
             select(JobRow).where(JobRow.cache_key == key, JobRow.status == JobStatus.DONE).limit(1)
@@ -135,7 +161,10 @@ def submit_job(
             row.solve_s, row.started_at, row.finished_at = done.solve_s, now, now
         s.add(row)
         try:
-            s.commit()
+            if done is None:
+                commit_solve(row)
+            else:
+                s.commit()
         except IntegrityError:
             # The same owner submitted the same question concurrently; the unique (owner, cache_key)
             # constraint let exactly one insert win. Loop to return the winner's job.
@@ -145,8 +174,8 @@ def submit_job(
     raise RuntimeError("could not insert or find the job after 3 tries")  # unreachable in practice
 
 
-def params_of(row: JobRow) -> SolveParams:
-    return SolveParams(row.solver, row.time_limit_s, row.gap, row.window, row.max_segment)
+def params_of(row: JobRow) -> SolveOptions:
+    return SolveOptions(**{f: getattr(row, f) for f in JOB_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -154,7 +183,7 @@ class ClaimedJob:
     id: str
     trace_json: str
     budget_bytes: int
-    params: SolveParams
+    params: SolveOptions
     attempts: int
 
 
@@ -237,6 +266,98 @@ def recover(s: Session, max_attempts: int) -> tuple[int, int, int]:
         else:
             failed += 1
     return requeued, failed, count_queued(s)
+
+
+def claim_delivery(
+    s: Session, job_id: str, worker: str, max_attempts: int, running_elsewhere: Callable[[], bool]
+) -> ClaimedJob | str | None:
+    """Distributed mode: a worker received the job's message. Returns the job to solve; or why not (a string:
+    it is finished, or running on another worker, or failed now after too many interruptions); or None when
+    the row is not there (yet: the API commits it right after sending the message).
+
+    A message for a job that is still 'running' is a re-delivery: its worker was lost (kill -9, out of
+    memory, a lost machine; Celery re-delivers thanks to acks_late + reject_on_worker_lost, or Redis after its
+    visibility timeout). Unless Celery reports the job active on a live worker, the interruption is recorded
+    in the row and the job runs again, up to `max_attempts` attempts; then it fails with the reason. Every
+    claim is a conditional UPDATE, so two deliveries never both win."""
+    row = s.get(JobRow, job_id)
+    if row is None:
+        return None
+    seen_status, seen_attempts = row.status, row.attempts
+    if seen_status in (JobStatus.DONE, JobStatus.FAILED):
+        return f"already {seen_status}"
+    note = None
+    if seen_status == JobStatus.RUNNING:
+        if running_elsewhere():
+            return "it is running on another live worker (a duplicate delivery)"
+        lost = "its worker was lost mid-solve (killed, out of memory, or its machine went away)"
+        if seen_attempts >= max_attempts:
+            values: dict[str, object] = {
+                "status": JobStatus.FAILED,
+                "finished_at": utcnow(),
+                "reason": text(
+                    f"{lost} on each of its {seen_attempts} attempts, so it is not retried again (it may be what "
+                    "crashes the worker): resubmit it, perhaps with solver 'heuristic' or a shorter time_limit_s",
+                    4000,
+                ),
+            }
+        else:
+            note = (
+                f"attempt {seen_attempts} was interrupted: {lost}; re-delivered to worker {worker} "
+                f"(attempt {seen_attempts + 1} of {max_attempts})"
+            )
+    if note is not None or seen_status == JobStatus.QUEUED:
+        values = {"status": JobStatus.RUNNING, "started_at": utcnow(), "attempts": JobRow.attempts + 1}
+        if note is not None:
+            values["reason"] = text(note, 4000)
+    res = s.execute(
+        update(JobRow)
+        .where(JobRow.id == job_id, JobRow.status == seen_status, JobRow.attempts == seen_attempts)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    s.commit()
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        return "another delivery claimed it first"
+    s.refresh(row)
+    if row.status == JobStatus.FAILED:
+        return f"failed after {seen_attempts} interrupted attempts"
+    trace = s.get(TraceRow, (row.owner, row.trace_id))
+    if trace is None:  # the trace row is written before its jobs and never deleted
+        finish_job(s, row.id, None, "the job's trace is missing from the database; submit the trace again")
+        return "its trace is missing"
+    return ClaimedJob(row.id, trace.body, row.budget_bytes, params_of(row), row.attempts)
+
+
+def answer_from_cache(s: Session, job_id: str) -> bool:
+    """A running job whose question another owner's job has answered meanwhile takes that schedule instead of
+    solving it again (the per-owner unique constraint cannot merge two owners' jobs at submission)."""
+    row = s.get(JobRow, job_id)
+    if row is None:
+        return False
+    done = s.scalars(
+        select(JobRow)
+        .where(JobRow.cache_key == row.cache_key, JobRow.status == JobStatus.DONE, JobRow.id != job_id)
+        .limit(1)
+    ).first()
+    if done is None:
+        return False
+    row.status, row.schedule, row.cached = JobStatus.DONE, done.schedule, True
+    row.solve_s, row.finished_at = done.solve_s, utcnow()
+    s.commit()
+    return True
+
+
+def fail_unfinished(s: Session, job_id: str, reason: str) -> bool:
+    """Fail a job that is still queued or running (a refused or killed delivery); True if it was."""
+    res = s.execute(
+        update(JobRow)
+        .where(JobRow.id == job_id, JobRow.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+        .values(status=JobStatus.FAILED, reason=text(reason, 4000), finished_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    s.commit()
+    return res.rowcount == 1  # type: ignore[attr-defined]
 
 
 def store_plot(s: Session, job_id: str, png: bytes) -> None:

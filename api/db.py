@@ -18,6 +18,8 @@ from memsched.errors import MemschedError
 
 log = logging.getLogger(__name__)
 
+_SCHEMA_LOCK = 0x6D656D73  # "mems": the advisory lock key under which replicas create the tables
+
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
@@ -61,8 +63,12 @@ class Database:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def create_all(self) -> None:
-        """Create missing tables (no migrations yet: the schema is new)."""
-        Base.metadata.create_all(self.engine)
+        """Create missing tables (no migrations yet: the schema is new). On PostgreSQL under an advisory lock:
+        API replicas starting together would otherwise race to create the same tables."""
+        with self.engine.begin() as conn:
+            if self.engine.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+            Base.metadata.create_all(conn)
 
     @contextmanager
     def session(self) -> Iterator[Session]:

@@ -13,6 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from memsched.api.db import Database
+from memsched.api.distributed import DistributedRunner
 from memsched.api.errors import ApiError
 from memsched.api.jobs import JobRunner
 from memsched.api.metrics import Metrics
@@ -31,8 +32,8 @@ def get_database(request: Request) -> Database:
     return db
 
 
-def get_runner(request: Request) -> JobRunner:
-    runner: JobRunner = request.app.state.runner
+def get_runner(request: Request) -> JobRunner | DistributedRunner:
+    runner: JobRunner | DistributedRunner = request.app.state.runner
     return runner
 
 
@@ -43,7 +44,7 @@ def get_metrics(request: Request) -> Metrics:
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
-RunnerDep = Annotated[JobRunner, Depends(get_runner)]
+RunnerDep = Annotated[JobRunner | DistributedRunner, Depends(get_runner)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 

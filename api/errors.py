@@ -41,6 +41,11 @@ class ApiError(Exception):
         self.headers = headers
 
 
+class BrokerUnavailable(Exception):
+    """Distributed mode: the broker did not take a job's message (down, unreachable, refusing). Answered
+    with 503 + Retry-After: nothing was stored, and the same request succeeds once the broker is back."""
+
+
 def from_memsched_error(err: MemschedError, field: str | None = None) -> ApiError:
     """A user-fixable core error as a 422. Infeasible budgets carry the smallest feasible budget."""
     if isinstance(err, InfeasibleBudgetError):
@@ -123,6 +128,18 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _broker_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("broker unavailable on %s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        status_code=503,
+        content={
+            "detail": f"{exc}; nothing was stored: retry shortly (GET /readyz reports the broker)",
+            "field": None,
+        },
+        headers={"Retry-After": "5"},
+    )
+
+
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     # Reaching this is a bug: log it with the traceback; the client gets a JSON body without internals.
     log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -137,4 +154,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OperationalError, _database_error)
     app.add_exception_handler(InterfaceError, _database_error)
     app.add_exception_handler(DataError, _database_error)
+    app.add_exception_handler(BrokerUnavailable, _broker_error)
     app.add_exception_handler(Exception, _internal_error)

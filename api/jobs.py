@@ -32,6 +32,18 @@ T = TypeVar("T")
 _POLL_S = 1.0
 
 
+def spawn_pool(workers: int) -> ProcessPoolExecutor:
+    """Worker processes that exit when this server does."""
+    # spawn, not fork: the server has threads (the thread pool, the database pool), and forking a
+    # threaded process can copy a held lock into the child.
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=worker.watch_parent,
+        initargs=(os.getpid(),),
+    )
+
+
 class JobRunner:
     def __init__(self, db: Database, settings: Settings, metrics: Metrics) -> None:
         self.db = db
@@ -47,14 +59,7 @@ class JobRunner:
     # ---------------------------------------------------------------- lifecycle
 
     def _new_pool(self, workers: int) -> ProcessPoolExecutor:
-        # spawn, not fork: the server has threads (the thread pool, the database pool), and forking a
-        # threaded process can copy a held lock into the child.
-        return ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=worker.watch_parent,
-            initargs=(os.getpid(),),
-        )
+        return spawn_pool(workers)
 
     async def start(self) -> None:
         requeued, failed, queued = await self._db(lambda s: crud.recover(s, self.settings.max_attempts))
@@ -88,7 +93,7 @@ class JobRunner:
             # Kill, not wait: a long solve would hold up the shutdown, and its job is re-queued at the next
             # start anyway; idle workers lose nothing.
             if pool is not None:
-                _kill(pool)
+                kill_pool(pool)
         self._pool = self._plot_pool = None
 
     # ---------------------------------------------------------------- API used by routes
@@ -228,11 +233,11 @@ class JobRunner:
     def _recycle(self, pool: ProcessPoolExecutor) -> None:
         """Replace a pool whose worker is stuck or dead (once, however many jobs notice it)."""
         if self._pool is pool:
-            _kill(pool)
+            kill_pool(pool)
             self._pool = self._new_pool(self.settings.workers)
 
 
-def _kill(pool: ProcessPoolExecutor) -> None:
+def kill_pool(pool: ProcessPoolExecutor) -> None:
     # ProcessPoolExecutor has no public way to stop a running task (terminate_workers() arrives in 3.14), so
     # kill its processes directly; their futures then fail with BrokenProcessPool.
     procs = list(getattr(pool, "_processes", {}).values())

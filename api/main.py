@@ -12,6 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 import memsched
 from memsched.api import crud
 from memsched.api.db import Database
+from memsched.api.distributed import DistributedRunner
 from memsched.api.errors import install_error_handlers
 from memsched.api.jobs import JobRunner
 from memsched.api.metrics import Metrics
@@ -47,9 +48,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.error("cannot use the database %s: %s", db.safe_url, str(e).splitlines()[0])
             raise
         log.info(
-            "memsched service: database %s, %d solver workers, auth %s",
+            "memsched service: database %s, %s, auth %s",
             db.safe_url,
-            settings.workers,
+            "solves on Celery workers" if settings.distributed else f"{settings.workers} solver workers",
             "on" if settings.auth_enabled else "off (no MEMSCHED_API_KEYS)",
         )
 
@@ -57,8 +58,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             with db.session() as s:
                 return crud.jobs_by_state(s)
 
-        metrics = Metrics(counts)
-        runner = JobRunner(db, settings, metrics)
+        runner: JobRunner | DistributedRunner
+        if settings.distributed:
+            # Stateless replica: jobs are rows, solves are Celery messages; any number may share the database.
+            runner = DistributedRunner(db, settings)
+            metrics = Metrics(counts, broker=(runner.queue_depth, runner.live_workers))
+        else:
+            metrics = Metrics(counts)
+            runner = JobRunner(db, settings, metrics)
         app.state.settings, app.state.db, app.state.metrics, app.state.runner = settings, db, metrics, runner
         await runner.start()
         try:

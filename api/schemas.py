@@ -9,7 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidat
 
 from memsched.api.examples import EXAMPLE_TRACE
 from memsched.api.models import JobStatus
-from memsched.optimizer.solve import SOLVERS
+from memsched.optimizer.solve import SOLVERS, SolveOptions
 from memsched.schema import Schedule, Trace
 from memsched.service import CompareRow
 
@@ -133,7 +133,7 @@ class ScheduleRequest(_Strict):
     trace: StrictTrace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
     budget: Budget
     solver: str = Field(
-        default="auto",
+        default=SolveOptions.solver,
         description="solver backend: " + " | ".join(SOLVERS),
         json_schema_extra={"enum": list(SOLVERS)},
     )
@@ -144,7 +144,7 @@ class ScheduleRequest(_Strict):
         description="wall-clock limit for the exact solver, seconds (server default if absent; capped by the "
         "server's MEMSCHED_MAX_TIME_LIMIT_S)",
     )
-    gap: float = Field(default=0.01, ge=0, lt=1, allow_inf_nan=False, description="relative optimality gap")
+    gap: float = Field(default=SolveOptions.gap, ge=0, lt=1, allow_inf_nan=False, description="relative optimality gap")
     window: int | None = Field(
         default=None,
         ge=1,
@@ -290,7 +290,11 @@ class Health(BaseModel):
 
 class Ready(Health):
     database: str = Field(description="database backend (sqlite or postgresql)")
-    workers: int = Field(description="solver processes")
+    workers: int = Field(
+        description="solver processes of this server; in distributed mode, the live Celery workers consuming the queue"
+    )
+    broker: str | None = Field(default=None, description="distributed mode: the broker (redis or amqp)")
+    queue_depth: int | None = Field(default=None, description="distributed mode: jobs waiting in the broker's queue")
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -303,6 +307,6 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         413: "request body larger than MEMSCHED_MAX_BODY_BYTES",
         422: "invalid input; `field` names it (infeasible budgets carry `min_feasible_bytes`)",
         429: "too many queued jobs; retry later",
-        503: "not ready (database unreachable or plotting unavailable)",
+        503: "not ready, or a dependency is down (database, broker, plotting); retry after `Retry-After` seconds",
     }
     return {c: {"model": ErrorBody, "description": text[c]} for c in codes}

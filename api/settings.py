@@ -7,8 +7,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from memsched.optimizer.solve import SolveOptions
 
 
 def default_data_dir() -> Path:
@@ -19,6 +21,10 @@ def default_data_dir() -> Path:
 
 def default_database_url() -> str:
     return f"sqlite:///{default_data_dir() / 'memsched.db'}"
+
+
+BROKER_SCHEMES = {"redis": "redis", "rediss": "redis", "amqp": "amqp", "amqps": "amqp", "pyamqp": "amqp"}
+"""The Celery brokers memsched supports, by URL scheme."""
 
 
 class Settings(BaseSettings):
@@ -47,7 +53,7 @@ class Settings(BaseSettings):
     """Largest trace accepted, in layers; bigger ones get 422."""
     max_time_limit_s: float = Field(default=300.0, gt=0)
     """Ceiling on a job's solver time limit; a request above it gets 422."""
-    default_time_limit_s: float = Field(default=30.0, gt=0)
+    default_time_limit_s: float = Field(default=SolveOptions.time_limit_s, gt=0)
     """Solver time limit when a request names none (clipped to max_time_limit_s)."""
     max_wait_s: float = Field(default=60.0, ge=0)
     """Ceiling on ?wait=SECONDS; larger waits are clipped to it."""
@@ -57,6 +63,19 @@ class Settings(BaseSettings):
     """A job interrupted (restart, worker crash) this many times is failed instead of re-queued."""
     log_level: str = "info"
     """Log level of the service and of uvicorn."""
+    broker_url: str | None = None
+    """Celery broker: redis://host:6379/0 (default kind) or amqp://user:pw@host:5672//. Set, `memsched serve`
+    queues solves to `memsched worker` processes instead of its own pool, and any number of replicas may share
+    one (PostgreSQL) database. Unset: the embedded mode."""
+    queue: str = Field(default="memsched", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")
+    """Celery queue the API replicas send solves to and `memsched worker` consumes by default."""
+    broker_key_prefix: str = Field(default="memsched:", max_length=200)
+    """Prefix of every Redis key Celery uses, so that deployments sharing one Redis stay apart (not used
+    with RabbitMQ, where a vhost does that)."""
+    visibility_timeout_s: float | None = Field(default=None, gt=0)
+    """Redis: a job whose worker vanished (kill -9, lost machine) is delivered again after this long. It must
+    exceed the largest hard time limit, or a job still running would be delivered twice. Default: the
+    largest hard time limit + 10 s."""
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -64,6 +83,19 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return [k.strip() for k in v.split(",") if k.strip()]
         return v
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker(cls, url: str | None) -> str | None:
+        if not url:
+            return None
+        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        if scheme not in BROKER_SCHEMES:
+            raise ValueError(
+                f"{scheme or 'no'} scheme; use redis://host:6379/0 (Redis) or amqp://user:password@host:5672// "
+                "(RabbitMQ)"
+            )
+        return url
 
     @field_validator("api_keys")
     @classmethod
@@ -74,9 +106,40 @@ class Settings(BaseSettings):
                 raise ValueError(f"api_keys[{i}] is {len(k)} characters; use keys of at least 8 characters")
         return keys
 
+    @model_validator(mode="after")
+    def _check_visibility(self) -> Settings:
+        if self.visibility_timeout_s is not None and self.visibility_timeout_s <= self.max_hard_limit_s:
+            raise ValueError(
+                f"visibility_timeout_s {self.visibility_timeout_s:g} is not above the largest hard time limit, "
+                f"{self.max_hard_limit_s:g} s (max_time_limit_s + 2 x job_grace_s): a job still running would "
+                "be delivered to a second worker; raise it or lower the limits"
+            )
+        return self
+
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def distributed(self) -> bool:
+        """True when solves go to Celery workers (MEMSCHED_BROKER_URL set)."""
+        return bool(self.broker_url)
+
+    def soft_limit_s(self, time_limit_s: float) -> float:
+        """Celery's soft time limit of a job: the worker stops the solver and returns the heuristic's schedule."""
+        return time_limit_s + self.job_grace_s
+
+    def hard_limit_s(self, time_limit_s: float) -> float:
+        """Celery's hard time limit of a job: the worker process is killed and the job failed."""
+        return time_limit_s + 2 * self.job_grace_s
+
+    @property
+    def max_hard_limit_s(self) -> float:
+        return self.hard_limit_s(self.max_time_limit_s)
+
+    @property
+    def effective_visibility_timeout_s(self) -> float:
+        return self.visibility_timeout_s or self.max_hard_limit_s + 10.0
 
 
 @lru_cache

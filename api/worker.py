@@ -10,6 +10,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -20,17 +21,6 @@ from memsched.schema import Trace
 from memsched.service import solve_trace
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SolveParams:
-    """The solve options a job carries (memsched.optimizer.solve.SolveOptions minus local-only ones)."""
-
-    solver: str = "auto"
-    time_limit_s: float = 30.0
-    gap: float = 0.01
-    window: int | None = None
-    max_segment: int | None = None
 
 
 @dataclass(frozen=True)
@@ -107,49 +97,63 @@ def warm_up() -> int:
 
 
 def run_solve(
-    trace_json: str, budget_bytes: int, params: SolveParams, overrun_s: float, threads: int | None = None
+    trace_json: str, budget_bytes: int, params: SolveOptions, overrun_s: float, threads: int | None = None
 ) -> SolveOutcome:
-    """Solve one job. The solver gets `time_limit_s`; if it is still running `overrun_s` later, an alarm in
-    this process stops it and the job falls back to the heuristic (same service function, solver
-    'heuristic'), whose schedule says so in its solver message. The parent's watchdog kills the process if
-    even that does not come back."""
-    t0 = time.perf_counter()
+    """Solve one job of the embedded pool. The solver gets `time_limit_s`; if it is still running `overrun_s`
+    later, an alarm in this process stops it and the job falls back to the heuristic (same service function,
+    solver 'heuristic'), whose schedule says so in its solver message. The parent's watchdog kills the process
+    if even that does not come back."""
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, params.time_limit_s + overrun_s)
     try:
-        trace = Trace.model_validate_json(trace_json)
-        options = SolveOptions(
-            solver=params.solver,
-            time_limit_s=params.time_limit_s,
-            gap=params.gap,
-            window=params.window,
-            max_segment=params.max_segment,
-            threads=threads,
+        return solve_with_fallback(
+            trace_json,
+            budget_bytes,
+            replace(params, threads=threads),
+            _Overrun,
+            f"ran past its time limit of {params.time_limit_s:g} s by more than {overrun_s:g} s",
+            lambda: signal.setitimer(signal.ITIMER_REAL, overrun_s),
         )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def solve_with_fallback(
+    trace_json: str,
+    budget_bytes: int,
+    options: SolveOptions,
+    stopped: type[BaseException],
+    overran: str,
+    arm_fallback: Callable[[], object],
+) -> SolveOutcome:
+    """Solve; when `stopped` is raised (the embedded pool's alarm, or Celery's soft time limit), kill the
+    solver binaries this process started and return the heuristic's schedule instead, saying so in its solver
+    message (its status is 'heuristic': no bound is claimed that the stopped solver did not prove). If the
+    heuristic is stopped too, the job fails with the reason. `overran` completes "the <solver> solver ..."."""
+    t0 = time.perf_counter()
+    try:
+        trace = Trace.model_validate_json(trace_json)
         try:
             schedule = solve_trace(trace, budget_bytes, options)
-        except _Overrun:
+        except stopped:
             kill_descendants(os.getpid())  # e.g. a CBC binary still running past its own -sec limit
-            if params.solver == "heuristic":
+            if options.solver == "heuristic":
                 raise
-            overran = (
-                f"the {params.solver} solver ran past its time limit of {params.time_limit_s:g} s by more than "
-                f"{overrun_s:g} s and was stopped"
-            )
-            log.warning("%s; falling back to the heuristic", overran)
-            signal.setitimer(signal.ITIMER_REAL, overrun_s)
+            note = f"the {options.solver} solver {overran} and was stopped"
+            log.warning("%s; falling back to the heuristic", note)
+            arm_fallback()
             schedule = solve_trace(trace, budget_bytes, replace(options, solver="heuristic"))
-            note = f"{overran}; this is the heuristic's schedule"
+            note = f"{note}; this is the heuristic's schedule"
             schedule.solver = schedule.solver.model_copy(
                 update={"message": f"{note} ({schedule.solver.message})" if schedule.solver.message else note}
             )
         return SolveOutcome(schedule.model_dump_json(), wall_s=time.perf_counter() - t0)
-    except _Overrun:
+    except stopped:
         kill_descendants(os.getpid())
         return SolveOutcome(
             None,
-            f"the solver ran past its time limit of {params.time_limit_s:g} s by more than {overrun_s:g} s (and the "
-            "heuristic fallback did not finish either) and was stopped; resubmit with a smaller trace",
+            f"the solver {overran} (and the heuristic fallback did not finish either) and was stopped; resubmit "
+            "with a smaller trace",
             wall_s=time.perf_counter() - t0,
         )
     except InfeasibleBudgetError as e:
@@ -160,8 +164,6 @@ def run_solve(
         # A solver bug or a backend failure (SolverError): the job fails with the reason, the worker lives on.
         log.exception("solve failed")
         return SolveOutcome(None, f"solver error: {type(e).__name__}: {e}", wall_s=time.perf_counter() - t0)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def render_plot(trace_json: str, schedule_json: str) -> bytes:

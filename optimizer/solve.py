@@ -22,11 +22,11 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memsched.errors import MemschedError, SolverError
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import check_budget_feasible
-from memsched.optimizer.dp import DpOutcome, beam_search, exact_search
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.ilp.cbc import grace_s
 from memsched.optimizer.ilp.model import MilpModel, build_model
@@ -36,6 +36,9 @@ from memsched.optimizer.plan import KEEP, Decision
 from memsched.optimizer.polish import polish
 from memsched.optimizer.simulate import SimResult, make_schedule, simulate, stage_memory
 from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
+
+if TYPE_CHECKING:
+    from memsched.optimizer.dp import DpOutcome
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,19 @@ class SolveOptions:
     """L: the longest recompute segment the ILP may choose; None = n on small traces, else 16."""
     threads: int | None = None
     """Solver threads; None = the backend's default (CP-SAT: 2)."""
+
+    def __post_init__(self) -> None:
+        # The one place the options are checked: the CLI, the API's request schema and its jobs all build a
+        # SolveOptions, so a bad value gets the same message wherever it comes from.
+        if self.solver not in SOLVERS:
+            raise MemschedError(f"solver: {self.solver!r} is not one of {', '.join(SOLVERS)}; pick one of those")
+        if not self.time_limit_s > 0:
+            raise MemschedError(f"time limit: must be > 0 seconds, got {self.time_limit_s}; e.g. --time-limit 30")
+        if not 0 <= self.gap < 1:
+            raise MemschedError(f"gap: must be in [0, 1), got {self.gap}; e.g. --gap 0.01 for 1%")
+        for name, value in (("window", self.window), ("max segment", self.max_segment)):
+            if value is not None and value < 1:
+                raise MemschedError(f"{name}: must be >= 1, got {value}; leave it unset for the default")
 
 
 @dataclass
@@ -105,18 +121,6 @@ AUTO_MILP_MAX_LAYERS = 100
 """Under `auto`, when the DP leaves a gap (its fluid bound is loose where stalls matter), the MILP with windows
 covering every schedule (W = L = n: an exact model, so its bound is true) gets the time left, up to this many
 layers (its size grows as n^3)."""
-
-
-def _check_options(options: SolveOptions) -> None:
-    if options.solver not in SOLVERS:
-        raise MemschedError(f"solver: {options.solver!r} is not one of {', '.join(SOLVERS)}; pick one of those")
-    if not options.time_limit_s > 0:
-        raise MemschedError(f"time limit: must be > 0 seconds, got {options.time_limit_s}; e.g. --time-limit 30")
-    if not 0 <= options.gap < 1:
-        raise MemschedError(f"gap: must be in [0, 1), got {options.gap}; e.g. --gap 0.01 for 1%")
-    for name, value in (("window", options.window), ("max segment", options.max_segment)):
-        if value is not None and value < 1:
-            raise MemschedError(f"{name}: must be >= 1, got {value}; leave it unset for the default")
 
 
 def _record(backend: str, status: SolverStatus, objective: float, wall: float, message: str,
@@ -222,6 +226,8 @@ class _Flow:
     # ---------------------------------------------------------------- phases
     def beam(self, share: float) -> None:
         """Beams of growing width within the share: an answer early, a better one if time allows."""
+        from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
+
         until = self.until(share)
         width = 24
         while time.perf_counter() < until:
@@ -243,6 +249,8 @@ class _Flow:
             self.add("local-search", res.sim)
 
     def exact_dp(self, until: float) -> None:
+        from memsched.optimizer.dp import exact_search
+
         out = exact_search(self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap)
         self.dp = out
         if out.schedules:
@@ -338,7 +346,6 @@ def _heuristic_only(trace: Trace, budget_bytes: int, flow: _Flow) -> SolveReport
 def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> SolveReport:
     """solve(), with the phases' raw results kept."""
     options = options or SolveOptions()
-    _check_options(options)
     t0 = time.perf_counter()
     check_budget_feasible(trace, budget_bytes)
     if max(stage_memory(trace, [KEEP] * trace.n)) + trace.static.total <= budget_bytes:

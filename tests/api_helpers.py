@@ -4,6 +4,7 @@ them are in conftest_api.py."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,3 +163,144 @@ def try_install_and_start_pg() -> str:
         # Peer auth maps OS user -> role of the same name: give ours one (fails harmlessly if it exists).
         done.append(_run(["runuser", "-u", "postgres", "--", "psql", "-qc", f'CREATE ROLE "{me}" SUPERUSER LOGIN'], 60))
     return "; ".join(done)
+
+
+# ------------------------------------------------------------------------------------------------ brokers
+
+REDIS_URL = os.environ.get("MEMSCHED_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("MEMSCHED_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def unique_queue() -> str:
+    """A queue name (and Redis key prefix) of this test run alone: parallel runs on the shared brokers do not
+    see each other's jobs."""
+    return f"memsched-test-{uuid.uuid4().hex[:12]}"
+
+
+def purge_broker(url: str, queue: str, key_prefix: str) -> None:
+    """Leave the shared broker as found: Redis keys under the run's prefix, or the run's RabbitMQ queue."""
+    if url.startswith("redis"):
+        import redis
+
+        client = redis.Redis.from_url(url)
+        keys = list(client.scan_iter(match=f"{key_prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+        return
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=3) as conn:
+        conn.default_channel.queue_delete(queue)
+
+
+def broker_answers(url: str) -> str:
+    """'' if a broker answers at url, else why not."""
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1, timeout=3)
+        return ""
+    except Exception as e:  # noqa: BLE001  # whatever the client raises, the answer is "no broker here"
+        return f"{type(e).__name__}: {e}"
+
+
+def try_install_redis() -> str:
+    """apt-get redis-server when MEMSCHED_TEST_INSTALL_REDIS=1 (CI) and we are root; returns what was done."""
+    if os.environ.get("MEMSCHED_TEST_INSTALL_REDIS") != "1":
+        return "set MEMSCHED_TEST_INSTALL_REDIS=1 to let the tests apt-get it"
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "installing redis-server needs root and apt-get"
+    return "; ".join([_run(["apt-get", "update", "-q"]), _run(["apt-get", "install", "-y", "-q", "redis-server"])])
+
+
+class RedisServer:
+    """Our own redis-server on a free loopback port, persisting to an append-only file so that its queue
+    survives a stop and start (the broker-down test stops it; the shared Redis is never stopped)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.dir = data_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed"
+        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", ""]
+        argv += ["--appendonly", "yes", "--appendfsync", "always", "--protected-mode", "no"]
+        log = (self.dir / "redis.log").open("ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        """A clean shutdown (SIGTERM): the append-only file holds every message."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=15)
+        self.proc = None
+
+
+class Worker:
+    """`memsched worker` in a subprocess (its own process group, so kill() takes its pool processes too)."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, *args: str, prelude: str = "") -> None:
+        """`prelude`: Python run before the worker starts, to inject a fault (a solver that ignores its time
+        limit) or to report another memsched version."""
+        self.env = env
+        self.log_path = log_path
+        code = f"{prelude}\nfrom memsched.cli import main\nmain()"
+        self.argv = [sys.executable, "-c", code, "worker", *args]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> Worker:
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log()}")
+            if " ready." in self.log_path.read_text(errors="replace")[start:]:
+                return self
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"worker did not become ready in {timeout} s:\n{self.log()}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole worker (main and pool processes) at once, as a lost machine would."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        # The pool processes exit with their main process; make sure none is left behind.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]

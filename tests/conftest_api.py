@@ -7,11 +7,24 @@ that `from conftest import ...`. Helpers the tests import directly live in api_h
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from api_helpers import KEY_A, KEY_B, PgTarget, Server, find_pg, try_install_and_start_pg
+from api_helpers import (
+    AMQP_URL,
+    KEY_A,
+    KEY_B,
+    REDIS_URL,
+    PgTarget,
+    RedisServer,
+    Server,
+    broker_answers,
+    find_pg,
+    try_install_and_start_pg,
+    try_install_redis,
+)
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +83,35 @@ def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield srv
     finally:
         srv.stop()
+
+
+# ------------------------------------------------------------------------------------------------ brokers
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The shared Redis on 127.0.0.1:6379 (MEMSCHED_TEST_REDIS_URL); without one, our own redis-server; skip
+    only if neither is possible. Tests keep apart from others by queue name and key prefix, not by database."""
+    pytest.importorskip("celery", reason="celery is not installed (pip install -e '.[api]')")
+    why = broker_answers(REDIS_URL)
+    if not why:
+        yield REDIS_URL
+        return
+    if shutil.which("redis-server") is None:
+        done = try_install_redis()
+        if shutil.which("redis-server") is None:
+            pytest.skip(f"no Redis at {REDIS_URL} ({why}) and no redis-server binary to start one ({done})")
+    own = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield own.url
+    finally:
+        own.stop()
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    pytest.importorskip("celery", reason="celery is not installed (pip install -e '.[api]')")
+    why = broker_answers(AMQP_URL)
+    if why:
+        pytest.skip(f"no RabbitMQ at {AMQP_URL} ({why}); set MEMSCHED_TEST_AMQP_URL to test the amqp path")
+    return AMQP_URL

@@ -10,9 +10,8 @@ from memsched.api.models import JobRow, TraceRow
 from memsched.api.schemas import JobOut
 from memsched.api.settings import Settings
 from memsched.errors import MemschedError
-from memsched.optimizer.budget import check_budget_feasible
+from memsched.optimizer.budget import check_budget_feasible, resolve_budget
 from memsched.schema import Schedule, Trace
-from memsched.service import budget_bytes_for
 
 # Budgets are stored as 64-bit integers (PostgreSQL BIGINT); nothing real comes near this.
 MAX_BUDGET_BYTES = 2**62
@@ -63,10 +62,11 @@ def resolve_trace(
     return row, Trace.model_validate_json(row.body)
 
 
-def resolve_budget(trace: Trace, budget: int | str, check_feasible: bool) -> int:
-    """Budget bytes for this trace; 422 naming the problem, or the smallest feasible budget."""
+def request_budget(budget: int | str, trace: Trace, check_feasible: bool) -> int:
+    """A request's budget in bytes (optimizer.budget.resolve_budget), or a 422 naming the problem or the
+    smallest feasible budget."""
     try:
-        b = budget_bytes_for(trace, budget)
+        b = resolve_budget(budget, trace)
         if b > MAX_BUDGET_BYTES:
             raise ApiError(
                 422,

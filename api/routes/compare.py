@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from memsched.api.deps import DatabaseDep, OwnerDep, SettingsDep
 from memsched.api.errors import ApiError
-from memsched.api.routes.common import resolve_budget, resolve_trace
+from memsched.api.routes.common import request_budget, resolve_trace
 from memsched.api.schemas import CompareOut, CompareRequest, CompareRow, error_responses
 from memsched.errors import MemschedError
 from memsched.service import compare_policies
@@ -29,7 +29,7 @@ async def compare(req: CompareRequest, db: DatabaseDep, owner: OwnerDep, setting
     def run() -> CompareOut:
         with db.session() as s:
             row, trace = resolve_trace(s, owner, settings, req.trace_id, req.trace)
-        budget = resolve_budget(trace, req.budget, check_feasible=False)
+        budget = request_budget(req.budget, trace, check_feasible=False)
         try:
             c = compare_policies(trace, budget)
         except MemschedError as e:

@@ -1,4 +1,5 @@
-"""Probes and metrics: /healthz (the process answers), /readyz (the database answers), /metrics."""
+"""Probes and metrics: /healthz (the process answers), /readyz (the database, and the broker when there is
+one, answer), /metrics."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 import memsched
-from memsched.api.deps import DatabaseDep, MetricsDep, SettingsDep
+from memsched.api.deps import DatabaseDep, MetricsDep, RunnerDep, SettingsDep
+from memsched.api.distributed import DistributedRunner
 from memsched.api.errors import ApiError
 from memsched.api.schemas import Health, Ready, error_responses
 
@@ -23,26 +25,50 @@ async def healthz() -> Health:
     return Health(status="ok", version=memsched.__version__)
 
 
-@router.get("/readyz", response_model=Ready, summary="Readiness: the database answers", responses=error_responses(503))
-def readyz(db: DatabaseDep, settings: SettingsDep) -> Ready:
+@router.get(
+    "/readyz",
+    response_model=Ready,
+    # The embedded mode's answer stays as it was: the broker fields appear only in distributed mode.
+    response_model_exclude_none=True,
+    summary="Readiness: the database (and the broker, in distributed mode) answers",
+    responses=error_responses(503),
+)
+def readyz(db: DatabaseDep, settings: SettingsDep, runner: RunnerDep) -> Ready:
     try:
         db.ping()
     except SQLAlchemyError as e:
         log.warning("readiness check failed: %s", e)
-        raise ApiError(503, f"database {db.safe_url} is not reachable: {type(e).__name__}") from None
+        raise ApiError(
+            503, f"database {db.safe_url} is not reachable: {type(e).__name__}", headers={"Retry-After": "5"}
+        ) from None
+    database = make_url(db.url).get_backend_name()
+    if not isinstance(runner, DistributedRunner):
+        return Ready(status="ok", version=memsched.__version__, database=database, workers=settings.workers)
+    try:
+        depth = runner.queue_depth()
+        workers = runner.live_workers(timeout=0.5)
+    except Exception as e:  # noqa: BLE001  # any broker failure (kombu, redis, amqp, OS) means "not ready"
+        log.warning("readiness check failed: broker %s: %s", runner.safe_url, e)
+        raise ApiError(
+            503,
+            f"broker {runner.safe_url} is not reachable: {type(e).__name__}: {str(e)[:200]}",
+            headers={"Retry-After": "5"},
+        ) from None
     return Ready(
         status="ok",
         version=memsched.__version__,
-        database=make_url(db.url).get_backend_name(),
-        workers=settings.workers,
+        database=database,
+        workers=workers,
+        broker=runner.kind,
+        queue_depth=depth,
     )
 
 
 @router.get(
     "/metrics",
     summary="Prometheus metrics",
-    description="memsched_jobs{state}, memsched_solve_seconds, memsched_solves_total{outcome}, "
-    "memsched_cache_hits_total.",
+    description="memsched_jobs{state}, memsched_cache_hits_total; embedded mode: memsched_solve_seconds, "
+    "memsched_solves_total{outcome}; distributed mode: memsched_queue_depth, memsched_workers_live.",
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text exposition format"}},
 )

@@ -12,10 +12,13 @@ from fastapi.concurrency import run_in_threadpool
 from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.deps import DatabaseDep, MetricsDep, OwnerDep, RunnerDep, SettingsDep
-from memsched.api.errors import ApiError
+from memsched.api.distributed import DistributedRunner
+from memsched.api.errors import ApiError, from_memsched_error
 from memsched.api.models import JobRow, JobStatus
-from memsched.api.routes.common import job_out, resolve_budget, resolve_trace
+from memsched.api.routes.common import job_out, request_budget, resolve_trace
 from memsched.api.schemas import JobId, JobOut, ScheduleRequest, error_responses
+from memsched.errors import MemschedError
+from memsched.optimizer.solve import SolveOptions
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ def _status_code(row: JobRow) -> int:
     "An infeasible budget is answered at once with 422 and `min_feasible_bytes`.",
     responses={
         200: {"model": JobOut, "description": "finished (done or failed) within the wait"},
-        **error_responses(400, 401, 404, 413, 422, 429),
+        **error_responses(400, 401, 404, 413, 422, 429, 503),
     },
 )
 async def create_schedule(
@@ -71,12 +74,17 @@ async def create_schedule(
             "(MEMSCHED_MAX_TIME_LIMIT_S); ask for a shorter time limit",
             "time_limit_s",
         )
-    params = crud.SolveParams(req.solver, time_limit, req.gap, req.window, req.max_segment)
+    try:
+        params = SolveOptions(
+            solver=req.solver, time_limit_s=time_limit, gap=req.gap, window=req.window, max_segment=req.max_segment
+        )
+    except MemschedError as e:
+        raise from_memsched_error(e) from None
 
     def submit() -> tuple[JobRow, bool]:
         with db.session() as s:
             trace_row, trace = resolve_trace(s, owner, settings, req.trace_id, req.trace)
-            budget_bytes = resolve_budget(trace, req.budget, check_feasible=True)
+            budget_bytes = request_budget(req.budget, trace, check_feasible=True)
             spec = str(req.budget)
             key = crud.cache_key(trace_row.id, budget_bytes, params)
             if not crud.has_job(s, owner, key) and crud.count_queued(s) >= settings.max_queued_jobs:
@@ -86,7 +94,12 @@ async def create_schedule(
                     None,
                     headers={"Retry-After": "10"},
                 )
-            sub = crud.submit_job(s, owner, trace_row, spec, budget_bytes, params)
+            # Distributed mode: the job's message is sent before its row is committed (see crud.submit_job).
+            enqueue = None
+            if isinstance(runner, DistributedRunner):
+                dist = runner
+                enqueue = lambda row: dist.enqueue(row.id, row.time_limit_s)  # noqa: E731
+            sub = crud.submit_job(s, owner, trace_row, spec, budget_bytes, params, enqueue)
             return sub.job, sub.new_solve
 
     # The submission does database work and one simulation: run it off the event loop.

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from memsched.errors import MemschedError
 from memsched.io import load_schedule, load_trace, save_model
+from memsched.optimizer.solve import SOLVERS, SolveOptions
 from memsched.schema import json_schema
 from memsched.units import format_bytes, format_seconds, parse_budget
 
@@ -230,9 +231,11 @@ def solve(
     trace: Annotated[Path, typer.Argument(help="Trace JSON.")],
     budget: BudgetOpt,
     output: Annotated[Path, typer.Option("-o", "--output", help="Schedule JSON to write.")] = Path("schedule.json"),
-    solver: Annotated[str, typer.Option(help="auto | dp | cbc | highs | cpsat | heuristic")] = "auto",
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Time limit of the whole solve, seconds.")] = 30.0,
-    gap: Annotated[float, typer.Option(help="Relative gap at which the exact solver may stop.")] = 0.01,
+    solver: Annotated[str, typer.Option(help=" | ".join(SOLVERS))] = SolveOptions.solver,
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", help="Time limit of the whole solve, seconds.")
+    ] = SolveOptions.time_limit_s,
+    gap: Annotated[float, typer.Option(help="Relative gap at which the solver may stop.")] = SolveOptions.gap,
     export_model: Annotated[Path | None, typer.Option("--export-model", help="Write the solver model here.")] = None,
     server: Annotated[str | None, typer.Option("--server", help="Solve on a memsched service at this URL.")] = None,
     api_key: Annotated[
@@ -241,17 +244,10 @@ def solve(
     as_json: JsonOpt = False,
 ) -> None:
     """Find the fastest schedule that fits the budget, and write it."""
-    from memsched.optimizer.solve import SOLVERS, SolveOptions
-
-    if solver not in SOLVERS:
-        raise MemschedError(f"--solver {solver!r} is unknown; use one of {', '.join(SOLVERS)}")
-    if not time_limit > 0:
-        raise MemschedError(f"--time-limit must be > 0 seconds, got {time_limit}")
-    if not 0 <= gap < 1:
-        raise MemschedError(f"--gap must be in [0, 1), got {gap}")
+    # SolveOptions checks the options itself (the same messages as the API's).
+    options = SolveOptions(solver=solver, time_limit_s=time_limit, gap=gap, export_model=export_model)
     tr = load_trace(trace)
     spec = parse_budget(budget)
-    options = SolveOptions(solver=solver, time_limit_s=time_limit, gap=gap, export_model=export_model)
     if server:
         from memsched.cli.api import solve_via_server
 

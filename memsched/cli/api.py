@@ -1,4 +1,5 @@
-"""CLI commands of the REST service: `memsched serve`, and the client side of `memsched solve --server`."""
+"""CLI commands of the REST service: `memsched serve`, `memsched worker` (distributed mode), and the client side
+of `memsched solve --server`."""
 
 from __future__ import annotations
 
@@ -51,37 +52,90 @@ def serve(
     log_level: Annotated[str | None, typer.Option(help="debug | info | warning (env MEMSCHED_LOG_LEVEL).")] = None,
 ) -> None:
     """Run the REST service (FastAPI under uvicorn). Everything else is set by MEMSCHED_* variables: see
-    docs/api.md (API keys, body / layer / time-limit limits, queue size)."""
+    docs/api.md (API keys, body / layer / time-limit limits, queue size). With MEMSCHED_BROKER_URL set it is a
+    stateless replica that sends solves to `memsched worker` processes."""
+    run = _api_extra("memsched.api.server").serve
+    run(
+        _settings(
+            {"host": host, "port": port, "workers": workers, "database_url": database_url, "log_level": log_level}
+        )
+    )
+
+
+def worker(
+    concurrency: Annotated[
+        int | None,
+        typer.Option(help="Solver processes of this worker, i.e. solves at once (default MEMSCHED_WORKERS, 2)."),
+    ] = None,
+    queues: Annotated[
+        str | None, typer.Option(help="Comma-separated Celery queues to consume (default MEMSCHED_QUEUE, memsched).")
+    ] = None,
+    broker_url: Annotated[
+        str | None,
+        typer.Option(
+            "--broker-url", help="redis://host:6379/0 or amqp://user:pw@host:5672// (env MEMSCHED_BROKER_URL)."
+        ),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option("--database-url", help="The API replicas' database (env MEMSCHED_DATABASE_URL)."),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Celery node name (default memsched-<pid>@<host>); unique per worker.")
+    ] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug | info | warning (env MEMSCHED_LOG_LEVEL).")] = None,
+) -> None:
+    """Run a solve worker for the distributed mode: a Celery worker that takes jobs from the broker, solves
+    them with the same function as `memsched serve`'s own pool, and writes the answers to the database."""
+    import logging
+
+    run_worker = _api_extra("memsched.api.distributed").run_worker
+
+    settings = _settings({"broker_url": broker_url, "database_url": database_url, "log_level": log_level})
+    if not settings.broker_url:
+        raise MemschedError(
+            "memsched worker needs a broker: set MEMSCHED_BROKER_URL (or --broker-url) to redis://host:6379/0 or "
+            "amqp://user:password@host:5672//, the same as the API replicas'"
+        )
+    if concurrency is not None and concurrency < 1:
+        raise MemschedError(f"--concurrency must be >= 1, got {concurrency}")
+    queue_names = [q.strip() for q in (queues or settings.queue).split(",") if q.strip()]
+    if not queue_names:
+        raise MemschedError("--queues: name at least one queue, e.g. --queues memsched")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+    )
+    run_worker(settings, concurrency or settings.workers, queue_names, name, settings.log_level)
+
+
+def _api_extra(module: str) -> Any:
+    """Import a module of the service, or say in one line which extra is missing."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if (e.name or "memsched").startswith("memsched"):
+            raise
+        raise MemschedError(f"this command needs the api extra ({e.name} is missing): pip install 'memsched[api]'") \
+            from None
+
+
+def _settings(options: dict[str, Any]) -> Any:
+    """Settings from MEMSCHED_* variables, with the options given on the command line on top."""
     from pydantic import ValidationError
 
     from memsched.io import describe_validation_error
 
-    try:
-        from memsched.api.server import serve as run
-        from memsched.api.settings import Settings
-    except ModuleNotFoundError as e:
-        if (e.name or "memsched").startswith("memsched"):
-            raise
-        raise MemschedError(f"serve needs the api extra ({e.name} is missing): pip install 'memsched[api]'") from None
+    settings_class = _api_extra("memsched.api.settings").Settings
 
-    overrides: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "host": host,
-            "port": port,
-            "workers": workers,
-            "database_url": database_url,
-            "log_level": log_level,
-        }.items()
-        if v is not None
-    }
     try:
-        settings = Settings(**overrides)
+        return settings_class(**{k: v for k, v in options.items() if v is not None})
     except ValidationError as e:
         raise MemschedError(describe_validation_error(e, "settings (MEMSCHED_* / options)")) from None
-    run(settings)
 
 
 def register(app: typer.Typer) -> None:
-    """Add `serve` to the memsched CLI."""
+    """Add `serve` and `worker` to the memsched CLI."""
     app.command(name="serve")(serve)
+    app.command(name="worker")(worker)

@@ -125,8 +125,9 @@ def _run_demo(
 ) -> DemoResult:
     import torch
 
+    from memsched.optimizer.budget import resolve_budget
     from memsched.runtime import builtin_workload, measure, trace
-    from memsched.service import budget_bytes_for, solve_trace
+    from memsched.service import solve_trace
 
     t0 = time.perf_counter()
     torch.manual_seed(0)
@@ -227,7 +228,7 @@ def _run_demo(
         plot_path=plot_path,
         policy=f"{schedule.policy} ({schedule.solver.backend}, {schedule.solver.status.value})",
         actions=actions,
-        budget_bytes=budget_bytes_for(tr, budget),
+        budget_bytes=resolve_budget(budget, tr),
         static_bytes=static,
         rows=rows,
         seconds=time.perf_counter() - t0,

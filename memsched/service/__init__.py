@@ -56,10 +56,6 @@ class Comparison:
         }
 
 
-def budget_bytes_for(trace: Trace, budget: BudgetSpec | str | int) -> int:
-    return resolve_budget(budget, trace)
-
-
 def compare_policies(trace: Trace, budget: BudgetSpec | str | int) -> Comparison:
     """Every baseline under one budget, judged by the simulator."""
     b = resolve_budget(budget, trace)

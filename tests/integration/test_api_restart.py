@@ -18,7 +18,8 @@ from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
 from memsched.api.models import Base, JobRow, JobStatus, TraceRow
 from memsched.api.worker import descendants
-from memsched.service import budget_bytes_for
+from memsched.optimizer.budget import resolve_budget
+from memsched.optimizer.solve import SolveOptions
 
 # The server and database fixtures (tests/conftest_api.py explains why they are not in a conftest.py).
 pytest_plugins = ["conftest_api"]
@@ -29,7 +30,7 @@ def _job(owner: str, trace_id: str, budget: int, status: JobStatus, attempts: in
         id=uuid.uuid4().hex,
         owner=owner,
         trace_id=trace_id,
-        cache_key=crud.cache_key(trace_id, budget, crud.SolveParams("heuristic", 5.0, 0.01)),
+        cache_key=crud.cache_key(trace_id, budget, SolveOptions("heuristic", 5.0, 0.01)),
         budget_bytes=budget,
         budget_spec=str(budget),
         solver="heuristic",
@@ -47,7 +48,7 @@ def test_jobs_survive_a_restart(database_url: str, tmp_path) -> None:
     owner = owner_of(KEY_A)
     engine = create_engine(database_url)
     Base.metadata.create_all(engine)
-    b = [budget_bytes_for(tr, f"{p}%") for p in (50, 60, 70)]
+    b = [resolve_budget(f"{p}%", tr) for p in (50, 60, 70)]
     # The state a killed server leaves behind: one job queued, one running (first attempt), one running that
     # was already interrupted once (max_attempts = 2 on this server).
     with Session(engine, expire_on_commit=False) as s:

@@ -12,10 +12,10 @@ from api_helpers import KEY_A, KEY_B, Server
 
 from memsched.api.examples import synthetic_trace
 from memsched.errors import InfeasibleBudgetError, MemschedError
-from memsched.optimizer.budget import min_feasible_budget
+from memsched.optimizer.budget import min_feasible_budget, resolve_budget
 from memsched.optimizer.solve import SolveOptions
 from memsched.schema import Schedule, Trace, check_schedule
-from memsched.service import budget_bytes_for, solve_trace
+from memsched.service import solve_trace
 
 # The server and database fixtures (tests/conftest_api.py explains why they are not in a conftest.py).
 pytest_plugins = ["conftest_api"]
@@ -78,7 +78,7 @@ def test_schedule_job_lifecycle_and_cache(server: Server) -> None:
         job = r.json()
         assert job["cached"] is False and job["trace_id"] == tid
         assert r.headers["location"] == f"/v1/schedules/{job['id']}"
-        assert job["budget_bytes"] == budget_bytes_for(tr, "60%")
+        assert job["budget_bytes"] == resolve_budget("60%", tr)
         done = c.get(f"/v1/schedules/{job['id']}", params={"wait": 20})
         assert done.status_code == 200
         d = done.json()
@@ -262,7 +262,7 @@ def test_compare(server: Server) -> None:
         assert r.status_code == 200, r.text
         out = r.json()
         assert out["trace_id"] == tr.content_hash()
-        assert out["budget_bytes"] == budget_bytes_for(tr, "50%")
+        assert out["budget_bytes"] == resolve_budget("50%", tr)
         assert {"keep-all", "checkpoint-all"} <= {row["policy"] for row in out["rows"]}
         keep = next(row for row in out["rows"] if row["policy"] == "keep-all")
         assert keep["feasible"] is False  # 50% cannot hold every activation

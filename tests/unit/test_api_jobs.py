@@ -18,11 +18,12 @@ import pytest
 from memsched.api import crud, worker
 from memsched.api.db import Database
 from memsched.api.examples import synthetic_trace
-from memsched.api.jobs import JobRunner, _kill
+from memsched.api.jobs import JobRunner, kill_pool
 from memsched.api.metrics import Metrics
 from memsched.api.models import JobRow
 from memsched.api.settings import Settings
 from memsched.optimizer.budget import min_feasible_budget
+from memsched.optimizer.solve import SolveOptions
 
 HANG = 1
 CRASH = 2
@@ -67,7 +68,7 @@ def _submit(db: Database, gap: float, budget: int) -> str:
     tr = synthetic_trace(3)
     with db.session() as s:
         row, _ = crud.store_trace(s, "", tr)
-        sub = crud.submit_job(s, "", row, str(budget), budget, worker.SolveParams("heuristic", 0.2, gap))
+        sub = crud.submit_job(s, "", row, str(budget), budget, SolveOptions("heuristic", 0.2, gap))
         return sub.job.id
 
 
@@ -110,7 +111,7 @@ def test_kill_takes_the_solver_binaries_with_the_pool() -> None:
         time.sleep(0.05)
     grandchildren = worker.descendants(procs[0].pid)
     assert grandchildren
-    _kill(pool)
+    kill_pool(pool)
     with pytest.raises(Exception, match="terminated abruptly|BrokenProcessPool"):
         fut.result(timeout=10)
     time.sleep(0.2)

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from memsched.api import Settings, create_app, worker
-from memsched.api.crud import SolveParams, cache_key
+from memsched.api.crud import cache_key
 from memsched.api.db import make_engine
 from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
@@ -62,17 +62,17 @@ def test_owner_ids_hide_the_key() -> None:
 
 
 def test_cache_key_covers_budget_and_options() -> None:
-    p = SolveParams("auto", 30.0, 0.01)
+    p = SolveOptions("auto", 30.0, 0.01)
     base = cache_key("h", 100, p)
-    assert base == cache_key("h", 100, SolveParams("auto", 30.0, 0.01))
+    assert base == cache_key("h", 100, SolveOptions("auto", 30.0, 0.01))
     others = {
         cache_key("h2", 100, p),
         cache_key("h", 101, p),
-        cache_key("h", 100, SolveParams("cbc", 30.0, 0.01)),
-        cache_key("h", 100, SolveParams("auto", 31.0, 0.01)),
-        cache_key("h", 100, SolveParams("auto", 30.0, 0.02)),
-        cache_key("h", 100, SolveParams("auto", 30.0, 0.01, window=4)),
-        cache_key("h", 100, SolveParams("auto", 30.0, 0.01, max_segment=4)),
+        cache_key("h", 100, SolveOptions("cbc", 30.0, 0.01)),
+        cache_key("h", 100, SolveOptions("auto", 31.0, 0.01)),
+        cache_key("h", 100, SolveOptions("auto", 30.0, 0.02)),
+        cache_key("h", 100, SolveOptions("auto", 30.0, 0.01, window=4)),
+        cache_key("h", 100, SolveOptions("auto", 30.0, 0.01, max_segment=4)),
     }
     assert base not in others and len(others) == 7
 
@@ -89,7 +89,7 @@ def test_database_urls_are_checked(tmp_path) -> None:
 
 # ------------------------------------------------------------------------------------------------ worker
 
-HEUR = SolveParams("heuristic", 5.0)
+HEUR = SolveOptions("heuristic", 5.0)
 
 
 def test_worker_solves_and_reports_infeasible() -> None:
@@ -108,7 +108,7 @@ def test_worker_stops_a_solver_that_overruns_its_time_limit(monkeypatch) -> None
 
     monkeypatch.setattr(worker, "solve_trace", stuck)
     t0 = time.perf_counter()
-    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveParams("auto", 0.2), 0.3)
+    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveOptions("auto", 0.2), 0.3)
     assert time.perf_counter() - t0 < 5
     assert out.schedule_json is None and "ran past its time limit of 0.2 s" in (out.error or "")
 
@@ -124,7 +124,7 @@ def test_worker_falls_back_to_the_heuristic_when_the_exact_solver_overruns(monke
     monkeypatch.setattr(worker, "solve_trace", slow_exact)
     tr = synthetic_trace(4)
     t0 = time.perf_counter()
-    out = worker.run_solve(tr.model_dump_json(), min_feasible_budget(tr) + 10, SolveParams("cbc", 0.2), 0.3)
+    out = worker.run_solve(tr.model_dump_json(), min_feasible_budget(tr) + 10, SolveOptions("cbc", 0.2), 0.3)
     assert time.perf_counter() - t0 < 5
     assert out.error is None and out.schedule_json is not None
     sc = Schedule.model_validate_json(out.schedule_json)
@@ -138,7 +138,7 @@ def test_worker_turns_solver_crashes_into_reasons(monkeypatch) -> None:
         raise RuntimeError("backend exploded")
 
     monkeypatch.setattr(worker, "solve_trace", broken)
-    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveParams("auto", 1.0), 1.0)
+    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveOptions("auto", 1.0), 1.0)
     assert out.error == "solver error: RuntimeError: backend exploded"
 
 
@@ -274,7 +274,7 @@ def test_worker_kills_solver_binaries_it_started_when_it_overruns(monkeypatch, t
     monkeypatch.setenv("MEMSCHED_TEST_PIDFILE", str(tmp_path / "pid"))
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
         out = pool.submit(
-            worker.run_solve, synthetic_trace(3).model_dump_json(), 10**9, SolveParams("auto", 0.2), 0.3
+            worker.run_solve, synthetic_trace(3).model_dump_json(), 10**9, SolveOptions("auto", 0.2), 0.3
         ).result(timeout=30)
     assert "ran past its time limit" in (out.error or "")
     pid = int((tmp_path / "pid").read_text())

@@ -89,8 +89,8 @@ def test_malformed_trace_exits_2_naming_the_field(tmp_path, trace_file, capsys):
     ("args", "needle"),
     [
         (["--budget", "lots"], "cannot read 'lots'"),
-        (["--budget", "50%", "--solver", "magic"], "--solver 'magic' is unknown"),
-        (["--budget", "50%", "--time-limit", "0"], "--time-limit must be > 0"),
+        (["--budget", "50%", "--solver", "magic"], "solver: 'magic' is not one of"),
+        (["--budget", "50%", "--time-limit", "0"], "time limit: must be > 0"),
     ],
 )
 def test_bad_options_exit_2(trace_file, capsys, args, needle):

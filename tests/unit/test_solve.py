@@ -93,16 +93,16 @@ def test_infeasible_budget_reports_the_minimum() -> None:
 @pytest.mark.parametrize(
     ("options", "field"),
     [
-        (SolveOptions(solver="gurobi"), "solver"),
-        (SolveOptions(time_limit_s=0), "time limit"),
-        (SolveOptions(gap=1.5), "gap"),
-        (SolveOptions(window=0), "window"),
+        ({"solver": "gurobi"}, "solver"),
+        ({"time_limit_s": 0}, "time limit"),
+        ({"gap": 1.5}, "gap"),
+        ({"window": 0}, "window"),
     ],
 )
-def test_bad_options_name_the_field(options: SolveOptions, field: str) -> None:
-    trace = make_trace(5, 1)
+def test_bad_options_name_the_field(options: dict[str, object], field: str) -> None:
+    # SolveOptions checks itself: a bad value never reaches solve().
     with pytest.raises(MemschedError, match=field):
-        solve(trace, budget_between(trace, 0.3), options)
+        SolveOptions(**options)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("solver", "suffix"), [("cbc", ".lp"), ("highs", ".mps"), ("cpsat", ".pbtxt")])
