@@ -114,7 +114,7 @@ improves the answer, gets a larger share first (_POLISH_SHARE_LONG) and the DP t
 _POLISH_SHARE_LONG = 0.6
 _DP_UNTIL_LONG = 0.85
 _DP_SHARE_BEFORE_MILP = 0.3
-_DP_UNTIL = 0.75  # under auto, the exact DP stops at this fraction of the limit if it has not finished
+_DP_UNTIL = 0.9  # under auto, the exact DP stops at this fraction of the limit if it has not finished
 _MAX_BEAM_WIDTH = 1536
 _RESERVE_S = 0.05  # building and simulating the returned schedule
 AUTO_MILP_MAX_LAYERS = 100
