@@ -339,7 +339,10 @@ def _print_measure(doc: dict[str, Any]) -> None:
             f"{doc['model']}: batch {doc['batch_size']}, seq {doc['seq_len']}, {doc['dtype']}, {doc['device_name']}"
             f" — {doc['policy']}" + (f" under {format_bytes(budget)}" if budget else "")
         ),
-        caption=f"peak: whole step ({doc['peak_source']}); step time: median, {doc['threads']} torch thread(s)",
+        caption=(
+            f"peak: whole step ({doc['peak_source']}); "
+            f"step time: median {doc['step_clock']}, {doc['threads']} torch thread(s)"
+        ),
     )
     for col, just in (("run", "left"), ("quantity", "left"), ("predicted", "right"), ("measured", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]

@@ -107,6 +107,8 @@ class MeasureReport:
     """'cuda-allocator' (max_memory_allocated) or 'cpu-all-tensors' (the CPU allocator's events)."""
     threads: int
     """torch's intra-op thread count during the measurement."""
+    clock: str
+    """What the step times are: 'wall time' or 'process CPU time' (one CPU thread; memsched.runtime.clock)."""
     policy: str
     """The schedule's policy, or 'keep-all'."""
     actions: dict[str, int]
@@ -158,6 +160,7 @@ class MeasureReport:
             "predicted_overhead_pct": self.predicted_overhead_pct if s is not None else None,
             "measured_overhead_pct": measured_overhead,
             "threads": self.threads,
+            "step_clock": self.clock,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -439,6 +442,7 @@ def run_measure(
         device_name=name,
         peak_source=peak_source(dev),
         threads=n_threads,
+        clock=(got.keep or got.sched)[0].clock,
         policy=schedule.policy if schedule is not None else "keep-all",
         actions=_counts(schedule),
         budget_bytes=schedule.budget_bytes if schedule is not None else None,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 
 from memsched.errors import MemschedError
-from memsched.runtime.clock import sync
+from memsched.runtime.clock import cpu_clock_name, step_now, sync
 from memsched.runtime.layers import find_layers
 from memsched.runtime.ledger import SavedLedger
 from memsched.runtime.memory import MemoryMeter, StepMemory
@@ -69,6 +68,8 @@ class Measurement:
     """Every timed step, in order (the median is `step_s`)."""
     threads: int = 1
     """torch's intra-op thread count during the measurement."""
+    clock: str = "wall time"
+    """What the step times are: 'wall time' (CUDA, or several CPU threads) or 'process CPU time'."""
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(quantity, predicted, measured) rows for a table."""
@@ -97,6 +98,7 @@ class Measurement:
             "step_s": self.step_s,
             "step_times_s": self.step_times_s,
             "threads": self.threads,
+            "clock": self.clock,
             "peak_bytes": self.peak_bytes,
             "peak_source": self.peak_source,
             "host_bytes": self.host_bytes,
@@ -131,10 +133,10 @@ def time_steps(run: Callable[[], Any], device: torch.device, steps: int) -> list
     times = []
     for _ in range(steps):
         sync(device)
-        t0 = time.perf_counter()
+        t0 = step_now(device)
         run()
         sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append(step_now(device) - t0)
     return times
 
 
@@ -204,6 +206,7 @@ def measure(
         pool=pool,
         step_times_s=times,
         threads=torch.get_num_threads(),
+        clock="wall time" if device.type == "cuda" else cpu_clock_name(),
     )
     log.info("%s %s:\n%s", schedule.policy, "schedule" if predicted else "(unscheduled)", m.summary())
     return m

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import statistics
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,8 +29,8 @@ from torch import nn
 
 from memsched.errors import MemschedError
 from memsched.runtime.checkpointing import flatten
-from memsched.runtime.clock import Clock, sync
-from memsched.runtime.device import device_memory, device_name, framework_versions, measure_copy_speed
+from memsched.runtime.clock import Clock, step_now, sync
+from memsched.runtime.device import device_memory, device_name, framework_versions, measure_runtime_copy_speed
 from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
 from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
@@ -317,10 +316,10 @@ def _baseline_step_s(step_fn: StepFn, device: torch.device, steps: int) -> float
     times = []
     for _ in range(steps):
         sync(device)
-        t0 = time.perf_counter()
+        t0 = step_now(device)
         step_fn()
         sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append(step_now(device) - t0)
     return statistics.median(times)
 
 
@@ -393,8 +392,13 @@ def _layers(stats: list[_LayerStats], order: list[int], workspace: list[int]) ->
     return out
 
 
-def _device_info(device: torch.device, measure_bandwidth: bool) -> DeviceInfo:
-    speed = measure_copy_speed(device) if measure_bandwidth else None
+def _device_info(device: torch.device, measure_bandwidth: bool, layers: Sequence[_LayerStats]) -> DeviceInfo:
+    """The device, with copy speeds measured through the runtime's offload path on the saved tensors of the
+    median layer (by saved bytes): the sizes a schedule moves."""
+    speed = None
+    if measure_bandwidth:
+        typical = sorted(layers, key=lambda st: sum(st.saved))[len(layers) // 2]
+        speed = measure_runtime_copy_speed(device, typical.saved)
     return DeviceInfo(
         name=device_name(device),
         memory_bytes=device_memory(device),
@@ -445,7 +449,7 @@ def trace(
         dtype=_dtype_name(model),
         framework=framework_versions(),
         source="tracer",
-        device=_device_info(device, measure_bandwidth),
+        device=_device_info(device, measure_bandwidth, stats),
         static=static,
         baseline=Baseline(step_s=step_s, peak_bytes=int(whole.peak_bytes)),
         layers=_layers(stats, mem.order, workspace),
