@@ -310,16 +310,19 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     rows: list[Row] = []
     infeasible: list[dict[str, Any]] = []
+    a.out.mkdir(parents=True, exist_ok=True)
     for m in a.models:
         rows += run_model(m, a.small, a.steps, a.warmup, a.time_limit, infeasible)
-    meta = _meta(a, time.perf_counter() - t0, load_before)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "fidelity.json").write_text(
-        json.dumps({"meta": meta, "rows": [r.to_json() for r in rows], "infeasible": infeasible}, indent=2) + "\n"
-    )
-    write_markdown(rows, infeasible, meta, a.out / "fidelity.md")
-    plot(rows, a.out / "fidelity.png")
+        write_results(rows, infeasible, _meta(a, time.perf_counter() - t0, load_before), a.out)  # after each model
     print((a.out / "fidelity.md").read_text())
+
+
+def write_results(rows: list[Row], infeasible: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
+    doc = {"meta": meta, "rows": [r.to_json() for r in rows], "infeasible": infeasible}
+    (out / "fidelity.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_markdown(rows, infeasible, meta, out / "fidelity.md")
+    if rows:
+        plot(rows, out / "fidelity.png")
 
 
 if __name__ == "__main__":

@@ -130,8 +130,12 @@ class _MemoryStep:
     def _note(self, x: torch.Tensor) -> None:
         s = x.untyped_storage()
         if not self.stack:
-            # Saved outside every traced layer (embeddings, head, loss): no schedule moves it, so it is
-            # counted with the static memory (StaticBytes.other), once per storage.
+            # Saved outside every traced layer, before the first one runs (embeddings): no schedule moves it
+            # and it lives until the end of the backward, so it is static memory (StaticBytes.other), once
+            # per storage. What is saved outside the layers later (the head, the loss) lives only around
+            # the loss: the whole-step fit places it there (`fit_workspace`).
+            if self.order:
+                return
             claim, hit = self.claims.get(id(s)), self.outside.get(id(s))
             if (claim is None or claim() is not s) and (hit is None or hit[0]() is not s):
                 self.outside[id(s)] = (weakref.ref(s), storage_nbytes(x))
