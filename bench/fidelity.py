@@ -305,8 +305,9 @@ def compare_sources(path: Path) -> None:
         "the ids (64 KiB) live. Expected: the hand-built step adds +3 +5 -3 +4 MiB (peak start + 9); the embedding",
         "step frees the old gradient (-4), holds its output (+8) and allocates the new gradient (+4): start + 8.",
         "The allocator's events match both (to the bytes of the loss scalar). MemTracker reads low: it counts",
-        "only what modules and operators hand it (not the ids, nor the gradient the autograd engine accumulates outside the",
-        "dispatcher's view), so it is not CUDA's max_memory_allocated; the allocator-level source is.",
+        "only what modules and operators hand it (not the ids, nor the gradient the autograd engine",
+        "accumulates outside the dispatcher's view), so it is not CUDA's max_memory_allocated; the",
+        "allocator-level source is.",
         "",
     ]
     path.write_text("\n".join(lines))
