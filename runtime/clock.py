@@ -10,6 +10,7 @@ threads up, so the clock is wall time (`time.perf_counter`) instead; `cpu_clock_
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,3 +58,15 @@ def step_now(device: torch.device) -> float:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def time_steps(run: Callable[[], Any], device: torch.device, steps: int) -> list[float]:
+    """Seconds of each of `steps` calls of `run`, each between device synchronisations (`step_now`)."""
+    times = []
+    for _ in range(steps):
+        sync(device)
+        t0 = step_now(device)
+        run()
+        sync(device)
+        times.append(step_now(device) - t0)
+    return times

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from memsched.errors import MemschedError
-from memsched.runtime.clock import cpu_clock_name, step_now, sync
+from memsched.runtime.clock import cpu_clock_name, time_steps
 from memsched.runtime.layers import find_layers
 from memsched.runtime.ledger import SavedLedger
 from memsched.runtime.memory import MemoryMeter, StepMemory
@@ -126,18 +126,6 @@ def keep_all_schedule(names: Sequence[str], budget_bytes: int = 1) -> Schedule:
         prediction=zero,
         solver=SolverRecord(backend="none", status=SolverStatus.HEURISTIC),
     )
-
-
-def time_steps(run: Callable[[], Any], device: torch.device, steps: int) -> list[float]:
-    """Wall time of `steps` calls of `run`, each between device synchronisations."""
-    times = []
-    for _ in range(steps):
-        sync(device)
-        t0 = step_now(device)
-        run()
-        sync(device)
-        times.append(step_now(device) - t0)
-    return times
 
 
 def _mark_optimizer_step(optimizer: torch.optim.Optimizer | None, meter: MemoryMeter) -> Callable[[], None]:

@@ -29,7 +29,7 @@ from torch import nn
 
 from memsched.errors import MemschedError
 from memsched.runtime.checkpointing import flatten
-from memsched.runtime.clock import Clock, step_now, sync
+from memsched.runtime.clock import Clock, time_steps
 from memsched.runtime.device import device_memory, device_name, framework_versions, measure_runtime_copy_speed
 from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
@@ -315,18 +315,6 @@ def fit_workspace(layers: Sequence[_LayerStats], static_total: int, whole: StepM
     return out
 
 
-def _baseline_step_s(step_fn: StepFn, device: torch.device, steps: int) -> float:
-    """Median wall time of plain steps (the in-core step the schedules are compared with)."""
-    times = []
-    for _ in range(steps):
-        sync(device)
-        t0 = step_now(device)
-        step_fn()
-        sync(device)
-        times.append(step_now(device) - t0)
-    return statistics.median(times)
-
-
 def _time_layers(
     step_fn: StepFn, modules: Sequence[nn.Module], stats: list[_LayerStats], clock: Clock, steps: int
 ) -> None:
@@ -440,7 +428,7 @@ def trace(
 
     for _ in range(warmup):
         step_fn()
-    step_s = _baseline_step_s(step_fn, device, steps)
+    step_s = statistics.median(time_steps(step_fn, device, steps))  # the in-core step
     _time_layers(step_fn, modules, stats, Clock(device), steps)
     mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizer)
     static = static_bytes(model, optimizer)
