@@ -58,9 +58,13 @@ class Workload:
         return loss.detach()
 
     def step(self, model: Callable[..., Any] | None = None) -> torch.Tensor:
-        """One training step: zero grads, forward, backward, optimizer step."""
+        """One training step: zero grads, forward, backward, optimizer step.
+
+        Gradients are zeroed in place, not freed (`set_to_none=False`): their buffers stay allocated across
+        steps, as DDP's gradient buckets and FSDP's sharded gradients do, which is what the cost model's
+        static gradient bytes describe. (A loop that frees them holds less in its forward than predicted.)"""
         if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=False)
         loss = self.backward(model)
         if self.optimizer is not None:
             self.optimizer.step()
