@@ -61,6 +61,8 @@ class _LayerStats:
     """Forward time per timing step."""
     backward_s: list[float] = field(default_factory=list)
     """Backward time per timing step."""
+    shared: int = 0
+    """Bytes of storages it saved that an earlier layer saved first (attributed there)."""
 
 
 @contextlib.contextmanager
@@ -120,6 +122,8 @@ class _MemoryStep:
         self.order: list[int] = []
         self.outside: dict[int, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
         self.bwd_marked: set[int] = set()
+        self.owner: dict[int, int] = {}  # id(storage) -> the layer that saved it first
+        self.shared_seen: set[tuple[int, int]] = set()
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and x not in self.static:
@@ -142,11 +146,19 @@ class _MemoryStep:
             return
         ref = self.claims.get(id(s))
         if ref is not None and ref() is s:
-            return  # counted once, for the layer that saved it first
+            # Counted once, for the layer that saved it first. A later layer saving it too (ResNet: a block's
+            # last ReLU output is the next block's input) needs it back at its own backward, before the first
+            # layer's: if that layer offloads it, it returns early. Noted for the workspace (`fit_workspace`).
+            first, me = self.owner[id(s)], self.stack[-1]
+            if first != me and first not in self.stack and (id(s), me) not in self.shared_seen:
+                self.shared_seen.add((id(s), me))
+                self.stats[me].shared += storage_nbytes(x)
+            return
         hit = self.outside.pop(id(s), None)
         if hit is not None and hit[0]() is not s:
             self.outside[id(s)] = hit  # another (dead) storage had this id: keep its entry
         self.claims[id(s)] = weakref.ref(s)
+        self.owner[id(s)] = self.stack[-1]
         self.stats[self.stack[-1]].saved.append(storage_nbytes(x))
 
     def wrap(self, i: int, orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -299,7 +311,8 @@ def fit_workspace(layers: Sequence[_LayerStats], static_total: int, whole: StepM
     what the measured stage peak needs on top, the larger of F_i's and B_i's need. The memory outside the
     layers goes to the stage it is live in: before F_0 (zero_grad, embeddings) to F_0's; from the end of the
     last forward to B_{n-1} (head, logits, loss) to F_{n-1}'s, which is what the forward holds then; after
-    B_0 (the embedding's backward, the optimizer step) to B_0's. All of it is decision-independent."""
+    B_0 (the embedding's backward, the optimizer step) to B_0's. A storage the layer saves that an earlier
+    layer saved first is added on top (see `_MemoryStep._note`). All of it is decision-independent."""
     peaks = whole.stage_peak_bytes
     n = len(layers)
     prefix = 0
@@ -310,7 +323,9 @@ def fit_workspace(layers: Sequence[_LayerStats], static_total: int, whole: StepM
         bwd = [peaks.get(f"B{i}", 0)] + ([peaks.get("optimizer", 0)] if i == 0 else [])
         need_f = max(fwd) - static_total - prefix - st.output_bytes
         need_b = max(bwd) - static_total - prefix - st.output_bytes - st.input_bytes
-        out.append(max(0, need_f, need_b))
+        # A storage an earlier layer saved first and this one saves too comes back at this layer's backward
+        # if the earlier layer offloads it: held here on top, so an offload of it never under-counts B_i.
+        out.append(max(0, need_f, need_b) + st.shared)
     assert len(out) == n
     return out
 
