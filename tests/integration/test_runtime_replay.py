@@ -10,10 +10,10 @@ import pytest
 import torch
 from test_runtime_support import assert_bitwise, assert_close, grads, schedule_of, tiny
 
-from memsched.optimizer.profile import predicted_saved_profile
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.baselines import BASELINES
 from memsched.optimizer.plan import KEEP, offload_subset, recompute
+from memsched.optimizer.profile import predicted_saved_profile
 from memsched.runtime import SavedLedger, apply_schedule, trace
 from memsched.schema import Action
 from memsched.service import solve_trace
