@@ -83,7 +83,23 @@ def test_trace_user_errors_exit_2_with_one_line(argv, message, capsys, tmp_path)
 
 def test_demo_runs_end_to_end(tmp_path, capsys):
     code, out, err = run(
-        ["demo", "--out-dir", tmp_path, "--layers", 3, "--batch-size", 2, "--seq-len", 32, "--steps", 1, "--json"],
+        # 75%: at this size the memory outside the blocks (optimizer step, logits) leaves no room for 50%
+        [
+            "demo",
+            "--out-dir",
+            tmp_path,
+            "--layers",
+            3,
+            "--batch-size",
+            2,
+            "--seq-len",
+            32,
+            "--steps",
+            1,
+            "-b",
+            "75%",
+            "--json",
+        ],
         capsys,
     )
     assert code == 0, err

@@ -26,7 +26,9 @@ def run(argv, capsys):
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
-    """A bf16 trace of a 4-block small GPT-2 and a schedule solved for 50% of its activations."""
+    """A bf16 trace of a 4-block small GPT-2 and a schedule solved halfway between its smallest feasible
+    budget and keep-all (at this size the memory outside the blocks leaves no room for a 50% budget)."""
+    from memsched.optimizer.budget import budget_between
     from memsched.service import solve_trace
 
     d = tmp_path_factory.mktemp("measure")
@@ -36,7 +38,7 @@ def traced(tmp_path_factory):
     assert e.value.code == 0
     tr = load_trace(trace_path)
     schedule_path = d / "s.json"
-    save_model(solve_trace(tr, "50%"), schedule_path)
+    save_model(solve_trace(tr, budget_between(tr, 0.5)), schedule_path)
     return trace_path, schedule_path
 
 
@@ -77,7 +79,7 @@ def test_measure_schedule_reports_predicted_vs_measured(traced, tmp_path, capsys
     assert k["ratio_measured_over_predicted"]["peak"] == pytest.approx(1.0, abs=0.05)
     assert doc["fits_budget"] is True and doc["budget_bytes"] > 0
     assert {"slowdown_pct", "oversubscription", "activation_oversubscription", "peak_within_target"} <= set(doc)
-    assert doc["activation_oversubscription"] == pytest.approx(2.0, rel=0.1)  # a 50% budget
+    assert doc["activation_oversubscription"] > 1.0  # keep-all's activations do not fit the budget's room
     assert doc["command"].startswith("memsched measure gpt2 ") and "--dtype bfloat16" in doc["command"]
 
 
