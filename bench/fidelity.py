@@ -188,6 +188,11 @@ def write_markdown(rows: list[Row], infeasible: list[dict[str, Any]], meta: dict
             f"| {_mib(r.host_bytes)} | {r.predicted_step_s:.3f} | {r.measured_step_s:.3f} | {r.step_ratio:.3f} "
             f"| {r.predicted_overhead_pct:+.1f}% | {r.measured_overhead_pct:+.1f}% |"
         )
+    for x in infeasible:
+        lines.append(
+            f"| {x['model']} | {x['budget']} | {_mib(x['budget_bytes'])} | infeasible: the smallest feasible budget "
+            f"is {_mib(x['min_bytes'])} MiB (the `min` row) | | | | | | | | | | |"
+        )
     lines += [
         "",
         "Keep-all (in core), per model:",
@@ -361,10 +366,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--time-limit", type=float, default=10.0, help="solver time limit per budget, seconds")
     p.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
     p.add_argument("--sources", action="store_true", help="only compare the CPU measurement sources")
+    p.add_argument("--render", action="store_true", help="only rewrite the markdown and the plot from the JSON")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if a.sources:
         compare_sources(a.out / "fidelity-sources.md")
+        return
+    if a.render:  # the markdown and the plot again, from the JSON of a run
+        doc = json.loads((a.out / "fidelity.json").read_text())
+        names = set(Row.__dataclass_fields__)
+        rows = [Row(**{k: v for k, v in r.items() if k in names}) for r in doc["rows"]]
+        write_markdown(rows, doc["infeasible"], doc["meta"], a.out / "fidelity.md")
+        plot(rows, a.out / "fidelity.png")
         return
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(name)s: %(message)s")
     import torch
