@@ -6,6 +6,7 @@ Needs torch (and transformers for the built-in models); never imports the optimi
 from memsched.runtime.layers import default_layers, find_layers
 from memsched.runtime.ledger import LedgerStats, SavedLedger
 from memsched.runtime.measure import Measurement, keep_all_schedule, measure
+from memsched.runtime.memory import MemoryMeter, StepMemory, measure_step_memory
 from memsched.runtime.models import BUILTIN_MODELS, Workload, builtin_workload, load_factory, workload
 from memsched.runtime.pool import HostBufferPool, PoolStats
 from memsched.runtime.replay import ScheduledModel, apply_schedule
@@ -16,9 +17,11 @@ __all__ = [
     "HostBufferPool",
     "LedgerStats",
     "Measurement",
+    "MemoryMeter",
     "PoolStats",
     "SavedLedger",
     "ScheduledModel",
+    "StepMemory",
     "Workload",
     "apply_schedule",
     "builtin_workload",
@@ -27,6 +30,7 @@ __all__ = [
     "keep_all_schedule",
     "load_factory",
     "measure",
+    "measure_step_memory",
     "static_bytes",
     "trace",
     "workload",

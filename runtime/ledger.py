@@ -1,18 +1,21 @@
-"""The CPU memory ledger: device bytes of live saved tensors, by the attribution rule (docs/architecture.md,
+"""The saved-tensor ledger: device bytes of live saved tensors, by the attribution rule (docs/architecture.md,
 'Trace').
 
 A storage is noted when a traced layer's forward saves it for backward (the innermost traced layer, the first
 time in the step) and leaves the ledger when the storage is freed (a weakref finalizer on the storage, which
 PyTorch keeps as one Python object per storage). So the ledger follows real lifetimes: an offloaded tensor
 leaves at its done-by stage when the runtime drops it, a prefetched copy enters at issue, a recomputed tensor
-enters during the recomputation. Host copies are not device bytes and are not counted. On CUDA the allocator
-is the measurement (max_memory_allocated); the ledger is how the same question is answered on the CPU.
+enters during the recomputation. Host copies are not device bytes and are not counted.
+
+The ledger is the per-layer, per-stage attribution of saved bytes, the part of memory a schedule moves. It is
+not the step's peak: that is `memsched.runtime.memory` (every live tensor byte, on CUDA and on the CPU).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +48,8 @@ class SavedLedger:
         self._stage = "setup"
         self._stage_peak: dict[str, int] = {}
         self._per_layer: dict[int, int] = {}
+        self.on_mark: Callable[[str], None] | None = None
+        """Called with each stage name after the ledger enters it (the whole-step meter's stage marks)."""
 
     def note(self, t: torch.Tensor, layer: int) -> None:
         """Count t's storage as a saved tensor of `layer`, unless it is already counted."""
@@ -75,6 +80,8 @@ class SavedLedger:
         with self._lock:
             self._stage = stage
             self._bump()
+        if self.on_mark is not None:
+            self.on_mark(stage)
 
     def reset(self) -> None:
         """Start a new window; storages still live stay counted (they are real memory)."""

@@ -58,9 +58,13 @@ class Workload:
         return loss.detach()
 
     def step(self, model: Callable[..., Any] | None = None) -> torch.Tensor:
-        """One training step: zero grads, forward, backward, optimizer step."""
+        """One training step: zero grads, forward, backward, optimizer step.
+
+        Gradients are zeroed in place, not freed (`set_to_none=False`): their buffers stay allocated across
+        steps, as DDP's gradient buckets and FSDP's sharded gradients do, which is what the cost model's
+        static gradient bytes describe. (A loop that frees them holds less in its forward than predicted.)"""
         if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=False)
         loss = self.backward(model)
         if self.optimizer is not None:
             self.optimizer.step()
@@ -69,6 +73,112 @@ class Workload:
 
 def _tokens(gen: torch.Generator, vocab: int, batch: int, seq: int, device: torch.device) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+
+
+@dataclass
+class _Built:
+    """A built-in model with its fixed batch."""
+
+    model: nn.Module
+    batch: dict[str, torch.Tensor]
+    seq_len: int | None
+
+
+_LABELS: dict[str, Any] = {"num_labels": 10}
+"""A classification head of 10 classes for the image models."""
+
+
+def _gpt2(
+    name: str, small: bool, layers: int | None, batch: int, seq: int, p: float | None, gen: Any, dev: Any
+) -> _Built:
+    import transformers as tf
+
+    depth, width, heads = (12, 768, 12) if name == "gpt2" else (24, 1024, 16)
+    vocab = 50257
+    if small:
+        depth, width, heads, vocab = 4, 64, 4, 1024
+    kw: dict[str, Any] = {} if p is None else {"resid_pdrop": p, "embd_pdrop": p, "attn_pdrop": p}
+    cfg = tf.GPT2Config(
+        n_layer=layers or depth,
+        n_embd=width,
+        n_head=heads,
+        vocab_size=vocab,
+        n_positions=max(seq, 128 if small else 1024),
+        bos_token_id=vocab - 1,
+        eos_token_id=vocab - 1,
+        use_cache=False,
+        **kw,
+    )
+    model = tf.GPT2LMHeadModel(cfg)
+    ids = _tokens(gen, vocab, batch, seq, dev)
+    return _Built(model, {"input_ids": ids, "labels": ids}, seq)
+
+
+def _bert(
+    name: str, small: bool, layers: int | None, batch: int, seq: int, p: float | None, gen: Any, dev: Any
+) -> _Built:
+    import transformers as tf
+
+    depth, width, heads, inter = (12, 768, 12, 3072) if name == "bert-base" else (24, 1024, 16, 4096)
+    vocab = 30522
+    if small:
+        depth, width, heads, inter, vocab = 4, 64, 4, 256, 1024
+    kw: dict[str, Any] = {} if p is None else {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
+    cfg = tf.BertConfig(
+        num_hidden_layers=layers or depth,
+        hidden_size=width,
+        num_attention_heads=heads,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        max_position_embeddings=max(seq, 512),
+        **kw,
+    )
+    model = tf.BertForMaskedLM(cfg)
+    ids = _tokens(gen, vocab, batch, seq, dev)
+    return _Built(model, {"input_ids": ids, "labels": ids}, seq)
+
+
+def _vit(
+    name: str, small: bool, layers: int | None, batch: int, p: float | None, gen: Any, dev: Any, dt: torch.dtype
+) -> _Built:
+    import transformers as tf
+
+    depth, width, heads, inter = (12, 768, 12, 3072) if name == "vit-base" else (24, 1024, 16, 4096)
+    image, patch = 224, 16
+    if small:
+        depth, width, heads, inter, image, patch = 4, 64, 4, 256, 32, 8
+    kw: dict[str, Any] = {} if p is None else {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
+    cfg = tf.ViTConfig(
+        num_hidden_layers=layers or depth,
+        hidden_size=width,
+        num_attention_heads=heads,
+        intermediate_size=inter,
+        image_size=image,
+        patch_size=patch,
+        **kw,
+        **_LABELS,
+    )
+    model = tf.ViTForImageClassification(cfg)
+    pixels = torch.randn(batch, 3, image, image, generator=gen).to(dev, dt)
+    labels = torch.randint(0, 10, (batch,), generator=gen).to(dev)
+    return _Built(model, {"pixel_values": pixels, "labels": labels}, (image // patch) ** 2 + 1)
+
+
+def _resnet(small: bool, layers: int | None, batch: int, gen: Any, dev: Any, dt: torch.dtype) -> _Built:
+    import transformers as tf
+
+    depths, hidden, emb, image = [3, 4, 6, 3], [256, 512, 1024, 2048], 64, 224
+    if small:
+        depths, hidden, emb, image = [1, 1, 1, 1], [32, 64, 128, 256], 16, 64
+    if layers is not None:
+        if layers < 4:
+            raise MemschedError(f"resnet50 has four stages: --layers must be >= 4, got {layers}")
+        depths = [layers // 4 + (1 if k < layers % 4 else 0) for k in range(4)]
+    cfg = tf.ResNetConfig(depths=depths, hidden_sizes=hidden, embedding_size=emb, layer_type="bottleneck", **_LABELS)
+    model = tf.ResNetForImageClassification(cfg)
+    pixels = torch.randn(batch, 3, image, image, generator=gen).to(dev, dt)
+    labels = torch.randint(0, 10, (batch,), generator=gen).to(dev)
+    return _Built(model, {"pixel_values": pixels, "labels": labels}, None)
 
 
 def builtin_workload(
@@ -94,7 +204,7 @@ def builtin_workload(
     every saved activation has that dtype too and the trace's `dtype` field says it.
     """
     try:
-        import transformers as tf
+        import transformers  # noqa: F401
     except ModuleNotFoundError as e:  # pragma: no cover - transformers is a runtime dependency
         raise MemschedError("built-in models need transformers: pip install 'memsched[runtime]'") from e
     if batch_size < 1 or seq_len < 1:
@@ -105,89 +215,21 @@ def builtin_workload(
     dev = torch.device(device)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    model: nn.Module
-    cfg: Any
-    batch: dict[str, torch.Tensor]
-    sl: int | None = seq_len
-    p = dropout
-    labels: dict[str, Any] = {"num_labels": 10}  # a classification head of 10 classes for the image models
     if name in ("gpt2", "gpt2-medium"):
-        depth, width, heads = (12, 768, 12) if name == "gpt2" else (24, 1024, 16)
-        vocab = 50257
-        if small:
-            depth, width, heads, vocab = 4, 64, 4, 1024
-        kw: dict[str, Any] = {} if p is None else {"resid_pdrop": p, "embd_pdrop": p, "attn_pdrop": p}
-        cfg = tf.GPT2Config(
-            n_layer=num_layers or depth,
-            n_embd=width,
-            n_head=heads,
-            vocab_size=vocab,
-            n_positions=max(seq_len, 128 if small else 1024),
-            bos_token_id=vocab - 1,
-            eos_token_id=vocab - 1,
-            use_cache=False,
-            **kw,
-        )
-        model = tf.GPT2LMHeadModel(cfg)
-        ids = _tokens(gen, vocab, batch_size, seq_len, dev)
-        batch = {"input_ids": ids, "labels": ids}
+        built = _gpt2(name, small, num_layers, batch_size, seq_len, dropout, gen, dev)
     elif name in ("bert-base", "bert-large"):
-        depth, width, heads, inter = (12, 768, 12, 3072) if name == "bert-base" else (24, 1024, 16, 4096)
-        vocab = 30522
-        if small:
-            depth, width, heads, inter, vocab = 4, 64, 4, 256, 1024
-        kw = {} if p is None else {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
-        cfg = tf.BertConfig(
-            num_hidden_layers=num_layers or depth,
-            hidden_size=width,
-            num_attention_heads=heads,
-            intermediate_size=inter,
-            vocab_size=vocab,
-            max_position_embeddings=max(seq_len, 512),
-            **kw,
-        )
-        model = tf.BertForMaskedLM(cfg)
-        ids = _tokens(gen, vocab, batch_size, seq_len, dev)
-        batch = {"input_ids": ids, "labels": ids}
+        built = _bert(name, small, num_layers, batch_size, seq_len, dropout, gen, dev)
     elif name in ("vit-base", "vit-large"):
-        depth, width, heads, inter = (12, 768, 12, 3072) if name == "vit-base" else (24, 1024, 16, 4096)
-        image, patch = 224, 16
-        if small:
-            depth, width, heads, inter, image, patch = 4, 64, 4, 256, 32, 8
-        kw = {} if p is None else {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
-        cfg = tf.ViTConfig(
-            num_hidden_layers=num_layers or depth,
-            hidden_size=width,
-            num_attention_heads=heads,
-            intermediate_size=inter,
-            image_size=image,
-            patch_size=patch,
-            **kw,
-            **labels,
-        )
-        model = tf.ViTForImageClassification(cfg)
-        pixels = torch.randn(batch_size, 3, image, image, generator=gen).to(dev, dt)
-        batch = {"pixel_values": pixels, "labels": torch.randint(0, 10, (batch_size,), generator=gen).to(dev)}
-        sl = (image // patch) ** 2 + 1
+        built = _vit(name, small, num_layers, batch_size, dropout, gen, dev, dt)
     elif name == "resnet50":
-        depths, hidden, emb, image = [3, 4, 6, 3], [256, 512, 1024, 2048], 64, 224
-        if small:
-            depths, hidden, emb, image = [1, 1, 1, 1], [32, 64, 128, 256], 16, 64
-        if num_layers is not None:
-            if num_layers < 4:
-                raise MemschedError(f"resnet50 has four stages: --layers must be >= 4, got {num_layers}")
-            depths = [num_layers // 4 + (1 if k < num_layers % 4 else 0) for k in range(4)]
-        cfg = tf.ResNetConfig(depths=depths, hidden_sizes=hidden, embedding_size=emb, layer_type="bottleneck", **labels)
-        model = tf.ResNetForImageClassification(cfg)
-        pixels = torch.randn(batch_size, 3, image, image, generator=gen).to(dev, dt)
-        batch = {"pixel_values": pixels, "labels": torch.randint(0, 10, (batch_size,), generator=gen).to(dev)}
-        sl = None
+        built = _resnet(small, num_layers, batch_size, gen, dev, dt)
     else:
         raise MemschedError(f"unknown model {name!r}; use one of {', '.join(BUILTIN_MODELS)} or package.module:factory")
+    model = built.model
     nn.Module.to(model, dev, dt).train()
     suffix = f"-small{num_layers or ''}" if small else (f"-{num_layers}l" if num_layers else "")
     opt = _optimizer(model, optimizer)
-    return Workload(model, f"{name}{suffix}", batch, batch_size, sl, opt)
+    return Workload(model, f"{name}{suffix}", built.batch, batch_size, built.seq_len, opt)
 
 
 def _optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer | None:

@@ -8,6 +8,7 @@ hands out only buffers it already has: host memory does not grow with the number
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,13 @@ class HostBufferPool:
         self._in_use_bytes = 0
         self._in_use_buffers = 0
         self._reuses = 0
+        # Every buffer created and still alive (free or lent out): the host bytes a measurement leaves out.
+        self._created: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The pool's live host buffers, free or lent out."""
+        with self._lock:
+            return list(self._created.values())
 
     def acquire(self, nbytes: int) -> torch.Tensor:
         """A host buffer of exactly nbytes (uint8, 1-D)."""
@@ -56,6 +64,7 @@ class HostBufferPool:
                 self._reuses += 1
             else:
                 buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
+                self._created[id(buf)] = buf
                 self._allocated_bytes += nbytes
                 self._allocated_buffers += 1
             self._in_use_bytes += nbytes

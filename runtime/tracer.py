@@ -1,13 +1,17 @@
 """The tracer: run a few real training steps and write a Trace (docs/architecture.md, 'Trace').
 
 Three kinds of step, so that instrumentation never inflates what it measures:
-1. plain steps: warm-up, then the baseline step time (median) and, on CUDA, the peak (max_memory_allocated);
+1. plain steps: warm-up, then the baseline step time (median);
 2. timing steps: per-layer forward time (around the layer's forward) and backward time (from the moment the
    layer's output gradient is complete to the moment its input gradient is), medians over the steps;
-3. one memory step: saved tensors (saved_tensors_hooks; deduplicated by storage; attributed to the innermost
-   traced layer whose forward saved them first; parameters and buffers excluded: they are static), input and
-   output bytes, workspace (CUDA allocator peak within the layer's forward and backward), and DAG edges from
-   storage identity between a layer's outputs and later layers' inputs.
+3. one memory step, measured whole (memsched.runtime.memory: every live tensor byte, the CUDA allocator or
+   the CPU allocator's events; the same function on both): saved tensors (saved_tensors_hooks; deduplicated
+   by storage; attributed to the innermost traced layer whose forward saved them first; parameters and buffers
+   excluded: they are static), input and output bytes, DAG edges from storage identity between a layer's
+   outputs and later layers' inputs, the keep-all whole-step peak (the baseline peak) and the peak within each
+   stage. What a stage holds beyond the layer model (static + saved bytes so far + the layer's output and
+   input gradient) is the layer's workspace; the memory outside the layers goes to the stage it is live in
+   (`fit_workspace`), so the simulator's keep-all peak is the measured one on both devices.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import statistics
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,10 +29,10 @@ from torch import nn
 
 from memsched.errors import MemschedError
 from memsched.runtime.checkpointing import flatten
-from memsched.runtime.clock import Clock, sync
-from memsched.runtime.device import device_memory, device_name, framework_versions, measure_copy_speed
+from memsched.runtime.clock import Clock, time_steps
+from memsched.runtime.device import device_memory, device_name, framework_versions, measure_runtime_copy_speed
 from memsched.runtime.layers import find_layers
-from memsched.runtime.ledger import SavedLedger
+from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
 from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
 from memsched.schema import Baseline, DeviceInfo, Layer, StaticBytes, Trace
 
@@ -52,14 +55,14 @@ class _LayerStats:
     """Bytes of its tensor inputs that require grad (their gradients are produced in backward)."""
     output_bytes: int = 0
     """Bytes of its tensor outputs."""
-    workspace: int = 0
-    """Transient allocator bytes beyond saved + output (CUDA only; 0 on the CPU)."""
     deps: set[int] = field(default_factory=set)
     """Call-order indices of the layers whose outputs it consumed."""
     forward_s: list[float] = field(default_factory=list)
     """Forward time per timing step."""
     backward_s: list[float] = field(default_factory=list)
     """Backward time per timing step."""
+    shared: int = 0
+    """Bytes of storages it saved that an earlier layer saved first (attributed there)."""
 
 
 @contextlib.contextmanager
@@ -98,23 +101,29 @@ def _unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
 
 
 class _MemoryStep:
-    """Instrumentation of the one memory step."""
+    """Instrumentation of the one memory step: attribution of saved tensors, inputs, outputs, edges and the
+    stage marks of the whole-step meter (F_i when layer i's forward starts, B_i when its output gradient is
+    complete)."""
 
     def __init__(
-        self, model: nn.Module, stats: list[_LayerStats], device: torch.device, modules: Sequence[nn.Module]
+        self,
+        model: nn.Module,
+        stats: list[_LayerStats],
+        modules: Sequence[nn.Module],
+        meter: MemoryMeter,
     ) -> None:
         self.static = StaticStorages().add_module(model)
         self.modules = modules
         self.stats = stats
-        self.device = device
+        self.meter = meter
         self.stack: list[int] = []
         self.claims: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.producers: dict[int, tuple[int, weakref.ref[torch.UntypedStorage]]] = {}
         self.order: list[int] = []
-        self.ledger = SavedLedger()  # saved tensors of the traced layers: the CPU baseline peak
         self.outside: dict[int, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
-        self.bwd_open: dict[int, int] = {}  # CUDA: layer -> allocated bytes when its backward started
-        self.bwd_done: set[int] = set()
+        self.bwd_marked: set[int] = set()
+        self.owner: dict[int, int] = {}  # id(storage) -> the layer that saved it first
+        self.shared_seen: set[tuple[int, int]] = set()
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and x not in self.static:
@@ -125,29 +134,40 @@ class _MemoryStep:
     def _note(self, x: torch.Tensor) -> None:
         s = x.untyped_storage()
         if not self.stack:
-            # Saved outside every traced layer (embeddings, head, loss): no schedule moves it, so it is
-            # counted with the static memory (StaticBytes.other), once per storage.
+            # Saved outside every traced layer, before the first one runs (embeddings): no schedule moves it
+            # and it lives until the end of the backward, so it is static memory (StaticBytes.other), once
+            # per storage. What is saved outside the layers later (the head, the loss) lives only around
+            # the loss: the whole-step fit places it there (`fit_workspace`).
+            if self.order:
+                return
             claim, hit = self.claims.get(id(s)), self.outside.get(id(s))
             if (claim is None or claim() is not s) and (hit is None or hit[0]() is not s):
                 self.outside[id(s)] = (weakref.ref(s), storage_nbytes(x))
             return
-        self.ledger.note(x, self.stack[-1])
         ref = self.claims.get(id(s))
         if ref is not None and ref() is s:
-            return  # counted once, for the layer that saved it first
+            # Counted once, for the layer that saved it first. A later layer saving it too (ResNet: a block's
+            # last ReLU output is the next block's input) needs it back at its own backward, before the first
+            # layer's: if that layer offloads it, it returns early. Noted for the workspace (`fit_workspace`).
+            first, me = self.owner[id(s)], self.stack[-1]
+            if first != me and first not in self.stack and (id(s), me) not in self.shared_seen:
+                self.shared_seen.add((id(s), me))
+                self.stats[me].shared += storage_nbytes(x)
+            return
         hit = self.outside.pop(id(s), None)
         if hit is not None and hit[0]() is not s:
             self.outside[id(s)] = hit  # another (dead) storage had this id: keep its entry
         self.claims[id(s)] = weakref.ref(s)
+        self.owner[id(s)] = self.stack[-1]
         self.stats[self.stack[-1]].saved.append(storage_nbytes(x))
 
     def wrap(self, i: int, orig: Callable[..., Any]) -> Callable[..., Any]:
         st = self.stats[i]
-        cuda = self.device.type == "cuda"
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             if i not in self.order:
                 self.order.append(i)
+            self.meter.mark(f"F{i}")
             self.static.add_module(self.modules[i])  # parameters gathered just in time (FSDP)
             inputs = _input_tensors(args, kwargs)
             st.input_bytes = _unique_bytes([t for t in inputs if t.requires_grad])
@@ -155,10 +175,6 @@ class _MemoryStep:
                 hit = self.producers.get(id(t.untyped_storage()))
                 if hit is not None and hit[1]() is t.untyped_storage() and hit[0] != i:
                     st.deps.add(hit[0])
-            saved_before = sum(st.saved)
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(self.device)
-                base = torch.cuda.memory_allocated(self.device)
             self.stack.append(i)
             try:
                 out = orig(*args, **kwargs)
@@ -169,44 +185,19 @@ class _MemoryStep:
             for t in outs:
                 s = t.untyped_storage()
                 self.producers[id(s)] = (i, weakref.ref(s))
-            if cuda:
-                peak = torch.cuda.max_memory_allocated(self.device) - base
-                st.workspace = max(st.workspace, peak - (sum(st.saved) - saved_before) - st.output_bytes, 0)
-                self._hook_backward_workspace(i, inputs, outs)
+                if t.requires_grad:
+                    t.register_hook(self._backward_mark(i))
             return out
 
         return forward
 
-    def _hook_backward_workspace(self, i: int, inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        """CUDA: the allocator peak between the start of the layer's backward (its output gradient is
-        complete) and its end (its input gradient is), beyond the input gradient it produces. One window is
-        open at a time: in a chain the end of B_i is the start of B_{i-1}, on the same tensor, so a start
-        closes the open windows before it resets the peak counter."""
+    def _backward_mark(self, i: int) -> Callable[[torch.Tensor], None]:
+        def on_grad(_g: torch.Tensor) -> None:
+            if i not in self.bwd_marked:
+                self.bwd_marked.add(i)
+                self.meter.mark(f"B{i}")
 
-        def start(_g: torch.Tensor) -> None:
-            if i not in self.bwd_done and i not in self.bwd_open:
-                self._close_bwd_windows()
-                torch.cuda.reset_peak_memory_stats(self.device)
-                self.bwd_open[i] = torch.cuda.memory_allocated(self.device)
-
-        def end(_g: torch.Tensor) -> None:
-            self._close_bwd_windows(only=i)
-
-        for t in outs:
-            if t.requires_grad:
-                t.register_hook(start)
-        for t in inputs:
-            if t.requires_grad:
-                t.register_hook(end)
-
-    def _close_bwd_windows(self, only: int | None = None) -> None:
-        peak = torch.cuda.max_memory_allocated(self.device)
-        for j in [only] if only is not None else list(self.bwd_open):
-            base = self.bwd_open.pop(j, None)
-            if base is not None:
-                st = self.stats[j]
-                st.workspace = max(st.workspace, peak - base - st.input_bytes, 0)
-                self.bwd_done.add(j)
+        return on_grad
 
 
 class _TimingStep:
@@ -312,6 +303,120 @@ def static_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> S
     return StaticBytes(params=params, grads=grads, optimizer_state=state, other=buffers)
 
 
+def fit_workspace(layers: Sequence[_LayerStats], static_total: int, whole: StepMemory) -> list[int]:
+    """Per layer (forward order): the bytes its stages held beyond the layer model, never negative.
+
+    The layer model of keep-all stage memory (docs/cost-model.md, 'Memory') is static + the saved bytes of
+    layers 0..i + the layer's output (F_i) and also its input gradient (B_i) + its workspace. The workspace is
+    what the measured stage peak needs on top, the larger of F_i's and B_i's need. The memory outside the
+    layers goes to the stage it is live in: before F_0 (zero_grad, embeddings) to F_0's; from the end of the
+    last forward to B_{n-1} (head, logits, loss) to F_{n-1}'s, which is what the forward holds then; after
+    B_0 (the embedding's backward, the optimizer step) to B_0's. A storage the layer saves that an earlier
+    layer saved first is added on top (see `_MemoryStep._note`). All of it is decision-independent."""
+    peaks = whole.stage_peak_bytes
+    n = len(layers)
+    prefix = 0
+    out = []
+    for i, st in enumerate(layers):
+        prefix += sum(st.saved)
+        fwd = [peaks.get(f"F{i}", 0)] + ([peaks.get(PRE, 0)] if i == 0 else [])
+        bwd = [peaks.get(f"B{i}", 0)] + ([peaks.get("optimizer", 0)] if i == 0 else [])
+        need_f = max(fwd) - static_total - prefix - st.output_bytes
+        need_b = max(bwd) - static_total - prefix - st.output_bytes - st.input_bytes
+        # A storage an earlier layer saved first and this one saves too comes back at this layer's backward
+        # if the earlier layer offloads it: held here on top, so an offload of it never under-counts B_i.
+        out.append(max(0, need_f, need_b) + st.shared)
+    assert len(out) == n
+    return out
+
+
+def _time_layers(
+    step_fn: StepFn, modules: Sequence[nn.Module], stats: list[_LayerStats], clock: Clock, steps: int
+) -> None:
+    """Timing steps: per-layer forward and backward times into `stats`."""
+    timing = _TimingStep(stats, clock)
+    with _wrapped(modules, timing.wrap):
+        for _ in range(steps):
+            step_fn()
+            timing.collect()
+
+
+def _memory_step(
+    model: nn.Module,
+    step_fn: StepFn,
+    modules: Sequence[nn.Module],
+    stats: list[_LayerStats],
+    device: torch.device,
+    optimizer: torch.optim.Optimizer | None,
+) -> tuple[_MemoryStep, StepMemory]:
+    """One instrumented step, measured whole (after a plain priming step on the CPU)."""
+    meter = MemoryMeter(device)
+    mem = _MemoryStep(model, stats, modules, meter)
+    handle = optimizer.register_step_pre_hook(lambda *_a: meter.mark("optimizer")) if optimizer is not None else None
+
+    def instrumented() -> None:
+        with _wrapped(modules, mem.wrap), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
+            step_fn()
+
+    try:
+        whole = meter.measure(instrumented, prime=step_fn)
+    finally:
+        if handle is not None:
+            handle.remove()
+    missing = [stats[i].name for i in range(len(stats)) if i not in mem.order]
+    if missing:
+        raise MemschedError(
+            f"layers: {missing[:3]} never ran during the step; check the layer patterns or the step function"
+        )
+    return mem, whole
+
+
+def _layers(stats: list[_LayerStats], order: list[int], workspace: list[int]) -> list[Layer]:
+    """The trace's layers in forward order, with registration-order deps renumbered."""
+    pos = {orig: k for k, orig in enumerate(order)}  # registration index -> forward index
+    out = []
+    for k, orig in enumerate(order):
+        st = stats[orig]
+        if not st.forward_s or not st.backward_s:
+            raise MemschedError(
+                f"layer {st.name!r}: no {'forward' if not st.forward_s else 'backward'} time was measured; "
+                "the step function must run forward and backward through the model"
+            )
+        out.append(
+            Layer(
+                name=st.name,
+                kind=st.kind,
+                forward_s=statistics.median(st.forward_s),
+                backward_s=statistics.median(st.backward_s),
+                saved_bytes=sum(st.saved),
+                saved_tensor_bytes=list(st.saved),
+                input_bytes=st.input_bytes,
+                output_bytes=st.output_bytes,
+                workspace_bytes=workspace[k],
+                deps=sorted(pos[d] for d in st.deps if pos[d] < pos[orig]),
+            )
+        )
+    return out
+
+
+def _device_info(device: torch.device, measure_bandwidth: bool, layers: Sequence[_LayerStats]) -> DeviceInfo:
+    """The device, with copy speeds measured through the runtime's offload path on the saved tensors of the
+    median layer (by saved bytes): the sizes a schedule moves."""
+    speed = None
+    if measure_bandwidth:
+        typical = sorted(layers, key=lambda st: sum(st.saved))[len(layers) // 2]
+        speed = measure_runtime_copy_speed(device, typical.saved)
+    return DeviceInfo(
+        name=device_name(device),
+        memory_bytes=device_memory(device),
+        h2d_bytes_per_s=speed.h2d_bytes_per_s if speed else 1e10,
+        d2h_bytes_per_s=speed.d2h_bytes_per_s if speed else 1e10,
+        copy_latency_s=speed.latency_s if speed else 0.0,
+        # On the CPU a copy is a memcpy on the compute thread: nothing overlaps it.
+        concurrent_copies=device.type == "cuda",
+    )
+
+
 def trace(
     model: nn.Module,
     step_fn: StepFn,
@@ -326,86 +431,24 @@ def trace(
     measure_bandwidth: bool = True,
 ) -> Trace:
     """Trace `model` by running `step_fn()` (one whole training step: forward, backward, optimizer step)
-    warmup + 2 * steps + 1 times. Layers are the repeated blocks, or the modules whose names match `layers`
-    (regexes). Times are medians over `steps` steps after the warm-up."""
+    warmup + 2 * steps + 2 times. Layers are the repeated blocks, or the modules whose names match `layers`
+    (regexes). Times are medians over `steps` steps after the warm-up; memory is one whole measured step."""
     if steps < 1 or warmup < 0:
         raise MemschedError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
     found = find_layers(model, layers)
     p0 = next(model.parameters(), None)
     device = p0.device if p0 is not None else torch.device("cpu")
-    clock = Clock(device)
     modules = [m for _, m in found]
     stats = [_LayerStats(name, type(m).__name__) for name, m in found]
 
     for _ in range(warmup):
         step_fn()
-    # 1. plain steps: the baseline.
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(steps):
-        sync(device)
-        t0 = time.perf_counter()
-        step_fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    step_s = statistics.median(times)
-    cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-
-    # 2. timing steps.
-    timing = _TimingStep(stats, clock)
-    with _wrapped(modules, timing.wrap):
-        for _ in range(steps):
-            step_fn()
-            timing.collect()
-
-    # 3. the memory step.
-    mem = _MemoryStep(model, stats, device, modules)
-    with _wrapped(modules, mem.wrap), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
-        step_fn()
-    missing = [stats[i].name for i in range(len(stats)) if i not in mem.order]
-    if missing:
-        raise MemschedError(
-            f"layers: {missing[:3]} never ran during the step; check the layer patterns or the step function"
-        )
+    step_s = statistics.median(time_steps(step_fn, device, steps))  # the in-core step
+    _time_layers(step_fn, modules, stats, Clock(device), steps)
+    mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizer)
     static = static_bytes(model, optimizer)
     static.other += sum(nbytes for _, nbytes in mem.outside.values())
-    pos = {orig: k for k, orig in enumerate(mem.order)}  # registration index -> forward index
-    out_layers = []
-    for orig in mem.order:
-        st = stats[orig]
-        if not st.forward_s or not st.backward_s:
-            raise MemschedError(
-                f"layer {st.name!r}: no {'forward' if not st.forward_s else 'backward'} time was measured; "
-                "the step function must run forward and backward through the model"
-            )
-        out_layers.append(
-            Layer(
-                name=st.name,
-                kind=st.kind,
-                forward_s=statistics.median(st.forward_s),
-                backward_s=statistics.median(st.backward_s),
-                saved_bytes=sum(st.saved),
-                saved_tensor_bytes=list(st.saved),
-                input_bytes=st.input_bytes,
-                output_bytes=st.output_bytes,
-                workspace_bytes=st.workspace,
-                deps=sorted(pos[d] for d in st.deps if pos[d] < pos[orig]),
-            )
-        )
-    speed = measure_copy_speed(device) if measure_bandwidth else None
-    info = DeviceInfo(
-        name=device_name(device),
-        memory_bytes=device_memory(device),
-        h2d_bytes_per_s=speed.h2d_bytes_per_s if speed else 1e10,
-        d2h_bytes_per_s=speed.d2h_bytes_per_s if speed else 1e10,
-        copy_latency_s=speed.latency_s if speed else 0.0,
-        # On the CPU a copy is a memcpy on the compute thread: nothing overlaps it.
-        concurrent_copies=device.type == "cuda",
-    )
-    # On the CPU there is no allocator peak: static memory (with what is saved outside the layers) plus the
-    # peak of the layers' live saved tensors stands in.
-    peak = cuda_peak if device.type == "cuda" else static.total + mem.ledger.stats().peak_bytes
+    workspace = fit_workspace([stats[i] for i in mem.order], static.total, whole)
     return Trace(
         model=model_id or type(model).__name__,
         batch_size=batch_size,
@@ -413,8 +456,8 @@ def trace(
         dtype=_dtype_name(model),
         framework=framework_versions(),
         source="tracer",
-        device=info,
+        device=_device_info(device, measure_bandwidth, stats),
         static=static,
-        baseline=Baseline(step_s=step_s, peak_bytes=int(peak)),
-        layers=out_layers,
+        baseline=Baseline(step_s=step_s, peak_bytes=int(whole.peak_bytes)),
+        layers=_layers(stats, mem.order, workspace),
     )

@@ -279,7 +279,7 @@ def cmd_report(run: Path, command: str) -> Path:
 
     md.append("## Replays: predicted vs measured\n")
     md.append(
-        f"Peak = `{scheduled[0]['memory_basis'] if scheduled else 'max_memory_allocated'}`. Targets: measured "
+        f"Peak = `{scheduled[0]['peak_source'] if scheduled else 'cuda-allocator'}`. Targets: measured "
         f"peak within {PEAK_TARGET:.0%} of predicted, step time within {STEP_TARGET:.0%}, peak <= budget. "
         "Oversubscription = measured keep-all peak / budget (whole device); activation oversubscription = keep-all "
         "activations / the budget's room for activations (2x at 50%, 4x at 25% by construction).\n"

@@ -2,12 +2,12 @@
 
 1. trace a small GPT-2 (transformers, built from its config: nothing is downloaded) for a few steps;
 2. solve for a budget of about half its activation memory (memsched.service, the same call as the CLI/API);
-3. replay a few training steps under the schedule and print predicted against measured peak and step time,
-   and write the simulated timeline plot.
+3. replay training steps under the schedule with `memsched measure`'s code (memsched.cli.measure_run) and print
+   predicted against measured whole-step peak and step time, and write the simulated timeline plot.
 
-On the CPU the measured memory is the saved-tensor ledger (see memsched.runtime.ledger), compared with the
-simulator's saved part of stage memory (`predicted_saved_profile`): the same quantity, from the same
-attribution rule. Step times are wall-clock medians; CPU "copies" are memcpy, so the offload overhead is real.
+The measured peak is every live tensor byte of the step (memsched.runtime.memory, `cpu-all-tensors`), the
+same quantity as CUDA's max_memory_allocated; step times are medians with one torch thread. CPU "copies" are
+memcpy on the compute thread, so the offload overhead is real and the cost model prices it that way.
 """
 
 from __future__ import annotations
@@ -16,30 +16,15 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memsched.io import save_model
-from memsched.optimizer.plan import Decision, decisions_from_schedule
-from memsched.optimizer.simulate import backward_transient, forward_transient, stage_memory
 from memsched.schema import Schedule, Trace
 
+if TYPE_CHECKING:
+    from memsched.cli.measure_run import MeasureReport
+
 log = logging.getLogger(__name__)
-
-
-def predicted_saved_profile(trace: Trace, schedule: Schedule) -> list[int]:
-    """Per stage (F_0..F_{n-1}, B_{n-1}..B_0): the simulator's non-static bytes minus the stage's transients,
-    i.e. saved bytes plus checkpoint inputs: what the CPU ledger measures."""
-    return saved_profile(trace, decisions_from_schedule(schedule))
-
-
-def saved_profile(trace: Trace, decisions: list[Decision]) -> list[int]:
-    """`predicted_saved_profile` for decisions (e.g. a baseline's) rather than a Schedule."""
-    n = trace.n
-    mem = stage_memory(trace, decisions)
-    return [
-        mem[t] - (forward_transient(trace, t) if t < n else backward_transient(trace, 2 * n - 1 - t))
-        for t in range(2 * n)
-    ]
 
 
 @dataclass
@@ -99,7 +84,7 @@ def run_demo(
     batch_size: int = 8,
     seq_len: int = 128,
     budget: str = "50%",
-    steps: int = 3,
+    steps: int = 5,
     threads: int | None = 1,
     dtype: str = "float32",
 ) -> DemoResult:
@@ -120,20 +105,16 @@ def run_demo(
         torch.set_num_threads(previous)
 
 
-def _run_demo(
-    out_dir: Path, model: str, num_layers: int, batch_size: int, seq_len: int, budget: str, steps: int, dtype: str
-) -> DemoResult:
+def _trace(model: str, num_layers: int, batch_size: int, seq_len: int, steps: int, dtype: str) -> Trace:
+    """Step 1: trace the small model on the CPU."""
     import torch
 
-    from memsched.optimizer.budget import resolve_budget
-    from memsched.runtime import builtin_workload, measure, trace
-    from memsched.service import solve_trace
+    from memsched.runtime import builtin_workload, trace
 
-    t0 = time.perf_counter()
     torch.manual_seed(0)
     w = builtin_workload(model, small=True, num_layers=num_layers, batch_size=batch_size, seq_len=seq_len, dtype=dtype)
     log.info("tracing %s (batch %d, seq %d, %s) on the CPU", w.model_id, batch_size, seq_len, dtype)
-    tr = trace(
+    return trace(
         w.model,
         w.step,
         steps=max(steps, 5),  # medians of a few more steps: the prediction is built on these
@@ -143,101 +124,61 @@ def _run_demo(
         seq_len=w.seq_len,
         optimizer=w.optimizer,
     )
+
+
+def _rows(rep: MeasureReport, schedule: Schedule) -> list[dict[str, Any]]:
+    """The demo's table: `memsched measure`'s headline rows, for keep-all and the schedule."""
+    k, s = rep.keep_all, rep.scheduled
+    assert k is not None and s is not None
+    h = rep.headline()
+
+    def row(quantity: str, predicted: Any, measured: Any, unit: str) -> dict[str, Any]:
+        return {"quantity": quantity, "predicted": predicted, "measured": measured, "unit": unit}
+
+    return [
+        row(f"peak, whole step, keep-all ({h['peak_source']})", k.predicted_peak_bytes, k.measured_peak_bytes, "bytes"),
+        row(
+            f"peak, whole step, scheduled ({h['peak_source']})",
+            h["predicted_peak_bytes"],
+            h["measured_peak_bytes"],
+            "bytes",
+        ),
+        row("budget", h["budget_bytes"], None, "bytes"),
+        row("saved activations, scheduled (ledger)", s.predicted_saved_peak_bytes, s.saved_peak_bytes, "bytes"),
+        row("step time, keep-all", k.predicted_step_s, k.measured_step_s, "s"),
+        row("step time, scheduled", h["predicted_step_s"], h["measured_step_s"], "s"),
+        row("overhead vs keep-all", h["predicted_overhead_pct"], h["measured_overhead_pct"], "%"),
+    ]
+
+
+def _run_demo(
+    out_dir: Path, model: str, num_layers: int, batch_size: int, seq_len: int, budget: str, steps: int, dtype: str
+) -> DemoResult:
+    from memsched.cli.measure_run import WorkloadArgs, run_measure
+    from memsched.optimizer.budget import resolve_budget
+    from memsched.service import solve_trace
+
+    t0 = time.perf_counter()
+    tr = _trace(model, num_layers, batch_size, seq_len, steps, dtype)
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path = out_dir / "trace.json"
     save_model(tr, trace_path)
     schedule = solve_trace(tr, budget)
     schedule_path = out_dir / "schedule.json"
     save_model(schedule, schedule_path)
-    actions = schedule.action_counts()
-
-    def step(m: Any) -> None:
-        w.step(m)
-
-    saved_profile = predicted_saved_profile(tr, schedule)
-    # Keep-all and scheduled alternate, twice, and each keeps its faster round: on a shared machine the
-    # load changes by the second, and the ratio of the two is the measured overhead.
-    keeps, gots = [], []
-    for _ in range(2):
-        keeps.append(measure(w.model, step, None, optimizer=w.optimizer, steps=steps, warmup=1))
-        gots.append(
-            measure(
-                w.model,
-                step,
-                schedule,
-                trace=tr,
-                optimizer=w.optimizer,
-                steps=steps,
-                warmup=1,
-                predicted_saved_peak_bytes=max(saved_profile),
-            )
-        )
-    keep = min(keeps, key=lambda m: m.step_s)
-    got = min(gots, key=lambda m: m.step_s)
-    plot_path = _plot(tr, schedule, out_dir / "timeline.png")
-    static = tr.static.total
-    keep_saved = max(predicted_saved_profile(tr, _keep_all(tr, schedule)))
-    rows = [
-        {
-            "quantity": "saved activations, keep-all",
-            "predicted": keep_saved,
-            "measured": keep.saved_peak_bytes,
-            "unit": "bytes",
-        },
-        {
-            "quantity": "saved activations, scheduled",
-            "predicted": got.predicted_saved_peak_bytes,
-            "measured": got.saved_peak_bytes,
-            "unit": "bytes",
-        },
-        {
-            "quantity": "peak (static + saved)",
-            "predicted": static + max(saved_profile),
-            "measured": got.peak_bytes,
-            "unit": "bytes",
-        },
-        {
-            "quantity": "peak incl. transients (simulator)",
-            "predicted": schedule.prediction.peak_bytes,
-            "measured": None,
-            "unit": "bytes",
-        },
-        {
-            "quantity": "step time, keep-all",
-            "predicted": schedule.prediction.keepall_step_s,
-            "measured": keep.step_s,
-            "unit": "s",
-        },
-        {
-            "quantity": "step time, scheduled",
-            "predicted": schedule.prediction.step_s,
-            "measured": got.step_s,
-            "unit": "s",
-        },
-        {
-            "quantity": "overhead vs keep-all",
-            "predicted": schedule.prediction.overhead_pct,
-            "measured": 100.0 * (got.step_s / keep.step_s - 1.0),
-            "unit": "%",
-        },
-    ]
+    args = WorkloadArgs(model, batch_size=batch_size, seq_len=seq_len, num_layers=num_layers, small=True, dtype=dtype)
+    # Two alternating rounds, each side keeping its faster one: on a shared machine the load changes by the
+    # second, and the ratio of the two is the measured overhead.
+    rep = run_measure(args, schedule, tr, steps=steps, warmup=1, rounds=2)
     return DemoResult(
         model=tr.model,
         trace_path=trace_path,
         schedule_path=schedule_path,
-        plot_path=plot_path,
+        plot_path=_plot(tr, schedule, out_dir / "timeline.png"),
         policy=f"{schedule.policy} ({schedule.solver.backend}, {schedule.solver.status.value})",
-        actions=actions,
+        actions=rep.actions,
         budget_bytes=resolve_budget(budget, tr),
-        static_bytes=static,
-        rows=rows,
+        static_bytes=tr.static.total,
+        rows=_rows(rep, schedule),
         seconds=time.perf_counter() - t0,
-    )
-
-
-def _keep_all(trace: Trace, schedule: Schedule) -> Schedule:
-    from memsched.schema import Action, LayerAction
-
-    return schedule.model_copy(
-        update={"actions": [LayerAction(layer=n, action=Action.KEEP) for n in trace.layer_names]}
     )

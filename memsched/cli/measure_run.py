@@ -1,19 +1,22 @@
 """`memsched measure`: replay a schedule on the workload it was made for and compare with the prediction.
 
-The runtime (memsched.runtime) measures; the prediction comes from the schedule and, for the CPU ledger's
-counterpart and the keep-all prediction, from the simulator. That is why this lives in memsched/cli/ and not in
-runtime/: the runtime never imports the optimizer.
+The runtime (memsched.runtime) measures the whole step: every live tensor byte (CUDA's allocator, or the CPU
+allocator's events: `peak_source`) and the median step time with the torch thread count fixed. The
+prediction comes from the schedule and, for keep-all and the ledger's counterpart, from the simulator
+(memsched.optimizer.profile). That is why this lives in memsched/ and not in runtime/: the runtime never
+imports the optimizer.
 
 One process measures the in-core keep-all step and the scheduled step on the same model at the same batch,
-alternating rounds, so the slowdown is a ratio measured side by side (docs/architecture.md, 'Benchmarks, not
-timed tests').
+alternating rounds, so the slowdown is a ratio measured side by side (docs/cost-model.md, 'Measurement').
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +29,7 @@ if TYPE_CHECKING:  # torch stays out of `memsched --help`
 log = logging.getLogger(__name__)
 
 PEAK_TARGET = 0.05
-"""Measured peak within 5% of the predicted peak (the GPU evidence's target: bench/gpu/README.md)."""
+"""Measured whole-step peak within 5% of the predicted peak."""
 STEP_TARGET = 0.10
 """Measured step time within 10% of the predicted step time."""
 
@@ -58,7 +61,13 @@ class Side:
     measured_step_rounds_s: list[float] = field(default_factory=list)
     """The median step time of each round (the reported one is the fastest round's)."""
     saved_peak_bytes: int | None = None
-    """CPU: the ledger's peak of live saved bytes; None on CUDA."""
+    """The ledger's peak of live saved bytes of the traced layers (attribution; not the peak)."""
+    predicted_saved_peak_bytes: int | None = None
+    """The simulator's counterpart of the ledger (memsched.optimizer.profile), when a trace is given."""
+    host_bytes: int = 0
+    """Host copies made by offloading (not device bytes; not in the peak)."""
+    stage_peak_bytes: dict[str, int] = field(default_factory=dict)
+    """The whole-step peak per stage, of the run with the highest peak."""
 
     def ratios(self) -> dict[str, float | None]:
         def r(m: float, p: float | None) -> float | None:
@@ -77,6 +86,9 @@ class Side:
             "measured_step_s": self.measured_step_s,
             "measured_step_rounds_s": self.measured_step_rounds_s,
             "saved_peak_bytes": self.saved_peak_bytes,
+            "predicted_saved_peak_bytes": self.predicted_saved_peak_bytes,
+            "host_bytes": self.host_bytes,
+            "stage_peak_bytes": self.stage_peak_bytes,
             "ratio_measured_over_predicted": self.ratios(),
         }
 
@@ -91,8 +103,12 @@ class MeasureReport:
     dtype: str
     device: str
     device_name: str
-    memory_basis: str
-    """'max_memory_allocated' (CUDA) or 'cpu-ledger' (static + live saved tensors of the traced layers)."""
+    peak_source: str
+    """'cuda-allocator' (max_memory_allocated) or 'cpu-all-tensors' (the CPU allocator's events)."""
+    threads: int
+    """torch's intra-op thread count during the measurement."""
+    clock: str
+    """What the step times are: 'wall time' or 'process CPU time' (one CPU thread; memsched.runtime.clock)."""
     policy: str
     """The schedule's policy, or 'keep-all'."""
     actions: dict[str, int]
@@ -102,6 +118,8 @@ class MeasureReport:
     keep_all: Side | None
     versions: dict[str, str]
     command: str = ""
+    predicted_overhead_pct: float | None = None
+    """The schedule's predicted overhead over keep-all (the simulator's)."""
 
     def derived(self) -> dict[str, Any]:
         """Slowdown, fits-budget, oversubscription and the target checks."""
@@ -126,18 +144,36 @@ class MeasureReport:
                 d["activation_oversubscription"] = (k.measured_peak_bytes - self.static_bytes) / (b - self.static_bytes)
         return d
 
+    def headline(self) -> dict[str, Any]:
+        """The rows every report leads with: the scheduled step (keep-all when there is no schedule)."""
+        side = self.scheduled or self.keep_all
+        assert side is not None, "a report measures at least one side"
+        s, k = self.scheduled, self.keep_all
+        measured_overhead = None if s is None or k is None else 100.0 * (s.measured_step_s / k.measured_step_s - 1)
+        return {
+            "predicted_peak_bytes": side.predicted_peak_bytes,
+            "measured_peak_bytes": side.measured_peak_bytes,
+            "peak_source": self.peak_source,
+            "budget_bytes": self.budget_bytes,
+            "predicted_step_s": side.predicted_step_s,
+            "measured_step_s": side.measured_step_s,
+            "predicted_overhead_pct": self.predicted_overhead_pct if s is not None else None,
+            "measured_overhead_pct": measured_overhead,
+            "threads": self.threads,
+            "step_clock": self.clock,
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
+            **self.headline(),
             "model": self.model,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "dtype": self.dtype,
             "device": self.device,
             "device_name": self.device_name,
-            "memory_basis": self.memory_basis,
             "policy": self.policy,
             "actions": self.actions,
-            "budget_bytes": self.budget_bytes,
             "static_bytes": self.static_bytes,
             "scheduled": None if self.scheduled is None else self.scheduled.to_json(),
             "keep_all": None if self.keep_all is None else self.keep_all.to_json(),
@@ -186,47 +222,68 @@ def _counts(schedule: Schedule | None) -> dict[str, int]:
     return {} if schedule is None else schedule.action_counts()
 
 
-def _keepall_prediction(trace: Trace | None, cpu: bool) -> tuple[int | None, float | None]:
-    """The simulator's keep-all peak and step time for the trace (CPU: static + the saved part)."""
-    if trace is None:
-        return None, None
+@dataclass
+class Predictions:
+    """What the simulator says about the two sides, where a trace (and a schedule) are given."""
+
+    keep_peak: int | None = None
+    keep_step: float | None = None
+    keep_saved: int | None = None
+    sched_peak: int | None = None
+    sched_step: float | None = None
+    sched_saved: int | None = None
+    overhead_pct: float | None = None
+
+
+def predictions(trace: Trace | None, schedule: Schedule | None) -> Predictions:
+    """Keep-all from the simulator; the schedule's own prediction; the ledger's counterparts."""
     from memsched.optimizer.baselines import keep_all
+    from memsched.optimizer.profile import predicted_saved_profile, saved_profile
     from memsched.optimizer.simulate import simulate
 
+    p = Predictions()
+    if schedule is not None:
+        p.sched_peak, p.sched_step = schedule.prediction.peak_bytes, schedule.prediction.step_s
+        p.overhead_pct = schedule.prediction.overhead_pct
+    if trace is None:
+        return p
     sim = simulate(trace, keep_all(trace), with_events=False)
-    if cpu:
-        from memsched.cli.demo import saved_profile
+    p.keep_peak, p.keep_step = sim.peak_bytes, sim.step_s
+    p.keep_saved = max(saved_profile(trace, sim.decisions))
+    if schedule is not None:
+        p.sched_saved = max(predicted_saved_profile(trace, schedule))
+    return p
 
-        return trace.static.total + max(saved_profile(trace, sim.decisions)), sim.step_s
-    return sim.peak_bytes, sim.step_s
+
+def trace_threads(trace: Trace | None) -> int | None:
+    """The torch thread count a CPU trace names in its device (`cpu (..., N torch threads)`), if any."""
+    if trace is None:
+        return None
+    m = re.search(r"(\d+) torch threads?\b", trace.device.name)
+    return int(m.group(1)) if m else None
 
 
-def run_measure(
-    args: WorkloadArgs,
-    schedule: Schedule | None,
-    trace: Trace | None = None,
-    *,
-    steps: int = 5,
-    warmup: int = 2,
-    rounds: int = 1,
-    baseline: bool = True,
-    command: str = "",
-) -> MeasureReport:
-    """Build the workload, check the schedule (and trace) against it, and measure keep-all and the schedule.
-
-    schedule None measures keep-all only (the in-core baseline). baseline False skips keep-all when a schedule
-    is given. rounds > 1 alternates keep-all and scheduled rounds and keeps each one's fastest (a shared CPU).
-    """
+@contextlib.contextmanager
+def fixed_threads(n: int | None) -> Iterator[int]:
+    """torch's intra-op thread count set to n (kept when None) for the block, restored after; yields it."""
     import torch
 
-    from memsched.runtime import find_layers, measure, workload
-    from memsched.runtime.device import device_name, framework_versions
+    previous = torch.get_num_threads()
+    if n is not None:
+        if n < 1:
+            raise MemschedError(f"--threads must be >= 1, got {n}")
+        torch.set_num_threads(n)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _build(args: WorkloadArgs) -> tuple[Workload, str, Any]:
+    """The workload, its dtype name and its device."""
+    from memsched.runtime import workload
     from memsched.runtime.models import parse_dtype
 
-    if steps < 1 or warmup < 0 or rounds < 1:
-        raise MemschedError(f"--steps and --rounds must be >= 1 and --warmup >= 0 (got {steps}, {rounds}, {warmup})")
-    if schedule is None and not baseline:
-        raise MemschedError("nothing to measure: give a SCHEDULE, or drop --no-baseline to measure keep-all")
     dtype = str(parse_dtype(args.dtype)).removeprefix("torch.")
     dev = _device(args.device)
     w = workload(
@@ -240,81 +297,136 @@ def run_measure(
         optimizer=args.optimizer,
         dtype=dtype,
     )
+    return w, dtype, dev
+
+
+def _check_inputs(
+    args: WorkloadArgs, w: Workload, dtype: str, dev: Any, schedule: Schedule | None, trace: Trace | None
+) -> None:
+    """The trace and the schedule must describe the workload being built."""
+    from memsched.runtime import find_layers
+
     if trace is not None:
         check_trace_matches(trace, w, dtype, dev.type)
-    names = [n for n, _ in find_layers(w.model, args.layer_pattern)]
-    cpu = dev.type != "cuda"
-    predicted_saved: int | None = None
-    sched_pred_peak: int | None = None
     if schedule is not None:
-        check_schedule_matches(schedule, names)
+        check_schedule_matches(schedule, [n for n, _ in find_layers(w.model, args.layer_pattern)])
         if trace is not None:
             from memsched.schema import check_schedule
 
             check_schedule(schedule, trace)
-        if cpu:
-            # The CPU has no allocator: the measured peak is static + the saved-tensor ledger, and its
-            # prediction the simulator's saved part of stage memory (needs the trace).
-            if trace is not None:
-                from memsched.cli.demo import predicted_saved_profile
 
-                predicted_saved = max(predicted_saved_profile(trace, schedule))
-                sched_pred_peak = trace.static.total + predicted_saved
-        else:
-            sched_pred_peak = schedule.prediction.peak_bytes
-    keep_pred_peak, keep_pred_step = _keepall_prediction(trace, cpu)
 
-    def step(m: Any) -> None:
-        w.step(m)
+@dataclass
+class _Rounds:
+    """Measurements of both sides, one per round."""
+
+    keep: list[Measurement] = field(default_factory=list)
+    sched: list[Measurement] = field(default_factory=list)
+
+
+def _measure_rounds(
+    w: Workload,
+    args: WorkloadArgs,
+    schedule: Schedule | None,
+    trace: Trace | None,
+    pred: Predictions,
+    *,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    baseline: bool,
+) -> _Rounds:
+    """Keep-all and the schedule alternate, `rounds` times (on a shared machine the load changes by the second)."""
+    import torch
+
+    from memsched.runtime import measure
 
     oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5 has only the latter
+    dev = next(w.model.parameters()).device
 
     def one(sched: Schedule | None, what: str) -> Measurement:
         try:
             return measure(
                 w.model,
-                step,
+                w.step,
                 sched,
                 trace=trace if sched is not None else None,
                 layers=args.layer_pattern,
                 optimizer=w.optimizer,
                 steps=steps,
                 warmup=warmup,
-                predicted_saved_peak_bytes=predicted_saved if sched is not None else None,
+                predicted_saved_peak_bytes=pred.sched_saved if sched is not None else pred.keep_saved,
             )
         except oom as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
             raise MemschedError(
                 f"{what}: CUDA out of memory at batch {args.batch_size} ({first[:160]}); lower --batch-size"
             ) from None
+        finally:
+            _release(dev)
 
-    keeps: list[Measurement] = []
-    gots: list[Measurement] = []
+    out = _Rounds()
     for _ in range(rounds):
         if baseline:
-            keeps.append(one(None, "keep-all"))
-            _release(dev)
+            out.keep.append(one(None, "keep-all"))
         if schedule is not None:
-            gots.append(one(schedule, f"schedule {schedule.policy}"))
-            _release(dev)
+            out.sched.append(one(schedule, f"schedule {schedule.policy}"))
+    return out
 
-    static = trace.static.total if trace is not None else (keeps or gots)[0].static_bytes
 
-    def side(ms: list[Measurement], pred_peak: int | None, pred_step: float | None) -> Side | None:
-        if not ms:
-            return None
-        best = min(ms, key=lambda m: m.step_s)
-        # CPU: static + ledger, with the trace's static bytes when there is one (they include what is saved
-        # outside the traced layers, which a keep-all run without the trace cannot attribute).
-        peak = static + max(m.saved_peak_bytes or 0 for m in ms) if cpu else max(m.peak_bytes for m in ms)
-        return Side(
-            predicted_peak_bytes=pred_peak,
-            measured_peak_bytes=peak,
-            predicted_step_s=pred_step,
-            measured_step_s=best.step_s,
-            measured_step_rounds_s=[m.step_s for m in ms],
-            saved_peak_bytes=max(m.saved_peak_bytes or 0 for m in ms) if cpu else None,
+def _side(ms: list[Measurement], peak: int | None, step: float | None, saved: int | None) -> Side | None:
+    """One side's figures: the fastest round's median step time, the highest round's peak."""
+    if not ms:
+        return None
+    fastest = min(ms, key=lambda m: m.step_s)
+    highest = max(ms, key=lambda m: m.peak_bytes)
+    return Side(
+        predicted_peak_bytes=peak,
+        measured_peak_bytes=highest.peak_bytes,
+        predicted_step_s=step,
+        measured_step_s=fastest.step_s,
+        measured_step_rounds_s=[m.step_s for m in ms],
+        saved_peak_bytes=max(m.saved_peak_bytes for m in ms),
+        predicted_saved_peak_bytes=saved,
+        host_bytes=max(m.host_bytes for m in ms),
+        stage_peak_bytes=highest.stage_peak_bytes,
+    )
+
+
+def run_measure(
+    args: WorkloadArgs,
+    schedule: Schedule | None,
+    trace: Trace | None = None,
+    *,
+    steps: int = 5,
+    warmup: int = 2,
+    rounds: int = 1,
+    baseline: bool = True,
+    threads: int | None = None,
+    command: str = "",
+) -> MeasureReport:
+    """Build the workload, check the schedule (and trace) against it, and measure keep-all and the schedule.
+
+    schedule None measures keep-all only (the in-core baseline). baseline False skips keep-all when a schedule
+    is given. rounds > 1 alternates keep-all and scheduled rounds and keeps each one's fastest (a shared CPU).
+    threads: torch's CPU thread count for the run; None takes the trace's (its device names it), else keeps
+    torch's current one. Step times are medians of `steps` steps after `warmup`.
+    """
+    from memsched.runtime.device import device_name, framework_versions
+
+    if steps < 1 or warmup < 0 or rounds < 1:
+        raise MemschedError(f"--steps and --rounds must be >= 1 and --warmup >= 0 (got {steps}, {rounds}, {warmup})")
+    if schedule is None and not baseline:
+        raise MemschedError("nothing to measure: give a SCHEDULE, or drop --no-baseline to measure keep-all")
+    with fixed_threads(threads if threads is not None else trace_threads(trace)) as n_threads:
+        w, dtype, dev = _build(args)
+        _check_inputs(args, w, dtype, dev, schedule, trace)
+        pred = predictions(trace, schedule)
+        got = _measure_rounds(
+            w, args, schedule, trace, pred, steps=steps, warmup=warmup, rounds=rounds, baseline=baseline
         )
+        name = device_name(dev)
+    from memsched.runtime.memory import peak_source
 
     return MeasureReport(
         model=w.model_id,
@@ -322,16 +434,19 @@ def run_measure(
         seq_len=w.seq_len,
         dtype=dtype,
         device=dev.type,
-        device_name=device_name(dev),
-        memory_basis="cpu-ledger" if cpu else "max_memory_allocated",
+        device_name=name,
+        peak_source=peak_source(dev),
+        threads=n_threads,
+        clock=(got.keep or got.sched)[0].clock,
         policy=schedule.policy if schedule is not None else "keep-all",
         actions=_counts(schedule),
         budget_bytes=schedule.budget_bytes if schedule is not None else None,
-        static_bytes=static,
-        scheduled=side(gots, sched_pred_peak, schedule.prediction.step_s if schedule is not None else None),
-        keep_all=side(keeps, keep_pred_peak, keep_pred_step),
+        static_bytes=trace.static.total if trace is not None else (got.keep or got.sched)[0].static_bytes,
+        scheduled=_side(got.sched, pred.sched_peak, pred.sched_step, pred.sched_saved),
+        keep_all=_side(got.keep, pred.keep_peak, pred.keep_step, pred.keep_saved),
         versions={**framework_versions(), "platform": platform.platform()},
         command=command,
+        predicted_overhead_pct=pred.overhead_pct,
     )
 
 

@@ -160,7 +160,7 @@ def demo_cmd(
     batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size.")] = 8,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length.")] = 128,
     budget: Annotated[str, typer.Option("--budget", "-b", help="Budget: N% (of activations) or bytes.")] = "50%",
-    steps: Annotated[int, typer.Option("--steps", help="Measured steps.")] = 3,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps per round (median; at least 5 is steady).")] = 5,
     threads: Annotated[
         int, typer.Option("--threads", help="CPU threads for torch (1 keeps timings steady on a busy machine).")
     ] = 1,
@@ -192,7 +192,7 @@ def demo_cmd(
         f"[bold]{res.model}[/]: budget {format_bytes(res.budget_bytes)} (static {format_bytes(res.static_bytes)}); "
         f"schedule {res.policy}: {acts}"
     )
-    t = Table(title="predicted vs measured (CPU; memory = saved-tensor ledger)")
+    t = Table(title="predicted vs measured over the whole step (CPU: every live tensor byte; 1 round = median)")
     t.add_column("quantity")
     t.add_column("predicted", justify="right")
     t.add_column("measured", justify="right")
@@ -238,17 +238,18 @@ def measure_cmd(
     dropout: Annotated[float | None, typer.Option("--dropout", help="Override the config's dropout.")] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="adamw, sgd or none.")] = "adamw",
     threads: Annotated[
-        int | None, typer.Option("--threads", help="CPU threads for torch [default: torch's own choice].")
+        int | None,
+        typer.Option("--threads", help="CPU threads for torch [default: the trace's, else torch's own choice]."),
     ] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON result here.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Replay a schedule on its model: predicted vs measured peak and step time, slowdown vs keep-all.
 
-    Peak: max_memory_allocated on CUDA; on the CPU, static bytes + the saved-tensor ledger.
+    Peak: every live tensor byte of the whole step: max_memory_allocated on CUDA, the CPU allocator's events
+    under the profiler on the CPU (peak_source). Step time: the median of --steps steps after --warmup, with
+    the torch thread count fixed (--threads, else the trace's) and reported.
     """
-    import torch
-
     from memsched.cli.measure_run import WorkloadArgs, run_measure
     from memsched.io import load_schedule, load_trace
 
@@ -257,10 +258,6 @@ def measure_cmd(
         raise MemschedError(f"--keep-all measures without a schedule; drop either --keep-all or {schedule}")
     if not keep_all and schedule is None:
         raise MemschedError("give a SCHEDULE to replay, or --keep-all to measure the in-core baseline")
-    if threads is not None:
-        if threads < 1:
-            raise MemschedError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
     sched = load_schedule(schedule) if schedule is not None else None
     tr = load_trace(trace_path) if trace_path is not None else None
     args = WorkloadArgs(
@@ -283,6 +280,7 @@ def measure_cmd(
         warmup=warmup,
         rounds=rounds,
         baseline=baseline or keep_all,
+        threads=threads,
         command=_measure_command(model, schedule, trace_path, args, keep_all, baseline, steps, warmup, rounds),
     )
     doc = rep.to_json()
@@ -341,7 +339,10 @@ def _print_measure(doc: dict[str, Any]) -> None:
             f"{doc['model']}: batch {doc['batch_size']}, seq {doc['seq_len']}, {doc['dtype']}, {doc['device_name']}"
             f" — {doc['policy']}" + (f" under {format_bytes(budget)}" if budget else "")
         ),
-        caption=f"memory: {doc['memory_basis']}",
+        caption=(
+            f"peak: whole step ({doc['peak_source']}); "
+            f"step time: median {doc['step_clock']}, {doc['threads']} torch thread(s)"
+        ),
     )
     for col, just in (("run", "left"), ("quantity", "left"), ("predicted", "right"), ("measured", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
@@ -359,8 +360,12 @@ def _print_measure(doc: dict[str, Any]) -> None:
             )
     out.print(t)
     notes = []
-    if "slowdown_pct" in doc:
-        notes.append(f"slowdown vs keep-all {doc['slowdown_pct']:+.1f}%")
+    if doc["measured_overhead_pct"] is not None:
+        p = doc["predicted_overhead_pct"]
+        notes.append(
+            f"overhead vs keep-all: predicted {'-' if p is None else f'{p:+.1f}%'}, "
+            f"measured {doc['measured_overhead_pct']:+.1f}%"
+        )
     if "fits_budget" in doc:
         notes.append("within budget" if doc["fits_budget"] else "[red]OVER budget[/]")
     if "oversubscription" in doc:

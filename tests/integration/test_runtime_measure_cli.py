@@ -26,7 +26,9 @@ def run(argv, capsys):
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
-    """A bf16 trace of a 4-block small GPT-2 and a schedule solved for 50% of its activations."""
+    """A bf16 trace of a 4-block small GPT-2 and a schedule solved halfway between its smallest feasible
+    budget and keep-all (at this size the memory outside the blocks leaves no room for a 50% budget)."""
+    from memsched.optimizer.budget import budget_between
     from memsched.service import solve_trace
 
     d = tmp_path_factory.mktemp("measure")
@@ -36,7 +38,7 @@ def traced(tmp_path_factory):
     assert e.value.code == 0
     tr = load_trace(trace_path)
     schedule_path = d / "s.json"
-    save_model(solve_trace(tr, "50%"), schedule_path)
+    save_model(solve_trace(tr, budget_between(tr, 0.5)), schedule_path)
     return trace_path, schedule_path
 
 
@@ -57,15 +59,27 @@ def test_measure_schedule_reports_predicted_vs_measured(traced, tmp_path, capsys
     assert code == 0, err
     doc = json.loads(stdout)
     assert json.loads(out.read_text()) == doc
-    assert doc["dtype"] == "bfloat16" and doc["device"] == "cpu" and doc["memory_basis"] == "cpu-ledger"
+    assert doc["dtype"] == "bfloat16" and doc["device"] == "cpu" and doc["peak_source"] == "cpu-all-tensors"
+    headline = {
+        "predicted_peak_bytes",
+        "measured_peak_bytes",
+        "peak_source",
+        "budget_bytes",
+        "predicted_step_s",
+        "measured_step_s",
+        "predicted_overhead_pct",
+        "measured_overhead_pct",
+    }
+    assert headline <= set(doc) and doc["threads"] == 1
     s, k = doc["scheduled"], doc["keep_all"]
+    assert doc["measured_peak_bytes"] == s["measured_peak_bytes"] and doc["predicted_step_s"] == s["predicted_step_s"]
     assert s["measured_peak_bytes"] > 0 and k["measured_peak_bytes"] >= s["measured_peak_bytes"]
-    # The CPU ledger follows the simulator's saved profile closely on GPT-2 (runtime/README.md's table).
+    # The whole-step peak (every live tensor byte) follows the simulator on GPT-2, both sides.
     assert s["ratio_measured_over_predicted"]["peak"] == pytest.approx(1.0, abs=0.05)
     assert k["ratio_measured_over_predicted"]["peak"] == pytest.approx(1.0, abs=0.05)
     assert doc["fits_budget"] is True and doc["budget_bytes"] > 0
     assert {"slowdown_pct", "oversubscription", "activation_oversubscription", "peak_within_target"} <= set(doc)
-    assert doc["activation_oversubscription"] == pytest.approx(2.0, rel=0.1)  # a 50% budget
+    assert doc["activation_oversubscription"] > 1.0  # keep-all's activations do not fit the budget's room
     assert doc["command"].startswith("memsched measure gpt2 ") and "--dtype bfloat16" in doc["command"]
 
 
@@ -75,7 +89,7 @@ def test_measure_table_and_keep_all_only(traced, capsys):
         ["measure", "gpt2", "--keep-all", "--trace", trace_path, *WL, "--dtype", "bf16", *FAST], capsys
     )
     assert code == 0, err
-    assert "keep-all" in stdout and "cpu-ledger" in stdout and "scheduled" not in stdout
+    assert "keep-all" in stdout and "cpu-all-tensors" in stdout and "scheduled" not in stdout
     code, stdout, err = run(["measure", "gpt2", "--keep-all", *WL, *FAST, "--json"], capsys)
     assert code == 0, err
     doc = json.loads(stdout)

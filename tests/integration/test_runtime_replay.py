@@ -10,10 +10,10 @@ import pytest
 import torch
 from test_runtime_support import assert_bitwise, assert_close, grads, schedule_of, tiny
 
-from memsched.cli.demo import predicted_saved_profile
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.baselines import BASELINES
 from memsched.optimizer.plan import KEEP, offload_subset, recompute
+from memsched.optimizer.profile import predicted_saved_profile
 from memsched.runtime import SavedLedger, apply_schedule, trace
 from memsched.schema import Action
 from memsched.service import solve_trace
@@ -101,7 +101,7 @@ def _ledger_peak(w, sched, tr):
 def test_ledger_peak_within_5pct_of_simulator(gpt2, policy):
     """Measured: the ledger's peak of live saved bytes (traced layers, storage-deduplicated). Predicted: the
     simulator's stage memory minus the stage's transients (saved bytes + checkpoint inputs), maximised over
-    stages: memsched.cli.demo.predicted_saved_profile."""
+    stages: memsched.optimizer.profile.predicted_saved_profile."""
     w, tr = gpt2
     if policy == "solver-50%":
         sched = solve_trace(tr, "50%")

@@ -235,39 +235,66 @@ def test_trace_attributes_saved_tensors_to_the_innermost_layer():
     assert flat.static.params == sum(p.numel() * 4 for p in net.parameters())
 
 
-def test_measure_on_cpu_reports_the_ledger():
+def test_measure_on_cpu_reports_the_whole_step_and_the_ledger():
     from memsched.runtime import measure
 
     torch.manual_seed(0)
     net, x = Net(), torch.randn(5, 4)
     m = measure(net, lambda model: model(x).backward(), None, steps=2, warmup=1)
-    assert m.device == "cpu" and m.saved_peak_bytes and m.peak_bytes == m.static_bytes + m.saved_peak_bytes
+    assert m.device == "cpu" and m.peak_source == "cpu-all-tensors" and len(m.step_times_s) == 2
+    # The whole step holds the parameters, the gradients (allocated in the backward) and the saved tensors.
+    params = sum(p.numel() * 4 for p in net.parameters())
+    assert m.saved_peak_bytes and m.peak_bytes >= params + m.saved_peak_bytes
     assert m.predicted_peak_bytes is None and "measured" in m.summary()
     assert m.stage_saved_peak_bytes["F2"] == m.saved_peak_bytes  # all three blocks' tensors live at F2
+    assert {"pre", "F0", "F2", "B0"} <= set(m.stage_peak_bytes)
 
 
-def test_cuda_workspace_bookkeeping_with_a_fake_allocator(monkeypatch):
-    """The CUDA-only branch of the memory step, driven by a fake allocator: one backward window per layer,
-    closed when the next layer's backward starts (same tensor) or at the layer's input gradient."""
-    from memsched.runtime import tracer as tr_mod
+def test_cuda_source_with_a_fake_allocator(monkeypatch):
+    """The CUDA branch of the one measurement function, driven by a fake allocator: stage peaks reset the
+    peak counter at each mark and the step's peak is their maximum."""
+    from memsched.runtime.memory import CUDA_SOURCE, MemoryMeter
 
     alloc = {"now": 1000, "peak": 1000}
 
-    def bump(*_a: object) -> None:
-        alloc["now"] += 64
-        alloc["peak"] = max(alloc["peak"], alloc["now"] + 32)
+    def allocate(nbytes: int) -> None:
+        alloc["now"] += nbytes
+        alloc["peak"] = max(alloc["peak"], alloc["now"])
 
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *_a: None)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *_a: alloc.update(peak=alloc["now"]))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *_a: alloc["now"])
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *_a: bump() or alloc["peak"])
-    torch.manual_seed(0)
-    net, x = Net(), torch.randn(5, 4)
-    stats = [tr_mod._LayerStats(f"blocks.{i}", "Block") for i in range(3)]
-    mem = tr_mod._MemoryStep(net, stats, torch.device("cuda"), list(net.blocks))
-    with tr_mod._wrapped(list(net.blocks), mem.wrap), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda t: t):
-        net(x).backward()
-    assert mem.bwd_done == {0, 1, 2} and not mem.bwd_open
-    assert all(s.workspace >= 0 for s in stats)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *_a: alloc["peak"])
+    meter = MemoryMeter(torch.device("cuda"))
+
+    def step() -> None:
+        allocate(100)
+        meter.mark("F0")
+        allocate(500)
+        allocate(-300)
+        meter.mark("B0")
+        allocate(50)
+        allocate(-350)
+
+    m = meter.measure(step)
+    assert m.source == CUDA_SOURCE and m.start_bytes == 1000 and m.end_bytes == 1000
+    assert m.stage_peak_bytes == {"pre": 1100, "F0": 1600, "B0": 1350}
+    assert m.peak_bytes == 1600 and m.stage_order == ["pre", "F0", "B0"]
+
+
+def test_fit_workspace_places_outside_memory_where_it_is_live():
+    """Stage peaks beyond the layer model become workspace: before F_0 and after B_0 (the optimizer) go to
+    layer 0, the loss region (inside F_{n-1}'s stage) to the last layer; never negative."""
+    from memsched.runtime.memory import StepMemory
+    from memsched.runtime.tracer import _LayerStats, fit_workspace
+
+    layers = [_LayerStats("a", "X", saved=[10], input_bytes=2, output_bytes=3) for _ in range(2)]
+    static = 100
+    peaks = {"pre": 150, "F0": 110, "F1": 140, "B1": 125, "B0": 100, "optimizer": 180}
+    ws = fit_workspace(layers, static, StepMemory("cpu-all-tensors", 180, 100, 100, stage_peak_bytes=peaks))
+    # layer 0: F0 model 100+10+3 = 113 (pre needs 150: +37); B0 model 115 (optimizer needs 180: +65)
+    # layer 1: F1 model 100+20+3 = 123 (the loss at 140: +17); B1 model 125 (+0)
+    assert ws == [65, 17]
 
 
 def test_the_runtime_never_imports_the_optimizer():
