@@ -111,10 +111,10 @@ _POLISH_SHARE = 0.15
 _LONG_TRACE = 300
 """Above this many layers the exact DP rarely finishes in a time limit of minutes, so the local search, which
 improves the answer, gets a larger share first (_POLISH_SHARE_LONG) and the DP then proves what it can."""
-_POLISH_SHARE_LONG = 0.6
-_DP_UNTIL_LONG = 0.85
+_POLISH_SHARE_LONG = 0.75
+_DP_UNTIL_LONG = 0.95
 _DP_SHARE_BEFORE_MILP = 0.3
-_DP_UNTIL = 0.9  # under auto, the exact DP stops at this fraction of the limit if it has not finished
+_DP_UNTIL = 0.75  # under auto, the exact DP stops at this fraction of the limit if it has not finished
 _MAX_BEAM_WIDTH = 1536
 _RESERVE_S = 0.05  # building and simulating the returned schedule
 AUTO_MILP_MAX_LAYERS = 100
