@@ -4,7 +4,8 @@ For each model: trace it (keep-all whole-step peak, per-layer costs), solve at 7
 smallest feasible budget, and replay each schedule with `memsched measure`'s code (memsched.cli.measure_run):
 the measured whole-step peak (every live tensor byte: `cpu-all-tensors` here, `cuda-allocator` on a GPU)
 against the predicted one and the budget, and the median step time against the predicted one. Keep-all is
-measured in the same process, so the measured overhead is a ratio of two runs minutes apart.
+measured beside every schedule, their steps alternating in one process (memsched.runtime.measure
+.measure_side_by_side), so the measured overhead is a ratio of steps taken in the same minutes.
 
     python -m bench.fidelity                     # the four models, the --quick shapes of bench/peers
     python -m bench.fidelity --models gpt2 --small  # the narrow test versions (a minute)
@@ -19,9 +20,10 @@ import json
 import logging
 import os
 import platform
+import statistics
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,12 @@ class Row:
     keepall_measured_peak_bytes: int
     keepall_predicted_step_s: float
     keepall_measured_step_s: float
+    measured_step_ratio_paired: float | None = None
+    """Median over rounds of scheduled step / the keep-all step beside it."""
+    step_times_s: list[float] = field(default_factory=list)
+    """The scheduled side's timed steps, in order (interleaved with keep-all's)."""
+    keepall_step_times_s: list[float] = field(default_factory=list)
+    """The keep-all steps taken beside them."""
 
     @property
     def peak_ratio(self) -> float:
@@ -78,7 +86,15 @@ class Row:
             "step_within_10pct": abs(self.step_ratio - 1) <= STEP_TARGET,
             "overhead_within_5_points": abs(self.measured_overhead_pct - self.predicted_overhead_pct)
             <= OVERHEAD_TARGET_POINTS,
+            "overhead_within_5_points_paired": self.paired_overhead_pct is not None
+            and abs(self.paired_overhead_pct - self.predicted_overhead_pct) <= OVERHEAD_TARGET_POINTS,
         }
+
+    @property
+    def paired_overhead_pct(self) -> float | None:
+        """The measured overhead from the median of the per-round ratios."""
+        r = self.measured_step_ratio_paired
+        return None if r is None else 100 * (r - 1)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "peak_ratio": self.peak_ratio, "step_ratio": self.step_ratio, **self.checks()}
@@ -111,10 +127,8 @@ def run_model(
     )
     del w
     args = WorkloadArgs(name, batch_size=batch, seq_len=seq, small=small, dropout=0.0)
-    keep = run_measure(args, None, tr, steps=steps, warmup=1)
-    k = keep.keep_all
-    assert k is not None and k.predicted_peak_bytes is not None and k.predicted_step_s is not None
-    rows = []
+    rows: list[Row] = []
+    keep_peak: int | None = None  # keep-all's whole-step peak, measured with the first budget's run
     for label in BUDGETS:
         spec: str | int = min_feasible_budget(tr) if label == "min" else label
         try:
@@ -125,9 +139,14 @@ def run_model(
             )
             continue
         log.info("%s %s: %s, measuring", w_id(tr), label, sched.policy)
-        rep = run_measure(args, sched, tr, steps=steps, warmup=1, baseline=False)
-        s = rep.scheduled
+        # Keep-all is measured again beside every schedule, steps interleaved (measure_side_by_side): the
+        # overhead is the ratio of steps taken in the same minutes, not of runs minutes apart.
+        rep = run_measure(args, sched, tr, steps=steps, warmup=1, keep_all_memory=keep_peak is None)
+        s, k = rep.scheduled, rep.keep_all
         assert s is not None and s.predicted_peak_bytes is not None and s.predicted_step_s is not None
+        assert k is not None and k.predicted_peak_bytes is not None and k.predicted_step_s is not None
+        if keep_peak is None:
+            keep_peak = k.measured_peak_bytes
         rows.append(
             Row(
                 model=tr.model,
@@ -144,9 +163,12 @@ def run_model(
                 predicted_overhead_pct=sched.prediction.overhead_pct,
                 measured_overhead_pct=100.0 * (s.measured_step_s / k.measured_step_s - 1),
                 keepall_predicted_peak_bytes=k.predicted_peak_bytes,
-                keepall_measured_peak_bytes=k.measured_peak_bytes,
+                keepall_measured_peak_bytes=keep_peak,
                 keepall_predicted_step_s=k.predicted_step_s,
                 keepall_measured_step_s=k.measured_step_s,
+                measured_step_ratio_paired=rep.paired_ratio,
+                step_times_s=s.measured_step_times_s,
+                keepall_step_times_s=k.measured_step_times_s,
             )
         )
     return rows
@@ -158,6 +180,11 @@ def w_id(tr: Any) -> str:
 
 def _mib(x: int) -> str:
     return f"{x / 2**20:.1f}"
+
+
+def _pct(ratio: float | None) -> str:
+    """A measured ratio as an overhead, or '-'."""
+    return "-" if ratio is None else f"{100 * (ratio - 1):+.1f}%"
 
 
 def write_markdown(rows: list[Row], infeasible: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
@@ -173,12 +200,15 @@ def write_markdown(rows: list[Row], infeasible: list[dict[str, Any]], meta: dict
         "Peak: every live tensor byte of the step (`peak_source`: `cpu-all-tensors` is the CPU allocator's "
         "events under the profiler, the meaning of CUDA's max_memory_allocated); host copies made by offloading "
         "are not device bytes and are listed apart. Predicted: the schedule's prediction from the trace "
-        "(the simulator). Targets: peak within 5% and <= the budget, step within 10%, overhead within 5 points.",
+        "(the simulator). Targets: peak within 5% and <= the budget, step within 10%, overhead within 5 points. "
+        "Step times: the median of the timed steps of each side; keep-all and the schedule alternate step by step "
+        "in one process; `measured overhead` is the ratio of the two medians, `paired` the median over rounds of "
+        "each scheduled step over the keep-all step beside it.",
         "",
         "| model | budget | budget MiB | schedule | predicted peak MiB | measured peak MiB | measured / predicted "
-        "| fits | host copies MiB | predicted step s | measured step s | measured / predicted | predicted overhead "
-        "| measured overhead |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| fits | host copies MiB | predicted step s | measured step s | measured / predicted "
+        "| keep-all measured step s (beside it) | predicted overhead | measured overhead | paired |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         acts = ", ".join(f"{v} {k}" for k, v in sorted(r.actions.items()))
@@ -186,31 +216,32 @@ def write_markdown(rows: list[Row], infeasible: list[dict[str, Any]], meta: dict
             f"| {r.model} | {r.budget} | {_mib(r.budget_bytes)} | {r.policy}: {acts} | {_mib(r.predicted_peak_bytes)} "
             f"| {_mib(r.measured_peak_bytes)} | {r.peak_ratio:.3f} | {'yes' if r.fits else '**NO**'} "
             f"| {_mib(r.host_bytes)} | {r.predicted_step_s:.3f} | {r.measured_step_s:.3f} | {r.step_ratio:.3f} "
-            f"| {r.predicted_overhead_pct:+.1f}% | {r.measured_overhead_pct:+.1f}% |"
+            f"| {r.keepall_measured_step_s:.3f} | {r.predicted_overhead_pct:+.1f}% | {r.measured_overhead_pct:+.1f}% "
+            f"| {_pct(r.measured_step_ratio_paired)} |"
         )
     for x in infeasible:
         lines.append(
             f"| {x['model']} | {x['budget']} | {_mib(x['budget_bytes'])} | infeasible: the smallest feasible budget "
-            f"is {_mib(x['min_bytes'])} MiB (the `min` row) | | | | | | | | | | |"
+            f"is {_mib(x['min_bytes'])} MiB (the `min` row) | | | | | | | | | | | | |"
         )
     lines += [
         "",
-        "Keep-all (in core), per model:",
+        "Keep-all (in core), per model (measured step: the median over the model's rows of the keep-all steps "
+        "taken beside each schedule):",
         "",
         "| model | predicted peak MiB | measured peak MiB | "
         "measured / predicted | predicted step s | measured step s | measured / predicted |",
         "|---|---|---|---|---|---|---|",
     ]
-    seen = set()
-    for r in rows:
-        if r.model in seen:
-            continue
-        seen.add(r.model)
+    for model in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == model]
+        r = mine[0]
+        step = statistics.median(x.keepall_measured_step_s for x in mine)
         lines.append(
             f"| {r.model} | {_mib(r.keepall_predicted_peak_bytes)} | {_mib(r.keepall_measured_peak_bytes)} "
             f"| {r.keepall_measured_peak_bytes / r.keepall_predicted_peak_bytes:.3f} "
-            f"| {r.keepall_predicted_step_s:.3f} | {r.keepall_measured_step_s:.3f} "
-            f"| {r.keepall_measured_step_s / r.keepall_predicted_step_s:.3f} |"
+            f"| {r.keepall_predicted_step_s:.3f} | {step:.3f} "
+            f"| {step / r.keepall_predicted_step_s:.3f} |"
         )
     totals = {c: sum(r.checks()[c] for r in rows) for c in rows[0].checks()} if rows else {}
     lines += ["", "Targets met: " + ", ".join(f"{c} {n}/{len(rows)}" for c, n in totals.items()), ""]
@@ -327,7 +358,9 @@ def _meta(a: argparse.Namespace, seconds: float, load_before: str) -> dict[str, 
 
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, check=True).stdout
+        # The results this run writes after each model are not changes to the code that runs.
+        status = ["git", "status", "--porcelain", "--", ".", f":!{a.out}"]
+        dirty = subprocess.run(status, capture_output=True, text=True, check=True).stdout
         commit += " (+uncommitted changes)" if dirty.strip() else ""
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"

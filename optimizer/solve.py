@@ -38,7 +38,7 @@ from memsched.optimizer.simulate import SimResult, make_schedule, simulate, stag
 from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
 
 if TYPE_CHECKING:
-    from memsched.optimizer.dp import DpOutcome
+    from memsched.optimizer.dp import DpOutcome, DpProblem
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +112,16 @@ _LONG_TRACE = 300
 """Above this many layers the exact DP rarely finishes in a time limit of minutes, so the local search, which
 improves the answer, gets a larger share first (_POLISH_SHARE_LONG) and the DP then proves what it can."""
 _POLISH_SHARE_LONG = 0.75
-_DP_UNTIL_LONG = 0.95
 _DP_SHARE_BEFORE_MILP = 0.3
-_DP_UNTIL = 0.75  # under auto, the exact DP stops at this fraction of the limit if it has not finished
+_DP_UNTIL = 0.95
+"""Under auto, the exact DP stops at this fraction of the limit if it has not finished. Where it finishes
+early with a gap (a loose fluid bound: stall-heavy traces) the rest goes to the exact-window MILP, so a late
+stop only takes time from traces whose final sweep is still running, and there finishing is what proves."""
 _MAX_BEAM_WIDTH = 1536
-_RESERVE_S = 0.05  # building and simulating the returned schedule
+_RESERVE_S = 0.05
+"""Kept back at the end for building and simulating the returned schedule, plus _RESERVE_PER_LAYER_S per layer
+(a simulation with events of a 5,000-layer trace takes about 0.3 s)."""
+_RESERVE_PER_LAYER_S = 1e-4
 AUTO_MILP_MAX_LAYERS = 100
 """Under `auto`, when the DP leaves a gap (its fluid bound is loose where stalls matter), the MILP with windows
 covering every schedule (W = L = n: an exact model, so its bound is true) gets the time left, up to this many
@@ -188,6 +193,7 @@ class _Flow:
     def __init__(self, trace: Trace, budget_bytes: int, options: SolveOptions, t0: float) -> None:
         self.trace, self.budget, self.options, self.t0 = trace, budget_bytes, options, t0
         self.deadline = t0 + options.time_limit_s
+        self.reserve = _RESERVE_S + _RESERVE_PER_LAYER_S * trace.n
         self.cands = _candidates(trace, budget_bytes)
         assert self.cands, "a feasible budget always admits the heuristic's schedule"
         self.bound = 0.0
@@ -197,17 +203,27 @@ class _Flow:
         self.outcome: Outcome | None = None
         self.ilp_sim: SimResult | None = None
         self.dp: DpOutcome | None = None
+        self._problem: DpProblem | None = None
+
+    def problem(self) -> DpProblem:
+        """The DP's arrays of this trace and budget, built once per solve (its future-cost table is the costly
+        part on long traces)."""
+        if self._problem is None:
+            from memsched.optimizer.dp import build_problem  # numba loads here, not on every CLI start
+
+            self._problem = build_problem(self.trace, self.budget, self.deadline)
+        return self._problem
 
     @property
     def best(self) -> Candidate:
         return self.cands[0]
 
     def left(self) -> float:
-        return self.deadline - _RESERVE_S - time.perf_counter()
+        return self.deadline - self.reserve - time.perf_counter()
 
     def until(self, share: float) -> float:
         """A phase deadline: `share` of the limit from now, never past the overall deadline."""
-        return min(time.perf_counter() + share * self.options.time_limit_s, self.deadline - _RESERVE_S)
+        return min(time.perf_counter() + share * self.options.time_limit_s, self.deadline - self.reserve)
 
     def add(self, name: str, sim: SimResult) -> None:
         if sim.feasible:
@@ -231,7 +247,8 @@ class _Flow:
         until = self.until(share)
         width = 24
         while time.perf_counter() < until:
-            out = beam_search(self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s)
+            out = beam_search(self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s,
+                              problem=self.problem())
             if out.schedules:
                 self.add("dp-beam", out.schedules[0])
             if out.timed_out:
@@ -251,7 +268,8 @@ class _Flow:
     def exact_dp(self, until: float) -> None:
         from memsched.optimizer.dp import exact_search
 
-        out = exact_search(self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap)
+        out = exact_search(self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap,
+                           problem=self.problem())
         self.dp = out
         if out.schedules:
             self.add("dp", out.schedules[0])
@@ -269,7 +287,7 @@ class _Flow:
             options = replace(options, window=self.trace.n, max_segment=self.trace.n)
         starts = [c.sim.decisions for c in self.cands]
         outcome, exact = _run_backend(self.trace, self.budget, options, backend, starts,
-                                      self.deadline - _RESERVE_S, export=self.options.export_model)
+                                      self.deadline - self.reserve, export=self.options.export_model)
         self.outcome = outcome
         if outcome.found == Found.INFEASIBLE:
             raise SolverError(
@@ -367,10 +385,10 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         flow.exact_dp(flow.until(_DP_SHARE_BEFORE_MILP))
         flow.milp(options.solver)
         return flow.report()
-    # The exact DP gets most of what is left; where it cannot finish (long traces) the last part goes to
-    # the local search instead, so a long trace's answer is never starved by a bound it cannot prove.
-    dp_until = _DP_UNTIL_LONG if long_trace else _DP_UNTIL
-    flow.exact_dp(flow.deadline - _RESERVE_S if options.solver == "dp" else flow.t0 + dp_until * options.time_limit_s)
+    # The exact DP gets most of what is left (long traces: after their longer local search); where it
+    # cannot finish, the last part goes to the MILP or the local search.
+    flow.exact_dp(flow.deadline - flow.reserve if options.solver == "dp"
+                  else min(flow.t0 + _DP_UNTIL * options.time_limit_s, flow.deadline - flow.reserve))
     if not flow.proven() and flow.left() > 0.2:
         if options.solver == "auto" and trace.n <= AUTO_MILP_MAX_LAYERS:
             flow.milp(AUTO_BACKEND, exact_windows=True)

@@ -5,13 +5,20 @@ GPU, the CPU allocator's events under the profiler on the CPU; one function, two
 median of the timed steps (run without the profiler). The saved-tensor ledger (memsched.runtime.ledger) is
 kept beside it for attribution: the live saved bytes of the traced layers, per stage. Its counterpart in the
 cost model is the saved part of the simulator's stage memory (memsched.optimizer.profile).
+
+`measure_side_by_side` is the one measurement every front end uses (`memsched measure`, `memsched demo`,
+bench/fidelity.py through memsched.cli.measure_run): keep-all and the schedule in one process, their timed
+steps interleaved, because on a shared machine the speed changes from minute to minute (by 10-20% on the
+2-core machine of bench/results/fidelity.md) and only steps taken side by side give a slowdown that means
+something. On the CPU it keeps freed memory in the process first (memsched.runtime.hostalloc): otherwise page
+faults that depend on where blocks land, not on the schedule's work, change the step time.
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,10 +27,11 @@ from torch import nn
 
 from memsched.errors import MemschedError
 from memsched.runtime.clock import cpu_clock_name, time_steps
+from memsched.runtime.hostalloc import steady_host_allocator
 from memsched.runtime.layers import find_layers
 from memsched.runtime.ledger import SavedLedger
-from memsched.runtime.memory import MemoryMeter, StepMemory
-from memsched.runtime.pool import PoolStats
+from memsched.runtime.memory import MemoryMeter, StepMemory, peak_source
+from memsched.runtime.pool import HostBufferPool, PoolStats
 from memsched.runtime.replay import ScheduledModel
 from memsched.runtime.tracer import static_bytes
 from memsched.schema import Action, LayerAction, Prediction, Schedule, SolverRecord, SolverStatus, Trace
@@ -136,6 +144,165 @@ def _mark_optimizer_step(optimizer: torch.optim.Optimizer | None, meter: MemoryM
     return handle.remove
 
 
+KEEP_ALL = "keep-all"
+SCHEDULED = "scheduled"
+
+
+@dataclass
+class SideBySide:
+    """Keep-all and the schedule measured in one process, their timed steps interleaved (ABAB...)."""
+
+    keep_all: Measurement | None
+    """The in-core step through the same hooks (a keep-all schedule), or None when not measured."""
+    scheduled: Measurement | None
+    """The scheduled step, or None when only keep-all was measured."""
+    order: list[str] = field(default_factory=list)
+    """The side of every timed step, in the order they ran ('keep-all' / 'scheduled')."""
+
+    @property
+    def ratio(self) -> float | None:
+        """Median scheduled step / median keep-all step (the measured slowdown, side by side)."""
+        if self.keep_all is None or self.scheduled is None:
+            return None
+        return self.scheduled.step_s / self.keep_all.step_s
+
+    @property
+    def paired_ratio(self) -> float | None:
+        """Median over rounds of (scheduled step / the keep-all step just before it): drift on a shared machine
+        over the run cancels within each pair."""
+        if self.keep_all is None or self.scheduled is None:
+            return None
+        pairs = zip(self.keep_all.step_times_s, self.scheduled.step_times_s, strict=False)
+        return statistics.median(s / k for k, s in pairs)
+
+
+def measure_side_by_side(
+    model: nn.Module,
+    step_fn: Callable[[Callable[..., Any]], Any],
+    schedule: Schedule | None = None,
+    *,
+    baseline: bool = True,
+    trace: Trace | None = None,
+    layers: Sequence[str] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    steps: int = 5,
+    warmup: int = 2,
+    predicted_saved_peak_bytes: int | None = None,
+    keep_all_predicted_saved_peak_bytes: int | None = None,
+    keep_all_memory: bool = True,
+) -> SideBySide:
+    """Measure keep-all (when `baseline`) and `schedule` (when given) on one model in one process.
+
+    Step times: `warmup` rounds, then `steps` rounds, each round one keep-all step then one scheduled step
+    (the schedule is applied and removed around each of its steps; its host buffer pool is kept), so both
+    sides see the same machine at the same minutes and the slowdown is a ratio measured side by side; each
+    side's step time is the median of its `steps` steps. Then one memory step per side (after a priming step
+    on the CPU, see memsched.runtime.memory); `keep_all_memory` False skips keep-all's (its peak is then 0 and
+    its ledger empty: for a caller that already measured it).
+
+    step_fn receives the callable to run the forward with (the ScheduledModel) and does one whole step.
+    """
+    if steps < 1 or warmup < 0:
+        raise MemschedError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
+    if schedule is None and not baseline:
+        raise MemschedError("nothing to measure: give a schedule, or measure the keep-all baseline")
+    p0 = next(model.parameters(), None)
+    device = p0.device if p0 is not None else torch.device("cpu")
+    if device.type == "cpu":
+        steady_host_allocator()  # page faults would depend on the schedule (memsched.runtime.hostalloc)
+    sides: dict[str, Schedule] = {}
+    if baseline:
+        sides[KEEP_ALL] = keep_all_schedule([n for n, _ in find_layers(model, layers)])
+    if schedule is not None:
+        sides[SCHEDULED] = schedule
+    ledgers = {k: SavedLedger() for k in sides}
+    pools = {k: HostBufferPool(pin_memory=device.type == "cuda") for k in sides}
+
+    def applied(side: str, ledger: SavedLedger | None = None) -> ScheduledModel:
+        tr = trace if side == SCHEDULED else None
+        return ScheduledModel(model, sides[side], trace=tr, layers=layers, ledger=ledger, pool=pools[side])
+
+    # Timed steps run without the ledger: its per-tensor bookkeeping (a weakref finalizer per saved storage)
+    # is the measurement's, not the user's training loop's, and it would inflate both sides.
+    for _ in range(warmup):
+        for side in sides:
+            with applied(side) as sm:
+                step_fn(sm)
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    order: list[str] = []
+    for _ in range(steps):
+        for side in sides:
+            with applied(side) as sm:
+                times[side].append(_time_step(step_fn, sm, device))
+            order.append(side)
+    out: dict[str, Measurement] = {}
+    for side, sched in sides.items():
+        ledger = ledgers[side]
+        with applied(side, ledger) as sm:
+            if side == KEEP_ALL and not keep_all_memory:
+                mem = StepMemory(source=peak_source(device), peak_bytes=0, start_bytes=0, end_bytes=0)
+                ledger.reset()
+            else:
+                mem = _memory_step(sm, step_fn, ledger, optimizer, device, pools.values())
+        predicted = side == SCHEDULED
+        st = ledger.stats()
+        out[side] = Measurement(
+            device=device.type,
+            step_s=statistics.median(times[side]),
+            peak_bytes=mem.peak_bytes,
+            peak_source=mem.source,
+            host_bytes=mem.host_bytes,
+            saved_peak_bytes=st.peak_bytes,
+            stage_saved_peak_bytes=st.stage_peak_bytes,
+            stage_peak_bytes=mem.stage_peak_bytes,
+            static_bytes=trace.static.total if trace is not None else static_bytes(model, optimizer).total,
+            predicted_peak_bytes=sched.prediction.peak_bytes if predicted else None,
+            predicted_step_s=sched.prediction.step_s if predicted else None,
+            predicted_saved_peak_bytes=(
+                predicted_saved_peak_bytes if predicted else keep_all_predicted_saved_peak_bytes
+            ),
+            budget_bytes=sched.budget_bytes if predicted else None,
+            pool=pools[side].stats(),
+            step_times_s=times[side],
+            threads=torch.get_num_threads(),
+            clock="wall time" if device.type == "cuda" else cpu_clock_name(),
+        )
+        log.info("%s:\n%s", side if side == KEEP_ALL else sched.policy, out[side].summary())
+    return SideBySide(keep_all=out.get(KEEP_ALL), scheduled=out.get(SCHEDULED), order=order)
+
+
+def _time_step(step_fn: Callable[[Callable[..., Any]], Any], sm: ScheduledModel, device: torch.device) -> float:
+    """Seconds of one step under the applied schedule, between device synchronisations."""
+    return time_steps(lambda: step_fn(sm), device, 1)[0]
+
+
+def _memory_step(
+    sm: ScheduledModel,
+    step_fn: Callable[[Callable[..., Any]], Any],
+    ledger: SavedLedger,
+    optimizer: torch.optim.Optimizer | None,
+    device: torch.device,
+    pools: Iterable[HostBufferPool],
+) -> StepMemory:
+    """One whole-step memory measurement under the applied schedule, with the ledger's stage marks.
+
+    The host buffers of every pool of the run are host copies, never device bytes: the other side's pool is
+    still alive (kept for its next step), and on the CPU its blocks would otherwise read as live tensors.
+    The host bytes reported are this side's own pool's."""
+    everyone = list(pools)
+    meter = MemoryMeter(device, host_tensors=lambda: [b for p in everyone for b in p.buffers()])
+    ledger.on_mark = meter.mark
+    remove_hook = _mark_optimizer_step(optimizer, meter)
+    try:
+        ledger.reset()
+        mem = meter.measure(lambda: step_fn(sm))
+    finally:
+        remove_hook()
+        ledger.on_mark = None
+    mem.host_bytes = sum(int(b.untyped_storage().nbytes()) for b in sm.pool.buffers())
+    return mem
+
+
 def measure(
     model: nn.Module,
     step_fn: Callable[[Callable[..., Any]], Any],
@@ -148,53 +315,22 @@ def measure(
     warmup: int = 2,
     predicted_saved_peak_bytes: int | None = None,
 ) -> Measurement:
-    """Run `step_fn(scheduled_model)` under the schedule (keep-all if None): `warmup` steps, `steps` timed
-    steps (median), then one memory step (after a priming step on the CPU, see memsched.runtime.memory).
+    """One side of `measure_side_by_side`: the schedule alone, or keep-all when `schedule` is None.
 
-    step_fn receives the callable to run the forward with (the ScheduledModel) and does one whole step.
-    The comparison is logged (INFO) and returned; `Measurement.summary()` formats it.
-    """
-    if steps < 1 or warmup < 0:
-        raise MemschedError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
-    p0 = next(model.parameters(), None)
-    device = p0.device if p0 is not None else torch.device("cpu")
-    predicted = schedule is not None
-    if schedule is None:
-        schedule = keep_all_schedule([n for n, _ in find_layers(model, layers)])
-    ledger = SavedLedger()
-    with ScheduledModel(model, schedule, trace=trace, layers=layers, ledger=ledger) as sm:
-        for _ in range(warmup):
-            step_fn(sm)
-        times = time_steps(lambda: step_fn(sm), device, steps)
-        meter = MemoryMeter(device, host_tensors=sm.pool.buffers)
-        ledger.on_mark = meter.mark
-        remove_hook = _mark_optimizer_step(optimizer, meter)
-        try:
-            ledger.reset()
-            mem: StepMemory = meter.measure(lambda: step_fn(sm))
-        finally:
-            remove_hook()
-            ledger.on_mark = None
-        pool = sm.pool_stats()
-    st = ledger.stats()
-    m = Measurement(
-        device=device.type,
-        step_s=statistics.median(times),
-        peak_bytes=mem.peak_bytes,
-        peak_source=mem.source,
-        host_bytes=mem.host_bytes,
-        saved_peak_bytes=st.peak_bytes,
-        stage_saved_peak_bytes=st.stage_peak_bytes,
-        stage_peak_bytes=mem.stage_peak_bytes,
-        static_bytes=trace.static.total if trace is not None else static_bytes(model, optimizer).total,
-        predicted_peak_bytes=schedule.prediction.peak_bytes if predicted else None,
-        predicted_step_s=schedule.prediction.step_s if predicted else None,
+    The comparison is logged (INFO) and returned; `Measurement.summary()` formats it."""
+    both = measure_side_by_side(
+        model,
+        step_fn,
+        schedule,
+        baseline=schedule is None,
+        trace=trace,
+        layers=layers,
+        optimizer=optimizer,
+        steps=steps,
+        warmup=warmup,
         predicted_saved_peak_bytes=predicted_saved_peak_bytes,
-        budget_bytes=schedule.budget_bytes if predicted else None,
-        pool=pool,
-        step_times_s=times,
-        threads=torch.get_num_threads(),
-        clock="wall time" if device.type == "cuda" else cpu_clock_name(),
+        keep_all_predicted_saved_peak_bytes=predicted_saved_peak_bytes,
     )
-    log.info("%s %s:\n%s", schedule.policy, "schedule" if predicted else "(unscheduled)", m.summary())
+    m = both.scheduled if schedule is not None else both.keep_all
+    assert m is not None
     return m

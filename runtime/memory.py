@@ -27,8 +27,13 @@ separately (`host_bytes`).
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable, Iterable
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,7 +153,10 @@ class MemoryMeter:
     def _measure_cpu(self, step: Callable[[], Any], prime: Callable[[], Any]) -> StepMemory:
         from torch.profiler import ProfilerActivity, profile, record_function
 
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with kineto_markers_dropped():
+            prof.start()
+        try:
             prime()
             gc.collect()
             host = {_storage_ptr(t) for t in self.host_tensors()}
@@ -160,9 +168,44 @@ class MemoryMeter:
                     step()
             finally:
                 self._active = False
+        finally:
+            with kineto_markers_dropped():
+                prof.stop()
         host_list = list(self.host_tensors())
         host_ptrs = host | {_storage_ptr(t) for t in host_list}
         return _replay_events(prof, start, host_ptrs, _bytes_of(host_list), list(self._order))
+
+
+KINETO_MARKER = re.compile(r"^USDT:.*\] profiler_(start|stop)\s*$")
+"""The line Kineto writes to stderr at every profiler start and stop (its tracepoint markers, at a log level
+above ERROR, so KINETO_LOG_LEVEL cannot drop them without dropping errors too)."""
+
+
+@contextlib.contextmanager
+def kineto_markers_dropped() -> Iterator[None]:
+    """Around the profiler's start or stop: capture file descriptor 2 (Kineto writes there from C++, not
+    through Python), then write back every line except Kineto's start/stop markers, so errors and warnings
+    still reach stderr (after the call instead of during it)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no usable fd 2 (an embedded interpreter): leave it be
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        try:
+            os.dup2(tmp.fileno(), 2)
+            yield
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines = tmp.read().splitlines(keepends=True)
+            kept = [ln for ln in lines if not KINETO_MARKER.match(ln.decode(errors="replace"))]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def _storage_ptr(t: torch.Tensor) -> int:

@@ -31,6 +31,7 @@ from memsched.errors import MemschedError
 from memsched.runtime.checkpointing import flatten
 from memsched.runtime.clock import Clock, time_steps
 from memsched.runtime.device import device_memory, device_name, framework_versions, measure_runtime_copy_speed
+from memsched.runtime.hostalloc import steady_host_allocator
 from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
 from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
@@ -440,6 +441,10 @@ def trace(
     device = p0.device if p0 is not None else torch.device("cpu")
     modules = [m for _, m in found]
     stats = [_LayerStats(name, type(m).__name__) for name, m in found]
+    if device.type == "cpu":
+        # The replay's measurement keeps freed memory in the process (memsched.runtime.hostalloc); the times
+        # it is compared with are taken the same way.
+        steady_host_allocator()
 
     for _ in range(warmup):
         step_fn()

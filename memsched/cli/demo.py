@@ -6,8 +6,9 @@
    predicted against measured whole-step peak and step time, and write the simulated timeline plot.
 
 The measured peak is every live tensor byte of the step (memsched.runtime.memory, `cpu-all-tensors`), the
-same quantity as CUDA's max_memory_allocated; step times are medians with one torch thread. CPU "copies" are
-memcpy on the compute thread, so the offload overhead is real and the cost model prices it that way.
+same quantity as CUDA's max_memory_allocated; step times are medians of keep-all and scheduled steps taken
+alternately in one process, with one torch thread. CPU "copies" are memcpy on the compute thread, so the
+offload overhead is real and the cost model prices it that way.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class DemoResult:
     """(quantity, predicted, measured, unit) rows."""
     seconds: float = 0.0
     """Wall time of the whole demo."""
+    steps: int = 0
+    """Timed steps per side (keep-all and scheduled alternating; the step times are their medians)."""
+    threads: int = 1
+    """torch's intra-op thread count during the run."""
+    step_ratio_paired: float | None = None
+    """Median over rounds of scheduled step / the keep-all step beside it."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +71,9 @@ class DemoResult:
             "static_bytes": self.static_bytes,
             "rows": self.rows,
             "seconds": self.seconds,
+            "steps": self.steps,
+            "threads": self.threads,
+            "step_ratio_paired": self.step_ratio_paired,
         }
 
 
@@ -84,7 +94,7 @@ def run_demo(
     batch_size: int = 8,
     seq_len: int = 128,
     budget: str = "50%",
-    steps: int = 5,
+    steps: int = 20,
     threads: int | None = 1,
     dtype: str = "float32",
 ) -> DemoResult:
@@ -167,9 +177,9 @@ def _run_demo(
     schedule_path = out_dir / "schedule.json"
     save_model(schedule, schedule_path)
     args = WorkloadArgs(model, batch_size=batch_size, seq_len=seq_len, num_layers=num_layers, small=True, dtype=dtype)
-    # Two alternating rounds, each side keeping its faster one: on a shared machine the load changes by the
-    # second, and the ratio of the two is the measured overhead.
-    rep = run_measure(args, schedule, tr, steps=steps, warmup=1, rounds=2)
+    # Keep-all and scheduled steps alternate in one process (measure_side_by_side): on a shared machine the
+    # speed changes from minute to minute, and only steps taken side by side give a meaningful overhead.
+    rep = run_measure(args, schedule, tr, steps=steps, warmup=2)
     return DemoResult(
         model=tr.model,
         trace_path=trace_path,
@@ -181,4 +191,7 @@ def _run_demo(
         static_bytes=tr.static.total,
         rows=_rows(rep, schedule),
         seconds=time.perf_counter() - t0,
+        steps=steps,
+        threads=rep.threads,
+        step_ratio_paired=rep.paired_ratio,
     )

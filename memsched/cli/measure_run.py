@@ -7,7 +7,8 @@ prediction comes from the schedule and, for keep-all and the ledger's counterpar
 imports the optimizer.
 
 One process measures the in-core keep-all step and the scheduled step on the same model at the same batch,
-alternating rounds, so the slowdown is a ratio measured side by side (docs/cost-model.md, 'Measurement').
+their steps interleaved (memsched.runtime.measure.measure_side_by_side), so the slowdown is a ratio measured
+side by side (docs/cost-model.md, 'Measurement').
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from memsched.schema import Schedule, Trace
 
 if TYPE_CHECKING:  # torch stays out of `memsched --help`
     from memsched.runtime import Measurement, Workload
+    from memsched.runtime.measure import SideBySide
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,8 @@ class Side:
     measured_peak_bytes: int
     predicted_step_s: float | None
     measured_step_s: float
-    measured_step_rounds_s: list[float] = field(default_factory=list)
-    """The median step time of each round (the reported one is the fastest round's)."""
+    measured_step_times_s: list[float] = field(default_factory=list)
+    """Every timed step, in order (interleaved with the other side's; `measured_step_s` is their median)."""
     saved_peak_bytes: int | None = None
     """The ledger's peak of live saved bytes of the traced layers (attribution; not the peak)."""
     predicted_saved_peak_bytes: int | None = None
@@ -84,7 +86,7 @@ class Side:
             "measured_peak_bytes": self.measured_peak_bytes,
             "predicted_step_s": self.predicted_step_s,
             "measured_step_s": self.measured_step_s,
-            "measured_step_rounds_s": self.measured_step_rounds_s,
+            "measured_step_times_s": self.measured_step_times_s,
             "saved_peak_bytes": self.saved_peak_bytes,
             "predicted_saved_peak_bytes": self.predicted_saved_peak_bytes,
             "host_bytes": self.host_bytes,
@@ -120,6 +122,10 @@ class MeasureReport:
     command: str = ""
     predicted_overhead_pct: float | None = None
     """The schedule's predicted overhead over keep-all (the simulator's)."""
+    paired_ratio: float | None = None
+    """Median over rounds of scheduled step / the keep-all step beside it (drift cancels within a pair)."""
+    step_order: list[str] = field(default_factory=list)
+    """Which side each timed step measured, in the order they ran (interleaved)."""
 
     def derived(self) -> dict[str, Any]:
         """Slowdown, fits-budget, oversubscription and the target checks."""
@@ -127,6 +133,10 @@ class MeasureReport:
         s, k, b = self.scheduled, self.keep_all, self.budget_bytes
         if s is not None and k is not None:
             d["slowdown_pct"] = 100.0 * (s.measured_step_s / k.measured_step_s - 1.0)
+            d["measured_step_ratio"] = s.measured_step_s / k.measured_step_s
+            d["measured_step_ratio_paired"] = self.paired_ratio
+            if s.predicted_step_s and k.predicted_step_s:
+                d["predicted_step_ratio"] = s.predicted_step_s / k.predicted_step_s
             if s.predicted_step_s and k.predicted_step_s:
                 d["predicted_slowdown_pct"] = 100.0 * (s.predicted_step_s / k.predicted_step_s - 1.0)
         if s is not None and b is not None:
@@ -179,6 +189,7 @@ class MeasureReport:
             "keep_all": None if self.keep_all is None else self.keep_all.to_json(),
             **self.derived(),
             "targets": {"peak_within": PEAK_TARGET, "step_within": STEP_TARGET},
+            "step_order": self.step_order,
             "versions": self.versions,
             "command": self.command,
         }
@@ -316,15 +327,7 @@ def _check_inputs(
             check_schedule(schedule, trace)
 
 
-@dataclass
-class _Rounds:
-    """Measurements of both sides, one per round."""
-
-    keep: list[Measurement] = field(default_factory=list)
-    sched: list[Measurement] = field(default_factory=list)
-
-
-def _measure_rounds(
+def _measure(
     w: Workload,
     args: WorkloadArgs,
     schedule: Schedule | None,
@@ -333,63 +336,54 @@ def _measure_rounds(
     *,
     steps: int,
     warmup: int,
-    rounds: int,
     baseline: bool,
-) -> _Rounds:
-    """Keep-all and the schedule alternate, `rounds` times (on a shared machine the load changes by the second)."""
+    keep_all_memory: bool,
+) -> SideBySide:
+    """Keep-all and the schedule, their steps interleaved in one process (memsched.runtime.measure)."""
     import torch
 
-    from memsched.runtime import measure
+    from memsched.runtime.measure import measure_side_by_side
 
     oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5 has only the latter
     dev = next(w.model.parameters()).device
-
-    def one(sched: Schedule | None, what: str) -> Measurement:
-        try:
-            return measure(
-                w.model,
-                w.step,
-                sched,
-                trace=trace if sched is not None else None,
-                layers=args.layer_pattern,
-                optimizer=w.optimizer,
-                steps=steps,
-                warmup=warmup,
-                predicted_saved_peak_bytes=pred.sched_saved if sched is not None else pred.keep_saved,
-            )
-        except oom as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-            raise MemschedError(
-                f"{what}: CUDA out of memory at batch {args.batch_size} ({first[:160]}); lower --batch-size"
-            ) from None
-        finally:
-            _release(dev)
-
-    out = _Rounds()
-    for _ in range(rounds):
-        if baseline:
-            out.keep.append(one(None, "keep-all"))
-        if schedule is not None:
-            out.sched.append(one(schedule, f"schedule {schedule.policy}"))
-    return out
+    try:
+        return measure_side_by_side(
+            w.model,
+            w.step,
+            schedule,
+            baseline=baseline,
+            trace=trace,
+            layers=args.layer_pattern,
+            optimizer=w.optimizer,
+            steps=steps,
+            warmup=warmup,
+            predicted_saved_peak_bytes=pred.sched_saved,
+            keep_all_predicted_saved_peak_bytes=pred.keep_saved,
+            keep_all_memory=keep_all_memory,
+        )
+    except oom as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+        raise MemschedError(
+            f"CUDA out of memory at batch {args.batch_size} ({first[:160]}); lower --batch-size"
+        ) from None
+    finally:
+        _release(dev)
 
 
-def _side(ms: list[Measurement], peak: int | None, step: float | None, saved: int | None) -> Side | None:
-    """One side's figures: the fastest round's median step time, the highest round's peak."""
-    if not ms:
+def _side(m: Measurement | None, peak: int | None, step: float | None, saved: int | None) -> Side | None:
+    """One side's figures: the median of its interleaved steps, its memory step's peak."""
+    if m is None:
         return None
-    fastest = min(ms, key=lambda m: m.step_s)
-    highest = max(ms, key=lambda m: m.peak_bytes)
     return Side(
         predicted_peak_bytes=peak,
-        measured_peak_bytes=highest.peak_bytes,
+        measured_peak_bytes=m.peak_bytes,
         predicted_step_s=step,
-        measured_step_s=fastest.step_s,
-        measured_step_rounds_s=[m.step_s for m in ms],
-        saved_peak_bytes=max(m.saved_peak_bytes for m in ms),
+        measured_step_s=m.step_s,
+        measured_step_times_s=list(m.step_times_s),
+        saved_peak_bytes=m.saved_peak_bytes,
         predicted_saved_peak_bytes=saved,
-        host_bytes=max(m.host_bytes for m in ms),
-        stage_peak_bytes=highest.stage_peak_bytes,
+        host_bytes=m.host_bytes,
+        stage_peak_bytes=m.stage_peak_bytes,
     )
 
 
@@ -400,34 +394,47 @@ def run_measure(
     *,
     steps: int = 5,
     warmup: int = 2,
-    rounds: int = 1,
     baseline: bool = True,
     threads: int | None = None,
     command: str = "",
+    keep_all_memory: bool = True,
 ) -> MeasureReport:
     """Build the workload, check the schedule (and trace) against it, and measure keep-all and the schedule.
 
     schedule None measures keep-all only (the in-core baseline). baseline False skips keep-all when a schedule
-    is given. rounds > 1 alternates keep-all and scheduled rounds and keeps each one's fastest (a shared CPU).
-    threads: torch's CPU thread count for the run; None takes the trace's (its device names it), else keeps
-    torch's current one. Step times are medians of `steps` steps after `warmup`.
+    is given. Both sides' steps alternate in one process (`warmup` rounds, then `steps` rounds of one keep-all
+    and one scheduled step); each side's step time is the median of its `steps` steps
+    (memsched.runtime.measure.measure_side_by_side, the one function `memsched measure`, the demo and
+    bench/fidelity.py share). threads: torch's CPU thread count for the run; None takes the trace's (its
+    device names it), else keeps torch's current one. keep_all_memory False skips keep-all's memory step
+    (its measured peak is then 0: for a caller that measured it already).
     """
     from memsched.runtime.device import device_name, framework_versions
 
-    if steps < 1 or warmup < 0 or rounds < 1:
-        raise MemschedError(f"--steps and --rounds must be >= 1 and --warmup >= 0 (got {steps}, {rounds}, {warmup})")
+    if steps < 1 or warmup < 0:
+        raise MemschedError(f"--steps must be >= 1 and --warmup >= 0 (got {steps}, {warmup})")
     if schedule is None and not baseline:
         raise MemschedError("nothing to measure: give a SCHEDULE, or drop --no-baseline to measure keep-all")
     with fixed_threads(threads if threads is not None else trace_threads(trace)) as n_threads:
         w, dtype, dev = _build(args)
         _check_inputs(args, w, dtype, dev, schedule, trace)
         pred = predictions(trace, schedule)
-        got = _measure_rounds(
-            w, args, schedule, trace, pred, steps=steps, warmup=warmup, rounds=rounds, baseline=baseline
+        got = _measure(
+            w,
+            args,
+            schedule,
+            trace,
+            pred,
+            steps=steps,
+            warmup=warmup,
+            baseline=baseline,
+            keep_all_memory=keep_all_memory,
         )
         name = device_name(dev)
     from memsched.runtime.memory import peak_source
 
+    first = got.keep_all or got.scheduled
+    assert first is not None, "measure_side_by_side measures at least one side"
     return MeasureReport(
         model=w.model_id,
         batch_size=w.batch_size,
@@ -437,16 +444,18 @@ def run_measure(
         device_name=name,
         peak_source=peak_source(dev),
         threads=n_threads,
-        clock=(got.keep or got.sched)[0].clock,
+        clock=first.clock,
         policy=schedule.policy if schedule is not None else "keep-all",
         actions=_counts(schedule),
         budget_bytes=schedule.budget_bytes if schedule is not None else None,
-        static_bytes=trace.static.total if trace is not None else (got.keep or got.sched)[0].static_bytes,
-        scheduled=_side(got.sched, pred.sched_peak, pred.sched_step, pred.sched_saved),
-        keep_all=_side(got.keep, pred.keep_peak, pred.keep_step, pred.keep_saved),
+        static_bytes=trace.static.total if trace is not None else first.static_bytes,
+        scheduled=_side(got.scheduled, pred.sched_peak, pred.sched_step, pred.sched_saved),
+        keep_all=_side(got.keep_all, pred.keep_peak, pred.keep_step, pred.keep_saved),
         versions={**framework_versions(), "platform": platform.platform()},
         command=command,
         predicted_overhead_pct=pred.overhead_pct,
+        paired_ratio=got.paired_ratio,
+        step_order=got.order,
     )
 
 

@@ -160,7 +160,9 @@ def demo_cmd(
     batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size.")] = 8,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length.")] = 128,
     budget: Annotated[str, typer.Option("--budget", "-b", help="Budget: N% (of activations) or bytes.")] = "50%",
-    steps: Annotated[int, typer.Option("--steps", help="Timed steps per round (median; at least 5 is steady).")] = 5,
+    steps: Annotated[
+        int, typer.Option("--steps", help="Timed steps per side, keep-all and scheduled alternating (median).")
+    ] = 20,
     threads: Annotated[
         int, typer.Option("--threads", help="CPU threads for torch (1 keeps timings steady on a busy machine).")
     ] = 1,
@@ -192,7 +194,12 @@ def demo_cmd(
         f"[bold]{res.model}[/]: budget {format_bytes(res.budget_bytes)} (static {format_bytes(res.static_bytes)}); "
         f"schedule {res.policy}: {acts}"
     )
-    t = Table(title="predicted vs measured over the whole step (CPU: every live tensor byte; 1 round = median)")
+    t = Table(
+        title=(
+            "predicted vs measured over the whole step (CPU: every live tensor byte; step: median of "
+            f"{res.steps} keep-all and {res.steps} scheduled steps, alternating, {res.threads} torch thread(s))"
+        )
+    )
     t.add_column("quantity")
     t.add_column("predicted", justify="right")
     t.add_column("measured", justify="right")
@@ -228,11 +235,10 @@ def measure_cmd(
     layers: LayersOpt = None,
     small: SmallOpt = False,
     layer_pattern: LayerPatternOpt = None,
-    steps: Annotated[int, typer.Option("--steps", help="Measured steps per round (median).")] = 5,
-    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps before each measurement.")] = 2,
-    rounds: Annotated[
-        int, typer.Option("--rounds", help="Alternate keep-all/scheduled rounds; each keeps its fastest.")
-    ] = 1,
+    steps: Annotated[
+        int, typer.Option("--steps", help="Timed steps per side, keep-all and scheduled alternating (median).")
+    ] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps per side before the timed ones.")] = 2,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
     dtype: DtypeOpt = "float32",
     dropout: Annotated[float | None, typer.Option("--dropout", help="Override the config's dropout.")] = None,
@@ -248,7 +254,8 @@ def measure_cmd(
 
     Peak: every live tensor byte of the whole step: max_memory_allocated on CUDA, the CPU allocator's events
     under the profiler on the CPU (peak_source). Step time: the median of --steps steps after --warmup, with
-    the torch thread count fixed (--threads, else the trace's) and reported.
+    the torch thread count fixed (--threads, else the trace's) and reported; keep-all and scheduled steps
+    alternate in one process, so the overhead is a ratio measured side by side.
     """
     from memsched.cli.measure_run import WorkloadArgs, run_measure
     from memsched.io import load_schedule, load_trace
@@ -278,10 +285,9 @@ def measure_cmd(
         tr,
         steps=steps,
         warmup=warmup,
-        rounds=rounds,
         baseline=baseline or keep_all,
         threads=threads,
-        command=_measure_command(model, schedule, trace_path, args, keep_all, baseline, steps, warmup, rounds),
+        command=_measure_command(model, schedule, trace_path, args, keep_all, baseline, steps, warmup, threads),
     )
     doc = rep.to_json()
     if output is not None:
@@ -304,7 +310,7 @@ def _measure_command(
     baseline: bool,
     steps: int,
     warmup: int,
-    rounds: int,
+    threads: int | None,
 ) -> str:
     """The command line that reproduces this measurement, every setting spelled out (for the results file)."""
     import shlex
@@ -317,7 +323,9 @@ def _measure_command(
 
     dtype = str(parse_dtype(a.dtype)).removeprefix("torch.")
     argv += ["--device", a.device, "--dtype", dtype, "--batch-size", str(a.batch_size)]
-    argv += ["--seq-len", str(a.seq_len), "--steps", str(steps), "--warmup", str(warmup), "--rounds", str(rounds)]
+    argv += ["--seq-len", str(a.seq_len), "--steps", str(steps), "--warmup", str(warmup)]
+    if threads is not None:
+        argv += ["--threads", str(threads)]
     argv += ["--optimizer", a.optimizer]
     if a.num_layers is not None:
         argv += ["--layers", str(a.num_layers)]
@@ -362,9 +370,11 @@ def _print_measure(doc: dict[str, Any]) -> None:
     notes = []
     if doc["measured_overhead_pct"] is not None:
         p = doc["predicted_overhead_pct"]
+        paired = doc.get("measured_step_ratio_paired")
         notes.append(
             f"overhead vs keep-all: predicted {'-' if p is None else f'{p:+.1f}%'}, "
             f"measured {doc['measured_overhead_pct']:+.1f}%"
+            + ("" if paired is None else f" (paired steps: {100 * (paired - 1):+.1f}%)")
         )
     if "fits_budget" in doc:
         notes.append("within budget" if doc["fits_budget"] else "[red]OVER budget[/]")

@@ -15,7 +15,8 @@ from numba import njit
 def segment_children(
     k: int, limit: int, serial: bool, d2h_bw: float, h2d_bw: float, threshold: float,
     saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray, bwd: np.ndarray,
-    trans_f: np.ndarray, trans_b: np.ndarray, row_floor: np.ndarray, external: np.ndarray,
+    trans_f: np.ndarray, trans_b: np.ndarray, row_floor: np.ndarray, future: np.ndarray, future_step: float,
+    external: np.ndarray,
     bits_at: np.ndarray, out_bytes_bit: np.ndarray,
     retained: np.ndarray, held: np.ndarray, cost: np.ndarray, d2h: np.ndarray, h2d: np.ndarray,
     capacity: int,
@@ -26,6 +27,7 @@ def segment_children(
     `bits_at[b - k]`: held-mask bits (crossing[k] order) of the producers before k that layer b consumes;
     `out_bytes_bit[bit]`: those producers' output bytes. Returns (labels done, children written, then the
     children's arrays: destination boundary, parent, retained, held (crossing[k] order), cost, d2h, h2d).
+    `future[b, g]` bounds the cost to come from boundary b at g * future_step retained bytes (dp/future.py).
     Stops before a label whose children might not fit in `capacity`; the caller resumes from there."""
     n = len(saved)
     o_dst = np.empty(capacity, np.int64)
@@ -91,6 +93,9 @@ def segment_children(
                 break
             if child_ret > limit - row_floor[b + 1]:
                 continue
+            g = min(int(child_ret / future_step), future.shape[1] - 1)
+            if child_cost + future[b + 1, g] >= threshold:
+                continue  # no completion beats the threshold (a longer segment may still: its row differs)
             o_dst[w] = b + 1
             o_parent[w] = i
             o_ret[w] = child_ret

@@ -94,11 +94,11 @@ def _fenwick_min(tree: np.ndarray, i: int, j: int) -> float:  # pragma: no cover
 
 @njit(cache=True)
 def _fenwick_put(tree: np.ndarray, i: int, j: int, value: float) -> None:  # pragma: no cover - compiled
-    g = tree.shape[0]
+    rows, cols = tree.shape
     a = i
-    while a < g:
+    while a < rows:
         b = j
-        while b < g:
+        while b < cols:
             tree[a, b] = min(tree[a, b], value)
             b += b & -b
         a += a & -a
@@ -116,9 +116,11 @@ def _pareto_sorted(held: np.ndarray, cost: np.ndarray, d2h: np.ndarray, h2d: np.
     cost found there belongs to a label with backlogs no larger (sound; two labels in one cell are left to
     the ring)."""
     n = len(cost)
-    g = len(grid_d)
+    g_d = len(grid_d)
+    g_h = len(grid_h)
     keep = np.ones(n, dtype=np.bool_)
-    tree = np.full((g + 1, g + 1), np.inf)
+    # One axis per grid: the two grids differ in length (np.unique merges equal quantiles per axis).
+    tree = np.full((g_d + 1, g_h + 1), np.inf)
     ring_c = np.empty(_RING)
     ring_d = np.empty(_RING)
     ring_h = np.empty(_RING)
@@ -148,7 +150,7 @@ def _pareto_sorted(held: np.ndarray, cost: np.ndarray, d2h: np.ndarray, h2d: np.
             continue
         up_d = np.searchsorted(grid_d, d, side="left")  # first grid line >= d (its cell is up_d + 1)
         up_h = np.searchsorted(grid_h, h, side="left")
-        if up_d < g and up_h < g:
+        if up_d < g_d and up_h < g_h:
             _fenwick_put(tree, up_d + 1, up_h + 1, c)
         ring_c[pos] = c
         ring_d[pos] = d
@@ -160,11 +162,31 @@ def _pareto_sorted(held: np.ndarray, cost: np.ndarray, d2h: np.ndarray, h2d: np.
 
 def _grid(values: np.ndarray) -> np.ndarray:
     """0 and quantiles of the positive values (from a sample): the dominance index's grid lines."""
-    positive = values[values > 0]
-    if len(positive) > 4096:
-        positive = positive[:: len(positive) // 4096]
+    sample = values[:: max(1, len(values) // 8192)]  # sample first: the mask below is then cheap
+    positive = sample[sample > 0]
     lines = np.quantile(positive, np.linspace(0.0, 1.0, _GRID - 1)) if len(positive) else np.zeros(0)
     return np.unique(np.concatenate([[0.0], lines]))
+
+
+def _held_groups(held: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """Group number of each label's held set (None: all equal) and the number of groups. A boundary has few
+    distinct held sets, so peeling them off one at a time beats sorting the whole array (np.unique)."""
+    first = held[0]
+    rest = held != first
+    if not rest.any():
+        return None, 1
+    group = np.zeros(len(held), dtype=np.int64)
+    groups = 1
+    while rest.any() and groups < 16:
+        value = held[int(np.argmax(rest))]
+        members = held == value
+        group[members] = groups
+        rest &= ~members
+        groups += 1
+    if rest.any():  # many distinct sets: one sort is cheaper
+        _, group = np.unique(held, return_inverse=True)
+        groups = int(group.max()) + 1
+    return group, groups
 
 
 def pareto_filter(labels: Labels, d2h_bw: float = np.inf, h2d_bw: float = np.inf) -> Labels:
@@ -182,11 +204,7 @@ def _filter_order(labels: Labels) -> np.ndarray:
     """Order by (held set, retained bytes, cost): one sort of a packed int64 key where it fits (cost to 16
     bits: within a tie the order only affects how many dominated labels the ring catches, never which
     undominated ones survive), a lexsort otherwise."""
-    if labels.held.any():
-        _, group = np.unique(labels.held, return_inverse=True)
-        groups = int(group.max()) + 1
-    else:
-        group, groups = None, 1
+    group, groups = _held_groups(labels.held)
     if int(labels.retained.max()) < 1 << 40 and groups <= 1 << 8:
         c = labels.cost
         lo, hi = float(c.min()), float(c.max())

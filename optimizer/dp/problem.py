@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from memsched.optimizer.dp.future import GRID_POINTS, future_table
 from memsched.optimizer.simulate import (
     backward_transient,
     external_input_bytes,
@@ -87,6 +89,16 @@ class DpProblem:
     row_floor: np.ndarray
     """int64, length n + 1: the least any stage of layers >= k needs beyond the retained bytes
     (max over m >= k of s_m + max(transients)); a label retaining more than limit - row_floor[k] is dead."""
+    future: np.ndarray
+    """float64 (n + 1, GRID_POINTS + 1): future[k, g] is a lower bound on the cost still to come for a label
+    at boundary k retaining at least g * future_step bytes (optimizer/dp/future.py)."""
+    future_step: float
+    """Bytes between grid points of `future`."""
+
+    def future_bound(self, k: int, retained: np.ndarray) -> np.ndarray:
+        """The future-cost bound of labels at boundary k (grid point at or below their retained bytes)."""
+        g = np.minimum((retained / self.future_step).astype(np.int64), self.future.shape[1] - 1)
+        return self.future[k][np.maximum(g, 0)]
 
 
 def _offload_options(tensors: list[int]) -> tuple[list[OffloadOption], bool]:
@@ -110,8 +122,10 @@ def _offload_options(tensors: list[int]) -> tuple[list[OffloadOption], bool]:
     return options, complete
 
 
-def build_problem(trace: Trace, budget_bytes: int) -> DpProblem:
-    """Arrays of `trace` under `budget_bytes` (the budget is already known to be feasible)."""
+def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None) -> DpProblem:
+    """Arrays of `trace` under `budget_bytes` (the budget is already known to be feasible). `deadline`
+    (time.perf_counter()): the future-cost table is left out (zeros, always a valid bound) where its
+    estimated cost exceeds a quarter of the time left."""
     n = trace.n
     layers = trace.layers
     saved = np.array([x.saved_bytes for x in layers], dtype=np.int64)
@@ -134,16 +148,29 @@ def build_problem(trace: Trace, budget_bytes: int) -> DpProblem:
         for j in layer.deps:
             last_use[j] = max(last_use[j], c)
             consumers[j].append(c)
-    crossing = [[j for j in range(k) if last_use[j] >= k] for k in range(n + 1)]
+    # crossing[k]: producers j < k still read at or after k, built in one pass (the set at k + 1 is the set
+    # at k less those last read at k, plus k itself if read later), so it stays sorted and costs O(n + sizes).
+    crossing: list[list[int]] = [[]]
+    for k in range(n):
+        crossing.append([j for j in crossing[k] if last_use[j] >= k + 1] + ([k] if last_use[k] >= k + 1 else []))
     held_complete = all(len(c) <= MAX_HELD_BITS for c in crossing)
     crossing = [c[:MAX_HELD_BITS] for c in crossing]
     need = saved + np.maximum(trans_f, trans_b)
     row_floor = np.zeros(n + 1, dtype=np.int64)
     for k in range(n - 1, -1, -1):
         row_floor[k] = max(row_floor[k + 1], need[k])
+    limit = budget_bytes - trace.static.total
+    future_step = max(1.0, limit / GRID_POINTS)
+    window, stride = _future_rows(n)
+    if n <= FUTURE_MAX_LAYERS and _future_affordable(n, window, stride, deadline):
+        future = future_table(saved, fwd, bwd, trans_f, trans_b, limit, not trace.device.concurrent_copies,
+                              trace.device.d2h_bytes_per_s, trace.device.h2d_bytes_per_s, future_step, GRID_POINTS,
+                              window, stride)
+    else:  # no time for it, or beyond FUTURE_MAX_LAYERS: no future bound (zeros are always valid)
+        future = np.zeros((n + 1, GRID_POINTS + 1))
     return DpProblem(
         n=n,
-        limit=budget_bytes - trace.static.total,
+        limit=limit,
         saved=saved,
         fwd=fwd,
         bwd=bwd,
@@ -164,4 +191,32 @@ def build_problem(trace: Trace, budget_bytes: int) -> DpProblem:
         saved_prefix=np.concatenate([[0], np.cumsum(saved)]).astype(np.int64),
         fwd_prefix=np.concatenate([[0.0], np.cumsum(fwd)]),
         row_floor=row_floor,
+        future=future,
+        future_step=future_step,
     )
+
+
+FUTURE_MAX_LAYERS = 2000
+"""Traces up to this many layers get a future-cost bound (about 0.5 s at 1,000 layers on one core)."""
+
+
+_FUTURE_OPS_PER_S = 3e8
+"""Measured speed of future_table on one core of the benchmark machine: (row evaluations x (n + grid)) per
+second (2,000 layers, 196 rows each: 3.0 s)."""
+
+
+def _future_affordable(n: int, window: int, stride: int, deadline: float | None) -> bool:
+    """Whether the future-cost table's estimated cost fits in a quarter of the time left."""
+    if deadline is None:
+        return True
+    rows = min(n, window + n // stride)
+    estimate_s = n * rows * (n + GRID_POINTS) / _FUTURE_OPS_PER_S
+    return estimate_s <= 0.25 * (deadline - time.perf_counter())
+
+
+def _future_rows(n: int) -> tuple[int, int]:
+    """(window, stride) of the rows the future-cost bound evaluates from each boundary: every row on traces
+    of up to 300 layers; beyond, the next 96 rows and then every stride-th, about 100 in all."""
+    if n <= 300:
+        return n, 1
+    return 96, max(1, n // 100)

@@ -113,7 +113,7 @@ class _Sweep:
     def _emit(self, dst: int, retained: np.ndarray, held: np.ndarray, cost: np.ndarray, d2h: np.ndarray,
               h2d: np.ndarray, parent: np.ndarray, src: int, action: int) -> None:
         p = self.p
-        ok = (cost < self.cfg.threshold) & (retained <= p.limit - p.row_floor[dst])
+        ok = (cost + p.future_bound(dst, retained) < self.cfg.threshold) & (retained <= p.limit - p.row_floor[dst])
         if not ok.all():
             idx = np.flatnonzero(ok)
             retained, held, cost, d2h, h2d, parent = (a[idx] for a in (retained, held, cost, d2h, h2d, parent))
@@ -148,7 +148,7 @@ class _Sweep:
         for k in range(start, self.p.n + 1):
             for part in self.pending[k]:
                 if len(part):
-                    best = min(best, float(part.cost.min()))
+                    best = min(best, float((part.cost + self.p.future_bound(k, part.retained)).min()))
         return best
 
     # ------------------------------------------------------------------ one boundary
@@ -162,8 +162,9 @@ class _Sweep:
         labels = pareto_filter(Labels.concat(parts), *self._bandwidths)
         if self.cfg.beam is not None:
             # Scored as if the backlogs had to drain now: the cost a plan is sure to pay.
-            score = labels.cost if self.p.serial else (
-                labels.cost + labels.d2h / self.p.d2h_bw + labels.h2d / self.p.h2d_bw)
+            score = labels.cost + self.p.future_bound(k, labels.retained)
+            if not self.p.serial:
+                score = score + labels.d2h / self.p.d2h_bw + labels.h2d / self.p.h2d_bw
             labels = beam_select(labels, self.cfg.beam, score)
         return labels
 
@@ -184,7 +185,7 @@ class _Sweep:
             # F_k's compute drains the D2H backlog; B_k's (in reverse time) the H2D backlog.
             d2h = np.maximum(d2h - p.d2h_bw * p.fwd[k], 0.0)
             h2d = np.maximum(h2d - p.h2d_bw * p.bwd[k], 0.0)
-        alive &= cost < cfg.threshold
+        alive &= cost + p.future_bound(k, retained) < cfg.threshold
         if not alive.all():
             keep = np.flatnonzero(alive)
             idx, retained, held, cost, d2h, h2d = (a[keep] for a in (idx, retained, held, cost, d2h, h2d))
@@ -218,7 +219,8 @@ class _Sweep:
             sl = slice(pos, pos + max(1, min(len(idx) - pos, 1 << 14)))
             done, w, dst, parent, ret, hd, cost_o, d2h_o, h2d_o = segment_children(
                 k, p.limit, p.serial, p.d2h_bw, p.h2d_bw, cfg.threshold, p.saved, p.saved_prefix, p.fwd,
-                p.fwd_prefix, p.bwd, p.trans_f, p.trans_b, p.row_floor, p.external, bits_at, out_bytes_bit,
+                p.fwd_prefix, p.bwd, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
+                bits_at, out_bytes_bit,
                 retained[sl], held[sl], cost[sl], d2h[sl], h2d[sl], capacity)
             pos += done
             if w == 0:
@@ -277,7 +279,7 @@ def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
             res.peak_labels = max(res.peak_labels, len(lab))
             sw.stored_count += len(lab)
             if len(lab):
-                current_min = float(lab.cost.min())
+                current_min = float((lab.cost + p.future_bound(k, lab.retained)).min())
                 if sw.stored_count + sw.pending_count > cfg.max_labels:
                     raise _Stop("cap")
                 sw.expand(k, lab)

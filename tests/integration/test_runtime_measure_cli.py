@@ -106,7 +106,7 @@ def test_measure_table_and_keep_all_only(traced, capsys):
         (["SCHED", "--trace", "TRACE", "--dtype", "bf16", "--batch-size", 3], "the trace's batch_size is 4"),
         (["SCHED", "--dtype", "int8"], "--dtype 'int8' is not supported"),
         (["SCHED", "--device", "cuda"] if not torch.cuda.is_available() else ["SCHED", "--device", "tpu"], "--device"),
-        (["SCHED", "--steps", 0], "--steps and --rounds must be >= 1"),
+        (["SCHED", "--steps", 0], "--steps must be >= 1"),
     ],
 )
 def test_measure_bad_input_exits_2_with_one_line(traced, extra, message, capsys):

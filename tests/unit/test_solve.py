@@ -81,13 +81,17 @@ def test_a_schedule_without_overhead_is_optimal_without_the_solver(monkeypatch: 
     assert simulate(trace, schedule).peak_bytes <= budget
 
 
-def test_infeasible_budget_reports_the_minimum() -> None:
+@pytest.mark.parametrize("solver", ["auto", "dp", "cbc", "heuristic"])
+def test_infeasible_budget_reports_the_minimum(solver: str) -> None:
+    """Every solver path answers an infeasible budget with the smallest feasible one, and meets that one."""
     trace = make_trace(12, 3)
     minimum = min_feasible_budget(trace)
     with pytest.raises(InfeasibleBudgetError) as err:
-        solve(trace, minimum - 1)
+        solve(trace, minimum - 1, SolveOptions(solver=solver, time_limit_s=5))
     assert err.value.min_feasible_bytes == minimum
-    assert solve(trace, minimum, SolveOptions(time_limit_s=5)).prediction.peak_bytes <= minimum
+    schedule = solve(trace, minimum, SolveOptions(solver=solver, time_limit_s=5))
+    assert schedule.prediction.peak_bytes <= minimum
+    assert simulate(trace, schedule).peak_bytes <= minimum
 
 
 @pytest.mark.parametrize(

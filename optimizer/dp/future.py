@@ -1,0 +1,163 @@
+"""A lower bound on the cost still to come from a boundary, as a function of the bytes a plan retains
+(docs/formulation.md, 'Future-cost bound').
+
+For a label at boundary k retaining r bytes, every later row m >= k must fit: the layers k..m-1 have to free
+
+    E_m(r) = r + sum(s_k..s_{m-1}) + s_m + transient_m - limit
+
+bytes by row m, or the row fails. Freed bytes come from offloads (free while the link keeps up with the
+compute between k and m, then one second of stall per `bandwidth` bytes) or from recomputation (layer j frees
+s_j for f_j seconds). Dropping checkpoint bytes, segment structure, rematerialisation at B rows, the label's
+own backlogs and which bytes a layer can actually offload leaves a fractional knapsack per row, whose optimum
+is a lower bound on the overhead any completion of the label pays. The maximum over rows is the bound.
+
+The table holds it on a grid of retained bytes; it is nondecreasing in r, so looking up the grid point at or
+below a label's retained bytes stays a lower bound. The sweep prunes a label when cost + bound reaches its
+threshold (A*-style), and the bound of the root label is a lower bound on the whole problem.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+GRID_POINTS = 256
+"""Grid points on the retained-bytes axis (0 .. limit)."""
+
+
+@njit(cache=True)
+def _insert(rates: np.ndarray, sizes: np.ndarray, count: int, rate: float,
+            size: float) -> int:  # pragma: no cover - compiled
+    """Insert (rate, size) into the first `count` entries, kept sorted by rate; returns the new count."""
+    pos = count
+    while pos > 0 and rates[pos - 1] > rate:
+        rates[pos] = rates[pos - 1]
+        sizes[pos] = sizes[pos - 1]
+        pos -= 1
+    rates[pos] = rate
+    sizes[pos] = size
+    return count + 1
+
+
+@njit(cache=True)
+def _span(out: np.ndarray, base: float, step: float, pool: float) -> tuple[int, int]:  # pragma: no cover
+    """Grid points [lo, hi) of a row whose need g * step + base lies in (0, pool]; the points from hi on need
+    more than the layers can free, so no completion exists there (out = inf)."""
+    g_count = len(out)
+    lo = 0
+    while lo < g_count and lo * step + base <= 0.0:
+        lo += 1
+    hi = lo
+    while hi < g_count and hi * step + base <= pool:
+        hi += 1
+    out[hi:] = np.inf
+    return lo, hi
+
+
+@njit(cache=True)
+def _additive_row(out: np.ndarray, base: float, step: float, pool: float, free: float, off_rate: float,
+                  rates: np.ndarray, sizes: np.ndarray, count: int) -> None:  # pragma: no cover - compiled
+    """out[g] = max(out[g], least cost of freeing E = g * step + base bytes) where `free` bytes cost nothing,
+    recompute entry i frees sizes[i] bytes at rates[i] s/byte, and further offload bytes cost off_rate s/byte,
+    all from one pool of `pool` bytes (E > pool: no completion exists)."""
+    seg = 0
+    used = min(free, pool)  # bytes taken so far, cheapest first
+    spent = 0.0
+    seg_left = sizes[0] if count > 0 else 0.0
+    lo, hi = _span(out, base, step, pool)
+    for g in range(lo, hi):
+        need = g * step + base
+        while used < need:
+            if seg < count and rates[seg] < off_rate:
+                take = min(seg_left, need - used)
+                spent += take * rates[seg]
+                used += take
+                seg_left -= take
+                if seg_left <= 0.0:
+                    seg += 1
+                    seg_left = sizes[seg] if seg < count else 0.0
+            else:
+                spent += (need - used) * off_rate
+                used = need
+        out[g] = max(out[g], spent)
+
+
+@njit(cache=True)
+def _overlapped_row(out: np.ndarray, base: float, step: float, pool: float, free: float, bandwidth: float,
+                    rates: np.ndarray, sizes: np.ndarray, count: int) -> None:  # pragma: no cover - compiled
+    """As _additive_row, for a row where paid time (stall or recomputation) also moves offload bytes: within
+    t seconds, `free + bandwidth * t` bytes can be offloaded and the recompute entries costing up to t in
+    total freed. out[g] = max(out[g], least t freeing E = g * step + base)."""
+    seg = 0
+    seg_left = sizes[0] if count > 0 else 0.0
+    t = 0.0
+    moved = free  # bytes freed by paid time t
+    lo, hi = _span(out, base, step, pool)
+    for g in range(lo, hi):
+        need = g * step + base
+        while moved < need:
+            if seg < count:
+                rate = rates[seg]
+                if rate <= 0.0:  # recomputing a layer with no forward time frees its bytes for nothing
+                    moved += seg_left
+                    gain_time = 0.0
+                else:
+                    # Inside recompute entry `seg`: bytes per paid second = 1 / rate + bandwidth.
+                    speed = bandwidth + 1.0 / rate
+                    gain_time = seg_left * rate
+                    if moved + speed * gain_time >= need:
+                        dt = (need - moved) / speed
+                        t += dt
+                        seg_left -= dt / rate
+                        moved = need
+                        break
+                    moved += speed * gain_time
+                t += gain_time
+                seg += 1
+                seg_left = sizes[seg] if seg < count else 0.0
+            else:
+                t += (need - moved) / bandwidth
+                moved = need
+        out[g] = max(out[g], t)
+
+
+@njit(cache=True)
+def future_table(saved: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, trans_f: np.ndarray,
+                 trans_b: np.ndarray, limit: int, serial: bool, d2h_bw: float, h2d_bw: float, step: float,
+                 grid: int, window: int, stride: int) -> np.ndarray:  # pragma: no cover - compiled
+    """table[k, g]: a lower bound on the cost to come for a label at boundary k retaining g * step bytes.
+    Rows m in [k, k + window] are all considered, farther ones every `stride` layers and the last one (any
+    subset of rows gives a valid bound; the subset keeps the table's cost near n * (window + n / stride))."""
+    n = len(saved)
+    table = np.zeros((n + 1, grid + 1))
+    rates = np.empty(n + 1)
+    sizes = np.empty(n + 1)
+    serial_rate = 1.0 / d2h_bw + 1.0 / h2d_bw
+    for k in range(n):
+        count = 0
+        pool = 0.0
+        sum_f = 0.0
+        sum_b = 0.0
+        row = table[k]
+        for m in range(k, n):
+            if m > k:
+                j = m - 1
+                if saved[j] > 0:
+                    count = _insert(rates, sizes, count, fwd[j] / saved[j], float(saved[j]))
+                    pool += saved[j]
+                sum_f += fwd[j]
+                sum_b += bwd[j]
+            if m - k > window and (m - k) % stride != 0 and m != n - 1:
+                continue
+            base_f = pool + saved[m] + trans_f[m] - limit
+            base_b = pool + saved[m] + trans_b[m] - limit
+            if serial:
+                # Copies run on the compute thread: every offloaded byte costs both transfers, no overlap.
+                _additive_row(row, max(base_f, base_b), step, pool, 0.0, serial_rate, rates, sizes, count)
+                continue
+            # F_m: offloads of layers k..m-1 drain during their forwards; a forward stall is pure overhead.
+            _additive_row(row, base_f, step, pool, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
+            # B_m, read in reverse time: prefetches drain during the backwards of k..m-1 and during any paid
+            # time (stalls and recomputations), so the paid time t bounds both at once.
+            _overlapped_row(row, base_b, step, pool, h2d_bw * sum_b, h2d_bw, rates, sizes, count)
+    return table

@@ -1,0 +1,124 @@
+"""The one measurement of keep-all against a schedule (`measure_side_by_side`): what it runs, in which order,
+and what it reports; and the pieces around it (the steady CPU heap, Kineto's stderr markers). No timings are
+asserted: only which steps ran and how the figures are derived from them."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+
+import pytest
+import torch
+from torch import nn
+
+from memsched.errors import MemschedError
+from memsched.runtime import ScheduledModel, keep_all_schedule, measure
+from memsched.runtime.measure import KEEP_ALL, SCHEDULED, measure_side_by_side
+from memsched.schema import Action, LayerAction, OffloadPlan
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + b(x)
+        return x.square().sum()
+
+
+def _offload_schedule():
+    sched = keep_all_schedule(["blocks.0", "blocks.1", "blocks.2"])
+    sched.policy = "test-offload"
+    sched.actions[1] = LayerAction(
+        layer="blocks.1",
+        action=Action.OFFLOAD,
+        offload=OffloadPlan(tensors=[0, 1], bytes=0, done_by_layer=1, prefetch_at_layer=1),
+    )
+    return sched
+
+
+def test_side_by_side_interleaves_steps_and_reports_both_series():
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(64, 16)
+    sched = _offload_schedule()
+    ran: list[str] = []
+
+    def step(model: ScheduledModel) -> None:
+        ran.append(KEEP_ALL if model.schedule.policy == "keep-all" else SCHEDULED)
+        model(x).backward()
+
+    got = measure_side_by_side(net, step, sched, steps=5, warmup=2)
+    k, s = got.keep_all, got.scheduled
+    assert k is not None and s is not None
+    alternating = [KEEP_ALL, SCHEDULED]
+    # Warm-up and timed steps alternate keep-all / scheduled; then each side's memory step (primed: two runs).
+    assert ran == alternating * (2 + 5) + [KEEP_ALL] * 2 + [SCHEDULED] * 2
+    assert got.order == alternating * 5
+    assert len(k.step_times_s) == len(s.step_times_s) == 5
+    assert k.step_s == statistics.median(k.step_times_s) and s.step_s == statistics.median(s.step_times_s)
+    assert got.ratio == s.step_s / k.step_s
+    pairs = [b / a for a, b in zip(k.step_times_s, s.step_times_s, strict=True)]
+    assert got.paired_ratio == statistics.median(pairs)
+    assert k.threads == s.threads == torch.get_num_threads()
+    # The schedule's host copies are its own: keep-all's memory step neither counts them as device bytes
+    # nor reports them, so its peak is the one keep-all measures alone.
+    assert s.host_bytes > 0 and k.host_bytes == 0
+    assert s.pool is not None and s.pool.allocated_buffers == 2  # one pool for all its steps: reused
+    alone = measure(net, lambda m: m(x).backward(), None, steps=1, warmup=1)
+    assert k.peak_bytes == alone.peak_bytes
+    assert s.peak_bytes < k.peak_bytes  # blocks.1's two saved tensors leave the device
+
+
+def test_side_by_side_one_side_and_bad_arguments():
+    net, x = Net(), torch.randn(8, 16)
+    only = measure_side_by_side(net, lambda m: m(x).backward(), _offload_schedule(), baseline=False, steps=2, warmup=0)
+    assert only.keep_all is None and only.scheduled is not None and only.order == [SCHEDULED] * 2
+    assert only.ratio is None and only.paired_ratio is None
+    with pytest.raises(MemschedError, match="nothing to measure"):
+        measure_side_by_side(net, lambda m: m(x).backward(), None, baseline=False)
+    with pytest.raises(MemschedError, match="steps must be >= 1"):
+        measure_side_by_side(net, lambda m: m(x).backward(), None, steps=0)
+
+
+def test_keep_all_memory_can_be_skipped():
+    net, x = Net(), torch.randn(8, 16)
+    got = measure_side_by_side(
+        net, lambda m: m(x).backward(), _offload_schedule(), steps=1, warmup=0, keep_all_memory=False
+    )
+    assert got.keep_all is not None and got.keep_all.peak_bytes == 0 and len(got.keep_all.step_times_s) == 1
+    assert got.scheduled is not None and got.scheduled.peak_bytes > 0
+
+
+def test_kineto_markers_are_dropped_and_other_stderr_lines_kept(capfd):
+    from memsched.runtime.memory import kineto_markers_dropped, measure_step_memory
+
+    with kineto_markers_dropped():
+        os.write(2, b"USDT:2026-11-23 23:44:53 6083:6083 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"ERROR: something real\n")
+        os.write(2, b"USDT:2026-11-23 23:44:53 6083:6083 SyncActivityProfilerHandler.cpp:59] profiler_stop\n")
+    assert capfd.readouterr().err == "ERROR: something real\n"
+    # The real profiler, as the CPU memory measurement runs it: nothing of Kineto's reaches stderr.
+    measure_step_memory(lambda: torch.ones(1000).sum(), torch.device("cpu"))
+    assert "profiler_start" not in capfd.readouterr().err
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_steady_host_allocator_is_applied_once_on_glibc():
+    from memsched.runtime.hostalloc import steady_host_allocator
+
+    assert steady_host_allocator() is True
+    assert steady_host_allocator() is True  # idempotent: the process-wide setting is made once
