@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch, pinned: any other request pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[runtime,api,highs,dev]'
+	# Compile the solver's kernels now (numba caches them), so that no first solve spends its time limit on it.
+	$(BIN)/python -m memsched.optimizer.dp.jit
 	touch $(STAMP)
 
 .PHONY: install demo test lint unit

@@ -442,8 +442,11 @@ def run_worker(settings: Settings, concurrency: int, queues: list[str], name: st
     )
     db.dispose()
     app = worker_app(settings)
-    # Import the solver stack now, in the parent, so forked pool processes start with it loaded.
-    import memsched.service  # noqa: F401
+    # Import the solver stack and compile its kernels now, in the parent, so forked pool processes start with
+    # them loaded: a job never compiles, so a soft time limit never lands mid-compile.
+    from memsched.service import prepare_solver
+
+    prepare_solver()
 
     nodename = name or f"memsched-{os.getpid()}@%h"
     argv = [

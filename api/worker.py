@@ -18,7 +18,7 @@ from types import FrameType
 from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.solve import SolveOptions
 from memsched.schema import Trace
-from memsched.service import solve_trace
+from memsched.service import prepare_solver, solve_trace
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,9 @@ def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
 
 
 def warm_up() -> int:
-    """Import everything a solve needs, so the first real job does not pay for it."""
+    """Import everything a solve needs and get the solver's kernels ready, so the first real job does not pay
+    for it."""
+    prepare_solver()
     return os.getpid()
 
 

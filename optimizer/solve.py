@@ -240,6 +240,16 @@ class _Flow:
         return obj <= 0.0 or (obj - self.bound) <= (self.options.gap + 1e-6) * obj + 1e-12
 
     # ---------------------------------------------------------------- phases
+    def prepare_kernels(self) -> None:
+        """The DP's compiled kernels, before the phases that share the clock: loading them takes ~0.2 s, but
+        the first run on a machine compiles them (1-2 s), which the time limit cannot shorten; say so."""
+        from memsched.optimizer.dp.jit import prepare_kernels
+
+        took = prepare_kernels()
+        if took > 0.25 * self.options.time_limit_s:
+            self.notes.append(f"{took:.2g} s of the limit went to compiling the DP's kernels (first use in this "
+                              "environment; later solves load them from numba's cache)")
+
     def beam(self, share: float) -> None:
         """Beams of growing width within the share: an answer early, a better one if time allows."""
         from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
@@ -332,6 +342,8 @@ class _Flow:
             head += "; no lower bound above 0 was proved in the time limit"
         if status == SolverStatus.FEASIBLE and wall >= self.options.time_limit_s * 0.9:
             head += f"; time limit {self.options.time_limit_s:g} s reached before the gap closed"
+        if wall > self.options.time_limit_s * 1.1 + 0.5:
+            head += f"; the solve took {wall:.3g} s, past its time limit of {self.options.time_limit_s:g} s"
         msg = "; ".join([head, *self.notes])
         rec = _record(best.name, status, obj, wall, msg, bound=self.bound)
         schedule = make_schedule(self.trace, best.sim.decisions, self.budget, best.name, rec)
@@ -375,6 +387,7 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     if options.solver == "heuristic":
         return _heuristic_only(trace, budget_bytes, flow)
+    flow.prepare_kernels()
     long_trace = trace.n > _LONG_TRACE
     flow.beam(_BEAM_SHARE / 2 if long_trace else _BEAM_SHARE)
     flow.polish(_POLISH_SHARE_LONG if long_trace else _POLISH_SHARE)
