@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[runtime,api,highs,dev]'
 	# Compile the solver's kernels now (numba caches them), so that no first solve spends its time limit on it.
-	$(BIN)/python -m memsched.optimizer.dp.jit
+	$(BIN)/python -m memsched.optimizer.jit
 	touch $(STAMP)
 
 .PHONY: install demo test lint unit

@@ -22,9 +22,12 @@ import random
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
+
+from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, KIND_START, FastSim
 from memsched.optimizer.heuristic import fix_prefetch_order
 from memsched.optimizer.plan import KEEP, Decision, group_start, offload_subset, recompute
-from memsched.optimizer.simulate import SimResult, default_timing, simulate
+from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Action, Trace
 
 log = logging.getLogger(__name__)
@@ -102,34 +105,58 @@ def _lambda0(trace: Trace) -> float:
 
 
 class _Evaluator:
-    """Simulates gene lists (memoised): (overhead seconds, bytes over budget summed over stages)."""
+    """Scores one-layer changes of the current genes with the compiled simulator (optimizer/fastsim.py):
+    (overhead seconds, bytes over budget summed over the stages). Keeps the best feasible genes seen."""
 
-    def __init__(self, trace: Trace, budget_bytes: int) -> None:
-        self.trace = trace
-        self.budget = budget_bytes
-        self.limit = budget_bytes - trace.static.total
-        self.cache: dict[tuple[Gene, ...], tuple[float, int]] = {}
-        self.best: SimResult | None = None
+    def __init__(self, trace: Trace, budget_bytes: int, options: list[list[Gene]], genes: list[Gene]) -> None:
+        self.fast = FastSim(trace, budget_bytes)
+        # Each layer's genes as FastSim codes: (kind, offloaded bytes).
+        self.codes = [{g: _code(layer.tensors, g) for g in opts} for layer, opts in zip(trace.layers, options,
+                                                                                           strict=True)]
+        self.kind = np.zeros(trace.n, dtype=np.int64)
+        self.nbytes = np.zeros(trace.n, dtype=np.int64)
+        self.best_genes: list[Gene] | None = None
+        self.best_overhead_s = float("inf")
+        """Overhead of the best feasible plan seen so far (inf before the first)."""
+        self.evaluations = 0
+        self.reset(genes)
 
-    @property
-    def best_overhead_s(self) -> float:
-        """Overhead of the best feasible schedule simulated so far (inf before the first)."""
-        return self.best.overhead_s if self.best is not None else float("inf")
+    def reset(self, genes: list[Gene]) -> tuple[float, int]:
+        """Make `genes` the current plan; its score."""
+        for i, g in enumerate(genes):
+            self.kind[i], self.nbytes[i] = self.codes[i][g]
+        return self._score(genes, -1, None)
 
-    def __call__(self, genes: list[Gene]) -> tuple[float, int]:
-        key = tuple(genes)
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit
-        decisions = default_timing(self.trace, _decisions(self.trace, genes), self.budget)
-        # Valid by construction (segments from genes, prefetch order from default_timing); the schedule
-        # polish returns is simulated again with the checks.
-        sim = simulate(self.trace, decisions, self.budget, with_events=False, validate=False)
-        excess = sum(b - self.limit for b in sim.stage_bytes if b > self.limit)
-        if excess == 0 and (self.best is None or sim.overhead_s < self.best.overhead_s):
-            self.best = sim
-        self.cache[key] = (sim.overhead_s, excess)
-        return self.cache[key]
+    def move(self, genes: list[Gene], i: int, g: Gene) -> tuple[float, int]:
+        """The score of the current plan with layer i's gene replaced by g (the plan itself is unchanged)."""
+        old = self.kind[i], self.nbytes[i]
+        self.kind[i], self.nbytes[i] = self.codes[i][g]
+        try:
+            return self._score(genes, i, g)
+        finally:
+            self.kind[i], self.nbytes[i] = old
+
+    def commit(self, i: int, g: Gene) -> None:
+        self.kind[i], self.nbytes[i] = self.codes[i][g]
+
+    def _score(self, genes: list[Gene], i: int, g: Gene | None) -> tuple[float, int]:
+        self.evaluations += 1
+        overhead, excess = self.fast(self.kind, self.nbytes)
+        if excess == 0 and overhead < self.best_overhead_s:
+            self.best_overhead_s = overhead
+            self.best_genes = list(genes) if g is None else [*genes[:i], g, *genes[i + 1 :]]
+        return overhead, excess
+
+
+def _code(tensors: list[int], g: Gene) -> tuple[int, int]:
+    if g == "K":
+        return KIND_KEEP, 0
+    if g == "S":
+        return KIND_START, 0
+    if g == "R":
+        return KIND_CONTINUE, 0
+    assert isinstance(g, tuple)
+    return KIND_OFFLOAD, sum(tensors[q] for q in g)
 
 
 _TIMING_STEPS = (-1, 1, -4, 4)  # stages by which one move shifts a done-by or a prefetch-at
@@ -181,21 +208,21 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
     ref = simulate(trace, start, budget_bytes, with_events=False)
     if not ref.feasible:
         raise ValueError("polish needs a feasible start schedule")
-    evaluate = _Evaluator(trace, budget_bytes)
     options = _options(trace)
     rng = random.Random(seed)
     genes = _genes(start)
+    evaluate = _Evaluator(trace, budget_bytes, options, genes)
+    # The loop checks the clock between evaluations; what follows it simulates twice with the Python
+    # simulator (~16 ms each on a 1,000-layer trace), so stop early enough for that.
     t0 = time.perf_counter()
-    evaluate(genes)
-    # The loop checks the clock between evaluations, and a checked simulation follows it: stop early enough
-    # for about two more evaluations (one is ~0.1 s on a 1,000-layer trace), so the call ends in its limit.
-    deadline = end - 2 * (time.perf_counter() - t0)
+    simulate(trace, start, budget_bytes, with_events=False, validate=False)
+    deadline = end - 3 * (time.perf_counter() - t0)
     lam0 = _lambda0(trace)
     while time.perf_counter() < deadline:
         before = evaluate.best_overhead_s
         for mult in _CYCLE:
             lam = lam0 * mult
-            ovh, exc = evaluate(genes)
+            ovh, exc = evaluate.reset(genes)
             score = ovh + lam * exc
             moved = True
             while moved and time.perf_counter() < deadline:
@@ -206,26 +233,29 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
                     if time.perf_counter() >= deadline:
                         break
                     for g in options[i]:
-                        if time.perf_counter() >= deadline:
-                            break
                         if g == genes[i] or (g == "R" and genes[i - 1] not in ("S", "R")):
                             continue  # unchanged, or the same schedule as 'S'
-                        cand = [*genes[:i], g, *genes[i + 1 :]]
-                        ovh, exc = evaluate(cand)
+                        ovh, exc = evaluate.move(genes, i, g)
                         if ovh + lam * exc < score - 1e-15:
-                            genes, score, moved = cand, ovh + lam * exc, True
+                            genes[i], score, moved = g, ovh + lam * exc, True
+                            evaluate.commit(i, g)
         if evaluate.best_overhead_s >= before - 1e-15:
             break  # a whole cycle found nothing better: it would repeat itself
-    found = evaluate.best
+    found = None
+    if evaluate.best_genes is not None:
+        found = simulate(trace, _decisions(trace, evaluate.best_genes), budget_bytes, with_events=False)
+        if abs(found.overhead_s - evaluate.best_overhead_s) > 1e-9 * max(1.0, found.overhead_s):
+            log.warning("polish: the compiled simulator said %.9g s, the simulator %.9g s; the simulator's "
+                        "verdict stands", evaluate.best_overhead_s, found.overhead_s)
+        if not found.feasible:
+            found = None
     if found is not None and time.perf_counter() < deadline:
         found = _retime(trace, budget_bytes, found, deadline)
-    if found is not None:
-        found = simulate(trace, found.decisions, budget_bytes, with_events=False)  # with the checks
     if found is not None and found.overhead_s < ref.overhead_s - 1e-15:
         log.debug("polish: %.6g s -> %.6g s overhead in %d evaluations", ref.overhead_s, found.overhead_s,
-                  len(evaluate.cache))
-        return PolishResult(found, len(evaluate.cache), True)
-    return PolishResult(ref, len(evaluate.cache), False)
+                  evaluate.evaluations)
+        return PolishResult(found, evaluate.evaluations, True)
+    return PolishResult(ref, evaluate.evaluations, False)
 
 
 __all__ = ["PolishResult", "polish"]

@@ -241,14 +241,14 @@ class _Flow:
 
     # ---------------------------------------------------------------- phases
     def prepare_kernels(self) -> None:
-        """The DP's compiled kernels, before the phases that share the clock: loading them takes ~0.2 s, but
-        the first run on a machine compiles them (1-2 s), which the time limit cannot shorten; say so."""
-        from memsched.optimizer.dp.jit import prepare_kernels
+        """The compiled kernels (DP, local search), before the phases that share the clock: loading them takes
+        ~0.2 s, but the first run on a machine compiles them (3-4 s), which the time limit cannot shorten; say so."""
+        from memsched.optimizer.jit import prepare_kernels
 
         took = prepare_kernels()
         if took > 0.25 * self.options.time_limit_s:
-            self.notes.append(f"{took:.2g} s of the limit went to compiling the DP's kernels (first use in this "
-                              "environment; later solves load them from numba's cache)")
+            self.notes.append(f"{took:.2g} s of the limit went to compiling the optimizer's kernels (first use in "
+                              "this environment; later solves load them from numba's cache)")
 
     def beam(self, share: float) -> None:
         """Beams of growing width within the share: an answer early, a better one if time allows."""

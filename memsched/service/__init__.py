@@ -80,7 +80,7 @@ def solve_trace(trace: Trace, budget: BudgetSpec | str | int, options: SolveOpti
 def prepare_solver() -> float:
     """Compile or load the solver's kernels in this process (seconds taken): workers call it before their first
     job, so that no job's time limit pays for it and no time-limit signal lands mid-compile."""
-    from memsched.optimizer.dp.jit import prepare_kernels  # numba loads here, not on every CLI start
+    from memsched.optimizer.jit import prepare_kernels  # numba loads here, not on every CLI start
 
     return prepare_kernels()
 

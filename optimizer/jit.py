@@ -1,4 +1,5 @@
-"""Getting the DP's compiled kernels ready before a clock runs, safely across processes.
+"""Getting the optimizer's compiled kernels (the DP's, optimizer/dp/; the local search's simulator,
+optimizer/fastsim.py) ready before a clock runs, safely across processes.
 
 numba compiles a kernel on its first call and caches the machine code beside its source (`__pycache__`). Two
 things go wrong when that first call happens inside a job:
@@ -9,8 +10,9 @@ things go wrong when that first call happens inside a job:
   raises inside numba and leaves the kernel's dispatcher half-built: every later call in that process fails
   with "no compiled object yet" (seen in CI on a fresh clone, 2026-11-24).
 
-`prepare_kernels()` runs the whole DP (problem, future table, beam and exact sweeps) on a tiny built-in trace,
-so every kernel is compiled, or loaded from the cache, with the argument types the solver uses. Workers call it
+`prepare_kernels()` runs the whole DP (problem, future table, beam and exact sweeps) and the local search on a
+tiny built-in trace, so every kernel is compiled, or loaded from the cache, with the argument types the solver
+uses. Workers call it
 before they take jobs; `solve()` calls it before its clock-driven phases. A file lock makes concurrent first
 runs take turns (one compiles and writes the cache, the others load it), and time-limit signals are held back
 until the kernels are whole.
@@ -47,7 +49,7 @@ def kernels_ready() -> bool:
 
 
 def prepare_kernels() -> float:
-    """Compile (first run on a machine) or load (from numba's cache) every kernel of the DP; a no-op after the
+    """Compile (first run on a machine) or load (from numba's cache) every kernel; a no-op after the
     first call in a process. Returns the seconds it took."""
     if _ready.is_set():
         return 0.0
@@ -64,6 +66,8 @@ def prepare_kernels() -> float:
 def _exercise_every_kernel() -> None:
     from memsched.optimizer.budget import budget_between
     from memsched.optimizer.dp import beam_search, build_problem, exact_search
+    from memsched.optimizer.heuristic import heuristic
+    from memsched.optimizer.polish import polish
     from memsched.optimizer.synthetic import make_trace
 
     far = time.perf_counter() + 3600.0
@@ -74,6 +78,7 @@ def _exercise_every_kernel() -> None:
     beam = beam_search(trace, budget, far, width=8, problem=problem)
     incumbent = beam.schedules[0].overhead_s if beam.schedules else None
     exact_search(trace, budget, far, incumbent, 0.0, problem=problem)
+    polish(trace, budget, heuristic(trace, budget).decisions, 0.05)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The DP's kernels are made ready before any clock runs: every kernel the solver calls is compiled by
+"""The optimizer's kernels are made ready before any clock runs: every kernel the solver calls is compiled by
 `prepare_kernels()`, and a time-limit signal that arrives mid-compile waits until the kernels are whole (CI,
 2026-11-24: a soft time limit inside numba's compiler left a worker failing every later job with "no compiled
 object yet"). Each check runs in a fresh interpreter, so that nothing compiled by other tests hides a gap."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memsched.optimizer.dp.jit import _deferred_signals
+from memsched.optimizer.jit import _deferred_signals
 
 
 def _run(code: str, env: dict[str, str] | None = None) -> str:
@@ -26,10 +26,11 @@ def _run(code: str, env: dict[str, str] | None = None) -> str:
 
 SIGNATURES = """
 import numba
+from memsched.optimizer import fastsim
 from memsched.optimizer.dp import future, kernels, labels
 
 def signatures():
-    return {f"{m.__name__}.{name}": set(obj.signatures) for m in (future, kernels, labels)
+    return {f"{m.__name__}.{name}": set(obj.signatures) for m in (fastsim, future, kernels, labels)
             for name, obj in vars(m).items() if isinstance(obj, numba.core.registry.CPUDispatcher)}
 """
 
@@ -37,7 +38,7 @@ def signatures():
 def test_prepare_kernels_compiles_every_signature_the_solver_uses() -> None:
     out = _run(SIGNATURES + textwrap.dedent("""
         from memsched.optimizer.budget import budget_between
-        from memsched.optimizer.dp.jit import prepare_kernels
+        from memsched.optimizer.jit import prepare_kernels
         from memsched.optimizer.solve import SolveOptions, solve
         from memsched.optimizer.synthetic import make_trace
 
@@ -47,21 +48,23 @@ def test_prepare_kernels_compiles_every_signature_the_solver_uses() -> None:
             trace = make_trace(n, seed, dag=dag)
             trace.device.concurrent_copies = not serial
             for frac in (0.1, 0.5):
-                solve(trace, budget_between(trace, frac), SolveOptions(solver="dp", time_limit_s=2))
+                for solver in ("dp", "auto"):
+                    solve(trace, budget_between(trace, frac), SolveOptions(solver=solver, time_limit_s=1))
         after = signatures()
         print(sorted(k for k in after if after[k] - before[k]))
         print(sum(1 for k in before if before[k]))
     """))
     new, compiled = out.split("\n")[:2]
     assert new == "[]", f"the solver compiled kernels that prepare_kernels() does not: {new}"
-    assert int(compiled) >= 3  # segment_children, _pareto_sorted and future_table (the others are inlined)
+    # segment_children, _pareto_sorted, future_table and fastsim's _evaluate (the others are inlined)
+    assert int(compiled) >= 4
 
 
 def test_time_limit_signal_mid_compile_waits_for_the_kernels(tmp_path: Path) -> None:
     # An empty numba cache: the kernels compile (seconds), and the alarm fires 0.3 s into that.
     out = _run("""
         import signal, time
-        from memsched.optimizer.dp.jit import kernels_ready, prepare_kernels
+        from memsched.optimizer.jit import kernels_ready, prepare_kernels
 
         class Stop(Exception):
             pass
@@ -118,7 +121,7 @@ def test_concurrent_first_compiles_with_time_limit_signals_leave_every_process_s
         import multiprocessing as mp, signal
 
         def job(alarm_s):
-            from memsched.optimizer.dp.jit import prepare_kernels
+            from memsched.optimizer.jit import prepare_kernels
 
             def stop(signum, frame):
                 raise TimeoutError
