@@ -38,6 +38,8 @@ the layer before, or the tuple of offloaded tensor indices."""
 
 # Lambda multipliers of one oscillation cycle (times the median recompute cost per byte, see _lambda0).
 _CYCLE = (1e-3, 1e-2, 0.1, 1.0, 10.0, 1e4)
+_MAX_STALE_RESTARTS = 200  # iterated local search: kicks in a row that find nothing better before it stops
+_MAX_KICK_LAYERS = 24  # the longest stretch of layers one kick re-draws
 _MAX_SUBSET_TENSORS = 3  # up to this many positive tensors, every subset is a move; beyond, all or one
 
 
@@ -95,6 +97,18 @@ def _options(trace: Trace) -> list[list[Gene]]:
             else:
                 opts += [tuple(pos)] + [(q,) for q in pos]
         out.append(opts)
+    return out
+
+
+def _perturb(genes: list[Gene], options: list[list[Gene]], rng: random.Random) -> list[Gene]:
+    """`genes` with a random stretch of consecutive layers given random genes: a kick out of a local optimum
+    that keeps the rest of the plan (most of a good plan is right)."""
+    n = len(genes)
+    width = rng.randint(2, max(2, min(_MAX_KICK_LAYERS, n // 8)))
+    lo = rng.randrange(max(1, n - width + 1))
+    out = list(genes)
+    for i in range(lo, min(n, lo + width)):
+        out[i] = rng.choice(options[i])
     return out
 
 
@@ -218,6 +232,7 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
     simulate(trace, start, budget_bytes, with_events=False, validate=False)
     deadline = end - 3 * (time.perf_counter() - t0)
     lam0 = _lambda0(trace)
+    stale = 0
     while time.perf_counter() < deadline:
         before = evaluate.best_overhead_s
         for mult in _CYCLE:
@@ -239,8 +254,15 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
                         if ovh + lam * exc < score - 1e-15:
                             genes[i], score, moved = g, ovh + lam * exc, True
                             evaluate.commit(i, g)
-        if evaluate.best_overhead_s >= before - 1e-15:
-            break  # a whole cycle found nothing better: it would repeat itself
+        if evaluate.best_overhead_s < before - 1e-15:
+            stale = 0
+            continue
+        # A whole cycle found nothing better: it would repeat itself. Iterated local search: restart from the
+        # best plan with a random stretch of layers re-drawn, until that stops paying.
+        stale += 1
+        if evaluate.best_genes is None or stale > _MAX_STALE_RESTARTS:
+            break
+        genes = _perturb(evaluate.best_genes, options, rng)
     found = None
     if evaluate.best_genes is not None:
         found = simulate(trace, _decisions(trace, evaluate.best_genes), budget_bytes, with_events=False)
