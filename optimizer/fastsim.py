@@ -126,6 +126,26 @@ def _stage_memory(kind: np.ndarray, nbytes: np.ndarray, done_by: np.ndarray, pre
 
 
 @njit(cache=True)
+def _offloads_by_stage(kind: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    """The offloaded layers grouped by `stage[i]`, in layer order: those of stage s are
+    `items[ptr[s]:ptr[s + 1]]` (a counting sort, as simulate's dicts of lists)."""
+    n = kind.shape[0]
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        if kind[i] == KIND_OFFLOAD:
+            ptr[stage[i] + 1] += 1
+    for s in range(n):
+        ptr[s + 1] += ptr[s]
+    items = np.empty(ptr[n], dtype=np.int64)
+    fill = ptr[:n].copy()
+    for i in range(n):
+        if kind[i] == KIND_OFFLOAD:
+            items[fill[stage[i]]] = i
+            fill[stage[i]] += 1
+    return ptr, items
+
+
+@njit(cache=True)
 def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, saved: np.ndarray,
               fwd_transient: np.ndarray, bwd_transient: np.ndarray, out_bytes: np.ndarray, external: np.ndarray,
               dep_ptr: np.ndarray, deps: np.ndarray, d2h_bw: float, h2d_bw: float, latency: float, serial: bool,
@@ -210,18 +230,7 @@ def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, bwd: np.nda
         if mem[st] > limit:
             excess += mem[st] - limit
     # ---- forward stages: waits at stage s for the copies due by its end, in layer order
-    wait_count = np.zeros(n + 1, dtype=np.int64)
-    for i in range(n):
-        if kind[i] == KIND_OFFLOAD:
-            wait_count[done_by[i] + 1] += 1
-    for s in range(n):
-        wait_count[s + 1] += wait_count[s]
-    waits = np.empty(wait_count[n], dtype=np.int64)
-    fill = wait_count[:n].copy()
-    for i in range(n):
-        if kind[i] == KIND_OFFLOAD:
-            waits[fill[done_by[i]]] = i
-            fill[done_by[i]] += 1
+    wait_count, waits = _offloads_by_stage(kind, done_by)
     t = 0.0
     stall = 0.0
     d2h_free = 0.0
@@ -243,18 +252,7 @@ def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, bwd: np.nda
     t += other_s
     # ---- backward stages: prefetches issued at stage i (latest layer first), the segment ending at i, the
     # wait for layer i's own prefetch, its backward
-    pre_count = np.zeros(n + 1, dtype=np.int64)
-    for i in range(n):
-        if kind[i] == KIND_OFFLOAD:
-            pre_count[prefetch_at[i] + 1] += 1
-    for s in range(n):
-        pre_count[s + 1] += pre_count[s]
-    pres = np.empty(pre_count[n], dtype=np.int64)
-    fill = pre_count[:n].copy()
-    for i in range(n):
-        if kind[i] == KIND_OFFLOAD:
-            pres[fill[prefetch_at[i]]] = i
-            fill[prefetch_at[i]] += 1
+    pre_count, pres = _offloads_by_stage(kind, prefetch_at)
     ends_at = np.full(n, -1, dtype=np.int64)
     for a in range(n):
         if seg_end[a] >= 0:
