@@ -124,7 +124,9 @@ class _Evaluator:
 
     def __init__(self, trace: Trace, budget_bytes: int, options: list[list[Gene]], genes: list[Gene]) -> None:
         self.fast = FastSim(trace, budget_bytes)
-        # Each layer's genes as FastSim codes: (kind, offloaded bytes).
+        self.tensors = [layer.tensors for layer in trace.layers]
+        # Each layer's genes as FastSim codes: (kind, offloaded bytes). A start may hold a gene outside the
+        # options (an offload subset of a layer with many tensors): coded when first seen.
         self.codes = [{g: _code(layer.tensors, g) for g in opts} for layer, opts in zip(trace.layers, options,
                                                                                            strict=True)]
         self.kind = np.zeros(trace.n, dtype=np.int64)
@@ -138,20 +140,26 @@ class _Evaluator:
     def reset(self, genes: list[Gene]) -> tuple[float, int]:
         """Make `genes` the current plan; its score."""
         for i, g in enumerate(genes):
-            self.kind[i], self.nbytes[i] = self.codes[i][g]
+            self.kind[i], self.nbytes[i] = self._code(i, g)
         return self._score(genes, -1, None)
 
     def move(self, genes: list[Gene], i: int, g: Gene) -> tuple[float, int]:
         """The score of the current plan with layer i's gene replaced by g (the plan itself is unchanged)."""
         old = self.kind[i], self.nbytes[i]
-        self.kind[i], self.nbytes[i] = self.codes[i][g]
+        self.kind[i], self.nbytes[i] = self._code(i, g)
         try:
             return self._score(genes, i, g)
         finally:
             self.kind[i], self.nbytes[i] = old
 
     def commit(self, i: int, g: Gene) -> None:
-        self.kind[i], self.nbytes[i] = self.codes[i][g]
+        self.kind[i], self.nbytes[i] = self._code(i, g)
+
+    def _code(self, i: int, g: Gene) -> tuple[int, int]:
+        code = self.codes[i].get(g)
+        if code is None:
+            code = self.codes[i][g] = _code(self.tensors[i], g)
+        return code
 
     def _score(self, genes: list[Gene], i: int, g: Gene | None) -> tuple[float, int]:
         self.evaluations += 1

@@ -10,7 +10,7 @@ from test_dp import exact_optimum
 
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.heuristic import heuristic
-from memsched.optimizer.plan import KEEP
+from memsched.optimizer.plan import KEEP, offload_subset
 from memsched.optimizer.polish import polish
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.synthetic import make_trace
@@ -75,3 +75,16 @@ def test_kicks_reach_the_exact_optimum_where_descent_stops_short(n: int, seed: i
     start = heuristic(trace, budget).sim
     res = polish(trace, budget, start.decisions, time_limit_s=1e6)
     assert res.sim.overhead_s == pytest.approx(exact_optimum(trace, budget), rel=1e-9, abs=1e-12)
+
+
+def test_a_start_outside_the_search_options_is_taken_as_it_is() -> None:
+    # Layers with more than 3 positive tensors get only 'all' and single-tensor offloads as moves; a start
+    # from the DP or the MILP may offload another subset (CI, 2026-11-24: a KeyError on such a start).
+    trace = make_trace(12, 5, max_tensors=6)
+    i = next(i for i, x in enumerate(trace.layers[:-1]) if sum(b > 0 for b in x.tensors) >= 4)
+    budget = budget_between(trace, 1.0)
+    start = [KEEP] * trace.n
+    start[i] = offload_subset(trace, i, (0, 2))
+    res = polish(trace, budget, start, time_limit_s=1e6)
+    assert res.sim.feasible
+    assert res.sim.overhead_s <= simulate(trace, start, budget, with_events=False).overhead_s
