@@ -59,7 +59,7 @@ def prepare_kernels() -> float:
             _exercise_every_kernel()
             _ready.set()
     wall = time.perf_counter() - t0
-    log.info("dp: kernels ready in %.2f s", wall)
+    log.info("optimizer: kernels ready in %.2f s", wall)
     return wall
 
 
