@@ -122,13 +122,12 @@ class _Evaluator:
     """Scores one-layer changes of the current genes with the compiled simulator (optimizer/fastsim.py):
     (overhead seconds, bytes over budget summed over the stages). Keeps the best feasible genes seen."""
 
-    def __init__(self, trace: Trace, budget_bytes: int, options: list[list[Gene]], genes: list[Gene]) -> None:
+    def __init__(self, trace: Trace, budget_bytes: int, genes: list[Gene]) -> None:
         self.fast = FastSim(trace, budget_bytes)
         self.tensors = [layer.tensors for layer in trace.layers]
-        # Each layer's genes as FastSim codes: (kind, offloaded bytes). A start may hold a gene outside the
-        # options (an offload subset of a layer with many tensors): coded when first seen.
-        self.codes = [{g: _code(layer.tensors, g) for g in opts} for layer, opts in zip(trace.layers, options,
-                                                                                           strict=True)]
+        # Each layer's genes as FastSim codes, (kind, offloaded bytes), coded when first seen (a start may hold
+        # a gene outside the options: an offload subset of a layer with many tensors).
+        self.codes: list[dict[Gene, tuple[int, int]]] = [{} for _ in range(trace.n)]
         self.kind = np.zeros(trace.n, dtype=np.int64)
         self.nbytes = np.zeros(trace.n, dtype=np.int64)
         self.best_genes: list[Gene] | None = None
@@ -226,19 +225,18 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
     """Improve a feasible schedule by one-layer changes within `time_limit_s` (see the module docstring).
     `start` keeps its own timing as the reference; the search re-times every candidate with
     `default_timing`. Deterministic for a given seed, up to where the time limit cuts it."""
-    end = time.perf_counter() + max(0.0, time_limit_s)
+    t0 = time.perf_counter()
+    end = t0 + max(0.0, time_limit_s)
     ref = simulate(trace, start, budget_bytes, with_events=False)
     if not ref.feasible:
         raise ValueError("polish needs a feasible start schedule")
+    # The loop checks the clock between evaluations; what follows it simulates twice with the Python
+    # simulator (timed just now on the start: ~16 ms on a 1,000-layer trace), so stop early enough for that.
+    deadline = end - 3 * (time.perf_counter() - t0)
     options = _options(trace)
     rng = random.Random(seed)
     genes = _genes(start)
-    evaluate = _Evaluator(trace, budget_bytes, options, genes)
-    # The loop checks the clock between evaluations; what follows it simulates twice with the Python
-    # simulator (~16 ms each on a 1,000-layer trace), so stop early enough for that.
-    t0 = time.perf_counter()
-    simulate(trace, start, budget_bytes, with_events=False, validate=False)
-    deadline = end - 3 * (time.perf_counter() - t0)
+    evaluate = _Evaluator(trace, budget_bytes, genes)
     lam0 = _lambda0(trace)
     stale = 0
     while time.perf_counter() < deadline:
