@@ -65,7 +65,7 @@ def prepare_kernels() -> float:
 
 def _exercise_every_kernel() -> None:
     from memsched.optimizer.budget import budget_between
-    from memsched.optimizer.dp import beam_search, build_problem, exact_search
+    from memsched.optimizer.dp import beam_search, build_problem, exact_search, fifo_search
     from memsched.optimizer.heuristic import heuristic
     from memsched.optimizer.polish import polish
     from memsched.optimizer.synthetic import make_trace
@@ -78,6 +78,8 @@ def _exercise_every_kernel() -> None:
     beam = beam_search(trace, budget, far, width=8, problem=problem)
     incumbent = beam.schedules[0].overhead_s if beam.schedules else None
     exact_search(trace, budget, far, incumbent, 0.0, problem=problem)
+    fifo_search(trace, budget, far, incumbent if incumbent is not None else float("inf"), 0.0,
+                problem=problem)
     polish(trace, budget, heuristic(trace, budget).decisions, 0.05)
 
 

@@ -117,6 +117,15 @@ _DP_UNTIL = 0.95
 """Under auto, the exact DP stops at this fraction of the limit if it has not finished. Where it finishes
 early with a gap (a loose fluid bound: stall-heavy traces) the rest goes to the exact-window MILP, so a late
 stop only takes time from traces whose final sweep is still running, and there finishing is what proves."""
+_FIFO_SHARE = 0.1
+"""The FIFO sweep (tier 2) runs first for this share of the limit (at least _FIFO_MIN_S): where stalls matter
+it finishes in well under a second and is exact (PipeDream ResNet-18, VGG-16, AlexNet: 0.1 s); where they do
+not (ResNet-50) its labels multiply and the fluid sweep, which is exact there, gets the rest of the time."""
+_FIFO_MIN_S = 0.3
+_FIFO_MAX_LABELS = 1_000_000
+"""The FIFO probe stops at this many labels (~330 MB): a sweep that needs more will not finish in its share."""
+FIFO_MAX_LAYERS = 600
+"""Longer traces skip the FIFO probe: its sweep does not finish there in a limit of minutes."""
 _MAX_BEAM_WIDTH = 1536
 _RESERVE_S = 0.05
 """Kept back at the end for building and simulating the returned schedule, plus _RESERVE_PER_LAYER_S per layer
@@ -275,6 +284,26 @@ class _Flow:
         if res.improved:
             self.add("local-search", res.sim)
 
+    def fifo_dp(self, share: float) -> None:
+        """Tier 2: the exact sweep with FIFO copy queues, for a share of the limit; a proof where it finishes."""
+        from memsched.optimizer.dp import fifo_search
+
+        if self.trace.n > FIFO_MAX_LAYERS or not self.trace.device.concurrent_copies:
+            return  # serial copies: the fluid sweep is exact already
+        until = min(time.perf_counter() + max(share * self.options.time_limit_s, _FIFO_MIN_S),
+                    self.deadline - self.reserve)
+        if until - time.perf_counter() < 0.05:
+            return
+        out = fifo_search(self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap,
+                          problem=self.problem(), max_labels=_FIFO_MAX_LABELS)
+        for sim in out.schedules[:1]:
+            self.add("dp-fifo", sim)
+        self.prove(out.bound_s, "dp-fifo")
+        if out.schedules or self.proven():
+            self.dp = out
+        log.info("fifo sweep: bound %s, peak %d labels, %.2f s (%s)", out.bound_s, out.peak_labels, out.wall_s,
+                 out.message or "finished")
+
     def exact_dp(self, until: float) -> None:
         from memsched.optimizer.dp import exact_search
 
@@ -393,6 +422,9 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
     flow.polish(_POLISH_SHARE_LONG if long_trace else _POLISH_SHARE)
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
+    flow.fifo_dp(_FIFO_SHARE)
+    if flow.proven():
+        return flow.report()
     if options.solver in MILP_BACKENDS:
         # A true bound first (the DP), then the backend asked for with the rest of the time.
         flow.exact_dp(flow.until(_DP_SHARE_BEFORE_MILP))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memsched.optimizer.dp.decode import decode
+from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.dp.problem import DpProblem, build_problem
 from memsched.optimizer.dp.sweep import SweepConfig, SweepResult, run_sweep
 from memsched.optimizer.simulate import SimResult, simulate
@@ -143,6 +144,30 @@ def exact_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: 
     return out
 
 
+def fifo_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: float, gap: float,
+                problem: DpProblem | None = None, max_labels: int | None = None) -> DpOutcome:
+    """Tier 2 (optimizer/dp/fifo.py): the sweep with FIFO copy queues, pruned at incumbent x (1 - gap). Exact
+    for the simulator's timing, so where it finishes its bound closes the gaps the fluid sweep leaves on
+    stall-heavy traces; stopped early, its frontier is still a bound. Devices with concurrent copies only."""
+    t0 = time.perf_counter()
+    p = problem or build_problem(trace, budget_bytes)
+    assert not p.serial, "on a serial device the fluid sweep is already exact"
+    out = DpOutcome(notes=_approximation_notes(p))
+    kwargs = {} if max_labels is None else {"max_labels": max_labels}
+    res = fifo_sweep(p, deadline, incumbent_s * (1.0 - gap), **kwargs)
+    out.timed_out, out.cap_hit, out.peak_labels = res.timed_out, res.cap_hit, res.peak_labels
+    if res.finished:
+        out.schedules = _decode_finals(trace, p, res, budget_bytes)
+    else:
+        out.notes.append(f"the FIFO sweep stopped at layer {res.boundary_reached} of {p.n} "
+                         f"({'its label cap' if res.cap_hit else 'its time share'})")
+    if res.bound_s is not None and np.isfinite(res.bound_s):
+        root = float(p.future[0, 0])
+        out.bound_s = max(res.bound_s, root) if p.offload_complete else root
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
 def _sweep_with_cap(p: DpProblem, out: DpOutcome, deadline: float, threshold: float,
                     max_labels: int) -> SweepResult:
     """One exact sweep; where the label cap stops it, again at coarser byte quanta (each still a relaxation)."""
@@ -164,4 +189,4 @@ def _sweep_with_cap(p: DpProblem, out: DpOutcome, deadline: float, threshold: fl
         quantum = coarser
 
 
-__all__ = ["DpOutcome", "DpProblem", "beam_search", "build_problem", "exact_search"]
+__all__ = ["DpOutcome", "DpProblem", "beam_search", "build_problem", "exact_search", "fifo_search"]

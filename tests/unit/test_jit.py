@@ -27,10 +27,10 @@ def _run(code: str, env: dict[str, str] | None = None) -> str:
 SIGNATURES = """
 import numba
 from memsched.optimizer import fastsim
-from memsched.optimizer.dp import future, kernels, labels
+from memsched.optimizer.dp import fifo_kernels, future, kernels, labels
 
 def signatures():
-    return {f"{m.__name__}.{name}": set(obj.signatures) for m in (fastsim, future, kernels, labels)
+    return {f"{m.__name__}.{name}": set(obj.signatures) for m in (fastsim, fifo_kernels, future, kernels, labels)
             for name, obj in vars(m).items() if isinstance(obj, numba.core.registry.CPUDispatcher)}
 """
 

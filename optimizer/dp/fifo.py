@@ -1,0 +1,247 @@
+"""Tier 2 of the memory-state DP: the same sweep with each label's pending copies kept as FIFO queues.
+
+The fluid sweep (optimizer/dp/sweep.py) lets an offloaded tensor's bytes leave the device as they are copied
+and ignores copy latency. Where stalls are a large part of the optimum that bound is loose (ResNet-18: 17-24%
+below the best schedule). Here a copy frees its bytes only when it is complete, copies run one after another
+on their stream with their latency, and a row that does not fit waits for the oldest copies: exactly the
+simulator's timing (docs/formulation.md, 'Tier 2: FIFO copies'). Its optimum is the optimum over every
+schedule, so it proves bounds the fluid sweep cannot. It costs more per label, so `solve()` runs it only
+where the fluid bound leaves a gap and time remains.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memsched.optimizer.dp.fifo_kernels import QUEUE, dominance_fifo, expand_fifo
+from memsched.optimizer.dp.problem import DpProblem
+from memsched.optimizer.dp.sweep import SweepResult
+
+_CHUNK = 1 << 15
+"""Children written per kernel call before they are handed to their boundaries."""
+
+DEFAULT_MAX_LABELS = 2_000_000
+"""Labels held at once (stored + pending): about 0.7 GB at ~330 bytes a label (two queues of QUEUE copies)."""
+
+
+@dataclass
+class FifoLabels:
+    """Labels of the FIFO sweep (parallel arrays; see optimizer/dp/fifo_kernels.py for the queues)."""
+
+    retained: np.ndarray
+    """int64 bytes retained through every later stage (as in the fluid sweep)."""
+    held: np.ndarray
+    """int64 bitmask of checkpoint producers already held (bit order: DpProblem.crossing of the boundary)."""
+    cf: np.ndarray
+    """float64 forward stall so far, seconds."""
+    cr: np.ndarray
+    """float64 backward stall and recomputation so far, seconds (reverse clock)."""
+    dq_t: np.ndarray
+    """float64 (labels, QUEUE): completion times of pending device->host copies on the forward clock."""
+    dq_b: np.ndarray
+    """int64 (labels, QUEUE): their bytes."""
+    dq_n: np.ndarray
+    """int64 pending device->host copies."""
+    hq_t: np.ndarray
+    """float64 (labels, QUEUE): completion times of pending host->device copies on the reverse clock."""
+    hq_b: np.ndarray
+    """int64 (labels, QUEUE): their bytes."""
+    hq_n: np.ndarray
+    """int64 pending host->device copies."""
+    parent: np.ndarray
+    """int32 index of the parent label in its boundary's stored set."""
+    parent_boundary: np.ndarray
+    """int32 boundary of the parent label."""
+    action: np.ndarray
+    """int16 transition from the parent (as in optimizer/dp/labels.py)."""
+
+    def __len__(self) -> int:
+        return len(self.cf)
+
+    @property
+    def cost(self) -> np.ndarray:
+        return self.cf + self.cr
+
+    def take(self, idx: np.ndarray) -> FifoLabels:
+        return FifoLabels(*(getattr(self, f)[idx] for f in _FIELDS))
+
+    @staticmethod
+    def concat(parts: list[FifoLabels]) -> FifoLabels:
+        if len(parts) == 1:
+            return parts[0]
+        return FifoLabels(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
+
+
+_FIELDS = ("retained", "held", "cf", "cr", "dq_t", "dq_b", "dq_n", "hq_t", "hq_b", "hq_n", "parent",
+           "parent_boundary", "action")
+
+
+def _root(queue: int) -> FifoLabels:
+    return FifoLabels(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), np.zeros(1),
+                      np.zeros((1, queue)), np.zeros((1, queue), np.int64), np.zeros(1, np.int64),
+                      np.zeros((1, queue)), np.zeros((1, queue), np.int64), np.zeros(1, np.int64),
+                      np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int16))
+
+
+@dataclass
+class _State:
+    pending: list[list[FifoLabels]]
+    compact_at: list[int]
+    stored: int = 0
+    remaps: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)
+
+
+class FifoStop(Exception):
+    """The deadline or the label cap stopped the sweep."""
+
+
+def _remap(p: DpProblem, st: _State, held: np.ndarray, src: int, dst: int) -> np.ndarray:
+    """Re-express held masks from crossing[src] bit order in crossing[dst] bit order."""
+    pairs = st.remaps.get((src, dst))
+    if pairs is None:
+        pos = {j: b for b, j in enumerate(p.crossing[src])}
+        pairs = [(pos[j], q) for q, j in enumerate(p.crossing[dst]) if j in pos]
+        st.remaps[(src, dst)] = pairs
+    out = np.zeros_like(held)
+    for b, q in pairs:
+        out |= ((held >> b) & 1) << q
+    return out
+
+
+def _segment_inputs(p: DpProblem, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer b >= k, the held-mask bits of the producers before k it reads; and each bit's bytes."""
+    bits_at = np.zeros(p.n - k, dtype=np.int64)
+    for bit, j in enumerate(p.crossing[k]):
+        for c in p.consumers[j]:
+            if c >= k:
+                bits_at[c - k] |= np.int64(1) << np.int64(bit)
+    return bits_at, np.array([p.output[j] for j in p.crossing[k]], dtype=np.int64)
+
+
+def _filter(p: DpProblem, k: int, lab: FifoLabels) -> FifoLabels:
+    if len(lab) <= 1:
+        return lab
+    order = np.lexsort((lab.cost, lab.retained, lab.held))
+    lab = lab.take(order)
+    keep = dominance_fifo(lab.held, lab.cf, lab.cr, float(p.fwd_prefix[k]), float(_bwd_prefix(p)[k]),
+                          lab.dq_t, lab.dq_b, lab.dq_n, lab.hq_t, lab.hq_b, lab.hq_n)
+    return lab.take(np.flatnonzero(keep))
+
+
+def _bwd_prefix(p: DpProblem) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(p.bwd)])
+
+
+def _final_cost(p: DpProblem, lab: FifoLabels) -> np.ndarray:
+    """Cost of complete plans: the last forward waits for every D2H copy, the first backward for every H2D."""
+    tf = p.fwd_prefix[p.n] + lab.cf
+    tr = _bwd_prefix(p)[p.n] + lab.cr
+    d_tail = np.where(lab.dq_n > 0, lab.dq_t[np.arange(len(lab)), np.maximum(lab.dq_n - 1, 0)], -np.inf)
+    h_tail = np.where(lab.hq_n > 0, lab.hq_t[np.arange(len(lab)), np.maximum(lab.hq_n - 1, 0)], -np.inf)
+    return lab.cost + np.maximum(d_tail - tf, 0.0) + np.maximum(h_tail - tr, 0.0)
+
+
+def fifo_sweep(p: DpProblem, deadline: float, threshold: float, max_labels: int = DEFAULT_MAX_LABELS,
+               queue: int = QUEUE) -> SweepResult:
+    """The exact FIFO sweep under `threshold` (labels reaching it are dropped). Its `bound_s` holds for every
+    schedule: the cheapest complete plan, or, when stopped, the least cost plus future bound on the frontier,
+    each capped by the threshold. Back-pointers are stored as the fluid sweep's, so `decode` reads them.
+    `queue`: copies held exactly per direction (>= 2; beyond, the oldest merge optimistically)."""
+    assert not p.serial, "serial devices: the fluid sweep is already exact"
+    assert queue >= 2, "a full queue merges its two oldest copies"
+    bwd_prefix = _bwd_prefix(p)
+    st = _State(pending=[[] for _ in range(p.n + 1)], compact_at=[4 * _CHUNK] * (p.n + 1))
+    st.pending[0].append(_root(queue))
+    res = SweepResult(finished=False, bound_s=None)
+    offload_bytes = [np.array([o.nbytes for o in opts], dtype=np.int64) for opts in p.offload]
+    k = 0
+    current_min = np.inf
+    try:
+        for k in range(p.n):
+            current_min = np.inf
+            if time.perf_counter() > deadline:
+                raise FifoStop("deadline")
+            parts = st.pending[k]
+            st.pending[k] = []
+            lab = _filter(p, k, FifoLabels.concat(parts)) if parts else None
+            if lab is None:
+                res.stored.append((np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int16)))
+                continue
+            res.stored.append((lab.parent, lab.parent_boundary, lab.action))
+            res.peak_labels = max(res.peak_labels, len(lab))
+            st.stored += len(lab)
+            current_min = float((lab.cost + p.future_bound(k, lab.retained)).min())
+            _expand(p, st, k, lab, threshold, deadline, offload_bytes[k], bwd_prefix, max_labels)
+        k = p.n
+        parts = st.pending[p.n]
+        st.pending[p.n] = []
+        if parts:
+            lab = FifoLabels.concat(parts)
+            final = _final_cost(p, lab)
+            order = np.argsort(final, kind="stable")[:16]
+            res.stored.append((lab.parent, lab.parent_boundary, lab.action))
+            res.finals = [(float(final[i]), int(i)) for i in order if final[i] < threshold]
+        else:
+            res.stored.append((np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int16)))
+        res.finished = True
+        res.bound_s = min(res.finals[0][0], threshold) if res.finals else threshold
+    except FifoStop as stop:
+        res.cap_hit = str(stop) == "cap"
+        res.timed_out = str(stop) == "deadline"
+        res.bound_s = min(_frontier(p, st, k), current_min, threshold)
+    res.boundary_reached = k
+    res.total_labels = st.stored
+    return res
+
+
+def _frontier(p: DpProblem, st: _State, start: int) -> float:
+    """Least cost plus future bound among labels not yet expanded (every unfinished plan passes one)."""
+    best = np.inf
+    for k in range(start, p.n + 1):
+        for part in st.pending[k]:
+            if len(part):
+                fut = p.future_bound(k, part.retained) if k < p.n else _final_cost(p, part) - part.cost
+                best = min(best, float((part.cost + fut).min()))
+    return best
+
+
+def _expand(p: DpProblem, st: _State, k: int, lab: FifoLabels, threshold: float, deadline: float,
+            offload_bytes: np.ndarray, bwd_prefix: np.ndarray, max_labels: int) -> None:
+    bits_at, out_bytes_bit = _segment_inputs(p, k)
+    per_label = 1 + len(offload_bytes) + (p.n - k)
+    capacity = max(_CHUNK, 2 * per_label)
+    first = 0
+    while first < len(lab):
+        if time.perf_counter() > deadline:
+            raise FifoStop("deadline")
+        (first, w, dst, parent, action, ret, held, cf, cr, dqt, dqb, dqn, hqt, hqb, hqn) = expand_fifo(
+            k, p.limit, p.latency, p.d2h_bw, p.h2d_bw, threshold, p.saved, p.saved_prefix, p.fwd, p.fwd_prefix,
+            p.bwd, bwd_prefix, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
+            bits_at, out_bytes_bit, offload_bytes, lab.retained, lab.held, lab.cf, lab.cr,
+            lab.dq_t, lab.dq_b, lab.dq_n, lab.hq_t, lab.hq_b, lab.hq_n, first, capacity)
+        if w == 0:
+            continue
+        order = np.argsort(dst[:w], kind="stable")
+        dst = dst[order]
+        cuts = [0, *(np.flatnonzero(np.diff(dst)) + 1).tolist(), w]
+        for lo, hi in itertools.pairwise(cuts):
+            sel = order[lo:hi]
+            b1 = int(dst[lo])
+            part = FifoLabels(ret[sel], _remap(p, st, held[sel], k, b1), cf[sel], cr[sel], dqt[sel], dqb[sel],
+                              dqn[sel], hqt[sel], hqb[sel], hqn[sel], parent[sel].astype(np.int32),
+                              np.full(hi - lo, k, np.int32), action[sel].astype(np.int16))
+            st.pending[b1].append(part)
+            size = sum(len(x) for x in st.pending[b1])
+            if size > st.compact_at[b1] and b1 < p.n:
+                # Filter early so that segments emitted from many boundaries do not pile up; the next
+                # filter waits until the set has doubled, so the work stays linear in what is emitted.
+                merged = _filter(p, b1, FifoLabels.concat(st.pending[b1]))
+                st.pending[b1] = [merged]
+                st.compact_at[b1] = max(st.compact_at[b1], 2 * len(merged))
+        pending = sum(len(x) for parts in st.pending for x in parts)
+        if st.stored + pending > max_labels:
+            raise FifoStop("cap")

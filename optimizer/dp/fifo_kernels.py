@@ -1,0 +1,299 @@
+"""Compiled inner loops of the FIFO sweep (tier 2, optimizer/dp/fifo.py): expansion and dominance.
+
+A label carries its pending copies as two short FIFO queues (docs/formulation.md, 'Tier 2: FIFO copies'):
+entry e of a queue is one copy, `t[e]` its completion time on the label's clock and `b[e]` the bytes it holds
+until then. The D2H queue runs on the forward clock (forward compute + forward stalls); the H2D queue on the
+reverse clock of the backward (backward compute + recomputation + backward stalls, read from the loss back to
+the first layer). Entries are in completion order. A queue that is full merges its two oldest copies into one
+that frees both at the earlier time: optimistic, so the sweep stays a relaxation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+QUEUE = 8
+"""Copies each queue holds exactly; beyond, the two oldest merge (optimistic, see the module docstring)."""
+
+
+@njit(cache=True)
+def _settle(qt: np.ndarray, qb: np.ndarray, n: int, clock: float, cap: int) -> tuple[int, float]:
+    """Drop the copies done by `clock`, then wait for the oldest ones until the bytes still pending fit `cap`
+    (the least wait: copies finish in queue order). Returns (entries left, clock after the wait)."""
+    pending = np.int64(0)
+    for e in range(n):
+        pending += qb[e]
+    h = 0
+    while h < n and (qt[h] <= clock or pending > cap):
+        if qt[h] > clock:
+            clock = qt[h]
+        pending -= qb[h]
+        h += 1
+    if h:
+        for e in range(n - h):
+            qt[e] = qt[e + h]
+            qb[e] = qb[e + h]
+    return n - h, clock
+
+
+@njit(cache=True)
+def _enqueue(qt: np.ndarray, qb: np.ndarray, n: int, ready: float, seconds: float, nbytes: int) -> int:
+    """Append a copy that may start at `ready` and runs `seconds` after the queue's last one; returns the
+    new length (the two oldest merged first when full)."""
+    start = ready
+    if n > 0 and qt[n - 1] > start:
+        start = qt[n - 1]
+    if n == len(qt):
+        qb[0] += qb[1]  # frees both at the earlier time: optimistic
+        for e in range(1, n - 1):
+            qt[e] = qt[e + 1]
+            qb[e] = qb[e + 1]
+        n -= 1
+    qt[n] = start + seconds
+    qb[n] = nbytes
+    return n + 1
+
+
+@njit(cache=True)
+def _tail_wait(qt: np.ndarray, n: int, clock: float) -> float:
+    """What waiting for every pending copy costs from `clock`."""
+    return max(qt[n - 1] - clock, 0.0) if n > 0 else 0.0
+
+
+@njit(cache=True)
+def expand_fifo(
+    k: int, limit: int, latency: float, d2h_bw: float, h2d_bw: float, threshold: float,
+    saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray,
+    bwd: np.ndarray, bwd_prefix: np.ndarray,
+    trans_f: np.ndarray, trans_b: np.ndarray, row_floor: np.ndarray, future: np.ndarray, future_step: float,
+    external: np.ndarray, bits_at: np.ndarray, out_bytes_bit: np.ndarray, offload_bytes: np.ndarray,
+    retained: np.ndarray, held: np.ndarray, cf: np.ndarray, cr: np.ndarray,
+    dq_t: np.ndarray, dq_b: np.ndarray, dq_n: np.ndarray, hq_t: np.ndarray, hq_b: np.ndarray, hq_n: np.ndarray,
+    first: int, capacity: int,
+) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+           np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Children of the labels at boundary k from index `first` on: rows F_k / B_k (waits where they need
+    them), layer k's compute, then keep, each offload option and every recompute segment [k, b].
+
+    Clocks: a label's forward clock is fwd_prefix[k] + cf, its reverse clock bwd_prefix[k] + cr; cf is the
+    forward stall, cr the backward stall plus recomputation. Children are those whose cost plus the
+    future-cost bound stays under `threshold`. Held masks are returned in crossing[k] bit order. Returns
+    (next label to expand, children written, destination, parent, action, retained, held, cf, cr, then the
+    children's queues)."""
+    n = len(saved)
+    q = dq_t.shape[1]
+    g_last = future.shape[1] - 1
+    o_dst = np.empty(capacity, np.int64)
+    o_parent = np.empty(capacity, np.int64)
+    o_action = np.empty(capacity, np.int64)
+    o_ret = np.empty(capacity, np.int64)
+    o_held = np.empty(capacity, np.int64)
+    o_cf = np.empty(capacity)
+    o_cr = np.empty(capacity)
+    o_dqt = np.empty((capacity, q))
+    o_dqb = np.empty((capacity, q), np.int64)
+    o_dqn = np.empty(capacity, np.int64)
+    o_hqt = np.empty((capacity, q))
+    o_hqb = np.empty((capacity, q), np.int64)
+    o_hqn = np.empty(capacity, np.int64)
+    # The label's queues after layer k (base) and a working copy replayed through a segment's rows.
+    bdt = np.empty(q)
+    bdb = np.empty(q, np.int64)
+    bht = np.empty(q)
+    bhb = np.empty(q, np.int64)
+    wdt = np.empty(q)
+    wdb = np.empty(q, np.int64)
+    wht = np.empty(q)
+    whb = np.empty(q, np.int64)
+    nbits = len(out_bytes_bit)
+    per_label = 1 + len(offload_bytes) + (n - k)
+    w = 0
+    i = first
+    while i < len(cf):
+        if w + per_label > capacity:
+            break
+        r = retained[i]
+        for e in range(q):
+            bdt[e] = dq_t[i, e]
+            bdb[e] = dq_b[i, e]
+            bht[e] = hq_t[i, e]
+            bhb[e] = hq_b[i, e]
+        # ---- rows F_k and B_k, common to every action of layer k
+        cap_f = limit - saved[k] - trans_f[k] - r
+        cap_b = limit - saved[k] - trans_b[k] - r
+        i += 1
+        if cap_f < 0 or cap_b < 0:
+            continue
+        nd, tf = _settle(bdt, bdb, dq_n[i - 1], fwd_prefix[k] + cf[i - 1], cap_f)
+        nh, tr = _settle(bht, bhb, hq_n[i - 1], bwd_prefix[k] + cr[i - 1], cap_b)
+        tf += fwd[k]
+        tr += bwd[k]
+        c_f = tf - fwd_prefix[k + 1]
+        c_r = tr - bwd_prefix[k + 1]
+        if c_f + c_r + future[k, min(int(r / future_step), g_last)] >= threshold:
+            continue
+        parent = i - 1
+        # ---- keep, and each offload option (both queues gain the copy)
+        for o in range(-1, len(offload_bytes)):
+            x = 0 if o < 0 else offload_bytes[o]
+            child_ret = r + saved[k] - x
+            if child_ret > limit - row_floor[k + 1]:
+                continue
+            for e in range(q):
+                o_dqt[w, e] = bdt[e]
+                o_dqb[w, e] = bdb[e]
+                o_hqt[w, e] = bht[e]
+                o_hqb[w, e] = bhb[e]
+            m_d, m_h = nd, nh
+            if x > 0:
+                m_d = _enqueue(o_dqt[w], o_dqb[w], nd, tf, latency + x / d2h_bw, x)
+                m_h = _enqueue(o_hqt[w], o_hqb[w], nh, tr, latency + x / h2d_bw, x)
+            # The cost to come includes at least the wait for these copies at the end of each pass.
+            floor = max(_tail_wait(o_dqt[w], m_d, tf) - (fwd_prefix[n] - fwd_prefix[k + 1]), 0.0) + \
+                max(_tail_wait(o_hqt[w], m_h, tr) - (bwd_prefix[n] - bwd_prefix[k + 1]), 0.0)
+            fut = future[k + 1, min(int(child_ret / future_step), g_last)]
+            if c_f + c_r + max(fut, floor) >= threshold:
+                continue
+            o_dst[w] = k + 1
+            o_parent[w] = parent
+            o_action[w] = o + 1
+            o_ret[w] = child_ret
+            o_held[w] = held[parent]
+            o_cf[w] = c_f
+            o_cr[w] = c_r
+            o_dqn[w] = m_d
+            o_hqn[w] = m_h
+            w += 1
+        # ---- recompute segments [k, b]
+        seg = np.int64(0)
+        ext = np.int64(0)
+        ckpt = np.int64(0)
+        replay_from = k + 1
+        sd, sh, stf, stream = nd, nh, tf, tr
+        for b in range(k, n):
+            new_bits = bits_at[b - k] & ~seg
+            if new_bits != 0 or external[b] > 0 or b == k:
+                # The checkpoint grew: every interior row sees it, so replay them from layer k.
+                seg |= new_bits
+                ext += external[b]
+                ckpt = ext
+                for bit in range(nbits):
+                    if (seg >> bit) & 1 and not (held[parent] >> bit) & 1:
+                        ckpt += out_bytes_bit[bit]
+                for e in range(q):
+                    wdt[e] = bdt[e]
+                    wdb[e] = bdb[e]
+                    wht[e] = bht[e]
+                    whb[e] = bhb[e]
+                sd, sh, stf, stream = nd, nh, tf, tr
+                replay_from = k + 1
+            dead = False
+            for m in range(replay_from, b + 1):
+                cf_m = limit - saved[m] - trans_f[m] - r - ckpt
+                cb_m = limit - (saved_prefix[m + 1] - saved_prefix[k]) - trans_b[m] - r - ckpt
+                if cf_m < 0 or cb_m < 0:
+                    dead = True  # and for every longer segment: the checkpoint only grows
+                    break
+                sd, stf = _settle(wdt, wdb, sd, stf, cf_m)
+                sh, stream = _settle(wht, whb, sh, stream, cb_m)
+                stf += fwd[m]
+                stream += bwd[m]
+                spent = (stf - fwd_prefix[m + 1]) + (stream - bwd_prefix[m + 1]) + \
+                    (fwd_prefix[m + 1] - fwd_prefix[k])
+                if spent >= threshold:
+                    dead = True
+                    break
+            if dead:
+                break
+            replay_from = b + 1
+            recompute_s = fwd_prefix[b + 1] - fwd_prefix[k]
+            child_ret = r + ckpt
+            c_f = stf - fwd_prefix[b + 1]
+            c_r = stream + recompute_s - bwd_prefix[b + 1]
+            if c_f + c_r >= threshold:
+                break
+            if child_ret > limit - row_floor[b + 1]:
+                continue
+            if c_f + c_r + future[b + 1, min(int(child_ret / future_step), g_last)] >= threshold:
+                continue
+            for e in range(q):
+                o_dqt[w, e] = wdt[e]
+                o_dqb[w, e] = wdb[e]
+                o_hqt[w, e] = wht[e]
+                o_hqb[w, e] = whb[e]
+            o_dst[w] = b + 1
+            o_parent[w] = parent
+            o_action[w] = -1
+            o_ret[w] = child_ret
+            o_held[w] = held[parent] | seg
+            o_cf[w] = c_f
+            o_cr[w] = c_r
+            o_dqn[w] = sd
+            o_hqn[w] = sh
+            w += 1
+    return (i, w, o_dst, o_parent, o_action, o_ret, o_held, o_cf, o_cr,
+            o_dqt, o_dqb, o_dqn, o_hqt, o_hqb, o_hqn)
+
+
+@njit(cache=True)
+def _queue_no_worse(at: np.ndarray, ab: np.ndarray, an: int, bt: np.ndarray, bb: np.ndarray, bn: int,
+                    b_clock: float) -> bool:
+    """Whether queue A holds no more bytes than queue B at every moment from B's clock on, and frees its
+    copy stream no later (A's clock is at or before B's)."""
+    a_tail = at[an - 1] if an > 0 else -np.inf
+    b_tail = bt[bn - 1] if bn > 0 else -np.inf
+    if a_tail > max(b_tail, b_clock):
+        return False
+    # A's pending bytes minus B's is largest at B's clock or just after one of B's copies finishes.
+    e = -1
+    while True:
+        moment = b_clock if e < 0 else bt[e]
+        if moment >= b_clock:
+            pa = np.int64(0)
+            for x in range(an):
+                if at[x] > moment:
+                    pa += ab[x]
+            pb = np.int64(0)
+            for x in range(bn):
+                if bt[x] > moment:
+                    pb += bb[x]
+            if pa > pb:
+                return False
+        e += 1
+        if e >= bn:
+            return True
+
+
+RING = 64
+"""Kept labels of the same held set each label is compared with (a missed dominance only costs time)."""
+
+
+@njit(cache=True)
+def dominance_fifo(held: np.ndarray, cf: np.ndarray, cr: np.ndarray, fwd_at: float, bwd_at: float,
+                   dq_t: np.ndarray, dq_b: np.ndarray, dq_n: np.ndarray, hq_t: np.ndarray, hq_b: np.ndarray,
+                   hq_n: np.ndarray) -> np.ndarray:
+    """Keep-mask for labels sorted by (held, retained, cost): a label is dropped when one of the last RING
+    kept labels of its held set (so no more retained bytes) has no more forward and no more backward cost and
+    queues that are no worse from its clocks on (docs/formulation.md, 'Tier 2: FIFO copies', dominance)."""
+    m = len(cf)
+    keep = np.ones(m, dtype=np.bool_)
+    ring = np.empty(RING, np.int64)
+    fill = 0
+    pos = 0
+    for i in range(m):
+        if i == 0 or held[i] != held[i - 1]:
+            fill = 0
+            pos = 0
+        for s in range(fill):
+            j = ring[s]
+            if cf[j] <= cf[i] and cr[j] <= cr[i] \
+                    and _queue_no_worse(dq_t[j], dq_b[j], dq_n[j], dq_t[i], dq_b[i], dq_n[i], fwd_at + cf[i]) \
+                    and _queue_no_worse(hq_t[j], hq_b[j], hq_n[j], hq_t[i], hq_b[i], hq_n[i], bwd_at + cr[i]):
+                keep[i] = False
+                break
+        if keep[i]:
+            ring[pos] = i
+            pos = (pos + 1) % RING
+            fill = min(fill + 1, RING)
+    return keep
