@@ -424,12 +424,13 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     flow.fifo_dp(_FIFO_SHARE)
-    if flow.proven():
-        return flow.report()
     if options.solver in MILP_BACKENDS:
-        # A true bound first (the DP), then the backend asked for with the rest of the time.
-        flow.exact_dp(flow.until(_DP_SHARE_BEFORE_MILP))
+        # A true bound first (the DP), then the backend asked for by name with the rest of the time.
+        if not flow.proven():
+            flow.exact_dp(flow.until(_DP_SHARE_BEFORE_MILP))
         flow.milp(options.solver)
+        return flow.report()
+    if flow.proven():
         return flow.report()
     # The exact DP gets most of what is left (long traces: after their longer local search); where it
     # cannot finish, the last part goes to the MILP or the local search.

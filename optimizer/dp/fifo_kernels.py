@@ -26,8 +26,7 @@ def _settle(qt: np.ndarray, qb: np.ndarray, n: int, clock: float, cap: int) -> t
         pending += qb[e]
     h = 0
     while h < n and (qt[h] <= clock or pending > cap):
-        if qt[h] > clock:
-            clock = qt[h]
+        clock = max(clock, qt[h])
         pending -= qb[h]
         h += 1
     if h:
@@ -72,7 +71,7 @@ def expand_fifo(
     dq_t: np.ndarray, dq_b: np.ndarray, dq_n: np.ndarray, hq_t: np.ndarray, hq_b: np.ndarray, hq_n: np.ndarray,
     first: int, capacity: int,
 ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-           np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+           np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Children of the labels at boundary k from index `first` on: rows F_k / B_k (waits where they need
     them), layer k's compute, then keep, each offload option and every recompute segment [k, b].
 

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from test_dp import _random_trace, exact_optimum
 
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.dp import build_problem, fifo_search
@@ -18,7 +19,6 @@ from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import SolveOptions, solve_report
 from memsched.schema import SolverStatus, Trace
-from test_dp import _random_trace, exact_optimum
 
 FAR = time.perf_counter() + 10**6  # a deadline that never comes
 
