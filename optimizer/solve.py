@@ -213,6 +213,8 @@ class _Flow:
         self.outcome: Outcome | None = None
         self.ilp_sim: SimResult | None = None
         self.dp: DpOutcome | None = None
+        self.fifo_timed_out = False
+        """The FIFO probe stopped at its time share (rather than finishing or reaching its label cap)."""
         self._problem: DpProblem | None = None
 
     def problem(self) -> DpProblem:
@@ -285,18 +287,18 @@ class _Flow:
         if res.improved:
             self.add("local-search", res.sim)
 
-    def fifo_dp(self, share: float) -> None:
-        """Tier 2: the exact sweep with FIFO copy queues, for a share of the limit; a proof where it finishes."""
+    def fifo_dp(self, until: float, max_labels: int | None = None) -> None:
+        """Tier 2: the exact sweep with FIFO copy queues until `until`; a proof where it finishes."""
         from memsched.optimizer.dp import fifo_search
 
         if self.trace.n > FIFO_MAX_LAYERS or not self.trace.device.concurrent_copies:
             return  # serial copies: the fluid sweep is exact already
-        until = min(time.perf_counter() + max(share * self.options.time_limit_s, _FIFO_MIN_S),
-                    self.deadline - self.reserve)
+        until = min(until, self.deadline - self.reserve)
         if until - time.perf_counter() < 0.05:
             return
         out = fifo_search(self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap,
-                          problem=self.problem(), max_labels=_FIFO_MAX_LABELS)
+                          problem=self.problem(), max_labels=max_labels)
+        self.fifo_timed_out = out.timed_out
         for sim in out.schedules[:1]:
             self.add("dp-fifo", sim)
         self.prove(out.bound_s, "dp-fifo")
@@ -304,6 +306,18 @@ class _Flow:
             self.dp = out
         log.info("fifo sweep: bound %s, peak %d labels, %.2f s (%s)", out.bound_s, out.peak_labels, out.wall_s,
                  out.message or "finished")
+
+    def fifo_probe(self) -> None:
+        """The FIFO sweep first, for a share of the limit (see _FIFO_SHARE)."""
+        share = max(_FIFO_SHARE * self.options.time_limit_s, _FIFO_MIN_S)
+        self.fifo_dp(time.perf_counter() + share, _FIFO_MAX_LABELS)
+
+    def fifo_again(self, until: float) -> None:
+        """The FIFO sweep with the time left, where its probe ran out of time (not labels) and the fluid sweep
+        finished without closing the gap: a loose fluid bound is what the FIFO sweep exists to replace."""
+        fluid_done = self.dp is not None and not self.dp.timed_out and not self.dp.cap_hit
+        if self.fifo_timed_out and fluid_done and not self.proven() and self.left() > 1.0:
+            self.fifo_dp(until)
 
     def exact_dp(self, until: float) -> None:
         from memsched.optimizer.dp import exact_search
@@ -423,7 +437,7 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
     flow.polish(_POLISH_SHARE_LONG if long_trace else _POLISH_SHARE)
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
-    flow.fifo_dp(_FIFO_SHARE)
+    flow.fifo_probe()
     if options.solver in MILP_BACKENDS:
         # A true bound first (the DP), then the backend asked for by name with the rest of the time.
         if not flow.proven():
@@ -434,8 +448,10 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         return flow.report()
     # The exact DP gets most of what is left (long traces: after their longer local search); where it
     # cannot finish, the last part goes to the MILP or the local search.
-    flow.exact_dp(flow.deadline - flow.reserve if options.solver == "dp"
-                  else min(flow.t0 + _DP_UNTIL * options.time_limit_s, flow.deadline - flow.reserve))
+    dp_until = (flow.deadline - flow.reserve if options.solver == "dp"
+                else min(flow.t0 + _DP_UNTIL * options.time_limit_s, flow.deadline - flow.reserve))
+    flow.exact_dp(dp_until)
+    flow.fifo_again(dp_until)
     if not flow.proven() and flow.left() > 0.2:
         if options.solver == "auto" and trace.n <= AUTO_MILP_MAX_LAYERS:
             flow.milp(AUTO_BACKEND, exact_windows=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -92,34 +92,10 @@ class _State:
     pending: list[list[FifoLabels]]
     compact_at: list[int]
     stored: int = 0
-    remaps: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class FifoStop(Exception):
     """The deadline or the label cap stopped the sweep."""
-
-
-def _remap(p: DpProblem, st: _State, held: np.ndarray, src: int, dst: int) -> np.ndarray:
-    """Re-express held masks from crossing[src] bit order in crossing[dst] bit order."""
-    pairs = st.remaps.get((src, dst))
-    if pairs is None:
-        pos = {j: b for b, j in enumerate(p.crossing[src])}
-        pairs = [(pos[j], q) for q, j in enumerate(p.crossing[dst]) if j in pos]
-        st.remaps[(src, dst)] = pairs
-    out = np.zeros_like(held)
-    for b, q in pairs:
-        out |= ((held >> b) & 1) << q
-    return out
-
-
-def _segment_inputs(p: DpProblem, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer b >= k, the held-mask bits of the producers before k it reads; and each bit's bytes."""
-    bits_at = np.zeros(p.n - k, dtype=np.int64)
-    for bit, j in enumerate(p.crossing[k]):
-        for c in p.consumers[j]:
-            if c >= k:
-                bits_at[c - k] |= np.int64(1) << np.int64(bit)
-    return bits_at, np.array([p.output[j] for j in p.crossing[k]], dtype=np.int64)
 
 
 def _filter(p: DpProblem, k: int, lab: FifoLabels) -> FifoLabels:
@@ -211,7 +187,7 @@ def _frontier(p: DpProblem, st: _State, start: int) -> float:
 
 def _expand(p: DpProblem, st: _State, k: int, lab: FifoLabels, threshold: float, deadline: float,
             offload_bytes: np.ndarray, bwd_prefix: np.ndarray, max_labels: int) -> None:
-    bits_at, out_bytes_bit = _segment_inputs(p, k)
+    bits_at, out_bytes_bit = p.segment_inputs(k)
     per_label = 1 + len(offload_bytes) + (p.n - k)
     capacity = max(_CHUNK, 2 * per_label)
     first = 0
@@ -231,7 +207,7 @@ def _expand(p: DpProblem, st: _State, k: int, lab: FifoLabels, threshold: float,
         for lo, hi in itertools.pairwise(cuts):
             sel = order[lo:hi]
             b1 = int(dst[lo])
-            part = FifoLabels(ret[sel], _remap(p, st, held[sel], k, b1), cf[sel], cr[sel], dqt[sel], dqb[sel],
+            part = FifoLabels(ret[sel], p.remap_held(held[sel], k, b1), cf[sel], cr[sel], dqt[sel], dqb[sel],
                               dqn[sel], hqt[sel], hqb[sel], hqn[sel], parent[sel].astype(np.int32),
                               np.full(hi - lo, k, np.int32), action[sel].astype(np.int16))
             st.pending[b1].append(part)

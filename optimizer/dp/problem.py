@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -94,6 +94,31 @@ class DpProblem:
     at boundary k retaining at least g * future_step bytes (optimizer/dp/future.py)."""
     future_step: float
     """Bytes between grid points of `future`."""
+    _remaps: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict, repr=False)
+    """Cache of remap_held's bit pairs."""
+
+    def remap_held(self, held: np.ndarray, src: int, dst: int) -> np.ndarray:
+        """Held masks re-expressed from crossing[src] bit order in crossing[dst] bit order (producers that no
+        longer cross dst drop out). The bit pairs of each (src, dst) are computed once per problem."""
+        pairs = self._remaps.get((src, dst))
+        if pairs is None:
+            pos = {j: b for b, j in enumerate(self.crossing[src])}
+            pairs = [(pos[j], q) for q, j in enumerate(self.crossing[dst]) if j in pos]
+            self._remaps[(src, dst)] = pairs
+        out = np.zeros_like(held)
+        for b, q in pairs:
+            out |= ((held >> b) & 1) << q
+        return out
+
+    def segment_inputs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """For segments starting at k: per layer b >= k, the held-mask bits (crossing[k] order) of the
+        producers before k that it reads; and each bit's output bytes."""
+        bits_at = np.zeros(self.n - k, dtype=np.int64)
+        for bit, j in enumerate(self.crossing[k]):
+            for c in self.consumers[j]:
+                if c >= k:
+                    bits_at[c - k] |= np.int64(1) << np.int64(bit)
+        return bits_at, np.array([self.output[j] for j in self.crossing[k]], dtype=np.int64)
 
     def future_bound(self, k: int, retained: np.ndarray) -> np.ndarray:
         """The future-cost bound of labels at boundary k (grid point at or below their retained bytes)."""

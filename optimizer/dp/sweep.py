@@ -79,7 +79,6 @@ class _Sweep:
         self.pending_sizes = [0] * (p.n + 1)
         self.compact_at = [200_000] * (p.n + 1)
         self.stored_count = 0
-        self._remaps: dict[tuple[int, int], list[tuple[int, int]]] = {}
         # A voluntary stall drains a backlog at the link's bandwidth (a legal move of the relaxation), which
         # the dominance test uses; serial devices have no backlogs.
         self._bandwidths = (np.inf, np.inf) if p.serial else (p.d2h_bw, p.h2d_bw)
@@ -96,19 +95,6 @@ class _Sweep:
         if x.dtype == np.int64:
             return (x // q) * q
         return np.floor(x / q) * q
-
-    def _remap(self, held: np.ndarray, src: int, dst: int) -> np.ndarray:
-        """Re-express held masks from crossing[src] bit order in crossing[dst] bit order."""
-        key = (src, dst)
-        pairs = self._remaps.get(key)
-        if pairs is None:
-            pos = {j: b for b, j in enumerate(self.p.crossing[src])}
-            pairs = [(pos[j], q) for q, j in enumerate(self.p.crossing[dst]) if j in pos]
-            self._remaps[key] = pairs
-        out = np.zeros_like(held)
-        for b, q in pairs:
-            out |= ((held >> b) & 1) << q
-        return out
 
     def _emit(self, dst: int, retained: np.ndarray, held: np.ndarray, cost: np.ndarray, d2h: np.ndarray,
               h2d: np.ndarray, parent: np.ndarray, src: int, action: int) -> None:
@@ -191,7 +177,7 @@ class _Sweep:
             idx, retained, held, cost, d2h, h2d = (a[keep] for a in (idx, retained, held, cost, d2h, h2d))
         if len(idx) == 0:
             return
-        held_next = self._remap(held, k, k + 1)
+        held_next = self.p.remap_held(held, k, k + 1)
         # keep
         self._emit(k + 1, retained + p.saved[k], held_next, cost, d2h, h2d, idx, k, ACTION_KEEP)
         # offload option o: x bytes leave; the fluid backlogs of both links grow by x
@@ -210,7 +196,7 @@ class _Sweep:
         (k, b] hold the segment's checkpoint (outside producers not held yet + external inputs) and, at B_m,
         the layers k..m it has rematerialised; the recomputation (F_k..F_b) costs its forward time at B_b."""
         p, cfg = self.p, self.cfg
-        bits_at, out_bytes_bit = self._segment_inputs(k)
+        bits_at, out_bytes_bit = p.segment_inputs(k)
         capacity = max(4 * (p.n - k), 1 << 20)
         pos = 0
         while pos < len(idx):
@@ -236,23 +222,10 @@ class _Sweep:
             cuts = [0, *(np.flatnonzero(np.diff(dst)) + 1).tolist(), w]
             for lo, hi in itertools.pairwise(cuts):
                 b1 = int(dst[lo])
-                held_b = self._remap(hd[lo:hi], k, b1) if any_held else hd[lo:hi]
+                held_b = self.p.remap_held(hd[lo:hi], k, b1) if any_held else hd[lo:hi]
                 self._push(b1, Labels(ret[lo:hi], held_b, cost_o[lo:hi], d2h_o[lo:hi], h2d_o[lo:hi],
                                       parent[lo:hi], np.full(hi - lo, k, np.int32),
                                       np.full(hi - lo, ACTION_SEGMENT, np.int16)))
-
-    def _segment_inputs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """For segments starting at k: per layer b >= k, the held-mask bits of the producers before k it
-        reads; and each bit's output bytes."""
-        p = self.p
-        crossing = p.crossing[k]
-        bits_at = np.zeros(p.n - k, dtype=np.int64)
-        for bit, j in enumerate(crossing):
-            for c in p.consumers[j]:
-                if c >= k:
-                    bits_at[c - k] |= np.int64(1) << np.int64(bit)
-        out_bytes_bit = np.array([p.output[j] for j in crossing], dtype=np.int64)
-        return bits_at, out_bytes_bit
 
 
 class _Stop(Exception):
