@@ -304,6 +304,8 @@ class _Flow:
         self.prove(out.bound_s, "dp-fifo")
         if out.schedules or self.proven():
             self.dp = out
+        elif out.message and not self.proven():
+            self.notes.append(out.message)
         log.info("fifo sweep: bound %s, peak %d labels, %.2f s (%s)", out.bound_s, out.peak_labels, out.wall_s,
                  out.message or "finished")
 
