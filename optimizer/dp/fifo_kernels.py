@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from memsched.optimizer.dp.kernels import checkpoint_bytes
+
 QUEUE = 8
 """Copies each queue holds exactly; beyond, the two oldest merge (optimistic, see the module docstring)."""
 
@@ -52,6 +54,16 @@ def _enqueue(qt: np.ndarray, qb: np.ndarray, n: int, ready: float, seconds: floa
     qt[n] = start + seconds
     qb[n] = nbytes
     return n + 1
+
+
+@njit(cache=True)
+def _copy_queues(dt: np.ndarray, db: np.ndarray, ht: np.ndarray, hb: np.ndarray, src_dt: np.ndarray,
+                 src_db: np.ndarray, src_ht: np.ndarray, src_hb: np.ndarray) -> None:
+    """Both queues of a label into the destination arrays."""
+    dt[:] = src_dt
+    db[:] = src_db
+    ht[:] = src_ht
+    hb[:] = src_hb
 
 
 @njit(cache=True)
@@ -105,7 +117,6 @@ def expand_fifo(
     wdb = np.empty(q, np.int64)
     wht = np.empty(q)
     whb = np.empty(q, np.int64)
-    nbits = len(out_bytes_bit)
     per_label = 1 + len(offload_bytes) + (n - k)
     w = 0
     i = first
@@ -113,11 +124,7 @@ def expand_fifo(
         if w + per_label > capacity:
             break
         r = retained[i]
-        for e in range(q):
-            bdt[e] = dq_t[i, e]
-            bdb[e] = dq_b[i, e]
-            bht[e] = hq_t[i, e]
-            bhb[e] = hq_b[i, e]
+        _copy_queues(bdt, bdb, bht, bhb, dq_t[i], dq_b[i], hq_t[i], hq_b[i])
         # ---- rows F_k and B_k, common to every action of layer k
         cap_f = limit - saved[k] - trans_f[k] - r
         cap_b = limit - saved[k] - trans_b[k] - r
@@ -139,11 +146,7 @@ def expand_fifo(
             child_ret = r + saved[k] - x
             if child_ret > limit - row_floor[k + 1]:
                 continue
-            for e in range(q):
-                o_dqt[w, e] = bdt[e]
-                o_dqb[w, e] = bdb[e]
-                o_hqt[w, e] = bht[e]
-                o_hqb[w, e] = bhb[e]
+            _copy_queues(o_dqt[w], o_dqb[w], o_hqt[w], o_hqb[w], bdt, bdb, bht, bhb)
             m_d, m_h = nd, nh
             if x > 0:
                 m_d = _enqueue(o_dqt[w], o_dqb[w], nd, tf, latency + x / d2h_bw, x)
@@ -176,15 +179,8 @@ def expand_fifo(
                 # The checkpoint grew: every interior row sees it, so replay them from layer k.
                 seg |= new_bits
                 ext += external[b]
-                ckpt = ext
-                for bit in range(nbits):
-                    if (seg >> bit) & 1 and not (held[parent] >> bit) & 1:
-                        ckpt += out_bytes_bit[bit]
-                for e in range(q):
-                    wdt[e] = bdt[e]
-                    wdb[e] = bdb[e]
-                    wht[e] = bht[e]
-                    whb[e] = bhb[e]
+                ckpt = checkpoint_bytes(seg, held[parent], ext, out_bytes_bit)
+                _copy_queues(wdt, wdb, wht, whb, bdt, bdb, bht, bhb)
                 sd, sh, stf, stream = nd, nh, tf, tr
                 replay_from = k + 1
             dead = False
@@ -216,11 +212,7 @@ def expand_fifo(
                 continue
             if c_f + c_r + future[b + 1, min(int(child_ret / future_step), g_last)] >= threshold:
                 continue
-            for e in range(q):
-                o_dqt[w, e] = wdt[e]
-                o_dqb[w, e] = wdb[e]
-                o_hqt[w, e] = wht[e]
-                o_hqb[w, e] = whb[e]
+            _copy_queues(o_dqt[w], o_dqb[w], o_hqt[w], o_hqb[w], wdt, wdb, wht, whb)
             o_dst[w] = b + 1
             o_parent[w] = parent
             o_action[w] = -1

@@ -12,6 +12,18 @@ from numba import njit
 
 
 @njit(cache=True)
+def checkpoint_bytes(seg: np.int64, held: np.int64, external: np.int64,
+                     out_bytes_bit: np.ndarray) -> np.int64:  # pragma: no cover - compiled
+    """Bytes a segment's checkpoint holds: its external inputs plus the outputs of the producers it reads
+    (bits of `seg`) that the plan does not hold already (bits of `held`)."""
+    ckpt = external
+    for bit in range(len(out_bytes_bit)):
+        if (seg >> bit) & 1 and not (held >> bit) & 1:
+            ckpt += out_bytes_bit[bit]
+    return ckpt
+
+
+@njit(cache=True)
 def segment_children(
     k: int, limit: int, serial: bool, d2h_bw: float, h2d_bw: float, threshold: float,
     saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray, bwd: np.ndarray,
@@ -38,7 +50,6 @@ def segment_children(
     o_d2h = np.empty(capacity)
     o_h2d = np.empty(capacity)
     w = 0
-    nbits = len(out_bytes_bit)
     done = 0
     for i in range(len(cost)):
         if w + (n - k) > capacity:
@@ -57,10 +68,7 @@ def segment_children(
                 # The checkpoint grew: every interior row sees it, so replay them from the segment's start.
                 seg |= new_bits
                 ext += external[b]
-                ckpt = ext
-                for bit in range(nbits):
-                    if (seg >> bit) & 1 and not (held[i] >> bit) & 1:
-                        ckpt += out_bytes_bit[bit]
+                ckpt = checkpoint_bytes(seg, held[i], ext, out_bytes_bit)
                 c, d, h = c0, d0, h0
                 replay_from = k + 1
             dead = False
