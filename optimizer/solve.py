@@ -122,8 +122,12 @@ _FIFO_SHARE = 0.1
 it finishes in well under a second and is exact (PipeDream ResNet-18, VGG-16, AlexNet: 0.1 s); where they do
 not (ResNet-50) its labels multiply and the fluid sweep, which is exact there, gets the rest of the time."""
 _FIFO_MIN_S = 0.3
-_FIFO_MAX_LABELS = 1_000_000
-"""The FIFO probe stops at this many labels (~330 MB): a sweep that needs more will not finish in its share."""
+_FIFO_LABELS_PER_S = 200_000
+"""The FIFO sweep's label cap per second of its time: its dominance filter handles about 150,000 labels a second
+on one core and cannot stop part way, so a sweep that holds more than its time can filter is stopped by the cap,
+not by overrunning the limit (a sweep that needs more would not have finished in that time anyway)."""
+_FIFO_MAX_LABELS = 2_000_000
+"""At most this many FIFO labels (~660 MB)."""
 FIFO_MAX_LAYERS = _LONG_TRACE
 """Longer traces skip the FIFO probe, as they defer the exact DP: its sweep does not finish there in a limit of
 minutes (DenseNet-121, 428 layers: stopped at layer 28-37 in 3 s), and the local search uses the time better."""
@@ -214,6 +218,8 @@ class _Flow:
         self.ilp_sim: SimResult | None = None
         self.dp: DpOutcome | None = None
         self.fifo_timed_out = False
+        self.fifo_note: str | None = None
+        """Where the last FIFO sweep stopped, said in the answer only if the gap stays open."""
         """The FIFO probe stopped at its time share (rather than finishing or reaching its label cap)."""
         self._problem: DpProblem | None = None
 
@@ -259,8 +265,8 @@ class _Flow:
 
         took = prepare_kernels()
         if took > 0.25 * self.options.time_limit_s:
-            self.notes.append(f"{took:.2g} s of the limit went to compiling the optimizer's kernels (first use in "
-                              "this environment; later solves load them from numba's cache)")
+            self.notes.append(f"{took:.2g} s of the limit went to loading the optimizer's compiled kernels (once per "
+                              "process; the first use in an environment also compiles them)")
 
     def beam(self, share: float) -> None:
         """Beams of growing width within the share: an answer early, a better one if time allows."""
@@ -287,32 +293,33 @@ class _Flow:
         if res.improved:
             self.add("local-search", res.sim)
 
-    def fifo_dp(self, until: float, max_labels: int | None = None) -> None:
+    def fifo_dp(self, until: float) -> None:
         """Tier 2: the exact sweep with FIFO copy queues until `until`; a proof where it finishes."""
         from memsched.optimizer.dp import fifo_search
 
         if self.trace.n > FIFO_MAX_LAYERS or not self.trace.device.concurrent_copies:
             return  # serial copies: the fluid sweep is exact already
         until = min(until, self.deadline - self.reserve)
-        if until - time.perf_counter() < 0.05:
+        seconds = until - time.perf_counter()
+        if seconds < 0.05:
             return
+        cap = max(20_000, min(_FIFO_MAX_LABELS, int(_FIFO_LABELS_PER_S * seconds)))
         out = fifo_search(self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap,
-                          problem=self.problem(), max_labels=max_labels)
+                          problem=self.problem(), max_labels=cap)
         self.fifo_timed_out = out.timed_out
         for sim in out.schedules[:1]:
             self.add("dp-fifo", sim)
         self.prove(out.bound_s, "dp-fifo")
         if out.schedules or self.proven():
             self.dp = out
-        elif out.message and not self.proven():
-            self.notes.append(out.message)
+        self.fifo_note = out.message or None
         log.info("fifo sweep: bound %s, peak %d labels, %.2f s (%s)", out.bound_s, out.peak_labels, out.wall_s,
                  out.message or "finished")
 
     def fifo_probe(self) -> None:
         """The FIFO sweep first, for a share of the limit (see _FIFO_SHARE)."""
         share = max(_FIFO_SHARE * self.options.time_limit_s, _FIFO_MIN_S)
-        self.fifo_dp(time.perf_counter() + share, _FIFO_MAX_LABELS)
+        self.fifo_dp(time.perf_counter() + share)
 
     def fifo_again(self, until: float) -> None:
         """The FIFO sweep with the time left, where its probe ran out of time (not labels) and the fluid sweep
@@ -390,7 +397,8 @@ class _Flow:
             head += f"; time limit {self.options.time_limit_s:g} s reached before the gap closed"
         if wall > self.options.time_limit_s * 1.1 + 0.5:
             head += f"; the solve took {wall:.3g} s, past its time limit of {self.options.time_limit_s:g} s"
-        msg = "; ".join([head, *self.notes])
+        notes = [*self.notes, self.fifo_note] if self.fifo_note and status != SolverStatus.OPTIMAL else self.notes
+        msg = "; ".join([head, *notes])
         rec = _record(best.name, status, obj, wall, msg, bound=self.bound)
         schedule = make_schedule(self.trace, best.sim.decisions, self.budget, best.name, rec)
         return SolveReport(schedule, self.outcome, self.ilp_sim, self.dp)
