@@ -433,7 +433,9 @@ def trace(
 ) -> Trace:
     """Trace `model` by running `step_fn()` (one whole training step: forward, backward, optimizer step)
     warmup + 2 * steps + 2 times. Layers are the repeated blocks, or the modules whose names match `layers`
-    (regexes). Times are medians over `steps` steps after the warm-up; memory is one whole measured step."""
+    (regexes). Times are medians over `steps` steps after the warm-up; memory is one whole measured step.
+    On the CPU (glibc) it keeps freed memory in the process from then on, heap untrimmed and no mmap
+    (memsched.runtime.hostalloc), so that page faults do not move the step times it records."""
     if steps < 1 or warmup < 0:
         raise MemschedError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
     found = find_layers(model, layers)
