@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memsched.optimizer.dp.decode import decode
+from memsched.optimizer.dp.fifo import DEFAULT_MAX_LABELS as FIFO_MAX_LABELS
 from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.dp.problem import DpProblem, build_problem
 from memsched.optimizer.dp.sweep import SweepConfig, SweepResult, run_sweep
@@ -145,7 +146,7 @@ def exact_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: 
 
 
 def fifo_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: float, gap: float,
-                problem: DpProblem | None = None, max_labels: int | None = None) -> DpOutcome:
+                problem: DpProblem | None = None, max_labels: int = FIFO_MAX_LABELS) -> DpOutcome:
     """Tier 2 (optimizer/dp/fifo.py): the sweep with FIFO copy queues, pruned at incumbent x (1 - gap). Exact
     for the simulator's timing, so where it finishes its bound closes the gaps the fluid sweep leaves on
     stall-heavy traces; stopped early, its frontier is still a bound. Devices with concurrent copies only."""
@@ -153,8 +154,7 @@ def fifo_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: f
     p = problem or build_problem(trace, budget_bytes)
     assert not p.serial, "on a serial device the fluid sweep is already exact"
     out = DpOutcome(notes=_approximation_notes(p))
-    kwargs = {} if max_labels is None else {"max_labels": max_labels}
-    res = fifo_sweep(p, deadline, incumbent_s * (1.0 - gap), **kwargs)
+    res = fifo_sweep(p, deadline, incumbent_s * (1.0 - gap), max_labels=max_labels)
     out.timed_out, out.cap_hit, out.peak_labels = res.timed_out, res.cap_hit, res.peak_labels
     if res.finished:
         out.schedules = _decode_finals(trace, p, res, budget_bytes)

@@ -103,19 +103,15 @@ def _filter(p: DpProblem, k: int, lab: FifoLabels) -> FifoLabels:
         return lab
     order = np.lexsort((lab.cost, lab.retained, lab.held))
     lab = lab.take(order)
-    keep = dominance_fifo(lab.held, lab.cf, lab.cr, float(p.fwd_prefix[k]), float(_bwd_prefix(p)[k]),
+    keep = dominance_fifo(lab.held, lab.cf, lab.cr, float(p.fwd_prefix[k]), float(p.bwd_prefix[k]),
                           lab.dq_t, lab.dq_b, lab.dq_n, lab.hq_t, lab.hq_b, lab.hq_n)
     return lab.take(np.flatnonzero(keep))
-
-
-def _bwd_prefix(p: DpProblem) -> np.ndarray:
-    return np.concatenate([[0.0], np.cumsum(p.bwd)])
 
 
 def _final_cost(p: DpProblem, lab: FifoLabels) -> np.ndarray:
     """Cost of complete plans: the last forward waits for every D2H copy, the first backward for every H2D."""
     tf = p.fwd_prefix[p.n] + lab.cf
-    tr = _bwd_prefix(p)[p.n] + lab.cr
+    tr = p.bwd_prefix[p.n] + lab.cr
     d_tail = np.where(lab.dq_n > 0, lab.dq_t[np.arange(len(lab)), np.maximum(lab.dq_n - 1, 0)], -np.inf)
     h_tail = np.where(lab.hq_n > 0, lab.hq_t[np.arange(len(lab)), np.maximum(lab.hq_n - 1, 0)], -np.inf)
     return lab.cost + np.maximum(d_tail - tf, 0.0) + np.maximum(h_tail - tr, 0.0)
@@ -129,7 +125,6 @@ def fifo_sweep(p: DpProblem, deadline: float, threshold: float, max_labels: int 
     `queue`: copies held exactly per direction (>= 2; beyond, the oldest merge optimistically)."""
     assert not p.serial, "serial devices: the fluid sweep is already exact"
     assert queue >= 2, "a full queue merges its two oldest copies"
-    bwd_prefix = _bwd_prefix(p)
     st = _State(pending=[[] for _ in range(p.n + 1)], compact_at=[4 * _CHUNK] * (p.n + 1))
     st.pending[0].append(_root(queue))
     res = SweepResult(finished=False, bound_s=None)
@@ -151,7 +146,7 @@ def fifo_sweep(p: DpProblem, deadline: float, threshold: float, max_labels: int 
             res.peak_labels = max(res.peak_labels, len(lab))
             st.stored += len(lab)
             current_min = float((lab.cost + p.future_bound(k, lab.retained)).min())
-            _expand(p, st, k, lab, threshold, deadline, offload_bytes[k], bwd_prefix, max_labels)
+            _expand(p, st, k, lab, threshold, deadline, offload_bytes[k], max_labels)
         k = p.n
         parts = st.pending[p.n]
         st.pending[p.n] = []
@@ -186,7 +181,7 @@ def _frontier(p: DpProblem, st: _State, start: int) -> float:
 
 
 def _expand(p: DpProblem, st: _State, k: int, lab: FifoLabels, threshold: float, deadline: float,
-            offload_bytes: np.ndarray, bwd_prefix: np.ndarray, max_labels: int) -> None:
+            offload_bytes: np.ndarray, max_labels: int) -> None:
     bits_at, out_bytes_bit = p.segment_inputs(k)
     per_label = 1 + len(offload_bytes) + (p.n - k)
     capacity = max(_CHUNK, 2 * per_label)
@@ -196,7 +191,7 @@ def _expand(p: DpProblem, st: _State, k: int, lab: FifoLabels, threshold: float,
             raise FifoStop("deadline")
         (first, w, dst, parent, action, ret, held, cf, cr, dqt, dqb, dqn, hqt, hqb, hqn) = expand_fifo(
             k, p.limit, p.latency, p.d2h_bw, p.h2d_bw, threshold, p.saved, p.saved_prefix, p.fwd, p.fwd_prefix,
-            p.bwd, bwd_prefix, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
+            p.bwd, p.bwd_prefix, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
             bits_at, out_bytes_bit, offload_bytes, lab.retained, lab.held, lab.cf, lab.cr,
             lab.dq_t, lab.dq_b, lab.dq_n, lab.hq_t, lab.hq_b, lab.hq_n, first, capacity)
         if w == 0:

@@ -86,6 +86,8 @@ class DpProblem:
     """int64 prefix sums of `saved` (length n + 1)."""
     fwd_prefix: np.ndarray
     """float64 prefix sums of `fwd` (length n + 1)."""
+    bwd_prefix: np.ndarray
+    """float64 prefix sums of `bwd` (length n + 1): the reverse clock of the backward (the FIFO sweep)."""
     row_floor: np.ndarray
     """int64, length n + 1: the least any stage of layers >= k needs beyond the retained bytes
     (max over m >= k of s_m + max(transients)); a label retaining more than limit - row_floor[k] is dead."""
@@ -215,6 +217,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         latency=trace.device.copy_latency_s,
         saved_prefix=np.concatenate([[0], np.cumsum(saved)]).astype(np.int64),
         fwd_prefix=np.concatenate([[0.0], np.cumsum(fwd)]),
+        bwd_prefix=np.concatenate([[0.0], np.cumsum(bwd)]),
         row_floor=row_floor,
         future=future,
         future_step=future_step,
