@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
+import secrets
+import stat
+import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from memsched.errors import TraceFormatError
+from memsched.errors import MemschedError, TraceFormatError
 from memsched.schema import Schedule, Trace
 
 M = TypeVar("M", bound=BaseModel)
@@ -97,15 +100,81 @@ def load_schedule(path: str | Path) -> Schedule:
 
 
 def save_model(obj: BaseModel, path: str | Path) -> None:
-    """Write atomically (temp file + rename) so an interrupted write never leaves half a file."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    """Write a Trace / Schedule as indented JSON to `path` (see write_text for how each kind of path is written)."""
+    write_text(path, obj.model_dump_json(indent=2) + "\n")
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write UTF-8 text to `path`; '-' means standard output (see write_bytes)."""
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` the way a user expects of an output file, and safely.
+
+    * '-' writes to standard output.
+    * A character or block device (/dev/null, a terminal) or a FIFO is written straight through: replacing it
+      would turn the device node into a regular file (as root, /dev/null then breaks every other program).
+    * A regular file, or a path that does not exist yet, is replaced atomically: the bytes go to a temporary
+      file beside it, are flushed to disk, then renamed over the target, so a crash or an error leaves either
+      the old file or the new one, never half of one, and no temporary file behind.
+    * Modes: a new file gets 0666 less the umask, as a plain open() gives (mkstemp's 0600 would hide a
+      schedule from a training job running as another user). Replacing an existing file keeps its mode (and
+      its owner where the process may set it), as overwriting it in place would: a file the user made
+      group-readable stays so.
+    * A symlink is followed: the file it points to is replaced, the link stays.
+    """
+    if str(path) == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    p = Path(os.path.realpath(path))
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(obj.model_dump_json(indent=2))
-            f.write("\n")
+        st: os.stat_result | None = p.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise MemschedError(f"cannot write {str(path)!r}: {e.strerror}; give a path you may write") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise MemschedError(f"cannot write {str(path)!r}: it is a directory; give a file path inside it")
+    try:
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            # Devices, FIFOs, sockets: write through, never replace the node.
+            with open(p, "wb") as f:
+                f.write(data)
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            _replace_atomically(p, data, st)
+    except PermissionError as e:
+        raise MemschedError(
+            f"cannot write {str(path)!r}: permission denied ({e.filename}); give a path in a folder you may write"
+        ) from None
+
+
+def _replace_atomically(p: Path, data: bytes, old: os.stat_result | None) -> None:
+    # O_EXCL on a random name instead of mkstemp: mkstemp forces mode 0600, while os.open's 0666 is reduced
+    # by the umask in the kernel, exactly as for open(), and without reading the process-wide umask.
+    while True:
+        tmp = p.parent / f".{p.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if old is not None:
+                os.fchmod(f.fileno(), stat.S_IMODE(old.st_mode))
+                if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+                    # Only root (or the owner of both) may give the file back to its owner; anyone else
+                    # writes a file of their own, as any editor's atomic save does.
+                    with contextlib.suppress(PermissionError):
+                        os.fchown(f.fileno(), old.st_uid, old.st_gid)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
