@@ -13,22 +13,14 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from memsched.api.models import JobRow, JobStatus, TraceRow, utcnow
-from memsched.optimizer.solve import SolveOptions
-from memsched.schema import Trace
-
-JOB_FIELDS = ("solver", "time_limit_s", "gap", "window", "max_segment")
-"""The SolveOptions a job carries, one column each. The others are the server's (threads) or the CLI's own
-(export_model), and do not change the answer."""
-
-
-def job_options(options: SolveOptions) -> dict[str, object]:
-    return {f: getattr(options, f) for f in JOB_FIELDS}
+from memsched.api.models import JobRow, TraceRow, utcnow
+from memsched.options import SolveOptions
+from memsched.schema import JobStatus, Trace
 
 
 def cache_key(trace_hash: str, budget_bytes: int, params: SolveOptions) -> str:
     """Equal keys mean the same question: the same trace, budget bytes and solve options."""
-    payload = json.dumps({"trace": trace_hash, "budget_bytes": budget_bytes, **job_options(params)}, sort_keys=True)
+    payload = json.dumps({"trace": trace_hash, "budget_bytes": budget_bytes, **params.job_fields()}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -147,11 +139,7 @@ def submit_job(
             cache_key=key,
             budget_bytes=budget_bytes,
             budget_spec=text(budget_spec, 64) or "",
-            solver=params.solver,
-            time_limit_s=params.time_limit_s,
-            gap=params.gap,
-            window=params.window,
-            max_segment=params.max_segment,
+            options=params.model_dump_json(),
             status=JobStatus.QUEUED,
             attempts=0,
         )
@@ -175,7 +163,7 @@ def submit_job(
 
 
 def params_of(row: JobRow) -> SolveOptions:
-    return SolveOptions(**{f: getattr(row, f) for f in JOB_FIELDS})
+    return SolveOptions.model_validate_json(row.options)
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
@@ -63,11 +64,12 @@ class Database:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def create_all(self) -> None:
-        """Create missing tables (no migrations yet: the schema is new). On PostgreSQL under an advisory lock:
-        API replicas starting together would otherwise race to create the same tables."""
+        """Create missing tables and migrate older ones (`migrate`). On PostgreSQL under an advisory lock: API
+        replicas starting together would otherwise race to create or migrate the same tables."""
         with self.engine.begin() as conn:
             if self.engine.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+            migrate(conn)
             Base.metadata.create_all(conn)
 
     @contextmanager
@@ -87,3 +89,32 @@ class Database:
     def safe_url(self) -> str:
         """The URL with the password masked, for logs."""
         return make_url(self.url).render_as_string(hide_password=True)
+
+
+_OPTION_COLUMNS = ("solver", "time_limit_s", "gap", "window", "max_segment")
+"""The solve options' columns of schedule_jobs before they became one JSON column (`options`)."""
+
+
+def migrate(conn: Connection) -> None:
+    """Bring tables written by an older memsched up to date, keeping every row.
+
+    1. schedule_jobs stored each solve option in a column of its own; now the options are one JSON column
+       (SolveOptions as JSON), so that adding an option needs no migration. Each row's options are rebuilt from
+       its old columns, then those columns are dropped (SQLite >= 3.35 and PostgreSQL both drop columns)."""
+    insp = inspect(conn)
+    if "schedule_jobs" not in insp.get_table_names():
+        return
+    columns = {c["name"] for c in insp.get_columns("schedule_jobs")}
+    old = [c for c in _OPTION_COLUMNS if c in columns]
+    if "options" in columns or not old:
+        return
+    log.info("migrating schedule_jobs: solve options %s -> one JSON column 'options'", ", ".join(old))
+    conn.execute(text("ALTER TABLE schedule_jobs ADD COLUMN options TEXT"))
+    quote = conn.dialect.identifier_preparer.quote  # "window" is a reserved word in PostgreSQL
+    rows = conn.execute(text(f"SELECT id, {', '.join(map(quote, old))} FROM schedule_jobs")).mappings().all()
+    for row in rows:
+        # The stored values as they are (they passed the same checks when they were stored).
+        options = json.dumps({c: row[c] for c in old})
+        conn.execute(text("UPDATE schedule_jobs SET options = :o WHERE id = :id"), {"o": options, "id": row["id"]})
+    for c in old:
+        conn.execute(text(f"ALTER TABLE schedule_jobs DROP COLUMN {quote(c)}"))

@@ -23,7 +23,6 @@ import logging
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,10 +31,11 @@ from memsched.api import crud, worker
 from memsched.api.db import Database
 from memsched.api.errors import BrokerUnavailable
 from memsched.api.jobs import kill_pool, spawn_pool
-from memsched.api.models import JobRow, JobStatus
+from memsched.api.models import JobRow
 from memsched.api.settings import BROKER_SCHEMES, Settings
 from memsched.errors import MemschedError
-from memsched.schema import SCHEDULE_SCHEMA_VERSION, TRACE_SCHEMA_VERSION
+from memsched.options import SolveResources
+from memsched.schema import SCHEDULE_SCHEMA_VERSION, TRACE_SCHEMA_VERSION, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +365,8 @@ def _run_job(task: Any, job_id: str, versions: dict[str, Any] | None) -> str:
     outcome = worker.solve_with_fallback(
         claim.trace_json,
         claim.budget_bytes,
-        replace(claim.params, threads=st.settings.solver_threads),
+        claim.params,
+        SolveResources(threads=st.settings.solver_threads),
         SoftTimeLimitExceeded,
         overran,
         lambda: None,  # the hard limit is Celery's, already armed

@@ -4,12 +4,13 @@ per cache key, which is what makes repeated submissions idempotent and lets the 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import BigInteger, DateTime, Dialect, Float, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
+
+from memsched.schema import JobStatus
 
 
 def utcnow() -> datetime:
@@ -33,13 +34,6 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 class Base(DeclarativeBase):
     pass
-
-
-class JobStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
 
 
 class TraceRow(Base):
@@ -68,11 +62,8 @@ class JobRow(Base):
     budget_bytes: Mapped[int] = mapped_column(BigInteger)
     budget_spec: Mapped[str] = mapped_column(String(64))
     """The budget as the client wrote it ('50%', '8GiB', '123'), for display."""
-    solver: Mapped[str] = mapped_column(String(32))
-    time_limit_s: Mapped[float] = mapped_column(Float)
-    gap: Mapped[float] = mapped_column(Float)
-    window: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    max_segment: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    options: Mapped[str] = mapped_column(Text)
+    """The job's SolveOptions as JSON (memsched.options): one column, so a new option needs no migration."""
     status: Mapped[str] = mapped_column(String(16), index=True, default=JobStatus.QUEUED.value)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Why a job failed, or what happened to it (re-queued after a restart)."""

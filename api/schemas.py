@@ -5,12 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema
 
 from memsched.api.examples import EXAMPLE_TRACE
-from memsched.api.models import JobStatus
-from memsched.optimizer.solve import SOLVERS, SolveOptions
-from memsched.schema import Schedule, Trace
+from memsched.options import SolveOptions
+from memsched.schema import JobStatus, Schedule, Trace
 from memsched.service import CompareRow
 
 TraceId = Annotated[
@@ -126,45 +125,18 @@ class TraceOut(TraceRef):
     trace: Trace
 
 
-class ScheduleRequest(_Strict):
-    """Solve one trace (stored, by id; or inline, which also stores it) under one budget."""
+class ScheduleRequest(SolveOptions):
+    """Solve one trace (stored, by id; or inline, which also stores it) under one budget. The solve options are
+    SolveOptions' own fields; an absent `time_limit_s` takes the server's default (MEMSCHED_DEFAULT_TIME_LIMIT_S),
+    and any is capped by MEMSCHED_MAX_TIME_LIMIT_S."""
 
     trace_id: TraceId | None = Field(default=None, description="id of a stored trace (give this or `trace`)")
     trace: StrictTrace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
     budget: Budget
-    solver: str = Field(
-        default=SolveOptions.solver,
-        description="solver backend: " + " | ".join(SOLVERS),
-        json_schema_extra={"enum": list(SOLVERS)},
-    )
-    time_limit_s: float | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description="wall-clock limit for the exact solver, seconds (server default if absent; capped by the "
-        "server's MEMSCHED_MAX_TIME_LIMIT_S)",
-    )
-    gap: float = Field(default=SolveOptions.gap, ge=0, lt=1, allow_inf_nan=False, description="relative optimality gap")
-    window: int | None = Field(
-        default=None,
-        ge=1,
-        le=100_000,
-        description="W: a layer's offload done-by / prefetch-at stages lie within W layers of it "
-        "(default: the optimizer's)",
-    )
-    max_segment: int | None = Field(
-        default=None,
-        ge=1,
-        le=100_000,
-        description="L: the longest recompute segment the ILP may choose (default: the optimizer's)",
-    )
 
-    @field_validator("solver")
-    @classmethod
-    def _solver(cls, v: str) -> str:
-        if v not in SOLVERS:
-            raise ValueError(f"unknown solver {v!r}; use one of {', '.join(SOLVERS)}")
-        return v
+    def options(self) -> SolveOptions:
+        """The request's solve options alone."""
+        return SolveOptions(**{name: getattr(self, name) for name in SolveOptions.model_fields})
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -225,8 +197,8 @@ class CompareOut(BaseModel):
     rows: list[CompareRow]
 
 
-class JobOut(BaseModel):
-    """A schedule job: its state, and the schedule once done."""
+class JobOut(SolveOptions):
+    """A schedule job: its state, its solve options (SolveOptions' fields), and the schedule once done."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -266,11 +238,6 @@ class JobOut(BaseModel):
     trace_id: TraceId
     budget: str = Field(description="the budget as requested")
     budget_bytes: int = Field(description="the budget in bytes")
-    solver: str
-    time_limit_s: float
-    gap: float
-    window: int | None = None
-    max_segment: int | None = None
     cached: bool = Field(description="true when the schedule came from an identical earlier request")
     reason: str | None = Field(default=None, description="why the job failed (or what happened to it)")
     min_feasible_bytes: int | None = Field(default=None, description="for an infeasible budget: the smallest one")

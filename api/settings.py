@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from memsched.optimizer.solve import SolveOptions
+from memsched.options import SolveOptions
 
 
 def default_data_dir() -> Path:
@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     """Largest trace accepted, in layers; bigger ones get 422."""
     max_time_limit_s: float = Field(default=300.0, gt=0)
     """Ceiling on a job's solver time limit; a request above it gets 422."""
-    default_time_limit_s: float = Field(default=SolveOptions.time_limit_s, gt=0)
+    default_time_limit_s: float = Field(default=SolveOptions.model_fields["time_limit_s"].default, gt=0)
     """Solver time limit when a request names none (clipped to max_time_limit_s)."""
     max_wait_s: float = Field(default=60.0, ge=0)
     """Ceiling on ?wait=SECONDS; larger waits are clipped to it."""

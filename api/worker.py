@@ -11,12 +11,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from memsched.errors import InfeasibleBudgetError, MemschedError
-from memsched.optimizer.solve import SolveOptions
+from memsched.options import SolveOptions, SolveResources, SolverName
 from memsched.schema import Trace
 from memsched.service import prepare_solver, solve_trace
 
@@ -111,7 +111,8 @@ def run_solve(
         return solve_with_fallback(
             trace_json,
             budget_bytes,
-            replace(params, threads=threads),
+            params,
+            SolveResources(threads=threads),
             _Overrun,
             f"ran past its time limit of {params.time_limit_s:g} s by more than {overrun_s:g} s",
             lambda: signal.setitimer(signal.ITIMER_REAL, overrun_s),
@@ -124,6 +125,7 @@ def solve_with_fallback(
     trace_json: str,
     budget_bytes: int,
     options: SolveOptions,
+    resources: SolveResources,
     stopped: type[BaseException],
     overran: str,
     arm_fallback: Callable[[], object],
@@ -136,15 +138,16 @@ def solve_with_fallback(
     try:
         trace = Trace.model_validate_json(trace_json)
         try:
-            schedule = solve_trace(trace, budget_bytes, options)
+            schedule = solve_trace(trace, budget_bytes, options, resources)
         except stopped:
             kill_descendants(os.getpid())  # e.g. a CBC binary still running past its own -sec limit
-            if options.solver == "heuristic":
+            if options.solver == SolverName.HEURISTIC:
                 raise
             note = f"the {options.solver} solver {overran} and was stopped"
             log.warning("%s; falling back to the heuristic", note)
             arm_fallback()
-            schedule = solve_trace(trace, budget_bytes, replace(options, solver="heuristic"))
+            heuristic = options.model_copy(update={"solver": SolverName.HEURISTIC})
+            schedule = solve_trace(trace, budget_bytes, heuristic, resources)
             note = f"{note}; this is the heuristic's schedule"
             schedule.solver = schedule.solver.model_copy(
                 update={"message": f"{note} ({schedule.solver.message})" if schedule.solver.message else note}

@@ -29,7 +29,8 @@ from memsched.io import load_trace
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget, resolve_budget
 from memsched.optimizer.heuristic import heuristic
-from memsched.optimizer.solve import SolveOptions, solve
+from memsched.optimizer.solve import solve
+from memsched.options import SolveOptions
 from memsched.schema import Trace
 from memsched.service.importers import import_pipedream
 

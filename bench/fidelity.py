@@ -108,7 +108,7 @@ def run_model(
     from memsched.cli.measure_run import WorkloadArgs, run_measure
     from memsched.errors import InfeasibleBudgetError
     from memsched.optimizer.budget import min_feasible_budget
-    from memsched.optimizer.solve import SolveOptions
+    from memsched.options import SolveOptions
     from memsched.runtime import builtin_workload, trace
     from memsched.service import solve_trace
 

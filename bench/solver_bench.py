@@ -24,8 +24,9 @@ from pathlib import Path
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.heuristic import heuristic
-from memsched.optimizer.solve import SolveOptions, solve
+from memsched.optimizer.solve import solve
 from memsched.optimizer.synthetic import make_trace
+from memsched.options import SolveOptions
 from memsched.schema import Trace
 from memsched.service.importers import import_pipedream
 

@@ -80,6 +80,11 @@ class StaticBytes(_Strict):
         return self.params + self.grads + self.optimizer_state + self.other
 
 
+# How far below the sum of its layers' forward + backward times a trace's measured step may be (see
+# Trace._baseline_step). The traces recorded so far have step / layers between 1.02 and 2.3.
+STEP_BELOW_LAYERS_FACTOR = 2.0
+
+
 class Baseline(_Strict):
     """The unscheduled (keep-all) training step as measured."""
 
@@ -187,6 +192,28 @@ class Trace(_Strict):
                 raise ValueError(f"layers[{i}].deps {layer.deps} repeats an index; list each producer once")
         return layers
 
+    @model_validator(mode="after")
+    def _baseline_step(self) -> Trace:
+        # The simulator charges the step's time outside the layers as baseline.step_s minus the layers'
+        # forward + backward, clamped at 0, and measures every overhead against that keep-all step: a step_s
+        # of 0 (or far below its own parts) silently drops the optimizer and loss time and inflates every
+        # overhead percentage. Per-layer timing may read somewhat high (hooks, synchronisation), so a step
+        # below its parts is tolerated down to half of them; a trace beyond that was not measured as one step.
+        parts = sum(x.forward_s + x.backward_s for x in self.layers)
+        step = self.baseline.step_s
+        if step <= 0:
+            raise ValueError(
+                f"baseline.step_s = {step:g} s: the measured step time must be > 0; "
+                f"fix: record the whole step's time (the layers' forward + backward alone sum to {parts:.6g} s)"
+            )
+        if step < parts / STEP_BELOW_LAYERS_FACTOR:
+            raise ValueError(
+                f"baseline.step_s = {step:.6g} s is less than 1/{STEP_BELOW_LAYERS_FACTOR:g} of the layers' "
+                f"forward + backward ({parts:.6g} s), which it includes; fix: record the whole step's time "
+                "(forward, backward and optimizer) in seconds, or re-trace"
+            )
+        return self
+
     @property
     def n(self) -> int:
         return len(self.layers)
@@ -226,6 +253,24 @@ class SolverStatus(StrEnum):
     """A valid schedule from the heuristic or a baseline; no bound was proven."""
     INFEASIBLE = "infeasible"
     """No schedule fits the budget."""
+
+
+class JobStatus(StrEnum):
+    """Where a solve job of the service stands (the API's job bodies, its database rows, the client)."""
+
+    QUEUED = "queued"
+    """Waiting for a solver."""
+    RUNNING = "running"
+    """A solver has it."""
+    DONE = "done"
+    """Finished with a schedule."""
+    FAILED = "failed"
+    """Finished without one (the job's `reason` says why)."""
+
+    @classmethod
+    def finished(cls) -> tuple[JobStatus, ...]:
+        """The states a job does not leave by itself."""
+        return (cls.DONE, cls.FAILED)
 
 
 class OffloadPlan(_Strict):

@@ -10,6 +10,9 @@ overhead is optimal as it stands); then
 4. a MILP backend (optimizer/ilp/) when asked for by name, or, under `auto`, on small traces where its
    windows cover every schedule and the DP left a gap.
 
+Each solver's phases and their shares of the time limit are data (`plan_for`); each MILP backend is an entry of
+`BACKENDS`; one loop runs any plan.
+
 Every schedule is judged by the simulator and the best is returned, so the result is never worse than a
 baseline. The reported bound is the best *true* bound found: the DP's, or a MILP's only where the MILP's
 windows cover the whole problem (a windowed MILP's bound is mentioned in the message, never reported as a
@@ -20,21 +23,24 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memsched.errors import MemschedError, SolverError
+from memsched.errors import SolverError
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import check_budget_feasible
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.ilp.cbc import grace_s
 from memsched.optimizer.ilp.model import MilpModel, build_model
-from memsched.optimizer.ilp.outcome import Found, Outcome
+from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import representable
 from memsched.optimizer.plan import KEEP, Decision
 from memsched.optimizer.polish import polish
 from memsched.optimizer.simulate import SimResult, make_schedule, simulate, stage_memory
+from memsched.options import SolveOptions, SolveResources, SolverName
 from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
 
 if TYPE_CHECKING:
@@ -42,43 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOLVERS = ("auto", "dp", "cbc", "highs", "cpsat", "heuristic")
-MILP_BACKENDS = ("cbc", "highs", "cpsat")
-AUTO_BACKEND = "cbc"  # measured fastest on our 2-core machine (bench/results/solver_bench.md)
+AUTO_BACKEND = SolverName.CBC  # measured fastest on our 2-core machine (bench/results/solver_bench.md)
 _REL_TOL = 1e-9
-
-
-@dataclass(frozen=True)
-class SolveOptions:
-    """How to solve."""
-
-    solver: str = "auto"
-    """auto | dp | cbc | highs | cpsat | heuristic (see the module docstring for what each runs)."""
-    time_limit_s: float = 30.0
-    """Wall-clock limit for the whole solve, seconds (candidates, searches and backends together)."""
-    gap: float = 0.01
-    """Relative optimality gap at which the exact solver may stop."""
-    export_model: Path | None = None
-    """Where to write the solver's model (LP/MPS or CP-SAT proto) for reproduction, if anywhere."""
-    window: int | None = None
-    """W: done-by / prefetch-at stages of layer i lie in [i, i + W]; None = n on small traces, else 12."""
-    max_segment: int | None = None
-    """L: the longest recompute segment the ILP may choose; None = n on small traces, else 16."""
-    threads: int | None = None
-    """Solver threads; None = the backend's default (CP-SAT: 2)."""
-
-    def __post_init__(self) -> None:
-        # The one place the options are checked: the CLI, the API's request schema and its jobs all build a
-        # SolveOptions, so a bad value gets the same message wherever it comes from.
-        if self.solver not in SOLVERS:
-            raise MemschedError(f"solver: {self.solver!r} is not one of {', '.join(SOLVERS)}; pick one of those")
-        if not self.time_limit_s > 0:
-            raise MemschedError(f"time limit: must be > 0 seconds, got {self.time_limit_s}; e.g. --time-limit 30")
-        if not 0 <= self.gap < 1:
-            raise MemschedError(f"gap: must be in [0, 1), got {self.gap}; e.g. --gap 0.01 for 1%")
-        for name, value in (("window", self.window), ("max segment", self.max_segment)):
-            if value is not None and value < 1:
-                raise MemschedError(f"{name}: must be >= 1, got {value}; leave it unset for the default")
 
 
 @dataclass
@@ -180,32 +151,74 @@ def _model_is_exact(m: MilpModel) -> bool:
     return timing_free and m.max_segment >= n
 
 
-def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend: str,
+def _solve_pulp_backend(name: str) -> Callable[..., Outcome]:
+    def run(m: MilpModel, limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None) -> Outcome:
+        from memsched.optimizer.ilp.pulp_backend import solve_pulp
+
+        return solve_pulp(m, name, limit_s, gap, warm, threads)
+
+    return run
+
+
+def _solve_cpsat(m: MilpModel, limit_s: float, gap: float, warm: list[Decision] | None,
+                 threads: int | None) -> Outcome:
+    from memsched.optimizer.ilp.cpsat_backend import solve_cpsat
+
+    return solve_cpsat(m, limit_s, gap, warm, threads)
+
+
+def _export_pulp(m: MilpModel, path: Path) -> None:
+    from memsched.optimizer.ilp.pulp_backend import export_pulp
+
+    export_pulp(m, path)
+
+
+def _export_cpsat(m: MilpModel, path: Path) -> None:
+    from memsched.optimizer.ilp.cpsat_backend import export_cpsat
+
+    export_cpsat(m, path)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A MILP backend: how it solves a built model and how it writes the model out."""
+
+    solve: Callable[[MilpModel, float, float, list[Decision] | None, int | None], Outcome]
+    """(model, time limit s, gap, warm start, threads) -> outcome; imports its library on first use."""
+    export: Callable[[MilpModel, Path], None]
+    """Writes the model for reproduction (LP/MPS, or the CP-SAT proto)."""
+    objective_is_simulated: bool
+    """Whether its objective equals the simulator's overhead to rounding (CP-SAT scales times to integers)."""
+
+
+BACKENDS: dict[SolverName, Backend] = {
+    SolverName.CBC: Backend(_solve_pulp_backend("cbc"), _export_pulp, objective_is_simulated=True),
+    SolverName.HIGHS: Backend(_solve_pulp_backend("highs"), _export_pulp, objective_is_simulated=True),
+    SolverName.CPSAT: Backend(_solve_cpsat, _export_cpsat, objective_is_simulated=False),
+}
+"""Every MILP backend, by the solver name that asks for it."""
+
+
+def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend: SolverName,
                  starts: list[list[Decision]], deadline: float,
-                 export: Path | None = None) -> tuple[Outcome, bool]:
+                 resources: SolveResources) -> tuple[Outcome, bool]:
     """One MILP run (windows from `options`) that ends by `deadline` (perf_counter), model building
     included; returns its outcome and whether its model is exact (windows cover everything)."""
     m = build_model(trace, budget_bytes, options.window, options.max_segment)
     warm = _best_start(m, starts)
     time_limit_s = backend_limit(deadline - time.perf_counter())
-    if backend == "cpsat":
-        from memsched.optimizer.ilp.cpsat_backend import export_cpsat, solve_cpsat
-
-        if export is not None:
-            export_cpsat(m, export)
-        return solve_cpsat(m, time_limit_s, options.gap, warm, options.threads), _model_is_exact(m)
-    from memsched.optimizer.ilp.pulp_backend import export_pulp, solve_pulp
-
-    if export is not None:
-        export_pulp(m, export)
-    return solve_pulp(m, backend, time_limit_s, options.gap, warm, options.threads), _model_is_exact(m)
+    entry = BACKENDS[backend]
+    if resources.export_model is not None:
+        entry.export(m, resources.export_model)
+    return entry.solve(m, time_limit_s, options.gap, warm, resources.threads), _model_is_exact(m)
 
 
 class _Flow:
     """One solve: the candidates found so far, the best true bound, and what each phase said."""
 
-    def __init__(self, trace: Trace, budget_bytes: int, options: SolveOptions, t0: float) -> None:
-        self.trace, self.budget, self.options, self.t0 = trace, budget_bytes, options, t0
+    def __init__(self, trace: Trace, budget_bytes: int, options: SolveOptions, resources: SolveResources,
+                 t0: float) -> None:
+        self.trace, self.budget, self.options, self.resources, self.t0 = trace, budget_bytes, options, resources, t0
         self.deadline = t0 + options.time_limit_s
         self.reserve = _RESERVE_S + _RESERVE_PER_LAYER_S * trace.n
         self.cands = _candidates(trace, budget_bytes)
@@ -218,9 +231,11 @@ class _Flow:
         self.ilp_sim: SimResult | None = None
         self.dp: DpOutcome | None = None
         self.fifo_timed_out = False
+        """The FIFO probe stopped at its time share (rather than finishing or reaching its label cap)."""
         self.fifo_note: str | None = None
         """Where the last FIFO sweep stopped, said in the answer only if the gap stays open."""
-        """The FIFO probe stopped at its time share (rather than finishing or reaching its label cap)."""
+        self.dp_until: float | None = None
+        """Where the exact DP's time ended (the FIFO sweep's second run gets the same)."""
         self._problem: DpProblem | None = None
 
     def problem(self) -> DpProblem:
@@ -268,11 +283,10 @@ class _Flow:
             self.notes.append(f"{took:.2g} s of the limit went to loading the optimizer's compiled kernels (once per "
                               "process; the first use in an environment also compiles them)")
 
-    def beam(self, share: float) -> None:
+    def beam(self, until: float) -> None:
         """Beams of growing width within the share: an answer early, a better one if time allows."""
         from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
 
-        until = self.until(share)
         width = 24
         while time.perf_counter() < until:
             out = beam_search(self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s,
@@ -285,8 +299,8 @@ class _Flow:
             if width > _MAX_BEAM_WIDTH:
                 break
 
-    def polish(self, share: float) -> None:
-        limit = self.until(share) - time.perf_counter()
+    def polish(self, until: float) -> None:
+        limit = until - time.perf_counter()
         if limit <= 0.05:
             return
         res = polish(self.trace, self.budget, self.best.sim.decisions, limit)
@@ -321,9 +335,10 @@ class _Flow:
         share = max(_FIFO_SHARE * self.options.time_limit_s, _FIFO_MIN_S)
         self.fifo_dp(time.perf_counter() + share)
 
-    def fifo_again(self, until: float) -> None:
-        """The FIFO sweep with the time left, where its probe ran out of time (not labels) and the fluid sweep
-        finished without closing the gap: a loose fluid bound is what the FIFO sweep exists to replace."""
+    def fifo_again(self) -> None:
+        """The FIFO sweep with the exact DP's time, where its probe ran out of time (not labels) and the fluid
+        sweep finished without closing the gap: a loose fluid bound is what the FIFO sweep exists to replace."""
+        until = self.dp_until if self.dp_until is not None else self.deadline - self.reserve
         fluid_done = self.dp is not None and not self.dp.timed_out and not self.dp.cap_hit
         if self.fifo_timed_out and fluid_done and not self.proven() and self.left() > 1.0:
             self.fifo_dp(until)
@@ -331,6 +346,7 @@ class _Flow:
     def exact_dp(self, until: float) -> None:
         from memsched.optimizer.dp import exact_search
 
+        self.dp_until = until
         out = exact_search(self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap,
                            problem=self.problem())
         self.dp = out
@@ -340,19 +356,19 @@ class _Flow:
         if out.message:
             self.notes.append(out.message)
 
-    def milp(self, backend: str, exact_windows: bool = False) -> None:
+    def milp(self, backend: SolverName, exact_windows: bool = False) -> None:
         """A MILP backend with what is left; `exact_windows`: W = L = n, so the model covers every schedule."""
         if self.left() < 1.0:  # building, warm-starting and CBC's kill grace need about that much
             self.notes.append(f"no time left for {backend}")
             return
         options = self.options
         if exact_windows:
-            options = replace(options, window=self.trace.n, max_segment=self.trace.n)
+            options = options.model_copy(update={"window": self.trace.n, "max_segment": self.trace.n})
         starts = [c.sim.decisions for c in self.cands]
         outcome, exact = _run_backend(self.trace, self.budget, options, backend, starts,
-                                      self.deadline - self.reserve, export=self.options.export_model)
+                                      self.deadline - self.reserve, self.resources)
         self.outcome = outcome
-        if outcome.found == Found.INFEASIBLE:
+        if outcome.status == SolverStatus.INFEASIBLE:
             raise SolverError(
                 f"{backend} reported the model infeasible although the budget is feasible "
                 f"({outcome.message}); this is a bug: please report it with --export-model output")
@@ -366,7 +382,7 @@ class _Flow:
                 self.notes.append(f"{backend} returned a schedule over budget (discarded)")
             else:
                 self.ilp_sim = sim
-                if outcome.objective_s is not None and backend != "cpsat":
+                if outcome.objective_s is not None and BACKENDS[backend].objective_is_simulated:
                     diff = abs(outcome.objective_s - sim.overhead_s)
                     if diff > 1e-6 * max(sim.overhead_s, 1e-6):
                         log.warning("%s objective %.9g s differs from the simulated %.9g s", backend,
@@ -427,7 +443,86 @@ def _heuristic_only(trace: Trace, budget_bytes: int, flow: _Flow) -> SolveReport
     return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
 
 
-def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> SolveReport:
+class Step(StrEnum):
+    """What a phase of the solve runs (the _Flow method of the same name)."""
+
+    BEAM = "beam"
+    POLISH = "polish"
+    FIFO_PROBE = "fifo_probe"
+    EXACT_DP = "exact_dp"
+    FIFO_AGAIN = "fifo_again"
+    MILP = "milp"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a solver's plan and its share of the time limit."""
+
+    step: Step
+    """What runs."""
+    share: float | None = None
+    """Its time: this share of the limit (None: up to the deadline; the FIFO steps size their own)."""
+    from_start: bool = False
+    """The share ends at that fraction of the limit counted from the solve's start, not from the phase's."""
+    only_if_open: bool = True
+    """Skipped once the best answer is proven within the gap."""
+    min_left_s: float = 0.0
+    """Skipped unless at least this many seconds are left."""
+    backend: SolverName | None = None
+    """MILP phases: the backend."""
+    exact_windows: bool = False
+    """MILP phases: windows W = L = n, so the model covers every schedule and its bound is a true bound."""
+
+
+def plan_for(solver: SolverName, n_layers: int) -> list[Phase]:
+    """The phases `solver` runs on a trace of `n_layers` layers, in order (docs/formulation.md, 'How solve()
+    proceeds'). Candidates first (beam DP, local search; long traces give the local search the larger share,
+    as the exact DP rarely finishes there), then the FIFO sweep's probe, then what proves the bound."""
+    if solver == SolverName.HEURISTIC:
+        return []
+    long_trace = n_layers > _LONG_TRACE
+    searches = [
+        Phase(Step.BEAM, _BEAM_SHARE / 2 if long_trace else _BEAM_SHARE, only_if_open=False),
+        Phase(Step.POLISH, _POLISH_SHARE_LONG if long_trace else _POLISH_SHARE, only_if_open=False),
+        Phase(Step.FIFO_PROBE, only_if_open=False),
+    ]
+    if solver in BACKENDS:
+        # A true bound first (the DP), then the backend asked for by name with the rest of the time.
+        return [*searches, Phase(Step.EXACT_DP, _DP_SHARE_BEFORE_MILP),
+                Phase(Step.MILP, only_if_open=False, backend=solver)]
+    # The exact DP gets most of what is left; where it cannot finish, the FIFO sweep may run again, and the
+    # last part goes to the exact-window MILP (auto, small traces) or to the local search.
+    last = (Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True)
+            if solver == SolverName.AUTO and n_layers <= AUTO_MILP_MAX_LAYERS
+            else Phase(Step.POLISH, 1.0, min_left_s=0.2))
+    dp = Phase(Step.EXACT_DP) if solver == SolverName.DP else Phase(Step.EXACT_DP, _DP_UNTIL, from_start=True)
+    return [*searches, dp, Phase(Step.FIFO_AGAIN), last]
+
+
+def _run_phase(flow: _Flow, phase: Phase) -> None:
+    if phase.share is None:
+        until = flow.deadline - flow.reserve
+    elif phase.from_start:
+        until = min(flow.t0 + phase.share * flow.options.time_limit_s, flow.deadline - flow.reserve)
+    else:
+        until = flow.until(phase.share)
+    if phase.step == Step.BEAM:
+        flow.beam(until)
+    elif phase.step == Step.POLISH:
+        flow.polish(until)
+    elif phase.step == Step.FIFO_PROBE:
+        flow.fifo_probe()
+    elif phase.step == Step.EXACT_DP:
+        flow.exact_dp(until)
+    elif phase.step == Step.FIFO_AGAIN:
+        flow.fifo_again()
+    else:
+        assert phase.step == Step.MILP and phase.backend is not None
+        flow.milp(phase.backend, exact_windows=phase.exact_windows)
+
+
+def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None = None,
+                 resources: SolveResources | None = None) -> SolveReport:
     """solve(), with the phases' raw results kept."""
     options = options or SolveOptions()
     t0 = time.perf_counter()
@@ -436,40 +531,23 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         rec = _record("keep-all", SolverStatus.OPTIMAL, 0.0, time.perf_counter() - t0,
                       "keep-all fits the budget: no overhead", bound=0.0)
         return SolveReport(make_schedule(trace, [KEEP] * trace.n, budget_bytes, "keep-all", rec), None, None)
-    flow = _Flow(trace, budget_bytes, options, t0)
+    flow = _Flow(trace, budget_bytes, options, resources or SolveResources(), t0)
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
-    if options.solver == "heuristic":
+    phases = plan_for(options.solver, trace.n)
+    if not phases:
         return _heuristic_only(trace, budget_bytes, flow)
     flow.prepare_kernels()
-    long_trace = trace.n > _LONG_TRACE
-    flow.beam(_BEAM_SHARE / 2 if long_trace else _BEAM_SHARE)
-    flow.polish(_POLISH_SHARE_LONG if long_trace else _POLISH_SHARE)
-    if flow.best.sim.overhead_s <= 0.0:
-        return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
-    flow.fifo_probe()
-    if options.solver in MILP_BACKENDS:
-        # A true bound first (the DP), then the backend asked for by name with the rest of the time.
-        if not flow.proven():
-            flow.exact_dp(flow.until(_DP_SHARE_BEFORE_MILP))
-        flow.milp(options.solver)
-        return flow.report()
-    if flow.proven():
-        return flow.report()
-    # The exact DP gets most of what is left (long traces: after their longer local search); where it
-    # cannot finish, the last part goes to the MILP or the local search.
-    dp_until = (flow.deadline - flow.reserve if options.solver == "dp"
-                else min(flow.t0 + _DP_UNTIL * options.time_limit_s, flow.deadline - flow.reserve))
-    flow.exact_dp(dp_until)
-    flow.fifo_again(dp_until)
-    if not flow.proven() and flow.left() > 0.2:
-        if options.solver == "auto" and trace.n <= AUTO_MILP_MAX_LAYERS:
-            flow.milp(AUTO_BACKEND, exact_windows=True)
-        else:
-            flow.polish(1.0)
+    for phase in phases:
+        if (phase.only_if_open and flow.proven()) or flow.left() < phase.min_left_s:
+            continue
+        _run_phase(flow, phase)
+        if flow.best.sim.overhead_s <= 0.0:
+            return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     return flow.report()
 
 
-def solve(trace: Trace, budget_bytes: int, options: SolveOptions | None = None) -> Schedule:
+def solve(trace: Trace, budget_bytes: int, options: SolveOptions | None = None,
+          resources: SolveResources | None = None) -> Schedule:
     """Return the best schedule found for the budget; InfeasibleBudgetError if none can fit."""
-    return solve_report(trace, budget_bytes, options).schedule
+    return solve_report(trace, budget_bytes, options, resources).schedule

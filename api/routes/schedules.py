@@ -13,12 +13,11 @@ from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.deps import DatabaseDep, MetricsDep, OwnerDep, RunnerDep, SettingsDep
 from memsched.api.distributed import DistributedRunner
-from memsched.api.errors import ApiError, from_memsched_error
-from memsched.api.models import JobRow, JobStatus
+from memsched.api.errors import ApiError
+from memsched.api.models import JobRow
 from memsched.api.routes.common import job_out, request_budget, resolve_trace
 from memsched.api.schemas import JobId, JobOut, ScheduleRequest, error_responses
-from memsched.errors import MemschedError
-from memsched.optimizer.solve import SolveOptions
+from memsched.schema import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,8 @@ async def create_schedule(
     metrics: MetricsDep,
     wait: WaitQuery = 0,
 ) -> JobOut:
-    time_limit = req.time_limit_s if req.time_limit_s is not None else settings.default_time_limit_s
+    given = "time_limit_s" in req.model_fields_set
+    time_limit = req.time_limit_s if given else settings.default_time_limit_s
     if time_limit > settings.max_time_limit_s:
         raise ApiError(
             422,
@@ -74,12 +74,7 @@ async def create_schedule(
             "(MEMSCHED_MAX_TIME_LIMIT_S); ask for a shorter time limit",
             "time_limit_s",
         )
-    try:
-        params = SolveOptions(
-            solver=req.solver, time_limit_s=time_limit, gap=req.gap, window=req.window, max_segment=req.max_segment
-        )
-    except MemschedError as e:
-        raise from_memsched_error(e) from None
+    params = req.options().model_copy(update={"time_limit_s": time_limit})
 
     def submit() -> tuple[JobRow, bool]:
         with db.session() as s:
@@ -98,7 +93,7 @@ async def create_schedule(
             enqueue = None
             if isinstance(runner, DistributedRunner):
                 dist = runner
-                enqueue = lambda row: dist.enqueue(row.id, row.time_limit_s)  # noqa: E731
+                enqueue = lambda row: dist.enqueue(row.id, params.time_limit_s)  # noqa: E731
             sub = crud.submit_job(s, owner, trace_row, spec, budget_bytes, params, enqueue)
             return sub.job, sub.new_solve
 

@@ -74,7 +74,8 @@ def prepare_memsched(spec: ModelSpec, fraction: float, no_offload: bool = False)
     rt = _runtime()
     from memsched.optimizer.budget import resolve_budget
     from memsched.optimizer.simulate import simulate
-    from memsched.optimizer.solve import SolveOptions, solve
+    from memsched.optimizer.solve import solve
+    from memsched.options import SolveOptions
 
     tr = get_trace(spec)
     if no_offload:

@@ -19,8 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from memsched.errors import MemschedError
-from memsched.io import load_schedule, load_trace, save_model
-from memsched.optimizer.solve import SOLVERS, SolveOptions
+from memsched.io import load_schedule, load_trace, save_model, write_text
+from memsched.options import SolveOptions, SolveResources, cli_flag, option_help
 from memsched.schema import json_schema
 from memsched.units import format_bytes, format_seconds, parse_budget
 
@@ -35,6 +35,7 @@ import_app = typer.Typer(help="Import profiles from other tools into a memsched 
 app.add_typer(import_app, name="import")
 
 out = Console()
+_DEFAULT = SolveOptions()
 err = Console(stderr=True)
 log = logging.getLogger("memsched")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,8 +49,13 @@ BudgetOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+def _print_json(obj: Any, to_stderr: bool = False) -> None:
+    (sys.stderr if to_stderr else sys.stdout).write(json.dumps(obj, indent=2) + "\n")
+
+
+def _to_stdout(output: Path | None) -> bool:
+    """`-o -` writes the file itself to stdout: the command's own report then goes to stderr."""
+    return output is not None and str(output) == "-"
 
 
 @app.command()
@@ -61,8 +67,8 @@ def schema(
     if kind not in ("trace", "schedule"):
         raise MemschedError(f"schema: unknown kind {kind!r}; use 'trace' or 'schedule'")
     text = json.dumps(json_schema(kind), indent=2) + "\n"  # type: ignore[arg-type]
-    if output:
-        output.write_text(text)
+    if output and not _to_stdout(output):
+        write_text(output, text)
         out.print(f"wrote {output}")
     else:
         sys.stdout.write(text)
@@ -202,7 +208,7 @@ def import_pipedream_cmd(
         optimizer_state_factor=optimizer_state_factor,
     )
     save_model(tr, output)
-    out.print(
+    (err if _to_stdout(output) else out).print(
         f"wrote {output}: {tr.n} layers, static {format_bytes(tr.static.total)}, "
         f"keep-all peak {format_bytes(tr.baseline.peak_bytes)}"
     )
@@ -220,10 +226,12 @@ def plot(
 
     tr, sc = load_trace(trace), load_schedule(schedule)
     check_schedule(sc, tr)
-    if output.suffix.lower() != ".png":
+    # A device or a pipe (-o /dev/stdout, a FIFO) takes the PNG whatever its name.
+    piped = _to_stdout(output) or (output.exists() and not output.is_file() and not output.is_dir())
+    if output.suffix.lower() != ".png" and not piped:
         raise MemschedError(f"--output {str(output)!r}: the plot is a PNG; give a path ending in .png")
     path = plot_timeline(tr, sc, output)
-    out.print(f"wrote {path}")
+    (err if _to_stdout(output) else out).print(f"wrote {path}")
 
 
 @app.command()
@@ -231,12 +239,19 @@ def solve(
     trace: Annotated[Path, typer.Argument(help="Trace JSON.")],
     budget: BudgetOpt,
     output: Annotated[Path, typer.Option("-o", "--output", help="Schedule JSON to write.")] = Path("schedule.json"),
-    solver: Annotated[str, typer.Option(help=" | ".join(SOLVERS))] = SolveOptions.solver,
+    # One flag per SolveOptions field, its help that field's docstring (tests/unit/test_cli.py checks the match).
+    solver: Annotated[str, typer.Option(cli_flag("solver"), help=option_help("solver"))] = _DEFAULT.solver,
     time_limit: Annotated[
-        float, typer.Option("--time-limit", help="Time limit of the whole solve, seconds.")
-    ] = SolveOptions.time_limit_s,
-    gap: Annotated[float, typer.Option(help="Relative gap at which the solver may stop.")] = SolveOptions.gap,
-    export_model: Annotated[Path | None, typer.Option("--export-model", help="Write the solver model here.")] = None,
+        float, typer.Option(cli_flag("time_limit_s"), help=option_help("time_limit_s"))
+    ] = _DEFAULT.time_limit_s,
+    gap: Annotated[float, typer.Option(cli_flag("gap"), help=option_help("gap"))] = _DEFAULT.gap,
+    window: Annotated[int | None, typer.Option(cli_flag("window"), help=option_help("window"))] = None,
+    max_segment: Annotated[
+        int | None, typer.Option(cli_flag("max_segment"), help=option_help("max_segment"))
+    ] = None,
+    export_model: Annotated[
+        Path | None, typer.Option("--export-model", help="Write the MILP model here (LP, MPS or CP-SAT text).")
+    ] = None,
     server: Annotated[str | None, typer.Option("--server", help="Solve on a memsched service at this URL.")] = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="MEMSCHED_API_KEY", help="Bearer key for --server.")
@@ -244,18 +259,22 @@ def solve(
     as_json: JsonOpt = False,
 ) -> None:
     """Find the fastest schedule that fits the budget, and write it."""
-    # SolveOptions checks the options itself (the same messages as the API's).
-    options = SolveOptions(solver=solver, time_limit_s=time_limit, gap=gap, export_model=export_model)
+    # SolveOptions checks the options itself (the same rules as the API's).
+    options = SolveOptions(solver=solver, time_limit_s=time_limit, gap=gap, window=window, max_segment=max_segment)
+    resources = SolveResources(export_model=export_model)
     tr = load_trace(trace)
     spec = parse_budget(budget)
     if server:
         from memsched.cli.api import solve_via_server
 
+        if export_model is not None:
+            raise MemschedError("--export-model writes the model where the solve runs; it cannot be used with "
+                                "--server: drop one of them")
         sc = solve_via_server(server, tr, budget, options, api_key)
     else:
         from memsched.service import solve_trace
 
-        sc = solve_trace(tr, spec, options)
+        sc = solve_trace(tr, spec, options, resources)
     save_model(sc, output)
     p, r = sc.prediction, sc.solver
     if as_json:
@@ -265,7 +284,8 @@ def solve(
                 "policy": sc.policy,
                 "prediction": p.model_dump(),
                 "solver": r.model_dump(mode="json"),
-            }
+            },
+            to_stderr=_to_stdout(output),
         )
         return
     counts = sc.action_counts()
@@ -282,7 +302,7 @@ def solve(
     t.add_row("solve wall time", f"{r.wall_s:.2f} s")
     if r.message:
         t.add_row("note", r.message)
-    out.print(t)
+    (err if _to_stdout(output) else out).print(t)
 
 
 # The optional packages a command may need, by the extra that installs them (pyproject.toml): a core install
@@ -311,33 +331,68 @@ def _register_parts() -> None:
 _register_parts()
 
 
+def _error_code(e: MemschedError) -> str:
+    """A stable, machine-readable name for a user error, for scripts that asked for --json."""
+    from memsched.errors import InfeasibleBudgetError, ScheduleMismatchError, TraceFormatError
+
+    if isinstance(e, InfeasibleBudgetError):
+        return "infeasible_budget"
+    if isinstance(e, TraceFormatError):
+        return "bad_file"
+    if isinstance(e, ScheduleMismatchError):
+        return "schedule_mismatch"
+    return "bad_input"
+
+
+def _fail(exit_code: int, code: str, message: str, as_json: bool, *, prefix: str = "error", **extra: Any) -> None:
+    """Report an error and exit. The sentence always goes to stderr; a command run with --json also prints a
+    JSON error object on stdout, so a script that parses stdout gets an answer, not an empty string."""
+    # escape: a message may hold brackets that are not markup, like pip's 'memsched[api]'.
+    err.print(f"[bold red]{prefix}:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    if as_json:
+        _print_json({"error": {"code": code, "message": message, "exit_code": exit_code, **extra}})
+    sys.exit(exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("MEMSCHED_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         # Standalone mode: typer/click report usage errors themselves (exit 2) and turn typer.Exit into
         # sys.exit; everything else reaches the handlers below.
         app(args=argv)
     except MemschedError as e:
-        # escape: a message may hold brackets that are not markup, like pip's 'memsched[api]'.
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        # Every error object has the same keys; min_feasible_bytes is null unless the budget was infeasible.
+        _fail(
+            2,
+            _error_code(e),
+            str(e),
+            as_json,
+            min_feasible_bytes=getattr(e, "min_feasible_bytes", None),
+            budget_bytes=getattr(e, "budget_bytes", None),
+        )
     except ModuleNotFoundError as e:
         extra = _EXTRA_OF.get((e.name or "").split(".")[0])
         if extra is None or os.environ.get("MEMSCHED_DEBUG"):
             raise
-        err.print(
-            f"[bold red]error:[/] this command needs {e.name}, which is in the {extra} extra: "
-            + escape(f"pip install 'memsched[{extra}]'"),
-            highlight=False,
-            soft_wrap=True,
+        _fail(
+            2,
+            "missing_extra",
+            f"this command needs {e.name}, which is in the {extra} extra: pip install 'memsched[{extra}]'",
+            as_json,
+            min_feasible_bytes=None,
+            budget_bytes=None,
         )
-        sys.exit(2)
     except Exception as e:
         if os.environ.get("MEMSCHED_DEBUG"):
             raise
-        err.print(
-            f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))} "
-            "(set MEMSCHED_DEBUG=1 for the traceback)",
-            highlight=False,
+        _fail(
+            1,
+            "internal_error",
+            f"{type(e).__name__}: {e} (set MEMSCHED_DEBUG=1 for the traceback)",
+            as_json,
+            prefix="internal error",
+            min_feasible_bytes=None,
+            budget_bytes=None,
         )
-        sys.exit(1)

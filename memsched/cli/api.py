@@ -10,7 +10,7 @@ import typer
 from memsched.errors import MemschedError
 
 if TYPE_CHECKING:
-    from memsched.optimizer.solve import SolveOptions
+    from memsched.options import SolveOptions
     from memsched.schema import Schedule, Trace
     from memsched.units import BudgetSpec
 

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import keepall_activation_peak, resolve_budget
 from memsched.optimizer.simulate import SimResult, simulate
-from memsched.optimizer.solve import SolveOptions, solve
+from memsched.optimizer.solve import solve
+from memsched.options import SolveOptions, SolveResources
 from memsched.schema import Schedule, Trace
 from memsched.units import BudgetSpec
 
@@ -72,9 +73,14 @@ def compare_policies(trace: Trace, budget: BudgetSpec | str | int) -> Comparison
     return Comparison(b, trace.static.total, keepall_activation_peak(trace), rows)
 
 
-def solve_trace(trace: Trace, budget: BudgetSpec | str | int, options: SolveOptions | None = None) -> Schedule:
+def solve_trace(
+    trace: Trace,
+    budget: BudgetSpec | str | int,
+    options: SolveOptions | None = None,
+    resources: SolveResources | None = None,
+) -> Schedule:
     """Resolve the budget and solve. Raises InfeasibleBudgetError with the smallest feasible budget."""
-    return solve(trace, resolve_budget(budget, trace), options)
+    return solve(trace, resolve_budget(budget, trace), options, resources)
 
 
 def prepare_solver() -> float:

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 
 from memsched.errors import InfeasibleBudgetError, MemschedError, SolverError
-from memsched.optimizer.solve import SolveOptions
-from memsched.schema import Schedule, Trace, check_schedule
+from memsched.options import SolveOptions
+from memsched.schema import JobStatus, Schedule, Trace, check_schedule
 from memsched.units import BudgetSpec
 
 log = logging.getLogger(__name__)
@@ -103,15 +103,8 @@ class MemschedClient:
     ) -> dict[str, Any]:
         """Queue a solve of a trace (inline, or a stored trace's id); returns the job (JSON)."""
         options = options or SolveOptions()
-        body: dict[str, Any] = {
-            "budget": budget_to_json(budget),
-            "solver": options.solver,
-            "time_limit_s": options.time_limit_s,
-            "gap": options.gap,
-        }
-        for name in ("window", "max_segment"):
-            if getattr(options, name, None) is not None:
-                body[name] = getattr(options, name)
+        # The request extends SolveOptions: its fields go as they are (None: the server's default).
+        body: dict[str, Any] = {"budget": budget_to_json(budget), **options.model_dump(mode="json", exclude_none=True)}
         if isinstance(trace, Trace):
             body["trace"] = trace.model_dump(mode="json")
         else:
@@ -128,7 +121,7 @@ class MemschedClient:
     def wait(self, job: dict[str, Any], timeout_s: float) -> Schedule:
         """Long-poll the job until it is done (its Schedule) or failed (SolverError / MemschedError)."""
         deadline = time.monotonic() + timeout_s
-        while job["status"] not in ("done", "failed"):
+        while job["status"] not in JobStatus.finished():
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SolverError(
@@ -136,7 +129,7 @@ class MemschedClient:
                     f"with GET {self.base_url}/v1/schedules/{job['id']}"
                 )
             job = self.job(job["id"], wait_s=min(_POLL_WAIT_S, max(left, 0.1)))
-        if job["status"] == "failed":
+        if job["status"] == JobStatus.FAILED:
             reason = job.get("reason") or "no reason given"
             if job.get("min_feasible_bytes") is not None:
                 raise _InfeasibleFromServer(reason, int(job["budget_bytes"]), int(job["min_feasible_bytes"]))
@@ -186,10 +179,6 @@ def solve_via_server(
 ) -> Schedule:
     """Solve on a memsched service instead of locally: same inputs, same Schedule, same errors."""
     options = options or SolveOptions()
-    if options.export_model is not None:
-        raise MemschedError(
-            "--export-model writes the solver's model locally and cannot be combined with --server; drop one of them"
-        )
     # Wait for the solver's own time limit plus slack for the queue and the transfer.
     timeout_s = options.time_limit_s + 120.0
     with MemschedClient(url, api_key) as client:

@@ -18,9 +18,10 @@ from ortools.sat.python import cp_model
 
 from memsched.errors import SolverError
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
-from memsched.optimizer.ilp.outcome import Found, Outcome
+from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
 from memsched.optimizer.plan import Decision
+from memsched.schema import SolverStatus
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +121,12 @@ def solve_cpsat(
     name = solver.status_name(status)
     message = f"cpsat: {name}"
     if status == cp_model.INFEASIBLE:
-        return Outcome("cpsat", Found.INFEASIBLE, None, None, None, wall, message)
+        return Outcome("cpsat", SolverStatus.INFEASIBLE, None, None, None, wall, message)
     if status == cp_model.UNKNOWN:
-        return Outcome("cpsat", Found.NO_SOLUTION, None, None, solver.best_objective_bound * tu, wall, message)
+        return Outcome("cpsat", None, None, None, solver.best_objective_bound * tu, wall, message)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverError(f"cpsat returned {name}: the model is invalid ({model.validate()})")
     values = [float(solver.value(c)) for c in cols]
-    found = Found.OPTIMAL if status == cp_model.OPTIMAL else Found.FEASIBLE
+    found = SolverStatus.OPTIMAL if status == cp_model.OPTIMAL else SolverStatus.FEASIBLE
     return Outcome("cpsat", found, decode(m, values), solver.objective_value * tu,
                    solver.best_objective_bound * tu, wall, message)

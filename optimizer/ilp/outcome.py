@@ -3,22 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 from memsched.optimizer.plan import Decision
-
-
-class Found(StrEnum):
-    """Backend-independent solve status (solve.py maps it onto SolverStatus)."""
-
-    OPTIMAL = "optimal"
-    """Proven optimal within the requested relative gap."""
-    FEASIBLE = "feasible"
-    """An incumbent exists, the limit stopped the search before the gap closed."""
-    NO_SOLUTION = "no_solution"
-    """The limit stopped the search before any incumbent was found."""
-    INFEASIBLE = "infeasible"
-    """The solver proved the model infeasible."""
+from memsched.schema import SolverStatus
 
 
 @dataclass
@@ -27,8 +14,9 @@ class Outcome:
 
     backend: str
     """'cbc', 'highs' or 'cpsat'."""
-    found: Found
-    """What the run established."""
+    status: SolverStatus | None
+    """What the run established: OPTIMAL (within the gap), FEASIBLE (an incumbent, the limit stopped the search),
+    INFEASIBLE (the model has no solution), or None (the limit stopped it before any incumbent)."""
     decisions: list[Decision] | None
     """The incumbent's decisions (timing set), None without an incumbent."""
     objective_s: float | None

@@ -19,9 +19,10 @@ import pulp
 from memsched.errors import SolverError
 from memsched.optimizer.ilp.cbc import grace_s, run_cbc
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
-from memsched.optimizer.ilp.outcome import Found, Outcome
+from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
 from memsched.optimizer.plan import Decision
+from memsched.schema import SolverStatus
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def _solve_pulp(
         if run.killed:
             message = (f"cbc: did not stop at its {time_limit_s:g} s limit; killed after "
                        f"{time_limit_s + grace_s(time_limit_s):g} s")
-            return Outcome(backend, Found.NO_SOLUTION, None, None, None, time.perf_counter() - t0, message)
+            return Outcome(backend, None, None, None, None, time.perf_counter() - t0, message)
         result = _CBC_RESULT.search(text)
         message = f"cbc: {result.group(1).strip() if result else pulp.LpStatus[prob.status]}"
         if run.retried:
@@ -206,23 +207,23 @@ def _solve_pulp(
             # The model is feasible whenever the budget is (callers check it first: synchronous offload
             # of every candidate is in the model), but CBC 2.10.3 sometimes prints "proven infeasible"
             # when its time limit strikes after it found incumbents. Report that, not a verdict.
-            return Outcome(backend, Found.NO_SOLUTION, None, None, None, wall,
+            return Outcome(backend, None, None, None, None, wall,
                            message + " (CBC 2.10 misreport at its time limit; the model is feasible)")
-        return Outcome(backend, Found.INFEASIBLE, None, None, None, wall, message)
+        return Outcome(backend, SolverStatus.INFEASIBLE, None, None, None, wall, message)
     if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         if prob.status == pulp.LpStatusNotSolved or sol == pulp.LpSolutionNoSolutionFound:
-            return Outcome(backend, Found.NO_SOLUTION, None, None, bound, wall, message)
+            return Outcome(backend, None, None, None, bound, wall, message)
         raise SolverError(f"{backend} returned status {pulp.LpStatus[prob.status]} ({message})")
     values = _values(m, cols)
     binaries = [values[j] for j, v in enumerate(m.vars) if v.kind == BIN]
     if binaries and max(abs(x - round(x)) for x in binaries) > 1e-4:
         # CBC 2.10.3 stopped by its time limit can write the LP point with a 'Stopped ... objective'
         # header, which PuLP reads as an integer solution. Not an incumbent.
-        return Outcome(backend, Found.NO_SOLUTION, None, None, bound, wall,
+        return Outcome(backend, None, None, None, bound, wall,
                        message + " (the solver returned a fractional point, not an incumbent)")
     objective = _seconds(pulp.value(prob.objective), m)
-    found = Found.OPTIMAL if sol == pulp.LpSolutionOptimal else Found.FEASIBLE
-    if found == Found.OPTIMAL and objective is not None:
+    found = SolverStatus.OPTIMAL if sol == pulp.LpSolutionOptimal else SolverStatus.FEASIBLE
+    if found == SolverStatus.OPTIMAL and objective is not None:
         # Proven within the gap. CBC prints no bound line when it proves optimality outright and prints it
         # rounded to 1e-3 ms otherwise, so the bound is clamped into [objective * (1 - gap), objective].
         bound = objective * (1.0 - gap) if bound is None else min(max(bound, objective * (1.0 - gap)), objective)
@@ -296,12 +297,12 @@ def _solve_highs(m: MilpModel, time_limit_s: float, gap: float, warm: list[Decis
     info = h.getInfo()
     bound = _seconds(float(info.mip_dual_bound), m) if math.isfinite(info.mip_dual_bound) else None
     if status == highspy.HighsModelStatus.kInfeasible:
-        return Outcome("highs", Found.INFEASIBLE, None, None, None, wall, message)
+        return Outcome("highs", SolverStatus.INFEASIBLE, None, None, None, wall, message)
     if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-        return Outcome("highs", Found.NO_SOLUTION, None, None, bound, wall, message)
+        return Outcome("highs", None, None, None, bound, wall, message)
     values = list(h.getSolution().col_value)
     objective = _seconds(float(info.objective_function_value), m)
-    found = Found.OPTIMAL if status == highspy.HighsModelStatus.kOptimal else Found.FEASIBLE
-    if found == Found.OPTIMAL and objective is not None:
+    found = SolverStatus.OPTIMAL if status == highspy.HighsModelStatus.kOptimal else SolverStatus.FEASIBLE
+    if found == SolverStatus.OPTIMAL and objective is not None:
         bound = objective * (1.0 - gap) if bound is None else min(max(bound, objective * (1.0 - gap)), objective)
     return Outcome("highs", found, decode(m, values), objective, bound, wall, message)

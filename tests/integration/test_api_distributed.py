@@ -37,10 +37,10 @@ from memsched.api import worker
 
 _real = worker.solve_trace
 
-def _slow(trace, budget, options=None):
+def _slow(trace, budget, options=None, resources=None):
     if options is not None and (options.gap == 0.5 or (options.gap == 0.25 and options.solver != "heuristic")):
         time.sleep(60)
-    return _real(trace, budget, options)
+    return _real(trace, budget, options, resources)
 
 worker.solve_trace = _slow
 """

@@ -16,26 +16,26 @@ from sqlalchemy.orm import Session
 from memsched.api import crud
 from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
-from memsched.api.models import Base, JobRow, JobStatus, TraceRow
+from memsched.api.models import Base, JobRow, TraceRow
 from memsched.api.worker import descendants
 from memsched.optimizer.budget import resolve_budget
-from memsched.optimizer.solve import SolveOptions
+from memsched.options import SolveOptions
+from memsched.schema import JobStatus
 
 # The server and database fixtures (tests/conftest_api.py explains why they are not in a conftest.py).
 pytest_plugins = ["conftest_api"]
 
 
 def _job(owner: str, trace_id: str, budget: int, status: JobStatus, attempts: int) -> JobRow:
+    options = SolveOptions(solver="heuristic", time_limit_s=5.0, gap=0.01)
     return JobRow(
         id=uuid.uuid4().hex,
         owner=owner,
         trace_id=trace_id,
-        cache_key=crud.cache_key(trace_id, budget, SolveOptions("heuristic", 5.0, 0.01)),
+        cache_key=crud.cache_key(trace_id, budget, options),
         budget_bytes=budget,
         budget_spec=str(budget),
-        solver="heuristic",
-        time_limit_s=5.0,
-        gap=0.01,
+        options=options.model_dump_json(),
         status=status,
         attempts=attempts,
         created_at=datetime.now(UTC),

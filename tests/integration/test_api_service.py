@@ -13,7 +13,7 @@ from api_helpers import KEY_A, KEY_B, Server
 from memsched.api.examples import synthetic_trace
 from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.budget import min_feasible_budget, resolve_budget
-from memsched.optimizer.solve import SolveOptions
+from memsched.options import SolveOptions
 from memsched.schema import Schedule, Trace, check_schedule
 from memsched.service import solve_trace
 

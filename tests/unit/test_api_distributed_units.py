@@ -14,15 +14,16 @@ from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.distributed import broker_kind, job_versions, safe_broker_url
 from memsched.api.examples import synthetic_trace
-from memsched.api.models import JobRow, JobStatus
+from memsched.api.models import JobRow
 from memsched.api.settings import Settings
 from memsched.cli import main
 from memsched.errors import MemschedError
-from memsched.optimizer.solve import SolveOptions
+from memsched.options import SolveOptions
+from memsched.schema import JobStatus
 
 pytest.importorskip("celery", reason="celery is not installed (pip install -e '.[api]')")
 
-HEUR = SolveOptions("heuristic", 2.0)
+HEUR = SolveOptions(solver="heuristic", time_limit_s=2.0)
 
 
 def test_visibility_timeout_must_exceed_the_largest_hard_limit() -> None:

@@ -23,7 +23,7 @@ from memsched.api.metrics import Metrics
 from memsched.api.models import JobRow
 from memsched.api.settings import Settings
 from memsched.optimizer.budget import min_feasible_budget
-from memsched.optimizer.solve import SolveOptions
+from memsched.options import SolveOptions
 
 HANG = 1
 CRASH = 2
@@ -68,7 +68,7 @@ def _submit(db: Database, gap: float, budget: int) -> str:
     tr = synthetic_trace(3)
     with db.session() as s:
         row, _ = crud.store_trace(s, "", tr)
-        sub = crud.submit_job(s, "", row, str(budget), budget, SolveOptions("heuristic", 0.2, gap))
+        sub = crud.submit_job(s, "", row, str(budget), budget, SolveOptions(solver="heuristic", time_limit_s=0.2, gap=gap))
         return sub.job.id
 
 

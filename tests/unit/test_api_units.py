@@ -23,9 +23,9 @@ from memsched.api.examples import synthetic_trace
 from memsched.api.middleware import BodySizeLimit
 from memsched.errors import InfeasibleBudgetError, MemschedError, SolverError
 from memsched.optimizer.budget import min_feasible_budget
-from memsched.optimizer.solve import SolveOptions
+from memsched.options import SolveOptions
 from memsched.schema import Schedule, check_schedule
-from memsched.service.client import MemschedClient, budget_to_json, solve_via_server
+from memsched.service.client import MemschedClient, budget_to_json
 from memsched.units import BudgetSpec
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -62,17 +62,17 @@ def test_owner_ids_hide_the_key() -> None:
 
 
 def test_cache_key_covers_budget_and_options() -> None:
-    p = SolveOptions("auto", 30.0, 0.01)
+    p = SolveOptions(solver="auto", time_limit_s=30.0, gap=0.01)
     base = cache_key("h", 100, p)
-    assert base == cache_key("h", 100, SolveOptions("auto", 30.0, 0.01))
+    assert base == cache_key("h", 100, SolveOptions(solver="auto", time_limit_s=30.0, gap=0.01))
     others = {
         cache_key("h2", 100, p),
         cache_key("h", 101, p),
-        cache_key("h", 100, SolveOptions("cbc", 30.0, 0.01)),
-        cache_key("h", 100, SolveOptions("auto", 31.0, 0.01)),
-        cache_key("h", 100, SolveOptions("auto", 30.0, 0.02)),
-        cache_key("h", 100, SolveOptions("auto", 30.0, 0.01, window=4)),
-        cache_key("h", 100, SolveOptions("auto", 30.0, 0.01, max_segment=4)),
+        cache_key("h", 100, SolveOptions(solver="cbc", time_limit_s=30.0, gap=0.01)),
+        cache_key("h", 100, SolveOptions(solver="auto", time_limit_s=31.0, gap=0.01)),
+        cache_key("h", 100, SolveOptions(solver="auto", time_limit_s=30.0, gap=0.02)),
+        cache_key("h", 100, SolveOptions(solver="auto", time_limit_s=30.0, gap=0.01, window=4)),
+        cache_key("h", 100, SolveOptions(solver="auto", time_limit_s=30.0, gap=0.01, max_segment=4)),
     }
     assert base not in others and len(others) == 7
 
@@ -89,7 +89,7 @@ def test_database_urls_are_checked(tmp_path) -> None:
 
 # ------------------------------------------------------------------------------------------------ worker
 
-HEUR = SolveOptions("heuristic", 5.0)
+HEUR = SolveOptions(solver="heuristic", time_limit_s=5.0)
 
 
 def test_worker_solves_and_reports_infeasible() -> None:
@@ -108,7 +108,7 @@ def test_worker_stops_a_solver_that_overruns_its_time_limit(monkeypatch) -> None
 
     monkeypatch.setattr(worker, "solve_trace", stuck)
     t0 = time.perf_counter()
-    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveOptions("auto", 0.2), 0.3)
+    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveOptions(solver="auto", time_limit_s=0.2), 0.3)
     assert time.perf_counter() - t0 < 5
     assert out.schedule_json is None and "ran past its time limit of 0.2 s" in (out.error or "")
 
@@ -116,15 +116,15 @@ def test_worker_stops_a_solver_that_overruns_its_time_limit(monkeypatch) -> None
 def test_worker_falls_back_to_the_heuristic_when_the_exact_solver_overruns(monkeypatch) -> None:
     real = worker.solve_trace
 
-    def slow_exact(trace, budget, options):  # type: ignore[no-untyped-def]
+    def slow_exact(trace, budget, options, resources):  # type: ignore[no-untyped-def]
         if options.solver != "heuristic":
             time.sleep(30)
-        return real(trace, budget, options)
+        return real(trace, budget, options, resources)
 
     monkeypatch.setattr(worker, "solve_trace", slow_exact)
     tr = synthetic_trace(4)
     t0 = time.perf_counter()
-    out = worker.run_solve(tr.model_dump_json(), min_feasible_budget(tr) + 10, SolveOptions("cbc", 0.2), 0.3)
+    out = worker.run_solve(tr.model_dump_json(), min_feasible_budget(tr) + 10, SolveOptions(solver="cbc", time_limit_s=0.2), 0.3)
     assert time.perf_counter() - t0 < 5
     assert out.error is None and out.schedule_json is not None
     sc = Schedule.model_validate_json(out.schedule_json)
@@ -138,7 +138,7 @@ def test_worker_turns_solver_crashes_into_reasons(monkeypatch) -> None:
         raise RuntimeError("backend exploded")
 
     monkeypatch.setattr(worker, "solve_trace", broken)
-    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveOptions("auto", 1.0), 1.0)
+    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveOptions(solver="auto", time_limit_s=1.0), 1.0)
     assert out.error == "solver error: RuntimeError: backend exploded"
 
 
@@ -217,9 +217,7 @@ def test_client_reports_failed_jobs_and_polls() -> None:
     assert calls[1].startswith("GET /v1/schedules/" + "j" * 32 + " wait=")
 
 
-def test_solve_via_server_refuses_export_model(tmp_path) -> None:
-    with pytest.raises(MemschedError, match="--export-model"):
-        solve_via_server("http://svc", synthetic_trace(3), "50%", SolveOptions(export_model=tmp_path / "m.lp"))
+def test_client_refuses_a_non_http_url() -> None:
     with pytest.raises(MemschedError, match="not an http"):
         MemschedClient("svc:8000")
 
@@ -274,7 +272,7 @@ def test_worker_kills_solver_binaries_it_started_when_it_overruns(monkeypatch, t
     monkeypatch.setenv("MEMSCHED_TEST_PIDFILE", str(tmp_path / "pid"))
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
         out = pool.submit(
-            worker.run_solve, synthetic_trace(3).model_dump_json(), 10**9, SolveOptions("auto", 0.2), 0.3
+            worker.run_solve, synthetic_trace(3).model_dump_json(), 10**9, SolveOptions(solver="auto", time_limit_s=0.2), 0.3
         ).result(timeout=30)
     assert "ran past its time limit" in (out.error or "")
     pid = int((tmp_path / "pid").read_text())

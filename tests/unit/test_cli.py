@@ -89,13 +89,29 @@ def test_malformed_trace_exits_2_naming_the_field(tmp_path, trace_file, capsys):
     ("args", "needle"),
     [
         (["--budget", "lots"], "cannot read 'lots'"),
-        (["--budget", "50%", "--solver", "magic"], "solver: 'magic' is not one of"),
-        (["--budget", "50%", "--time-limit", "0"], "time limit: must be > 0"),
+        (["--budget", "50%", "--solver", "magic"], "solver: Input should be 'auto', 'dp'"),
+        (["--budget", "50%", "--time-limit", "0"], "time_limit_s: Input should be greater than 0"),
+        (["--budget", "50%", "--window", "0"], "window: Input should be greater than or equal to 1"),
+        (["--budget", "50%", "--export-model", "m.lp", "--server", "http://127.0.0.1:9"], "--export-model"),
     ],
 )
 def test_bad_options_exit_2(trace_file, capsys, args, needle):
     code, _, err = run(["solve", trace_file, *args], capsys)
-    assert code == 2 and needle in err
+    assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_solve_has_a_flag_for_every_solve_option():
+    # SolveOptions is the one definition of the options: the CLI must expose each field, with its docstring.
+    import typer.main
+
+    from memsched.cli import app
+    from memsched.options import SolveOptions, cli_flag, option_help
+
+    command = next(c for c in typer.main.get_command(app).commands.values() if c.name == "solve")
+    flags = {opt: p for p in command.params for opt in p.opts}
+    for name in SolveOptions.model_fields:
+        assert cli_flag(name) in flags, f"memsched solve has no {cli_flag(name)} for SolveOptions.{name}"
+        assert flags[cli_flag(name)].help == option_help(name) != ""
 
 
 def test_schedule_for_another_trace_exits_2(trace_file, tmp_path, capsys):

@@ -18,12 +18,12 @@ from memsched.optimizer.budget import budget_between, resolve_budget
 from memsched.optimizer.dp import build_problem, exact_search
 from memsched.optimizer.dp.sweep import SweepConfig, run_sweep
 from memsched.optimizer.ilp.model import build_model
-from memsched.optimizer.ilp.outcome import Found
 from memsched.optimizer.ilp.pulp_backend import solve_pulp
 from memsched.optimizer.plan import KEEP, offload_all, recompute
 from memsched.optimizer.simulate import simulate
-from memsched.optimizer.solve import SolveOptions, solve_report
+from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
+from memsched.options import SolveOptions
 from memsched.schema import Action, SolverStatus, Trace
 
 FAR = time.perf_counter() + 10**6  # a deadline that never comes
@@ -40,7 +40,7 @@ def exact_optimum(trace: Trace, budget: int) -> float:
     optimum under the cost model (tests/unit/test_ilp_exact.py checks it against brute force)."""
     m = build_model(trace, budget, window=trace.n, max_segment=trace.n)
     out = solve_pulp(m, "cbc", 120, 0.0, None)
-    assert out.found == Found.OPTIMAL and out.decisions is not None
+    assert out.status == SolverStatus.OPTIMAL and out.decisions is not None
     return simulate(trace, out.decisions, budget).overhead_s
 
 

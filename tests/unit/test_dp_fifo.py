@@ -17,7 +17,8 @@ from memsched.optimizer.dp import build_problem, exact_search, fifo_search
 from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.simulate import simulate
-from memsched.optimizer.solve import SolveOptions, solve_report
+from memsched.optimizer.solve import solve_report
+from memsched.options import SolveOptions
 from memsched.schema import SolverStatus, Trace
 
 FAR = time.perf_counter() + 10**6  # a deadline that never comes

@@ -13,8 +13,9 @@ from helpers import tiny_trace
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.plan import KEEP, offload_all, recompute
 from memsched.optimizer.simulate import simulate
-from memsched.optimizer.solve import SolveOptions, solve_report
+from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
+from memsched.options import SolveOptions
 from memsched.schema import Action, SolverStatus, Trace
 
 MB = 10**6

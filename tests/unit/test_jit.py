@@ -39,7 +39,8 @@ def test_prepare_kernels_compiles_every_signature_the_solver_uses() -> None:
     out = _run(SIGNATURES + textwrap.dedent("""
         from memsched.optimizer.budget import budget_between
         from memsched.optimizer.jit import prepare_kernels
-        from memsched.optimizer.solve import SolveOptions, solve
+        from memsched.options import SolveOptions
+        from memsched.optimizer.solve import solve
         from memsched.optimizer.synthetic import make_trace
 
         prepare_kernels()
@@ -83,7 +84,8 @@ def test_time_limit_signal_mid_compile_waits_for_the_kernels(tmp_path: Path) -> 
 
         # The process is still sound: the DP solves.
         from memsched.optimizer.budget import budget_between
-        from memsched.optimizer.solve import SolveOptions, solve
+        from memsched.options import SolveOptions
+        from memsched.optimizer.solve import solve
         from memsched.optimizer.synthetic import make_trace
 
         trace = make_trace(12, 4, dag=True)
@@ -134,7 +136,8 @@ def test_concurrent_first_compiles_with_time_limit_signals_leave_every_process_s
                 pass
             signal.setitimer(signal.ITIMER_REAL, 0)
             from memsched.optimizer.budget import budget_between
-            from memsched.optimizer.solve import SolveOptions, solve
+            from memsched.options import SolveOptions
+            from memsched.optimizer.solve import solve
             from memsched.optimizer.synthetic import make_trace
 
             for seed in range(3):

@@ -213,7 +213,8 @@ def test_unattributed_measured_peak_is_placed_at_the_loss():
 
 
 def test_ilp_counts_the_unattributed_transient_too():
-    from memsched.optimizer.solve import SolveOptions, solve
+    from memsched.optimizer.solve import solve
+    from memsched.options import SolveOptions
 
     tr = tiny_trace([1, 2, 3, 1], [2, 4, 6, 2], [10, 20, 30, 10], static=5, bandwidth=10)
     tr.baseline.peak_bytes = 5 + 70 + 40

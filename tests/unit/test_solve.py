@@ -12,8 +12,9 @@ from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.simulate import simulate
-from memsched.optimizer.solve import SOLVERS, SolveOptions, solve
+from memsched.optimizer.solve import solve
 from memsched.optimizer.synthetic import make_trace
+from memsched.options import SolveOptions, SolveResources, SolverName
 from memsched.schema import SolverStatus, Trace
 
 PIPEDREAM = SHARED_PIPEDREAM if SHARED_PIPEDREAM.is_dir() else None
@@ -98,7 +99,7 @@ def test_infeasible_budget_reports_the_minimum(solver: str) -> None:
     ("options", "field"),
     [
         ({"solver": "gurobi"}, "solver"),
-        ({"time_limit_s": 0}, "time limit"),
+        ({"time_limit_s": 0}, "time_limit_s"),
         ({"gap": 1.5}, "gap"),
         ({"window": 0}, "window"),
     ],
@@ -113,7 +114,7 @@ def test_bad_options_name_the_field(options: dict[str, object], field: str) -> N
 def test_export_model(tmp_path: Path, solver: str, suffix: str) -> None:
     trace = make_trace(6, 2)
     path = tmp_path / f"model{suffix}"
-    solve(trace, budget_between(trace, 0.3), SolveOptions(solver=solver, export_model=path))
+    solve(trace, budget_between(trace, 0.3), SolveOptions(solver=solver), SolveResources(export_model=path))
     text = path.read_text()
     assert "mem_F" in text or "mem_B" in text  # row names survive in every format
 
@@ -122,10 +123,10 @@ def test_export_model(tmp_path: Path, solver: str, suffix: str) -> None:
 def test_backend_without_incumbent_keeps_the_best_candidate_and_a_true_bound(monkeypatch: pytest.MonkeyPatch,
                                                                             exact: bool) -> None:
     from memsched.optimizer import solve as solve_mod
-    from memsched.optimizer.ilp.outcome import Found, Outcome
+    from memsched.optimizer.ilp.outcome import Outcome
 
     def no_incumbent(*_a: object, **_k: object) -> tuple[Outcome, bool]:
-        return Outcome("cbc", Found.NO_SOLUTION, None, None, 1e-6, 1.0, "cbc: Stopped on time limit"), exact
+        return Outcome("cbc", None, None, None, 1e-6, 1.0, "cbc: Stopped on time limit"), exact
 
     monkeypatch.setattr(solve_mod, "_run_backend", no_incumbent)
     trace = make_trace(15, 4)
@@ -141,5 +142,23 @@ def test_backend_without_incumbent_keeps_the_best_candidate_and_a_true_bound(mon
         assert "not reported as a bound" in rec.message
 
 
-def test_solvers_tuple_is_the_cli_contract() -> None:
-    assert SOLVERS == ("auto", "dp", "cbc", "highs", "cpsat", "heuristic")
+def test_solver_names_are_the_cli_contract() -> None:
+    assert [s.value for s in SolverName] == ["auto", "dp", "cbc", "highs", "cpsat", "heuristic"]
+
+
+@pytest.mark.parametrize("solver", list(SolverName))
+@pytest.mark.parametrize("n_layers", [5, 150, 400])
+def test_every_plan_ends_by_the_deadline_and_backends_are_a_table(solver: SolverName, n_layers: int) -> None:
+    from memsched.optimizer.solve import BACKENDS, Step, plan_for
+
+    phases = plan_for(solver, n_layers)
+    if solver == SolverName.HEURISTIC:
+        assert phases == []
+        return
+    assert [p.step for p in phases[:3]] == [Step.BEAM, Step.POLISH, Step.FIFO_PROBE]
+    milp = [p for p in phases if p.step == Step.MILP]
+    assert all(p.backend in BACKENDS for p in milp)
+    if solver in BACKENDS:  # a MILP asked for by name always runs, after a true bound from the DP
+        assert [p.step for p in phases[3:]] == [Step.EXACT_DP, Step.MILP] and not phases[-1].only_if_open
+    else:  # the exact-window MILP only on small traces under auto
+        assert bool(milp) == (solver == SolverName.AUTO and n_layers <= 100)

@@ -1,0 +1,113 @@
+"""How to solve: the one definition of the solve options, shared by the optimizer, the CLI, the API, its job
+rows and the client (a core contract, like the Trace and the Schedule).
+
+Adding an option is one field here plus its use in the optimizer: the API's request and job bodies extend
+this model, a job row stores it as one JSON column, the client sends `model_dump()`, and a test checks that
+the CLI's `solve` command has a flag for every field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from memsched.errors import MemschedError
+
+
+class SolverName(StrEnum):
+    """Which solver runs (docs/formulation.md, 'How solve() proceeds')."""
+
+    AUTO = "auto"
+    """The exact DP, the MILP on small traces where the DP leaves a gap, the local search on long ones."""
+    DP = "dp"
+    """The exact memory-state DP only (with the searches that give it candidates)."""
+    CBC = "cbc"
+    """The DP's bound, then the MILP with CBC (PuLP) for the rest of the time."""
+    HIGHS = "highs"
+    """The DP's bound, then the MILP with HiGHS."""
+    CPSAT = "cpsat"
+    """The DP's bound, then the MILP with OR-Tools CP-SAT."""
+    HEURISTIC = "heuristic"
+    """The greedy heuristic and the baselines only: fast, no bound."""
+
+
+MILP_SOLVERS = (SolverName.CBC, SolverName.HIGHS, SolverName.CPSAT)
+"""The solvers that name a MILP backend."""
+
+MAX_WINDOW = 100_000
+"""The largest window / segment length accepted (a bound on request size, far beyond any real trace)."""
+
+
+class SolveOptions(BaseModel):
+    """The options of one solve: what, besides the trace and the budget, decides its answer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    solver: SolverName = SolverName.AUTO
+    """Solver: auto | dp | cbc | highs | cpsat | heuristic."""
+    time_limit_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    """Wall-clock limit of the whole solve, seconds (candidates, searches and backends together)."""
+    gap: float = Field(default=0.01, ge=0, lt=1, allow_inf_nan=False)
+    """Relative optimality gap at which the solver may stop (0.01 = 1%)."""
+    window: int | None = Field(default=None, ge=1, le=MAX_WINDOW)
+    """MILP window W: a layer's offload done-by / prefetch-at stages lie within W layers of it (None: n on small
+    traces, else 12). The DP has no window."""
+    max_segment: int | None = Field(default=None, ge=1, le=MAX_WINDOW)
+    """MILP segment cap L: the longest recompute segment the MILP may choose (None: n on small traces, else 16).
+    The DP has no cap."""
+
+    def __init__(self, **data: Any) -> None:
+        # Built directly (the CLI, the client, tests), a bad value is a user error with one line per field;
+        # nested in an API request, pydantic validates without this __init__ and FastAPI answers 422.
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise MemschedError(describe_validation_error(e)) from None
+
+    @property
+    def is_milp(self) -> bool:
+        """Whether the solver names a MILP backend."""
+        return self.solver in MILP_SOLVERS
+
+    def job_fields(self) -> dict[str, Any]:
+        """The options as JSON values: what a job row stores and what its cache key hashes."""
+        return self.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class SolveResources:
+    """How a solve runs, where that does not change its answer (so neither a job nor its cache key holds it)."""
+
+    threads: int | None = None
+    """MILP solver threads; None = the backend's default (CP-SAT: 2). The server sets it, not the request."""
+    export_model: Path | None = None
+    """Where to write the MILP model (LP/MPS or CP-SAT proto) for reproduction, if anywhere (the CLI's)."""
+
+
+_FLAG = {name: "--" + name.removesuffix("_s").replace("_", "-") for name in SolveOptions.model_fields}
+"""The CLI flag of each option (time_limit_s -> --time-limit)."""
+
+
+def cli_flag(name: str) -> str:
+    """The CLI flag that sets option `name`."""
+    return _FLAG[name]
+
+
+def option_help(name: str) -> str:
+    """The option's docstring, as the CLI's --help shows it (the API's OpenAPI shows the same text)."""
+    return " ".join((SolveOptions.model_fields[name].description or "").split())
+
+
+def describe_validation_error(e: ValidationError) -> str:
+    """One line per bad field, naming the field and what it accepts."""
+    parts = []
+    for err in e.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "options"
+        name = field.split(".")[-1]
+        hint = f" ({cli_flag(name)} on the command line)" if name in _FLAG else ""
+        parts.append(f"{field}: {err['msg']}, got {err.get('input')!r}{hint}")
+    return "; ".join(parts)
