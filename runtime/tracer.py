@@ -16,11 +16,10 @@ Three kinds of step, so that instrumentation never inflates what it measures:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import statistics
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +34,7 @@ from memsched.runtime.hostalloc import steady_host_allocator
 from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
 from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
+from memsched.runtime.wrapping import wrapped
 from memsched.schema import Baseline, DeviceInfo, Layer, StaticBytes, Trace
 
 log = logging.getLogger(__name__)
@@ -64,26 +64,6 @@ class _LayerStats:
     """Backward time per timing step."""
     shared: int = 0
     """Bytes of storages it saved that an earlier layer saved first (attributed there)."""
-
-
-@contextlib.contextmanager
-def _wrapped(
-    modules: Sequence[nn.Module], make: Callable[[int, Callable[..., Any]], Callable[..., Any]]
-) -> Iterator[None]:
-    """Temporarily replace each module's forward with make(index, original forward)."""
-    saved = []
-    for i, m in enumerate(modules):
-        had = "forward" in m.__dict__
-        saved.append((m, had, m.__dict__.get("forward")))
-        m.__dict__["forward"] = make(i, m.forward)
-    try:
-        yield
-    finally:
-        for m, had, old in saved:
-            if had:
-                m.__dict__["forward"] = old
-            else:
-                m.__dict__.pop("forward", None)
 
 
 def _input_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -162,35 +142,34 @@ class _MemoryStep:
         self.owner[id(s)] = self.stack[-1]
         self.stats[self.stack[-1]].saved.append(storage_nbytes(x))
 
-    def wrap(self, i: int, orig: Callable[..., Any]) -> Callable[..., Any]:
+    # LayerCalls (memsched.runtime.wrapping): around each traced layer's forward.
+
+    def enter(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         st = self.stats[i]
+        if i not in self.order:
+            self.order.append(i)
+        self.meter.mark(f"F{i}")
+        self.static.add_module(self.modules[i])  # parameters gathered just in time (FSDP)
+        inputs = _input_tensors(args, kwargs)
+        st.input_bytes = _unique_bytes([t for t in inputs if t.requires_grad])
+        for t in inputs:
+            hit = self.producers.get(id(t.untyped_storage()))
+            if hit is not None and hit[1]() is t.untyped_storage() and hit[0] != i:
+                st.deps.add(hit[0])
+        self.stack.append(i)
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if i not in self.order:
-                self.order.append(i)
-            self.meter.mark(f"F{i}")
-            self.static.add_module(self.modules[i])  # parameters gathered just in time (FSDP)
-            inputs = _input_tensors(args, kwargs)
-            st.input_bytes = _unique_bytes([t for t in inputs if t.requires_grad])
-            for t in inputs:
-                hit = self.producers.get(id(t.untyped_storage()))
-                if hit is not None and hit[1]() is t.untyped_storage() and hit[0] != i:
-                    st.deps.add(hit[0])
-            self.stack.append(i)
-            try:
-                out = orig(*args, **kwargs)
-            finally:
-                self.stack.pop()
-            outs = [t for _, t in flatten(out)]
-            st.output_bytes = _unique_bytes(outs)
-            for t in outs:
-                s = t.untyped_storage()
-                self.producers[id(s)] = (i, weakref.ref(s))
-                if t.requires_grad:
-                    t.register_hook(self._backward_mark(i))
-            return out
+    def leave(self, i: int, token: None, out: Any) -> None:
+        self.stack.pop()
+        outs = [t for _, t in flatten(out)]
+        self.stats[i].output_bytes = _unique_bytes(outs)
+        for t in outs:
+            s = t.untyped_storage()
+            self.producers[id(s)] = (i, weakref.ref(s))
+            if t.requires_grad:
+                t.register_hook(self._backward_mark(i))
 
-        return forward
+    def fail(self, i: int, token: None) -> None:
+        self.stack.pop()
 
     def _backward_mark(self, i: int) -> Callable[[torch.Tensor], None]:
         def on_grad(_g: torch.Tensor) -> None:
@@ -209,31 +188,33 @@ class _TimingStep:
         self.clock = clock
         self.marks: list[tuple[int, str, Any]] = []
 
-    def wrap(self, i: int, orig: Callable[..., Any]) -> Callable[..., Any]:
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            fired: set[str] = set()
+    # LayerCalls (memsched.runtime.wrapping): around each traced layer's forward.
 
-            def hook(kind: str) -> Callable[[torch.Tensor], None]:
-                def on_grad(_g: torch.Tensor) -> None:
-                    if kind not in fired:
-                        fired.add(kind)
-                        self.marks.append((i, kind, self.clock.mark()))
+    def _grad_mark(self, i: int, kind: str, fired: set[str]) -> Callable[[torch.Tensor], None]:
+        def on_grad(_g: torch.Tensor) -> None:
+            if kind not in fired:
+                fired.add(kind)
+                self.marks.append((i, kind, self.clock.mark()))
 
-                return on_grad
+        return on_grad
 
-            for t in _input_tensors(args, kwargs):
-                if t.requires_grad:
-                    t.register_hook(hook("bwd_end"))
-            a = self.clock.mark()
-            out = orig(*args, **kwargs)
-            b = self.clock.mark()
-            self.marks.append((i, "fwd", (a, b)))
-            for _, t in flatten(out):
-                if t.requires_grad:
-                    t.register_hook(hook("bwd_start"))
-            return out
+    def enter(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, set[str]]:
+        fired: set[str] = set()
+        for t in _input_tensors(args, kwargs):
+            if t.requires_grad:
+                t.register_hook(self._grad_mark(i, "bwd_end", fired))
+        return self.clock.mark(), fired
 
-        return forward
+    def leave(self, i: int, token: tuple[Any, set[str]], out: Any) -> None:
+        b = self.clock.mark()
+        a, fired = token
+        self.marks.append((i, "fwd", (a, b)))
+        for _, t in flatten(out):
+            if t.requires_grad:
+                t.register_hook(self._grad_mark(i, "bwd_start", fired))
+
+    def fail(self, i: int, token: tuple[Any, set[str]]) -> None:
+        return None
 
     def collect(self) -> None:
         """After a step: turn the marks into per-layer times."""
@@ -336,7 +317,7 @@ def _time_layers(
 ) -> None:
     """Timing steps: per-layer forward and backward times into `stats`."""
     timing = _TimingStep(stats, clock)
-    with _wrapped(modules, timing.wrap):
+    with wrapped(modules, timing):
         for _ in range(steps):
             step_fn()
             timing.collect()
@@ -356,7 +337,7 @@ def _memory_step(
     handle = optimizer.register_step_pre_hook(lambda *_a: meter.mark("optimizer")) if optimizer is not None else None
 
     def instrumented() -> None:
-        with _wrapped(modules, mem.wrap), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
+        with wrapped(modules, mem), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
             step_fn()
 
     try:

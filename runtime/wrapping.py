@@ -1,0 +1,158 @@
+"""Code around a traced layer's forward, the one mechanism the tracer and the replay share: module hooks.
+
+A forward pre-hook (with kwargs, after the hooks already there: a sharding wrapper gathers its parameters
+first) calls `LayerCalls.enter`; a forward hook (prepended, `always_call`) calls `leave` with the output, or
+`fail` when the forward raised. This is how `torch.distributed._composable.checkpoint` wraps a module.
+
+Why hooks and not a replaced `forward`: nothing of ours is stored as an attribute of the model. A closure in a
+module's `__dict__` made `copy.deepcopy(model)` run the original model's layers (the closure still pointed
+at them) and made `torch.save(model)` fail (a local function cannot be pickled). The hook objects here are
+instances of module-level classes that deep-copy and pickle as an inert hook: a copy of a model taken while
+it is wrapped is an independent, plain model that runs its own weights (its layers are not wrapped; apply a
+schedule to it to schedule it), and a pickled model loads without memsched state. `state_dict` is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+
+class LayerCalls(Protocol):
+    """What runs around layer `i`'s forward (i: the index in the `modules` given to `install`)."""
+
+    def enter(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Before the forward; returns a token handed to `leave` or `fail`."""
+
+    def leave(self, i: int, token: Any, out: Any) -> None:
+        """After the forward returned `out`."""
+
+    def fail(self, i: int, token: Any) -> None:
+        """The forward (or a hook after `enter`) raised; undo what `enter` started."""
+
+
+@dataclass
+class _Frame:
+    """One layer call in progress on this thread."""
+
+    module: nn.Module
+    """The module called."""
+    index: int
+    """Its layer index."""
+    token: Any = None
+    """What `enter` returned."""
+    entered: bool = False
+    """Whether `enter` returned (it may raise)."""
+    exc: BaseException | None = None
+    """The exception being handled when the call began (a model called inside an `except` block): an
+    exception seen at the end that is not this one was raised by the forward."""
+
+
+class _Inert:
+    """What a hook becomes in a deep copy or a pickle of the model: nothing."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
+class _Hook:
+    """Base of the two hooks: module-level classes, so a model holding them deep-copies and pickles."""
+
+    __slots__ = ("hooks", "index")
+
+    def __init__(self, hooks: LayerHooks, index: int) -> None:
+        self.hooks = hooks
+        self.index = index
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Inert:
+        return _Inert()
+
+    def __reduce__(self) -> tuple[type[_Inert], tuple[()]]:
+        return (_Inert, ())
+
+
+class _PreHook(_Hook):
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        frames = self.hooks.frames()
+        frame = _Frame(module, self.index, exc=sys.exc_info()[1])
+        frames.append(frame)
+        frame.token = self.hooks.calls.enter(self.index, args, kwargs)
+        frame.entered = True
+
+
+class _PostHook(_Hook):
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        frames = self.hooks.frames()
+        # always_call also runs this hook when an earlier pre-hook (not ours) raised: no frame of ours then.
+        if not frames or frames[-1].module is not module:
+            return
+        frame = frames.pop()
+        if not frame.entered:
+            return
+        if sys.exc_info()[1] is not frame.exc:
+            self.hooks.calls.fail(self.index, frame.token)
+        else:
+            self.hooks.calls.leave(self.index, frame.token, out)
+
+
+class LayerHooks:
+    """The hooks of one installation over a list of modules; `remove()` takes them all off."""
+
+    def __init__(self, modules: Sequence[nn.Module], calls: LayerCalls) -> None:
+        self.calls = calls
+        self._tls = threading.local()
+        self._handles: list[RemovableHandle] = []
+        try:
+            for i, m in enumerate(modules):
+                self._handles.append(m.register_forward_pre_hook(_PreHook(self, i), with_kwargs=True))
+                self._handles.append(
+                    m.register_forward_hook(_PostHook(self, i), with_kwargs=True, prepend=True, always_call=True)
+                )
+        except BaseException:
+            self.remove()
+            raise
+
+    def frames(self) -> list[_Frame]:
+        """This thread's layer calls in progress, innermost last."""
+        f = getattr(self._tls, "frames", None)
+        if f is None:
+            f = self._tls.frames = []
+        return f
+
+    def unwind(self) -> int:
+        """Fail every call still open on this thread (a BaseException such as KeyboardInterrupt skips the
+        always-call hooks); returns how many there were."""
+        frames = self.frames()
+        n = len(frames)
+        while frames:
+            frame = frames.pop()
+            if frame.entered:
+                self.calls.fail(frame.index, frame.token)
+        return n
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def is_wrapped(module: nn.Module) -> bool:
+    """Whether a live installation (of the tracer or a replay) wraps this module."""
+    return any(isinstance(h, _PreHook) for h in module._forward_pre_hooks.values())
+
+
+@contextlib.contextmanager
+def wrapped(modules: Sequence[nn.Module], calls: LayerCalls) -> Iterator[LayerHooks]:
+    """Wrap the modules for the duration of the block."""
+    hooks = LayerHooks(modules, calls)
+    try:
+        yield hooks
+    finally:
+        hooks.remove()
