@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
 
 from memsched.errors import MemschedError
 
@@ -20,6 +21,9 @@ _UNITS: dict[str, int] = {
     "gib": 2**30,
     "tib": 2**40,
 }
+# The largest size accepted anywhere: byte counts are stored as signed 64-bit integers (the service's
+# database included), and nothing real comes near it (8 EiB).
+MAX_BYTES = 2**63 - 1
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([0-9]+))?\s*([a-zA-Z]*)\s*$")
 
 
@@ -33,8 +37,20 @@ def parse_bytes(text: str | int, field: str = "budget") -> int:
         m = _SIZE_RE.match(text)
         if not m or m.group(3).lower() not in _UNITS:
             raise MemschedError(f"{field}: cannot read {text!r} as a size; write it like 12GiB, 500MB, 1048576 or 50%")
-        number = float(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
-        value = round(number * _UNITS[m.group(3).lower()])
+        if m.group(2) and int(m.group(2)) > 30:
+            # Decimal would compute 1e400 exactly, but no exponent past 30 is a size: say so before the work.
+            raise MemschedError(
+                f"{field}: {text!r} is far larger than any memory (at most 8 EiB); "
+                "check the exponent, or write the size like 12GiB"
+            )
+        # Decimal, not float: exact for any written size, and 1e30 cannot overflow a float conversion.
+        number = Decimal(m.group(1)) * (10 ** int(m.group(2)) if m.group(2) else 1)
+        value = int((number * _UNITS[m.group(3).lower()]).to_integral_value(rounding=ROUND_HALF_EVEN))
+    if value > MAX_BYTES:
+        raise MemschedError(
+            f"{field}: {text!r} is larger than any memory (at most 8 EiB, 2**63-1 bytes); "
+            "check the number and its unit, e.g. 12GiB"
+        )
     if value <= 0:
         raise MemschedError(f"{field}: must be > 0 bytes, got {text!r}; give a positive size such as 8GiB")
     return value
@@ -65,6 +81,16 @@ def parse_budget(text: str | int) -> BudgetSpec:
         if not math.isfinite(pct) or pct <= 0:
             raise MemschedError(f"budget: percentage must be > 0, got {text!r}; write it like 50%")
         return BudgetSpec(percent=pct)
+    if isinstance(text, str):
+        m = _SIZE_RE.match(text)
+        if m and not m.group(3) and 0 < Decimal(m.group(1)) * (10 ** int(m.group(2) or 0)) <= 1:
+            # A budget of a byte or less is never meant: a fraction that small is a share of activations
+            # written without its percent sign.
+            pct = float(Decimal(m.group(1)) * (10 ** int(m.group(2) or 0)) * 100)
+            raise MemschedError(
+                f"budget: {text!r} would be {text.strip()} byte(s), which no model fits in; did you mean {pct:g}%? "
+                f"Write {pct:g}% (static + {pct:g}% of the activations) or a size such as 8GiB"
+            )
     return BudgetSpec(bytes=parse_bytes(text))
 
 

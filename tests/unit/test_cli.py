@@ -173,3 +173,62 @@ def test_a_command_whose_extra_is_missing_names_it(trace_file, tmp_path, missing
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
     assert f"pip install 'memsched[{extra}]'" in p.stderr
+
+
+@pytest.mark.parametrize(
+    ("budget", "needle"),
+    [("1e400", "larger than any memory"), ("0.5", "did you mean 50%?"), ("99999999TiB", "larger than any memory")],
+)
+def test_budget_typos_exit_2_naming_the_fix(trace_file, capsys, budget, needle):
+    code, out, err = run(["solve", trace_file, "--budget", budget], capsys)
+    assert code == 2, err
+    assert needle in " ".join(err.split()) and "internal error" not in err and out == ""
+
+
+def test_json_infeasible_budget_prints_a_json_error_on_stdout(trace_file, tmp_path, capsys):
+    code, out, err = run(["solve", trace_file, "--budget", "100B", "--json", "-o", tmp_path / "s.json"], capsys)
+    assert code == 2
+    doc = json.loads(out)["error"]
+    assert doc["code"] == "infeasible_budget" and doc["exit_code"] == 2 and doc["budget_bytes"] == 100
+    assert doc["min_feasible_bytes"] > 100 and f"({doc['min_feasible_bytes']} bytes)" in doc["message"]
+    assert "smallest feasible budget" in err  # the sentence for a person stays on stderr
+    assert not (tmp_path / "s.json").exists()
+    # Every user error has the same shape under --json; without --json stdout stays empty.
+    code, out, _ = run(["compare", tmp_path / "missing.json", "--budget", "50%", "--json"], capsys)
+    assert code == 2 and json.loads(out)["error"] == {
+        "code": "bad_file",
+        "message": f"trace file {str(tmp_path / 'missing.json')!r} does not exist; check the path",
+        "exit_code": 2,
+        "min_feasible_bytes": None,
+        "budget_bytes": None,
+    }
+    code, out, _ = run(["solve", trace_file, "--budget", "100B"], capsys)
+    assert code == 2 and out == ""
+
+
+def test_output_dash_writes_the_schedule_to_stdout(trace_file, capsys):
+    code, out, err = run(["solve", trace_file, "--budget", "60%", "-o", "-", "--json"], capsys)
+    assert code == 0, err
+    sched = json.loads(out)  # stdout holds the schedule alone; the summary went to stderr
+    assert set(sched["actions"][0]) >= {"action"} and json.loads(err)["output"] == "-"
+
+
+def test_trace_prints_every_static_part(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from memsched.io import load_trace
+    from memsched.units import format_bytes
+
+    path = tmp_path / "t.json"
+    args = ["trace", "gpt2", "--small", "--layers", 2, "--batch", 1, "--seq-len", 8, "--steps", 1, "--warmup", 0]
+    code, out, err = run([*args, "-o", path], capsys)
+    assert code == 0, err
+    s = load_trace(path).static
+    assert s.other > 0  # the embeddings' saved activations and buffers: the part the line used to leave out
+    text = " ".join(out.split())
+    parts = (
+        f"static {format_bytes(s.total)} (params {format_bytes(s.params)}, grads {format_bytes(s.grads)}, "
+        f"optimizer {format_bytes(s.optimizer_state)}, other {format_bytes(s.other)}: buffers and activations "
+        "saved outside the traced layers)"
+    )
+    assert parts in text
+    assert s.params + s.grads + s.optimizer_state + s.other == s.total

@@ -138,3 +138,17 @@ def test_json_schema_is_exported_and_committed():
         assert committed == json_schema(kind), (
             f"docs/{kind}.schema.json is stale: run memsched schema {kind} -o docs/{kind}.schema.json"
         )
+
+
+@pytest.mark.parametrize(("step_s", "needle"), [(0.0, "must be > 0"), (1.0, "less than 1/2 of the layers")])
+def test_rejects_a_baseline_step_below_its_layers(trace_doc, step_s, needle):
+    # The layers' forward + backward sum to 18 s: a 0 s or 1 s step did not include them.
+    trace_doc["baseline"]["step_s"] = step_s
+    msg = reject(trace_doc, "baseline.step_s", needle, "fix:")
+    assert "18 s" in msg
+
+
+def test_accepts_a_baseline_step_somewhat_below_its_layers(trace_doc):
+    # Per-layer timing may read high: 0.6x of the parts is still one measured step.
+    trace_doc["baseline"]["step_s"] = 18 * 0.6
+    assert parse_model(Trace, trace_doc, "trace").baseline.step_s == pytest.approx(10.8)

@@ -59,3 +59,24 @@ def test_budget_between_spans_minimum_to_keep_all() -> None:
     assert lo < budget_between(trace, 0.5) < hi
     with pytest.raises(ValueError, match=r"frac must be in \[0, 1\]"):
         budget_between(trace, 1.5)
+
+
+@pytest.mark.parametrize("text", ["1e400", "1e31", "9.3e18", "9000000TiB"])
+def test_parse_bytes_too_large_is_a_user_error(text):
+    with pytest.raises(MemschedError, match=r"larger than any memory \(at most 8 EiB"):
+        parse_bytes(text)
+
+
+def test_parse_bytes_largest_accepted():
+    assert parse_bytes("9.2e18") == 9_200_000_000_000_000_000
+    assert parse_bytes(str(2**63 - 1)) == 2**63 - 1
+
+
+@pytest.mark.parametrize(("text", "pct"), [("0.5", "50%"), (".25", "25%"), ("1", "100%"), ("0.05", "5%")])
+def test_budget_fraction_suggests_a_percentage(text, pct):
+    with pytest.raises(MemschedError, match=f"did you mean {pct}\\?"):
+        parse_budget(text)
+
+
+def test_budget_above_one_byte_is_bytes():
+    assert parse_budget("2").bytes == 2 and parse_budget("1.5e9").bytes == 1_500_000_000
