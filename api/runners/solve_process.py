@@ -162,7 +162,9 @@ def solve_with_fallback(
             wall_s=time.perf_counter() - t0,
         )
     except InfeasibleBudgetError as e:
-        return SolveOutcome(None, str(e), e.min_feasible_bytes, time.perf_counter() - t0)
+        from memsched.api.errors import api_message
+
+        return SolveOutcome(None, api_message(e), e.min_feasible_bytes, time.perf_counter() - t0)
     except MemschedError as e:
         return SolveOutcome(None, str(e), wall_s=time.perf_counter() - t0)
     except Exception as e:
