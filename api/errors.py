@@ -46,13 +46,31 @@ class BrokerUnavailable(Exception):
     with 503 + Retry-After: nothing was stored, and the same request succeeds once the broker is back."""
 
 
+# The core's messages name the CLI's flags; over HTTP the same fix is a request field.
+_CLI_FIXES = {
+    "Raise --budget to at least that": "Raise the request's `budget` field to at least that",
+}
+
+
+def api_message(err: MemschedError) -> str:
+    """The error's message as an API client should read it: the request field to change, not a CLI flag."""
+    msg = str(err)
+    for cli, api in _CLI_FIXES.items():
+        msg = msg.replace(cli, api)
+    return msg
+
+
 def from_memsched_error(err: MemschedError, field: str | None = None) -> ApiError:
     """A user-fixable core error as a 422. Infeasible budgets carry the smallest feasible budget."""
     if isinstance(err, InfeasibleBudgetError):
         return ApiError(
-            422, str(err), field or "budget", min_feasible_bytes=err.min_feasible_bytes, budget_bytes=err.budget_bytes
+            422,
+            api_message(err),
+            field or "budget",
+            min_feasible_bytes=err.min_feasible_bytes,
+            budget_bytes=err.budget_bytes,
         )
-    return ApiError(422, str(err), field)
+    return ApiError(422, api_message(err), field)
 
 
 def error_json(status: int, detail: str, field: str | None = None) -> JSONResponse:

@@ -87,7 +87,7 @@ class ErrorBody(BaseModel):
             "examples": [
                 {
                     "detail": "budget: 11.56 MiB (12121000 bytes) is infeasible; the smallest feasible budget "
-                    "for this trace is 15.46 MiB (16210000 bytes). Raise --budget to at least that",
+                    "for this trace is 15.46 MiB (16210000 bytes). Raise the request's `budget` field to at least that",
                     "field": "budget",
                     "min_feasible_bytes": 16210000,
                     "budget_bytes": 12121000,
