@@ -6,9 +6,10 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from memsched.api import Settings, create_app, worker
+from memsched.api import Settings, create_app
 from memsched.api.errors import from_memsched_error
 from memsched.api.examples import synthetic_trace
+from memsched.api.runners import solve_process as worker
 from memsched.errors import InfeasibleBudgetError
 from memsched.optimizer.budget import min_feasible_budget
 from memsched.options import SolveOptions
