@@ -12,7 +12,7 @@ __all__ = ["Settings", "create_app", "get_settings"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: the solver worker processes import memsched.api.worker, and should not pay for FastAPI.
+    # Lazy: the solver worker processes import memsched.api.runners.solve_process, and should not pay for FastAPI.
     if name == "create_app":
         from memsched.api.main import create_app
 

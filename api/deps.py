@@ -13,10 +13,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from memsched.api.db import Database
-from memsched.api.distributed import DistributedRunner
 from memsched.api.errors import ApiError
-from memsched.api.jobs import JobRunner
 from memsched.api.metrics import Metrics
+from memsched.api.runners import Runner
 from memsched.api.settings import Settings
 
 # The app's state, not the process-wide settings: tests run apps with different settings in one process.
@@ -32,8 +31,8 @@ def get_database(request: Request) -> Database:
     return db
 
 
-def get_runner(request: Request) -> JobRunner | DistributedRunner:
-    runner: JobRunner | DistributedRunner = request.app.state.runner
+def get_runner(request: Request) -> Runner:
+    runner: Runner = request.app.state.runner
     return runner
 
 
@@ -44,7 +43,7 @@ def get_metrics(request: Request) -> Metrics:
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
-RunnerDep = Annotated[JobRunner | DistributedRunner, Depends(get_runner)]
+RunnerDep = Annotated[Runner, Depends(get_runner)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 

@@ -12,12 +12,13 @@ from sqlalchemy.exc import SQLAlchemyError
 import memsched
 from memsched.api import crud
 from memsched.api.db import Database
-from memsched.api.distributed import DistributedRunner
 from memsched.api.errors import install_error_handlers
-from memsched.api.jobs import JobRunner
 from memsched.api.metrics import Metrics
 from memsched.api.middleware import BodySizeLimit
 from memsched.api.routes import compare, health, schedules, traces
+from memsched.api.runners import Runner
+from memsched.api.runners.celery_runner import CeleryRunner
+from memsched.api.runners.embedded import EmbeddedRunner
 from memsched.api.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -58,14 +59,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             with db.session() as s:
                 return crud.jobs_by_state(s)
 
-        runner: JobRunner | DistributedRunner
+        runner: Runner
         if settings.distributed:
             # Stateless replica: jobs are rows, solves are Celery messages; any number may share the database.
-            runner = DistributedRunner(db, settings)
-            metrics = Metrics(counts, broker=(runner.queue_depth, runner.live_workers))
+            celery = CeleryRunner(db, settings)
+            metrics = Metrics(counts, broker=(celery.queue_depth, celery.live_workers))
+            runner = celery
         else:
             metrics = Metrics(counts)
-            runner = JobRunner(db, settings, metrics)
+            runner = EmbeddedRunner(db, settings, metrics)
         app.state.settings, app.state.db, app.state.metrics, app.state.runner = settings, db, metrics, runner
         await runner.start()
         try:

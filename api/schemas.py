@@ -136,7 +136,7 @@ class ScheduleRequest(SolveOptions):
 
     def options(self) -> SolveOptions:
         """The request's solve options alone."""
-        return SolveOptions(**{name: getattr(self, name) for name in SolveOptions.model_fields})
+        return SolveOptions.model_validate({name: getattr(self, name) for name in SolveOptions.model_fields})
 
     model_config = ConfigDict(
         json_schema_extra={

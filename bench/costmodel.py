@@ -94,7 +94,7 @@ def evaluate(trace: Trace, pct: int, time_limit_s: float) -> Point:
     pol["heuristic"] = {"feasible": h.sim.feasible, "overhead_pct": h.sim.overhead_pct, "peak_bytes": h.sim.peak_bytes}
     t0 = time.perf_counter()
     try:
-        sc = solve(trace, budget, SolveOptions(solver="auto", time_limit_s=time_limit_s))
+        sc = solve(trace, budget, SolveOptions(time_limit_s=time_limit_s))
     except InfeasibleBudgetError as e:
         pol["memsched"] = {"feasible": False, "reason": str(e)}
         return Point(pct, budget, pol)

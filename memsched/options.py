@@ -60,11 +60,12 @@ class SolveOptions(BaseModel):
     """MILP segment cap L: the longest recompute segment the MILP may choose (None: n on small traces, else 16).
     The DP has no cap."""
 
-    def __init__(self, **data: Any) -> None:
-        # Built directly (the CLI, the client, tests), a bad value is a user error with one line per field;
-        # nested in an API request, pydantic validates without this __init__ and FastAPI answers 422.
+    @classmethod
+    def from_user(cls, **values: Any) -> SolveOptions:
+        """The options as a user gave them (CLI flags, a script): a bad value is a MemschedError with one line per
+        field, naming it and its flag. (The API validates its request bodies itself and answers 422.)"""
         try:
-            super().__init__(**data)
+            return cls(**values)
         except ValidationError as e:
             raise MemschedError(describe_validation_error(e)) from None
 

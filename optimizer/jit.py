@@ -38,7 +38,8 @@ _ready = threading.Event()
 """Set once this process has every kernel compiled or loaded."""
 _lock = threading.Lock()
 
-# The time-limit signals of the worker pools (api/worker.py: SIGALRM; Celery's prefork soft limit: SIGUSR1).
+# The time-limit signals of the worker pools (api/runners/solve_process.py: SIGALRM; Celery's prefork soft
+# limit: SIGUSR1).
 _DEFERRED_SIGNALS = tuple(s for s in (getattr(signal, "SIGALRM", None), getattr(signal, "SIGUSR1", None))
                           if s is not None)
 

@@ -10,11 +10,9 @@ from memsched.api.models import JobRow, TraceRow
 from memsched.api.schemas import JobOut
 from memsched.api.settings import Settings
 from memsched.errors import MemschedError
-from memsched.optimizer.budget import check_budget_feasible, resolve_budget
 from memsched.schema import Schedule, Trace
+from memsched.service import resolve_budget
 
-# Budgets are stored as 64-bit integers (PostgreSQL BIGINT); nothing real comes near this.
-MAX_BUDGET_BYTES = 2**62
 MAX_STEP_S = 1e15
 
 
@@ -63,29 +61,12 @@ def resolve_trace(
 
 
 def request_budget(budget: int | str, trace: Trace, check_feasible: bool) -> int:
-    """A request's budget in bytes (optimizer.budget.resolve_budget), or a 422 naming the problem or the
-    smallest feasible budget."""
+    """A request's budget in bytes (the service's resolve_budget, the CLI's too), or a 422 naming the problem or
+    the smallest feasible budget."""
     try:
-        b = resolve_budget(budget, trace)
-        if b > MAX_BUDGET_BYTES:
-            raise ApiError(
-                422,
-                f"budget: {b} bytes is larger than any device ({MAX_BUDGET_BYTES} bytes at most); "
-                "give a real device-memory budget such as 8GiB",
-                "budget",
-            )
-        if check_feasible:
-            # Cheap (one simulation) and deterministic: an infeasible budget is answered now, with the
-            # smallest feasible budget, rather than as a failed job later.
-            check_budget_feasible(trace, b)
-        return b
+        return resolve_budget(budget, trace, check_feasible)
     except MemschedError as e:
         raise from_memsched_error(e, "budget") from None
-    except (ArithmeticError, ValueError) as e:
-        # Finite but astronomically large numbers in a trace or budget overflow the cost model's floats.
-        raise ApiError(
-            422, f"budget: cannot compute with this budget and trace ({e}); check the trace's numbers", "budget"
-        ) from None
 
 
 def job_out(row: JobRow, cached: bool | None = None) -> JobOut:

@@ -11,7 +11,6 @@ from sqlalchemy.exc import SQLAlchemyError
 
 import memsched
 from memsched.api.deps import DatabaseDep, MetricsDep, RunnerDep, SettingsDep
-from memsched.api.distributed import DistributedRunner
 from memsched.api.errors import ApiError
 from memsched.api.schemas import Health, Ready, error_responses
 
@@ -42,25 +41,14 @@ def readyz(db: DatabaseDep, settings: SettingsDep, runner: RunnerDep) -> Ready:
             503, f"database {db.safe_url} is not reachable: {type(e).__name__}", headers={"Retry-After": "5"}
         ) from None
     database = make_url(db.url).get_backend_name()
-    if not isinstance(runner, DistributedRunner):
-        return Ready(status="ok", version=memsched.__version__, database=database, workers=settings.workers)
-    try:
-        depth = runner.queue_depth()
-        workers = runner.live_workers(timeout=0.5)
-    except Exception as e:  # noqa: BLE001  # any broker failure (kombu, redis, amqp, OS) means "not ready"
-        log.warning("readiness check failed: broker %s: %s", runner.safe_url, e)
-        raise ApiError(
-            503,
-            f"broker {runner.safe_url} is not reachable: {type(e).__name__}: {str(e)[:200]}",
-            headers={"Retry-After": "5"},
-        ) from None
+    r = runner.readiness()  # BrokerUnavailable (503 + Retry-After) when the broker does not answer
     return Ready(
         status="ok",
         version=memsched.__version__,
         database=database,
-        workers=workers,
-        broker=runner.kind,
-        queue_depth=depth,
+        workers=r.workers,
+        broker=r.broker,
+        queue_depth=r.queue_depth,
     )
 
 

@@ -12,7 +12,6 @@ from fastapi.concurrency import run_in_threadpool
 from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.deps import DatabaseDep, MetricsDep, OwnerDep, RunnerDep, SettingsDep
-from memsched.api.distributed import DistributedRunner
 from memsched.api.errors import ApiError
 from memsched.api.models import JobRow
 from memsched.api.routes.common import job_out, request_budget, resolve_trace
@@ -89,12 +88,11 @@ async def create_schedule(
                     None,
                     headers={"Retry-After": "10"},
                 )
-            # Distributed mode: the job's message is sent before its row is committed (see crud.submit_job).
-            enqueue = None
-            if isinstance(runner, DistributedRunner):
-                dist = runner
-                enqueue = lambda row: dist.enqueue(row.id, params.time_limit_s)  # noqa: E731
-            sub = crud.submit_job(s, owner, trace_row, spec, budget_bytes, params, enqueue)
+            # The job is handed to the runner before its row is committed (see crud.submit_job): a broker that
+            # refuses it leaves nothing stored.
+            sub = crud.submit_job(
+                s, owner, trace_row, spec, budget_bytes, params, lambda row: runner.enqueue(row.id, params.time_limit_s)
+            )
             return sub.job, sub.new_solve
 
     # The submission does database work and one simulation: run it off the event loop.

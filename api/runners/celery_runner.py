@@ -27,11 +27,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import memsched
-from memsched.api import crud, worker
+from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.errors import BrokerUnavailable
-from memsched.api.jobs import kill_pool, spawn_pool
 from memsched.api.models import JobRow
+from memsched.api.runners import Readiness, solve_process
+from memsched.api.runners.embedded import kill_pool, spawn_pool
 from memsched.api.settings import BROKER_SCHEMES, Settings
 from memsched.errors import MemschedError
 from memsched.options import SolveResources
@@ -122,9 +123,9 @@ def make_celery(settings: Settings) -> Any:
 # ------------------------------------------------------------------------------------------ API replica side
 
 
-class DistributedRunner:
-    """What the routes call in distributed mode (the JobRunner of the embedded mode): send a job's message,
-    wait for its row to finish, render plots, and probe the broker for /readyz and /metrics."""
+class CeleryRunner:
+    """The Runner of distributed mode: send a job's message to the Celery broker, wait for its row to finish
+    (a `memsched worker` anywhere writes it), render plots, and probe the broker for /readyz and /metrics."""
 
     def __init__(self, db: Database, settings: Settings) -> None:
         assert settings.broker_url
@@ -195,7 +196,7 @@ class DistributedRunner:
         if self._plot_pool is None:
             self._plot_pool = spawn_pool(1)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._plot_pool, worker.render_plot, trace_json, schedule_json)
+        return await loop.run_in_executor(self._plot_pool, solve_process.render_plot, trace_json, schedule_json)
 
     # ------------------------------------------------------------------ probes
 
@@ -214,6 +215,15 @@ class DistributedRunner:
             finally:
                 with contextlib.suppress(Exception):
                     channel.close()
+
+    def readiness(self) -> Readiness:
+        try:
+            return Readiness(workers=self.live_workers(timeout=0.5), broker=self.kind, queue_depth=self.queue_depth())
+        except Exception as e:  # noqa: BLE001  # any broker failure (kombu, redis, amqp, OS) means "not ready"
+            log.warning("readiness check failed: broker %s: %s", self.safe_url, e)
+            raise BrokerUnavailable(
+                f"broker {self.safe_url} is not reachable: {type(e).__name__}: {str(e)[:200]}"
+            ) from None
 
     def live_workers(self, timeout: float = 1.0) -> int:
         """Workers that answer Celery's broadcast and consume this queue (Celery's own remote control)."""
@@ -362,7 +372,7 @@ def _run_job(task: Any, job_id: str, versions: dict[str, Any] | None) -> str:
         else "was stopped by Celery's soft time limit"
     )
     log.info("job %s: attempt %d on %s", job_id, claim.attempts, me)
-    outcome = worker.solve_with_fallback(
+    outcome = solve_process.solve_with_fallback(
         claim.trace_json,
         claim.budget_bytes,
         claim.params,
@@ -388,7 +398,7 @@ def _run_job(task: Any, job_id: str, versions: dict[str, Any] | None) -> str:
 
 
 def _make_request_class() -> type:
-    from celery.worker.request import Request
+    from celery.solve_process.request import Request
 
     class JobRequest(Request):
         """Runs in the worker's main process: a job killed at its hard time limit is failed with the reason

@@ -1,4 +1,4 @@
-"""The job runner: solves queued jobs in a pool of worker processes, a capped number at a time.
+"""The embedded runner (one server): solves queued jobs in a pool of worker processes, a capped number at a time.
 
 The database is the queue: a job is a row, claimed atomically (queued -> running) when a worker is free.
 Nothing about a job lives only in memory, so a restart loses none: running jobs are re-queued (or failed
@@ -19,10 +19,12 @@ from typing import Any, TypeVar
 
 from anyio import to_thread
 
-from memsched.api import crud, worker
+from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.metrics import Metrics
+from memsched.api.runners import Readiness, solve_process
 from memsched.api.settings import Settings
+from memsched.schema import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +41,14 @@ def spawn_pool(workers: int) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=worker.watch_parent,
+        initializer=solve_process.watch_parent,
         initargs=(os.getpid(),),
     )
 
 
-class JobRunner:
+class EmbeddedRunner:
+    """The Runner of one server: the database is the queue, a process pool in this server solves."""
+
     def __init__(self, db: Database, settings: Settings, metrics: Metrics) -> None:
         self.db = db
         self.settings = settings
@@ -75,7 +79,7 @@ class JobRunner:
         # Start the workers now (imports included) so the first job does not pay for it.
         loop = asyncio.get_running_loop()
         for _ in range(self.settings.workers):
-            warm = loop.run_in_executor(self._pool, worker.warm_up)
+            warm = loop.run_in_executor(self._pool, solve_process.warm_up)
             # Mark the result as seen: a warm-up cut short by shutdown is not worth an "exception never
             # retrieved" warning.
             warm.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -98,9 +102,15 @@ class JobRunner:
 
     # ---------------------------------------------------------------- API used by routes
 
+    def enqueue(self, job_id: str, time_limit_s: float) -> None:
+        """Nothing to hand over: the job's row is the queue entry, and notify() wakes the dispatcher."""
+
     def notify(self) -> None:
         """A job was queued: wake the dispatcher now instead of at its next poll."""
         self._wake.set()
+
+    def readiness(self) -> Readiness:
+        return Readiness(workers=self.settings.workers)
 
     async def wait(self, job_id: str, timeout: float) -> None:
         """Return when the job is done or failed, or after `timeout` seconds. The event wakes us at once
@@ -124,7 +134,7 @@ class JobRunner:
         if self._plot_pool is None:
             self._plot_pool = self._new_pool(1)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._plot_pool, worker.render_plot, trace_json, schedule_json)
+        return await loop.run_in_executor(self._plot_pool, solve_process.render_plot, trace_json, schedule_json)
 
     async def _db(self, fn: Callable[[Any], T]) -> T:
         def run() -> T:
@@ -174,7 +184,13 @@ class JobRunner:
         watchdog_s = time_limit_s + 3 * s.job_grace_s
         try:
             fut = loop.run_in_executor(
-                pool, worker.run_solve, job.trace_json, job.budget_bytes, job.params, s.job_grace_s, s.solver_threads
+                pool,
+                solve_process.run_solve,
+                job.trace_json,
+                job.budget_bytes,
+                job.params,
+                s.job_grace_s,
+                s.solver_threads,
             )
             outcome = await asyncio.wait_for(fut, watchdog_s)
         except TimeoutError:
@@ -190,7 +206,7 @@ class JobRunner:
                     "time_limit_s",
                 )
             )
-            self.metrics.solves.labels("failed").inc()
+            self.metrics.solves.labels(JobStatus.FAILED).inc()
             self._signal_done(job.id)
             return
         except BrokenProcessPool:
@@ -200,7 +216,7 @@ class JobRunner:
             requeued = await self._db(
                 lambda ses: crud.requeue_job(ses, job.id, "its worker process died", s.max_attempts)
             )
-            self.metrics.solves.labels("requeued" if requeued else "failed").inc()
+            self.metrics.solves.labels("requeued" if requeued else JobStatus.FAILED).inc()
             if requeued:
                 self._wake.set()
             else:
@@ -215,7 +231,7 @@ class JobRunner:
             log.exception("job %s: the runner failed", job.id)
             reason = f"internal error: {type(e).__name__}: {e}"
             await self._db(lambda ses: crud.finish_job(ses, job.id, None, reason))
-            self.metrics.solves.labels("failed").inc()
+            self.metrics.solves.labels(JobStatus.FAILED).inc()
             self._signal_done(job.id)
             return
         await self._db(
@@ -224,9 +240,10 @@ class JobRunner:
             )
         )
         self.metrics.solve_seconds.observe(outcome.wall_s)
-        self.metrics.solves.labels("done" if outcome.schedule_json is not None else "failed").inc()
+        self.metrics.solves.labels(JobStatus.DONE if outcome.schedule_json is not None else JobStatus.FAILED).inc()
         log.info(
-            "job %s %s in %.3f s", job.id, "done" if outcome.schedule_json is not None else "failed", outcome.wall_s
+            "job %s %s in %.3f s", job.id, JobStatus.DONE if outcome.schedule_json is not None else JobStatus.FAILED,
+            outcome.wall_s,
         )
         self._signal_done(job.id)
 
@@ -244,6 +261,6 @@ def kill_pool(pool: ProcessPoolExecutor) -> None:
     for p in procs:
         if p.is_alive():
             if p.pid is not None:
-                worker.kill_descendants(p.pid)  # the solver binaries it started, first
+                solve_process.kill_descendants(p.pid)  # the solver binaries it started, first
             p.kill()
     pool.shutdown(wait=False, cancel_futures=True)

@@ -82,7 +82,7 @@ def prepare_memsched(spec: ModelSpec, fraction: float, no_offload: bool = False)
         tr = spec.cache.setdefault("memsched_trace_recompute_only", recompute_only(tr))
     budget = resolve_budget(f"{round(fraction * 100)}%", tr)
     t0 = time.perf_counter()
-    schedule = solve(tr, budget, SolveOptions(solver="auto", time_limit_s=spec.cache.get("solve_time_limit_s", 60.0)))
+    schedule = solve(tr, budget, SolveOptions(time_limit_s=spec.cache.get("solve_time_limit_s", 60.0)))
     solve_s = time.perf_counter() - t0
     key = "memsched_schedules_recompute_only" if no_offload else "memsched_schedules"
     spec.cache.setdefault(key, {})[fraction] = schedule

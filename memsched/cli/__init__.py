@@ -260,7 +260,9 @@ def solve(
 ) -> None:
     """Find the fastest schedule that fits the budget, and write it."""
     # SolveOptions checks the options itself (the same rules as the API's).
-    options = SolveOptions(solver=solver, time_limit_s=time_limit, gap=gap, window=window, max_segment=max_segment)
+    options = SolveOptions.from_user(
+        solver=solver, time_limit_s=time_limit, gap=gap, window=window, max_segment=max_segment
+    )
     resources = SolveResources(export_model=export_model)
     tr = load_trace(trace)
     spec = parse_budget(budget)

@@ -89,7 +89,7 @@ def worker(
     them with the same function as `memsched serve`'s own pool, and writes the answers to the database."""
     import logging
 
-    run_worker = _api_extra("memsched.api.distributed").run_worker
+    run_worker = _api_extra("memsched.api.runners.celery_runner").run_worker
 
     settings = _settings({"broker_url": broker_url, "database_url": database_url, "log_level": log_level})
     if not settings.broker_url:

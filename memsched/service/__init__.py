@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from memsched.errors import MemschedError
 from memsched.optimizer.baselines import evaluate_baselines
-from memsched.optimizer.budget import keepall_activation_peak, resolve_budget
+from memsched.optimizer.budget import check_budget_feasible, keepall_activation_peak
+from memsched.optimizer.budget import resolve_budget as budget_bytes
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.optimizer.solve import solve
 from memsched.options import SolveOptions, SolveResources
@@ -55,6 +57,33 @@ class Comparison:
             "keepall_activation_bytes": self.keepall_activation_bytes,
             "rows": [r.to_json() for r in self.rows],
         }
+
+
+MAX_BUDGET_BYTES = 2**62
+"""The largest budget accepted: far beyond any device, and what a 64-bit database column (BIGINT) holds."""
+
+
+def resolve_budget(budget: BudgetSpec | str | int, trace: Trace, check_feasible: bool = False) -> int:
+    """The one budget resolver of the CLI, the API and the workers: a budget as the user wrote it ('8GiB',
+    '500MB', bytes, 'N%': static + N% of the keep-all activation peak) in bytes for this trace.
+
+    Raises MemschedError naming the problem (unreadable, not positive, beyond any device) and, with
+    `check_feasible`, InfeasibleBudgetError carrying the smallest feasible budget (one simulation)."""
+    try:
+        b = budget_bytes(budget, trace)
+    except (ArithmeticError, ValueError) as e:
+        if isinstance(e, MemschedError):
+            raise
+        # Finite but astronomically large numbers in a trace or budget overflow the cost model's floats.
+        raise MemschedError(f"budget: cannot compute with {budget!r} and this trace ({e}); check both") from None
+    if b > MAX_BUDGET_BYTES:
+        raise MemschedError(
+            f"budget: {b} bytes is larger than any device ({MAX_BUDGET_BYTES} bytes at most); give a real "
+            "device-memory budget such as 8GiB"
+        )
+    if check_feasible:
+        check_budget_feasible(trace, b)
+    return b
 
 
 def compare_policies(trace: Trace, budget: BudgetSpec | str | int) -> Comparison:

@@ -33,7 +33,7 @@ LIMITS = {"max_time_limit_s": "4", "job_grace_s": "1", "visibility_timeout_s": "
 # too. Every other job is solved by the real optimizer, so a "long solve" here is long on any machine.
 SLOW_SOLVER = """
 import time
-from memsched.api import worker
+from memsched.api.runners import solve_process as worker
 
 _real = worker.solve_trace
 

@@ -17,7 +17,7 @@ from memsched.api import crud
 from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
 from memsched.api.models import Base, JobRow, TraceRow
-from memsched.api.worker import descendants
+from memsched.api.runners.solve_process import descendants
 from memsched.optimizer.budget import resolve_budget
 from memsched.options import SolveOptions
 from memsched.schema import JobStatus

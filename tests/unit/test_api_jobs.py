@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from memsched.api import crud, worker
+from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.examples import synthetic_trace
-from memsched.api.jobs import JobRunner, kill_pool
 from memsched.api.metrics import Metrics
 from memsched.api.models import JobRow
+from memsched.api.runners import solve_process as worker
+from memsched.api.runners.embedded import EmbeddedRunner, kill_pool
 from memsched.api.settings import Settings
 from memsched.optimizer.budget import min_feasible_budget
 from memsched.options import SolveOptions
@@ -53,7 +54,7 @@ def _sleep_with_child() -> int:
 def runner_env(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(worker, "run_solve", _fake_run_solve)
     monkeypatch.setattr(
-        JobRunner,
+        EmbeddedRunner,
         "_new_pool",
         lambda self, n: ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork")),
     )
@@ -80,7 +81,7 @@ def test_watchdog_and_dead_workers(runner_env) -> None:  # type: ignore[no-untyp
     ok = _submit(db, 0.05, budget)
 
     async def run() -> None:
-        runner = JobRunner(db, settings, Metrics(lambda: {}))
+        runner = EmbeddedRunner(db, settings, Metrics(lambda: {}))
         await runner.start()
         try:
             for jid in (hang, crash, ok):

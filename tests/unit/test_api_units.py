@@ -15,12 +15,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from memsched.api import Settings, create_app, worker
+from memsched.api import Settings, create_app
 from memsched.api.crud import cache_key
 from memsched.api.db import make_engine
 from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
 from memsched.api.middleware import BodySizeLimit
+from memsched.api.runners import solve_process as worker
 from memsched.errors import InfeasibleBudgetError, MemschedError, SolverError
 from memsched.optimizer.budget import min_feasible_budget
 from memsched.options import SolveOptions
@@ -283,12 +284,12 @@ def test_worker_kills_solver_binaries_it_started_when_it_overruns(monkeypatch, t
 
 def test_queue_limit_answers_429(tmp_path, monkeypatch) -> None:
     """Beyond MEMSCHED_MAX_QUEUED_JOBS new solves are refused with 429 + Retry-After; repeats still answer."""
-    from memsched.api.jobs import JobRunner
+    from memsched.api.runners.embedded import EmbeddedRunner
 
-    async def idle(self: JobRunner) -> None:  # no dispatcher: queued jobs stay queued
+    async def idle(self: EmbeddedRunner) -> None:  # no dispatcher: queued jobs stay queued
         return None
 
-    monkeypatch.setattr(JobRunner, "_dispatch", idle)
+    monkeypatch.setattr(EmbeddedRunner, "_dispatch", idle)
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'q.db'}", api_keys=[], workers=1, max_queued_jobs=1)
     body = {"trace": synthetic_trace(3).model_dump(mode="json"), "solver": "heuristic"}
     with TestClient(create_app(settings)) as c:

@@ -107,7 +107,7 @@ def test_infeasible_budget_reports_the_minimum(solver: str) -> None:
 def test_bad_options_name_the_field(options: dict[str, object], field: str) -> None:
     # SolveOptions checks itself: a bad value never reaches solve().
     with pytest.raises(MemschedError, match=field):
-        SolveOptions(**options)  # type: ignore[arg-type]
+        SolveOptions.from_user(**options)
 
 
 @pytest.mark.parametrize(("solver", "suffix"), [("cbc", ".lp"), ("highs", ".mps"), ("cpsat", ".pbtxt")])
