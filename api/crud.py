@@ -13,7 +13,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from memsched.api.models import JobRow, TraceRow, utcnow
+from memsched.api.tables import JobRow, TraceRow, utcnow
 from memsched.options import SolveOptions
 from memsched.schema import JobStatus, Trace
 

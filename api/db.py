@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
-from memsched.api.models import Base
+from memsched.api.tables import Base
 from memsched.errors import MemschedError
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """memsched.optimizer: trace -> schedule. Pure Python plus solver libraries; never imports torch."""
 
-from memsched.optimizer.plan import Decision, decisions_from_schedule
+from memsched.optimizer.decisions import Decision, decisions_from_schedule
 from memsched.optimizer.simulate import SimResult, default_timing, make_schedule, simulate, stage_memory
 
 __all__ = [

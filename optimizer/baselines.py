@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from memsched.errors import InfeasibleBudgetError
 from memsched.optimizer.budget import min_feasible_budget
-from memsched.optimizer.plan import KEEP, Decision, offload_all, recompute
+from memsched.optimizer.decisions import KEEP, Decision, offload_all, recompute
 from memsched.optimizer.simulate import SimResult, make_schedule, simulate
 from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memsched.errors import InfeasibleBudgetError, MemschedError
-from memsched.optimizer.plan import KEEP, Decision, offload_all
+from memsched.optimizer.decisions import KEEP, Decision, offload_all
 from memsched.optimizer.simulate import simulate, stage_memory
 from memsched.schema import Trace
 from memsched.units import BudgetSpec, format_bytes, parse_budget

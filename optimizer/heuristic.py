@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from memsched.optimizer.budget import min_feasible_decisions
-from memsched.optimizer.plan import KEEP, Decision, group_start, offload_all, recompute
+from memsched.optimizer.decisions import KEEP, Decision, group_start, offload_all, recompute
 from memsched.optimizer.simulate import (
     D2H,
     H2D,

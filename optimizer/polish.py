@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from memsched.optimizer.decisions import KEEP, Decision, group_start, offload_subset, recompute
 from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, KIND_START, FastSim
 from memsched.optimizer.heuristic import fix_prefetch_order
-from memsched.optimizer.plan import KEEP, Decision, group_start, offload_subset, recompute
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Action, Trace
 

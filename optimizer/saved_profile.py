@@ -7,7 +7,7 @@ without the static bytes and the per-stage transients (docs/cost-model.md, 'Meas
 
 from __future__ import annotations
 
-from memsched.optimizer.plan import Decision, decisions_from_schedule
+from memsched.optimizer.decisions import Decision, decisions_from_schedule
 from memsched.optimizer.simulate import backward_transient, forward_transient, stage_memory
 from memsched.schema import Schedule, Trace
 

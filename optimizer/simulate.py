@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from memsched.errors import ScheduleMismatchError
-from memsched.optimizer.plan import KEEP as _KEEP
-from memsched.optimizer.plan import Decision, decisions_from_schedule, group_start, segment_ends, to_actions
+from memsched.optimizer.decisions import KEEP as _KEEP
+from memsched.optimizer.decisions import Decision, decisions_from_schedule, group_start, segment_ends, to_actions
 from memsched.schema import Action, Prediction, Schedule, SolverRecord, Trace, check_schedule, validate_actions
 
 COMPUTE, D2H, H2D = "compute", "d2h", "h2d"

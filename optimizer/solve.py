@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING
 from memsched.errors import SolverError
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import check_budget_feasible
+from memsched.optimizer.decisions import KEEP, Decision
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.ilp.cbc import grace_s
 from memsched.optimizer.ilp.model import MilpModel, build_model
 from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import representable
-from memsched.optimizer.plan import KEEP, Decision
 from memsched.optimizer.polish import polish
 from memsched.optimizer.simulate import SimResult, make_schedule, simulate, stage_memory
 from memsched.options import SolveOptions, SolveResources, SolverName

@@ -4,7 +4,7 @@ The peak is every live tensor byte of the step (memsched.runtime.memory): CUDA's
 GPU, the CPU allocator's events under the profiler on the CPU; one function, two sources. Step times are the
 median of the timed steps (run without the profiler). The saved-tensor ledger (memsched.runtime.ledger) is
 kept beside it for attribution: the live saved bytes of the traced layers, per stage. Its counterpart in the
-cost model is the saved part of the simulator's stage memory (memsched.optimizer.profile).
+cost model is the saved part of the simulator's stage memory (memsched.optimizer.saved_profile).
 
 `measure_side_by_side` is the one measurement every front end uses (`memsched measure`, `memsched demo`,
 bench/fidelity.py through memsched.cli.measure_run): keep-all and the schedule in one process, their timed

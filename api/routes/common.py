@@ -6,9 +6,9 @@ from sqlalchemy.orm import Session
 
 from memsched.api import crud
 from memsched.api.errors import ApiError, from_memsched_error
-from memsched.api.models import JobRow, TraceRow
 from memsched.api.schemas import JobOut
 from memsched.api.settings import Settings
+from memsched.api.tables import JobRow, TraceRow
 from memsched.errors import MemschedError
 from memsched.schema import Schedule, Trace
 from memsched.service import resolve_budget

@@ -13,9 +13,9 @@ from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.deps import DatabaseDep, MetricsDep, OwnerDep, RunnerDep, SettingsDep
 from memsched.api.errors import ApiError
-from memsched.api.models import JobRow
 from memsched.api.routes.common import job_out, request_budget, resolve_trace
 from memsched.api.schemas import JobId, JobOut, ScheduleRequest, error_responses
+from memsched.api.tables import JobRow
 from memsched.schema import JobStatus
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ from memsched.api import crud
 from memsched.api.deps import OwnerDep, SessionDep, SettingsDep
 from memsched.api.errors import ApiError
 from memsched.api.examples import EXAMPLE_TRACE
-from memsched.api.models import TraceRow
 from memsched.api.routes.common import check_trace_limits
 from memsched.api.schemas import StrictTrace, TraceId, TraceOut, TraceRef, error_responses
+from memsched.api.tables import TraceRow
 from memsched.schema import Trace
 
 router = APIRouter(prefix="/v1/traces", tags=["traces"])

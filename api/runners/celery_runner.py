@@ -30,10 +30,10 @@ import memsched
 from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.errors import BrokerUnavailable
-from memsched.api.models import JobRow
 from memsched.api.runners import Readiness, solve_process
 from memsched.api.runners.embedded import kill_pool, spawn_pool
 from memsched.api.settings import BROKER_SCHEMES, Settings
+from memsched.api.tables import JobRow
 from memsched.errors import MemschedError
 from memsched.options import SolveResources
 from memsched.schema import SCHEDULE_SCHEMA_VERSION, TRACE_SCHEMA_VERSION, JobStatus

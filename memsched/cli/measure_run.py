@@ -3,7 +3,7 @@
 The runtime (memsched.runtime) measures the whole step: every live tensor byte (CUDA's allocator, or the CPU
 allocator's events: `peak_source`) and the median step time with the torch thread count fixed. The
 prediction comes from the schedule and, for keep-all and the ledger's counterpart, from the simulator
-(memsched.optimizer.profile). That is why this lives in memsched/ and not in runtime/: the runtime never
+(memsched.optimizer.saved_profile). That is why this lives in memsched/ and not in runtime/: the runtime never
 imports the optimizer.
 
 One process measures the in-core keep-all step and the scheduled step on the same model at the same batch,
@@ -65,7 +65,7 @@ class Side:
     saved_peak_bytes: int | None = None
     """The ledger's peak of live saved bytes of the traced layers (attribution; not the peak)."""
     predicted_saved_peak_bytes: int | None = None
-    """The simulator's counterpart of the ledger (memsched.optimizer.profile), when a trace is given."""
+    """The simulator's counterpart of the ledger (memsched.optimizer.saved_profile), when a trace is given."""
     host_bytes: int = 0
     """Host copies made by offloading (not device bytes; not in the peak)."""
     stage_peak_bytes: dict[str, int] = field(default_factory=dict)
@@ -249,7 +249,7 @@ class Predictions:
 def predictions(trace: Trace | None, schedule: Schedule | None) -> Predictions:
     """Keep-all from the simulator; the schedule's own prediction; the ledger's counterparts."""
     from memsched.optimizer.baselines import keep_all
-    from memsched.optimizer.profile import predicted_saved_profile, saved_profile
+    from memsched.optimizer.saved_profile import predicted_saved_profile, saved_profile
     from memsched.optimizer.simulate import simulate
 
     p = Predictions()

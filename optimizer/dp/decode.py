@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from memsched.optimizer.decisions import KEEP, Decision, offload_subset, recompute
 from memsched.optimizer.dp.labels import ACTION_KEEP, ACTION_SEGMENT
 from memsched.optimizer.dp.problem import DpProblem
 from memsched.optimizer.dp.sweep import SweepResult
-from memsched.optimizer.plan import KEEP, Decision, offload_subset, recompute
 from memsched.schema import Trace
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 from ortools.sat.python import cp_model
 
 from memsched.errors import SolverError
+from memsched.optimizer.decisions import Decision
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
 from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
-from memsched.optimizer.plan import Decision
 from memsched.schema import SolverStatus
 
 log = logging.getLogger(__name__)

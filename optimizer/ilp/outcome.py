@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memsched.optimizer.plan import Decision
+from memsched.optimizer.decisions import Decision
 from memsched.schema import SolverStatus
 
 

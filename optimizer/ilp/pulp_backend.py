@@ -17,11 +17,11 @@ from pathlib import Path
 import pulp
 
 from memsched.errors import SolverError
+from memsched.optimizer.decisions import Decision
 from memsched.optimizer.ilp.cbc import grace_s, run_cbc
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
 from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
-from memsched.optimizer.plan import Decision
 from memsched.schema import SolverStatus
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from memsched.optimizer.decisions import KEEP, Decision, offload_subset, recompute, segment_ends
 from memsched.optimizer.ilp.model import BIN, MilpModel
-from memsched.optimizer.plan import KEEP, Decision, offload_subset, recompute, segment_ends
 from memsched.schema import Action
 
 ScaledRow = tuple[dict[int, float], float]

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 from memsched.api import crud
 from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
-from memsched.api.models import Base, JobRow, TraceRow
 from memsched.api.runners.solve_process import descendants
+from memsched.api.tables import Base, JobRow, TraceRow
 from memsched.optimizer.budget import resolve_budget
 from memsched.options import SolveOptions
 from memsched.schema import JobStatus

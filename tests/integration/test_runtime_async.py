@@ -14,7 +14,7 @@ import torch
 from test_runtime_support import assert_bitwise, grads, schedule_of, tiny
 
 from memsched.optimizer.baselines import offload_all_overlapped
-from memsched.optimizer.plan import offload_all
+from memsched.optimizer.decisions import offload_all
 from memsched.runtime import apply_schedule, trace
 from memsched.runtime.copier import Copier, _as_bytes
 

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from test_runtime_support import free_port, init_gloo, schedule_of, tiny
 
 from memsched.io import load_schedule, save_model
-from memsched.optimizer.plan import KEEP, offload_all, recompute
+from memsched.optimizer.decisions import KEEP, offload_all, recompute
 from memsched.runtime import apply_schedule, trace
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from test_runtime_support import free_port, init_gloo, schedule_of, tiny
 
 from memsched.io import load_schedule, save_model
-from memsched.optimizer.plan import offload_all, recompute
+from memsched.optimizer.decisions import offload_all, recompute
 from memsched.runtime import apply_schedule, trace
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")

@@ -12,9 +12,10 @@ from test_runtime_support import assert_bitwise, assert_close, grads, schedule_o
 
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.baselines import BASELINES
-from memsched.optimizer.plan import KEEP, offload_subset, recompute
-from memsched.optimizer.profile import predicted_saved_profile
+from memsched.optimizer.decisions import KEEP, offload_subset, recompute
+from memsched.optimizer.saved_profile import predicted_saved_profile
 from memsched.runtime import SavedLedger, apply_schedule, trace
+from memsched.runtime.wrapping import is_wrapped
 from memsched.schema import Action
 from memsched.service import solve_trace
 
@@ -101,7 +102,7 @@ def _ledger_peak(w, sched, tr):
 def test_ledger_peak_within_5pct_of_simulator(gpt2, policy):
     """Measured: the ledger's peak of live saved bytes (traced layers, storage-deduplicated). Predicted: the
     simulator's stage memory minus the stage's transients (saved bytes + checkpoint inputs), maximised over
-    stages: memsched.optimizer.profile.predicted_saved_profile."""
+    stages: memsched.optimizer.saved_profile.predicted_saved_profile."""
     w, tr = gpt2
     if policy == "solver-50%":
         sched = solve_trace(tr, "50%")
@@ -116,7 +117,7 @@ def test_offload_timing_is_realised_stage_by_stage(gpt2):
     """Without recompute the ledger equals the cost model at every stage: copies released at their done-by
     stage, prefetched at their prefetch-at stage."""
     w, tr = gpt2
-    from memsched.optimizer.plan import offload_all
+    from memsched.optimizer.decisions import offload_all
 
     decisions = [offload_all(tr, 0, 2, 1), offload_all(tr, 1, 1, 2), KEEP, offload_all(tr, 3, 3, 3)]
     sched = schedule_of(tr, decisions)
@@ -177,8 +178,10 @@ def test_model_is_restored_after_the_context(gpt2):
     w, tr = gpt2
     sched = schedule_of(tr, BASELINES["checkpoint-all"](tr))
     with apply_schedule(w.model, sched, trace=tr):
-        assert all("forward" in w.model.get_submodule(n).__dict__ for n in tr.layer_names)
+        assert all(is_wrapped(w.model.get_submodule(n)) for n in tr.layer_names)
+    assert not any(is_wrapped(w.model.get_submodule(n)) for n in tr.layer_names)
     assert all("forward" not in w.model.get_submodule(n).__dict__ for n in tr.layer_names)
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in w.model.modules())  # no hook left behind
     sm = apply_schedule(w.model, sched)  # the wrapper form
     try:
         _, got = grads(w, sm)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from memsched.optimizer.plan import Decision
+from memsched.optimizer.decisions import Decision
 from memsched.optimizer.simulate import make_schedule, simulate
 from memsched.runtime import Workload, builtin_workload
 from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace

@@ -9,7 +9,7 @@ import torch
 from test_runtime_support import grads
 
 from memsched.optimizer.baselines import keep_all
-from memsched.optimizer.profile import predicted_saved_profile
+from memsched.optimizer.saved_profile import predicted_saved_profile
 from memsched.optimizer.simulate import simulate
 from memsched.runtime import SavedLedger, apply_schedule, builtin_workload, measure, trace
 from memsched.runtime.memory import CPU_SOURCE

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.examples import synthetic_trace
-from memsched.api.models import JobRow
 from memsched.api.runners.celery_runner import broker_kind, job_versions, safe_broker_url
 from memsched.api.settings import Settings
+from memsched.api.tables import JobRow
 from memsched.cli import main
 from memsched.errors import MemschedError
 from memsched.options import SolveOptions

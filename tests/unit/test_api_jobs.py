@@ -19,10 +19,10 @@ from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.examples import synthetic_trace
 from memsched.api.metrics import Metrics
-from memsched.api.models import JobRow
 from memsched.api.runners import solve_process as worker
 from memsched.api.runners.embedded import EmbeddedRunner, kill_pool
 from memsched.api.settings import Settings
+from memsched.api.tables import JobRow
 from memsched.optimizer.budget import min_feasible_budget
 from memsched.options import SolveOptions
 

@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memsched.optimizer.budget import budget_between, resolve_budget
+from memsched.optimizer.decisions import KEEP, offload_all, recompute
 from memsched.optimizer.dp import build_problem, exact_search
 from memsched.optimizer.dp.sweep import SweepConfig, run_sweep
 from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.ilp.pulp_backend import solve_pulp
-from memsched.optimizer.plan import KEEP, offload_all, recompute
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from memsched.optimizer.budget import budget_between
+from memsched.optimizer.decisions import KEEP, Decision, offload_subset, recompute
 from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, KIND_START, FastSim
-from memsched.optimizer.plan import KEEP, Decision, offload_subset, recompute
 from memsched.optimizer.simulate import default_timing, simulate
 from memsched.optimizer.synthetic import make_trace
 from memsched.schema import Trace

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memsched.optimizer.budget import budget_between, min_feasible_budget
+from memsched.optimizer.decisions import offload_all
 from memsched.optimizer.heuristic import fix_prefetch_order, heuristic
-from memsched.optimizer.plan import offload_all
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.synthetic import make_trace
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from helpers import tiny_trace
 from memsched.optimizer.budget import budget_between
-from memsched.optimizer.plan import KEEP, offload_all, recompute
+from memsched.optimizer.decisions import KEEP, offload_all, recompute
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from test_dp import exact_optimum
 
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
+from memsched.optimizer.decisions import KEEP, offload_subset
 from memsched.optimizer.heuristic import heuristic
-from memsched.optimizer.plan import KEEP, offload_subset
 from memsched.optimizer.polish import polish
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.synthetic import make_trace

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import tiny_trace
-from memsched.optimizer.plan import KEEP, Decision, offload_all, recompute
+from memsched.optimizer.decisions import KEEP, Decision, offload_all, recompute
 from memsched.optimizer.simulate import simulate
 from memsched.schema import Action
 
