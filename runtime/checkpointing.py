@@ -6,20 +6,31 @@ The checkpoint keeps only the segment's inputs. For its recomputation it re-runs
 feeding each layer the recomputed outputs of the earlier ones: the tensors a layer received that were
 outputs of an earlier layer of the segment are recorded as links (by identity), everything else by value.
 RNG state (CPU and device) is stashed at entry and restored for the recomputation, so dropout matches.
+
+Buffers: a forward may change its module's buffers (BatchNorm's running statistics and
+`num_batches_tracked`). A recomputation must neither apply that change a second time nor read the changed
+value where the original forward read the old one. So each recompute layer's forward snapshots the buffers it
+changes (learned per layer from the forwards seen: the first forward snapshots all of the layer's buffers and
+keeps the copies of those that changed), and its recomputation runs against private copies of those
+snapshots, swapped into the modules for the call; the real buffers are never written in backward.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils import checkpoint as _cp
 
 from memsched.errors import ScheduleMismatchError
+
+log = logging.getLogger(__name__)
 
 # torch >= 2.5 added `early_stop` before *args; pass the fixed parameters positionally in the right shape.
 _GEN = _cp._checkpoint_without_reentrant_generator
@@ -67,6 +78,100 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
 
 
 @dataclass
+class BufferSnapshot:
+    """One forward of one recompute layer: its buffers as the forward found them."""
+
+    seen: list[tuple[torch.Tensor | None, int]]
+    """Per buffer slot of the layer: the tensor in the slot at entry and its version counter."""
+    values: dict[int, torch.Tensor]
+    """Slot -> a copy of its value at entry (after the forward: only for slots the forward changed)."""
+    changed: list[int] = field(default_factory=list)
+    """Slots the forward changed (in place, or by assigning a new tensor), set when it returns."""
+
+
+class LayerBuffers:
+    """The buffer slots under one recompute layer and, learned across its forwards, which of them it changes.
+
+    A change is a new tensor in the slot or a bumped version counter, and, in the layer's first forward, any
+    change of value (BatchNorm writes its running statistics without bumping their version). Later forwards
+    snapshot only the slots learned then; one that changes later with a version bump is found and warned about
+    (its recomputation in that step reads the changed value); one changed later by such a silent kernel would
+    not be: no module we know of does that only after its first training forward."""
+
+    def __init__(self, name: str, module: nn.Module) -> None:
+        self.name = name
+        # (owner, attribute): a slot, not a tensor, so a buffer replaced by assignment is still found.
+        self.slots: list[tuple[nn.Module, str]] = [
+            (m, b) for m in module.modules() for b, t in m._buffers.items() if t is not None
+        ]
+        self.changing: set[int] | None = None
+        """Slots a forward of this layer changed so far; None before its first forward."""
+        self._warned: set[int] = set()
+
+    def _current(self, k: int) -> torch.Tensor | None:
+        m, b = self.slots[k]
+        return m._buffers.get(b)
+
+    def before(self) -> BufferSnapshot:
+        """At the start of the layer's forward."""
+        seen = []
+        for k in range(len(self.slots)):
+            t = self._current(k)
+            seen.append((t, t._version if t is not None else 0))
+        todo = range(len(self.slots)) if self.changing is None else sorted(self.changing)
+        with torch.no_grad():
+            values = {k: t.clone() for k in todo if (t := seen[k][0]) is not None}
+        return BufferSnapshot(seen, values)
+
+    def after(self, snap: BufferSnapshot) -> None:
+        """At the end of the layer's forward: which slots it changed; keep only their snapshots."""
+        first = self.changing is None
+        changing = self.changing or set()
+        changed = []
+        for k, (t0, v0) in enumerate(snap.seen):
+            t = self._current(k)
+            if t is not t0 or (t is not None and t._version != v0):
+                changed.append(k)
+            elif t is not None and (k in changing if not first else not torch.equal(t, snap.values[k])):
+                # Kernels may write a buffer without bumping its version (BatchNorm's running statistics):
+                # the first forward compares values; a buffer it changed is snapshotted from then on.
+                changed.append(k)
+        snap.changed = changed
+        snap.values = {k: v for k, v in snap.values.items() if k in set(changed)}
+        for k in changed:
+            if k not in snap.values and k not in self._warned:
+                self._warned.add(k)
+                m, b = self.slots[k]
+                log.warning(
+                    "layer %s: this forward changed buffer %r of %s, which its earlier forwards left alone; this "
+                    "step's recomputation reads the changed value (later steps snapshot it first)",
+                    self.name,
+                    b,
+                    type(m).__name__,
+                )
+        self.changing = changing | set(changed)
+
+    @contextlib.contextmanager
+    def isolated(self, snap: BufferSnapshot) -> Iterator[None]:
+        """During a recomputation: the changed slots hold private copies of the values the forward saw, so the
+        recomputation reads what the forward read and its writes go nowhere."""
+        saved = []
+        with torch.no_grad():
+            for k in snap.changed:
+                m, b = self.slots[k]
+                cur = m._buffers.get(b)
+                src = snap.values.get(k, cur)
+                # A copy each time: a second backward over the graph (retain_graph) recomputes again.
+                m._buffers[b] = src.clone() if src is not None else None
+                saved.append((m, b, cur))
+        try:
+            yield
+        finally:
+            for m, b, cur in saved:
+                m._buffers[b] = cur
+
+
+@dataclass
 class Segment:
     """One open checkpointed segment during the original forward."""
 
@@ -86,6 +191,27 @@ class Segment:
     """Layer -> its (args, kwargs) with links in place of segment outputs (layers after start only)."""
     glue_saves: bool = False
     """Whether code between the segment's layers saved tensors (the recomputation would not re-run it)."""
+    buffers: list[LayerBuffers] = field(default_factory=list)
+    """Per segment layer (start..end): its buffer slots; empty when no layer has buffers."""
+    snapshots: dict[int, BufferSnapshot] = field(default_factory=dict)
+    """Layer -> its buffers as this forward found them (layers that have buffers)."""
+
+    def buffers_before(self, layer: int) -> None:
+        if self.buffers and self.buffers[layer - self.start].slots:
+            self.snapshots[layer] = self.buffers[layer - self.start].before()
+
+    def buffers_after(self, layer: int) -> None:
+        snap = self.snapshots.get(layer)
+        if snap is not None:
+            self.buffers[layer - self.start].after(snap)
+            if not snap.changed:
+                del self.snapshots[layer]
+
+    def _isolated(self, layer: int) -> contextlib.AbstractContextManager[None]:
+        snap = self.snapshots.get(layer)
+        if snap is None:
+            return contextlib.nullcontext()
+        return self.buffers[layer - self.start].isolated(snap)
 
     def record_inputs(self, layer: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         def link(t: torch.Tensor) -> Any:
@@ -110,7 +236,8 @@ class Segment:
 
         def run(*args: Any, **kwargs: Any) -> None:
             with enter_recompute():
-                outs: dict[int, Any] = {self.start: self.modules[0](*args, **kwargs)}
+                with self._isolated(self.start):
+                    outs: dict[int, Any] = {self.start: self.modules[0](*args, **kwargs)}
                 for k in range(self.start + 1, self.end + 1):
                     a, kw = self.inputs[k]
 
@@ -119,7 +246,8 @@ class Segment:
 
                     a = _map_links(a, resolve)
                     kw = _map_links(kw, resolve)
-                    outs[k] = self.modules[k - self.start](*a, **kw)
+                    with self._isolated(k):
+                        outs[k] = self.modules[k - self.start](*a, **kw)
 
         return run
 

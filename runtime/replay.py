@@ -18,28 +18,31 @@ all bookkeeping is per pass, so nothing accumulates across steps.
 from __future__ import annotations
 
 import contextlib
+import copy
+import inspect
 import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from memsched.errors import ScheduleMismatchError
-from memsched.runtime.checkpointing import Segment, flatten, glue_error
+from memsched.runtime.checkpointing import LayerBuffers, Segment, flatten, glue_error
 from memsched.runtime.copier import Copier
 from memsched.runtime.ledger import SavedLedger
 from memsched.runtime.offload import OffloadRecord
-from memsched.runtime.plan import RuntimePlan, build_plan
+from memsched.runtime.plan import LayerPlan, RuntimePlan, build_plan
 from memsched.runtime.pool import HostBufferPool, PoolStats
-from memsched.runtime.storage import StaticStorages
+from memsched.runtime.storage import StaticStorages, storage_key, tensor_nbytes
+from memsched.runtime.wrapping import CopySafeHook, LayerHooks, is_wrapped
 from memsched.schema import Action, Schedule, Trace
 
 log = logging.getLogger(__name__)
-
-_INSTALLED = "_memsched_forward_orig"
 
 
 def _top_hooks() -> tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]] | None:
@@ -114,9 +117,58 @@ class _Pass:
         return x in self.static
 
 
+@dataclass
+class _Call:
+    """What `enter` started for one layer call, for `leave` / `fail`."""
+
+    plan: LayerPlan | None
+    """The layer's plan; None for a call run as is (grad disabled, or inside a recomputation)."""
+    hooks: Any = None
+    """The saved-tensor hooks entered for a keep/offload layer."""
+    segment: Segment | None = None
+    """The recompute segment this call belongs to."""
+
+
+_PLAIN = _Call(None)
+
+
+class _CacheOff(CopySafeHook):
+    """A forward pre-hook on a `transformers`-style model (one with `config.use_cache` and a `use_cache`
+    argument): training forwards under the schedule run with use_cache=False."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: ScheduledModel) -> None:
+        self.owner = owner
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not (module.training and torch.is_grad_enabled()):
+            return None
+        asked = kwargs.get("use_cache")
+        if asked is False or (asked is None and not getattr(module.config, "use_cache", False)):
+            return None
+        if not self.owner._cache_warned:
+            self.owner._cache_warned = True
+            log.warning(
+                "memsched: %s has use_cache=True, which keeps every layer's keys and values alive until the "
+                "backward, outside the schedule's budget; training forwards under the schedule run with "
+                "use_cache=False (as gradient_checkpointing_enable does)",
+                type(module).__name__,
+            )
+        return args, {**kwargs, "use_cache": False}
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """What a pickled ScheduledModel loads as: its model, plain."""
+    return model
+
+
 class ScheduledModel:
     """The model with a schedule applied. Call it like the model; attributes are the model's.
-    Use as a context manager (removed on exit) or keep it and call `remove()`."""
+    Use as a context manager (removed on exit) or keep it and call `remove()`.
+
+    A deep copy or a pickle (`torch.save`) of it, or of its model, is the plain model: an independent
+    nn.Module that runs its own weights, unscheduled (apply a schedule to the copy to schedule it)."""
 
     def __init__(
         self,
@@ -129,6 +181,7 @@ class ScheduledModel:
     ) -> None:
         self.model = model
         self.schedule = schedule
+        self.trace = trace
         self.plan: RuntimePlan = build_plan(model, schedule, trace, layers)
         p = next(model.parameters(), None)
         self.device = p.device if p is not None else torch.device("cpu")
@@ -139,7 +192,13 @@ class ScheduledModel:
         self._pass: _Pass | None = None
         self._segment: Segment | None = None
         self._warned: set[str] = set()
-        self._installed: list[nn.Module] = []
+        self._cache_warned = False
+        self._buffers = [
+            LayerBuffers(lp.name, m) if lp.action == Action.RECOMPUTE else None
+            for lp, m in zip(self.plan.layers, self.plan.modules, strict=True)
+        ]
+        self._hooks: LayerHooks | None = None
+        self._cache_handles: list[RemovableHandle] = []
         self._install()
 
     # -- public --------------------------------------------------------------------------------------------
@@ -152,6 +211,12 @@ class ScheduledModel:
             raise AttributeError(name)
         return getattr(self.model, name)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> nn.Module:
+        return copy.deepcopy(self.model, memo)
+
+    def __reduce__(self) -> tuple[Callable[[nn.Module], nn.Module], tuple[nn.Module]]:
+        return (_unwrapped, (self.model,))
+
     def __enter__(self) -> ScheduledModel:
         return self
 
@@ -159,13 +224,14 @@ class ScheduledModel:
         self.remove()
 
     def remove(self) -> None:
-        """Restore every wrapped layer's forward."""
-        for m in self._installed:
-            orig = m.__dict__.pop(_INSTALLED, None)
-            m.__dict__.pop("forward", None)
-            if orig is not None and orig[0]:
-                m.__dict__["forward"] = orig[1]
-        self._installed.clear()
+        """Take the schedule off the model (its hooks; the model's code and state were never changed)."""
+        hooks, self._hooks = self._hooks, None
+        if hooks is not None:
+            hooks.unwind(keep=0)
+            hooks.remove()
+        for h in self._cache_handles:
+            h.remove()
+        self._cache_handles.clear()
         if self._segment is not None:
             self._segment.abort()
             self._segment = None
@@ -183,16 +249,14 @@ class ScheduledModel:
                     f"layer {name!r} has the framework's gradient checkpointing on; the schedule decides what is "
                     "recomputed: call model.gradient_checkpointing_disable() before applying it"
                 )
-            if _INSTALLED in m.__dict__:
+            if is_wrapped(m):
                 raise ScheduleMismatchError(
                     f"a schedule is already applied to {type(m).__name__}; remove it (leave its `with` block or "
                     "call .remove()) before applying another"
                 )
-        for i, m in enumerate(self.plan.modules):
-            had_own = "forward" in m.__dict__
-            m.__dict__[_INSTALLED] = (had_own, m.__dict__.get("forward"))
-            m.__dict__["forward"] = self._wrap(i, m.forward)
-            self._installed.append(m)
+        self._hooks = LayerHooks(self.plan.modules, self)
+        if any(lp.action != Action.KEEP for lp in self.plan.layers):
+            self._cache_handles = _hook_caches(self.model, _CacheOff(self))
 
     # -- per-thread state ----------------------------------------------------------------------------------
 
@@ -213,35 +277,24 @@ class ScheduledModel:
         finally:
             self._tls.recomputing -= 1
 
-    # -- the wrapper ---------------------------------------------------------------------------------------
+    # -- around each layer's forward (LayerCalls, memsched.runtime.wrapping) --------------------------------
 
-    def _wrap(self, i: int, orig: Callable[..., Any]) -> Callable[..., Any]:
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if not torch.is_grad_enabled():
-                return orig(*args, **kwargs)
-            stack = self._stack()
-            if self._recomputing():
-                # Inside a checkpoint's recomputation: run as is; the stack attributes what it saves.
-                stack.append(i)
-                try:
-                    return orig(*args, **kwargs)
-                finally:
-                    stack.pop()
-            return self._forward(i, orig, args, kwargs)
-
-        return forward
-
-    def _new_pass(self) -> _Pass:
-        if self._segment is not None:  # the previous forward stopped inside a segment
-            self._segment.abort()
-            self._segment = None
-        self._pass = _Pass(self.plan.n, StaticStorages().add_module(self.model))
-        return self._pass
-
-    def _forward(self, i: int, orig: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def enter(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        if not torch.is_grad_enabled():
+            return _PLAIN
+        stack = self._stack()
+        if self._recomputing():
+            # Inside a checkpoint's recomputation: run as is; the stack attributes what it saves.
+            stack.append(i)
+            return _Call(None, segment=None)
         plan = self.plan.layers[i]
         p = self._pass
         if p is None or i <= p.last_forward:
+            if stack and self._hooks is not None:
+                # The layers do not nest, so a layer call still open as a forward begins was cut off by a
+                # BaseException (KeyboardInterrupt: the always-call hooks run on Exception only): undo it.
+                stack.clear()
+                self._hooks.unwind(keep=1)
             p = self._new_pass()
         p.last_forward = i
         # Parameters a sharding wrapper (FSDP) gathers just before this layer runs are new storages: still
@@ -262,24 +315,40 @@ class ScheduledModel:
                 )
             else:
                 seg.record_inputs(i, args, kwargs)
-        stack = self._stack()
+            seg.buffers_before(i)
+        call = _Call(plan, segment=seg if plan.action == Action.RECOMPUTE else None)
+        if plan.action != Action.RECOMPUTE:
+            call.hooks = torch.autograd.graph.saved_tensors_hooks(self._packer(p, i), _unpack)
+            call.hooks.__enter__()
         stack.append(i)
-        hooks: Any = (
-            contextlib.nullcontext()
-            if plan.action == Action.RECOMPUTE
-            else torch.autograd.graph.saved_tensors_hooks(self._packer(p, i), _unpack)
-        )
-        try:
-            with hooks:
-                out = orig(*args, **kwargs)
-        except BaseException:
-            if self._segment is not None:
-                self._segment.abort()
-                self._segment = None
-            raise
-        finally:
+        return call
+
+    def fail(self, i: int, call: _Call) -> None:
+        if call is _PLAIN:
+            return
+        stack = self._stack()
+        if stack:
             stack.pop()
-        if plan.action == Action.RECOMPUTE and seg is not None:
+        if call.hooks is not None:
+            call.hooks.__exit__(None, None, None)
+        if call.plan is not None and self._segment is not None:
+            self._segment.abort()
+            self._segment = None
+
+    def leave(self, i: int, call: _Call, out: Any) -> None:
+        if call is _PLAIN:
+            return
+        self._stack().pop()
+        plan = call.plan
+        if plan is None:  # a recomputation
+            return
+        if call.hooks is not None:
+            call.hooks.__exit__(None, None, None)
+        p = self._pass
+        assert p is not None
+        seg = call.segment
+        if seg is not None:
+            seg.buffers_after(i)
             if i < seg.end:
                 seg.record_outputs(i, out)
             else:
@@ -288,12 +357,39 @@ class ScheduledModel:
                 seg.close()
                 if glue:
                     raise glue_error(seg.start, seg.end, [self.plan.layers[seg.start].name, plan.name])
+        self._check_shapes(i, out)
         self._hook_backward(p, i, out)
         for j in self.plan.release_at.get(i, ()):
             for rec in p.records.get(j, ()):
                 rec.release_device()
             self._check_offloaded(p, j)
-        return out
+
+    def _new_pass(self) -> _Pass:
+        if self._segment is not None:  # the previous forward stopped inside a segment
+            self._segment.abort()
+            self._segment = None
+        self._pass = _Pass(self.plan.n, StaticStorages().add_module(self.model))
+        return self._pass
+
+    def _check_shapes(self, i: int, out: Any) -> None:
+        """With a trace: a layer's output bytes are the traced ones, whatever the plan (a step at another
+        batch size or sequence length has other memory than the schedule predicts)."""
+        if self.trace is None or "shapes" in self._warned:
+            return
+        traced = self.trace.layers[i].output_bytes
+        got = _output_bytes(out)
+        if got != traced:
+            self._warned.add("shapes")
+            log.warning(
+                "layer %s returned %d bytes of output but %d when traced (batch_size=%d, seq_len=%s): this step "
+                "runs at other shapes than the trace, so the schedule's memory prediction does not hold for it; "
+                "trace and solve at the batch size and sequence length you train with",
+                self.plan.layers[i].name,
+                got,
+                traced,
+                self.trace.batch_size,
+                self.trace.seq_len,
+            )
 
     def _check_offloaded(self, p: _Pass, j: int) -> None:
         plan = self.plan.layers[j]
@@ -349,7 +445,8 @@ class ScheduledModel:
     # -- recompute segments --------------------------------------------------------------------------------
 
     def _open_segment(self, p: _Pass, start: int, end: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Segment:
-        seg = Segment(start, end, self.plan.modules[start : end + 1])
+        buffers = [b for b in self._buffers[start : end + 1] if b is not None]
+        seg = Segment(start, end, self.plan.modules[start : end + 1], buffers=buffers)
         ledger = self.ledger
         stack = self._stack()
 
@@ -406,6 +503,38 @@ class ScheduledModel:
         for j in self.plan.prefetch_at.get(i, ()):
             for rec in p.records.get(j, ()):
                 rec.prefetch()
+
+
+def _output_bytes(out: Any) -> int:
+    """A layer's output bytes as the tracer counts them: tensor bytes, each storage once."""
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    for _, t in flatten(out):
+        k = storage_key(t)
+        if k not in seen:
+            seen.add(k)
+            total += tensor_nbytes(t)
+    return total
+
+
+def _hook_caches(model: nn.Module, hook: _CacheOff) -> list[RemovableHandle]:
+    """Put `hook` on each outermost module that keeps a cache on request (`config.use_cache` and a
+    `use_cache` argument: a `transformers` model, or a DDP-wrapped one)."""
+    handles: list[RemovableHandle] = []
+    hooked: list[str] = []
+    for name, m in model.named_modules():
+        if any(name.startswith(f"{h}.") for h in hooked):
+            continue
+        if not isinstance(getattr(getattr(m, "config", None), "use_cache", None), bool):
+            continue
+        try:
+            takes = "use_cache" in inspect.signature(m.forward).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if takes:
+            handles.append(m.register_forward_pre_hook(hook, with_kwargs=True))
+            hooked.append(name)
+    return handles
 
 
 def _keep(x: torch.Tensor) -> torch.Tensor:

@@ -62,20 +62,27 @@ class _Inert:
         return None
 
 
-class _Hook:
-    """Base of the two hooks: module-level classes, so a model holding them deep-copies and pickles."""
+class CopySafeHook:
+    """Base of memsched's module hooks: a module-level class whose deep copy and pickle are an inert hook, so
+    a copy or a saved model carries no reference to the live runtime state."""
 
-    __slots__ = ("hooks", "index")
-
-    def __init__(self, hooks: LayerHooks, index: int) -> None:
-        self.hooks = hooks
-        self.index = index
+    __slots__ = ()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Inert:
         return _Inert()
 
     def __reduce__(self) -> tuple[type[_Inert], tuple[()]]:
         return (_Inert, ())
+
+
+class _Hook(CopySafeHook):
+    """Base of the two layer hooks."""
+
+    __slots__ = ("hooks", "index")
+
+    def __init__(self, hooks: LayerHooks, index: int) -> None:
+        self.hooks = hooks
+        self.index = index
 
 
 class _PreHook(_Hook):
@@ -126,15 +133,18 @@ class LayerHooks:
             f = self._tls.frames = []
         return f
 
-    def unwind(self) -> int:
-        """Fail every call still open on this thread (a BaseException such as KeyboardInterrupt skips the
-        always-call hooks); returns how many there were."""
+    def unwind(self, keep: int = 0) -> int:
+        """Fail the calls still open on this thread but the innermost `keep` (a BaseException such as
+        KeyboardInterrupt skips the always-call hooks); returns how many were failed."""
         frames = self.frames()
+        current = frames[len(frames) - keep :] if keep else []
+        del frames[len(frames) - len(current) :]
         n = len(frames)
         while frames:
             frame = frames.pop()
             if frame.entered:
                 self.calls.fail(frame.index, frame.token)
+        frames.extend(current)
         return n
 
     def remove(self) -> None:

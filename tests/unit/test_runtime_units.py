@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import pickle
+
 import pytest
 import torch
 from torch import nn
 
 from memsched.errors import MemschedError, ScheduleMismatchError
 from memsched.runtime import HostBufferPool, SavedLedger, apply_schedule, find_layers, keep_all_schedule
-from memsched.schema import Action, Baseline, DeviceInfo, Layer, LayerAction, OffloadPlan, Trace
+from memsched.runtime.wrapping import is_wrapped
+from memsched.schema import Action, Baseline, DeviceInfo, Layer, LayerAction, OffloadPlan, Schedule, Trace
 
 
 class Block(nn.Module):
@@ -304,3 +309,92 @@ def test_the_runtime_never_imports_the_optimizer():
     code = "import sys, memsched.runtime; print(any(m.startswith('memsched.optimizer') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def _recompute_all(names: list[str]) -> Schedule:
+    sched = keep_all_schedule(names)
+    for i, name in enumerate(names):
+        sched.actions[i] = LayerAction(layer=name, action=Action.RECOMPUTE, recompute_group=0 if i else None)
+    return sched
+
+
+def test_a_deep_copy_inside_the_schedule_is_a_plain_model_with_its_own_weights():
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(5, 4)
+    loss = net(x).detach()
+    with apply_schedule(net, _recompute_all(BLOCKS)) as sm:
+        for clone in (copy.deepcopy(net), copy.deepcopy(sm)):  # the model, or the ScheduledModel around it
+            assert type(clone) is Net
+            assert not any(is_wrapped(m) for m in clone.modules())
+            with torch.no_grad():
+                for p in clone.blocks.parameters():
+                    p.zero_()
+            # Zeroed blocks are identities (x + down(relu(up(norm(x)))) = x): the copy runs its own weights.
+            plain = clone.head(clone.embed(x)).sum()
+            assert torch.equal(clone(x), plain) and not torch.equal(clone(x), loss)
+        assert torch.equal(sm(x), loss)  # and the original is untouched
+
+
+def test_a_scheduled_model_saves_pickles_and_keeps_its_state_dict(tmp_path):
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(5, 4)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with apply_schedule(net, _recompute_all(BLOCKS)) as sm:
+        assert net.state_dict().keys() == before.keys()
+        assert all(torch.equal(v, before[k]) for k, v in sm.state_dict().items())
+        torch.save(net, tmp_path / "net.pt")
+        torch.save(sm, tmp_path / "sm.pt")
+        pickled = pickle.loads(pickle.dumps(net))
+    for loaded in (
+        torch.load(tmp_path / "net.pt", weights_only=False),
+        torch.load(tmp_path / "sm.pt", weights_only=False),
+        pickled,
+    ):
+        assert type(loaded) is Net and not any(is_wrapped(m) for m in loaded.modules())
+        assert torch.equal(loaded(x), net(x))
+        loaded(x).backward()  # trains as a plain model
+        assert apply_schedule(loaded, _recompute_all(BLOCKS)).model is loaded  # and can be scheduled itself
+
+
+class _Counter(nn.Module):
+    """Reads a buffer, then updates it in place: a recomputation must read the value the forward read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 8)
+        self.mid = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.out(self.mid(torch.tanh(self.lin(x) + self.scale)))  # the add saves nothing: updating is legal
+        self.scale.mul_(1.5)
+        return y
+
+
+class _CounterNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Counter() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().sum()
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_recompute_reads_the_buffers_the_forward_read_and_updates_them_once(steps):
+    x = torch.randn(4, 8)
+    results = []
+    for sched in (None, _recompute_all(BLOCKS)):
+        torch.manual_seed(0)
+        net = _CounterNet()
+        with apply_schedule(net, sched) if sched else contextlib.nullcontext(net) as m:
+            for _ in range(steps):
+                net.zero_grad()
+                m(x).backward()
+        results.append(({n: p.grad for n, p in net.named_parameters()}, dict(net.named_buffers())))
+    (g0, b0), (g1, b1) = results
+    assert all(torch.equal(b1[k], v) for k, v in b0.items()) and b1["blocks.0.scale"].item() == 1.5**steps
+    assert all(torch.equal(g1[k], v) for k, v in g0.items())
