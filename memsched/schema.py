@@ -346,7 +346,11 @@ class SolverRecord(_Strict):
     wall_s: Seconds = 0.0
     """Wall-clock time spent solving, seconds."""
     message: str = ""
-    """Anything the user should know (time limit hit, fallback taken and why)."""
+    """One plain sentence for the user: what was proven about this schedule and what limited the proof (or
+    why a fallback was taken)."""
+    details: list[str] = Field(default_factory=list)
+    """The solver's own notes, one per phase that had something to say (bound sources, backends' statuses,
+    where a sweep stopped), for reproduction and bug reports."""
 
 
 class Schedule(_Strict):

@@ -114,13 +114,47 @@ layers (its size grows as n^3)."""
 
 
 def _record(backend: str, status: SolverStatus, objective: float, wall: float, message: str,
-            bound: float | None = None) -> SolverRecord:
+            bound: float | None = None, details: list[str] | None = None) -> SolverRecord:
     gap = None
     if bound is not None:
         bound = max(0.0, min(bound, objective))
         gap = (objective - bound) / objective if objective > 0 else 0.0
     return SolverRecord(backend=backend, status=status, objective_s=objective, best_bound_s=bound, gap=gap,
-                        wall_s=wall, message=message)
+                        wall_s=wall, message=message, details=details or [])
+
+
+_BOUND_SOURCES = {
+    "dp": "the exact dynamic program",
+    "dp-fifo": "the exact dynamic program with FIFO copies",
+    "cbc": "the CBC MILP",
+    "highs": "the HiGHS MILP",
+    "cpsat": "the CP-SAT model",
+}
+"""Where a proven bound came from, in words (solve()'s plain sentence)."""
+
+
+def plain_summary(status: SolverStatus, objective_s: float, bound_s: float, bound_source: str, gap: float,
+                  requested_gap: float, time_limit_s: float, wall_s: float) -> str:
+    """One sentence for the user: what was proven about the answer, and what limited the proof."""
+    source = _BOUND_SOURCES.get(bound_source, bound_source)
+    if status == SolverStatus.OPTIMAL:
+        if objective_s <= 0:
+            return "Optimal: the schedule has no overhead."
+        within = "exactly" if gap <= 1e-9 else f"within {100 * requested_gap:.3g}%"
+        return (f"Optimal {within}: {source} proves that no schedule has less than {bound_s:.4g} s of overhead "
+                f"(this one: {objective_s:.4g} s).")
+    limited = (f"the time limit of {time_limit_s:g} s ran out" if wall_s >= 0.9 * time_limit_s
+               else "the solver's searches ended")
+    if bound_source == "none":
+        sentence = (f"Not proven: no lower bound above 0 was found before {limited}, so this schedule "
+                    f"({objective_s:.4g} s of overhead) may be far from the best.")
+    else:
+        sentence = (f"Not proven optimal: a better schedule could save at most {100 * gap:.3g}% of this one's "
+                    f"{objective_s:.4g} s of overhead ({source} proves at least {bound_s:.4g} s), and {limited} "
+                    f"before that gap closed to {100 * requested_gap:.3g}%.")
+    if wall_s > 1.1 * time_limit_s + 0.5:
+        sentence += f" The solve took {wall_s:.3g} s, past its time limit of {time_limit_s:g} s."
+    return sentence
 
 
 def _candidates(trace: Trace, budget_bytes: int) -> list[Candidate]:
@@ -404,18 +438,16 @@ class _Flow:
         obj = best.sim.overhead_s
         wall = time.perf_counter() - self.t0
         status = SolverStatus.OPTIMAL if self.proven() else SolverStatus.FEASIBLE
-        head = f"best schedule from {best.name}"
+        # The plain sentence for the user; the phases' own words go to `details`.
+        details = [f"best schedule from {best.name}"]
         if self.bound_source != "none":
-            head += f"; lower bound {self.bound:.6g} s from {self.bound_source}"
-        else:
-            head += "; no lower bound above 0 was proved in the time limit"
-        if status == SolverStatus.FEASIBLE and wall >= self.options.time_limit_s * 0.9:
-            head += f"; time limit {self.options.time_limit_s:g} s reached before the gap closed"
-        if wall > self.options.time_limit_s * 1.1 + 0.5:
-            head += f"; the solve took {wall:.3g} s, past its time limit of {self.options.time_limit_s:g} s"
+            details.append(f"lower bound {self.bound:.6g} s from {self.bound_source}")
         notes = [*self.notes, self.fifo_note] if self.fifo_note and status != SolverStatus.OPTIMAL else self.notes
-        msg = "; ".join([head, *notes])
-        rec = _record(best.name, status, obj, wall, msg, bound=self.bound)
+        details += notes
+        gap = (obj - min(self.bound, obj)) / obj if obj > 0 else 0.0
+        msg = plain_summary(status, obj, self.bound, self.bound_source, gap, self.options.gap,
+                            self.options.time_limit_s, wall)
+        rec = _record(best.name, status, obj, wall, msg, bound=self.bound, details=details)
         schedule = make_schedule(self.trace, best.sim.decisions, self.budget, best.name, rec)
         return SolveReport(schedule, self.outcome, self.ilp_sim, self.dp)
 

@@ -135,8 +135,8 @@ def test_windowed_milp_bound_is_not_reported_as_a_bound() -> None:
     rec = report.schedule.solver
     assert rec.best_bound_s is not None
     if report.outcome is not None and report.outcome.bound_s is not None:
-        assert "not reported as a bound" in rec.message
-    assert "from cbc" not in rec.message  # the bound's source is the DP (or none), never the windowed MILP
+        assert "not reported as a bound" in " ".join(rec.details)
+    assert "from cbc" not in " ".join(rec.details)  # the bound's source is the DP (or none), never the windowed MILP
 
 
 def test_time_limit_bounds_the_whole_call() -> None:

@@ -133,13 +133,13 @@ def test_backend_without_incumbent_keeps_the_best_candidate_and_a_true_bound(mon
     schedule = solve(trace, budget_between(trace, 0.05), SolveOptions(solver="cbc", time_limit_s=3))
     rec = schedule.solver
     assert rec.objective_s > 1e-6  # the fallback has overhead (else it is optimal outright)
-    assert "cbc found no schedule" in rec.message
+    assert "cbc found no schedule" in " ".join(rec.details)
     # A bound always comes back (the DP's at least); the backend's counts only where its windows cover
     # every schedule, and is otherwise named in the message, not reported.
     assert rec.best_bound_s is not None and rec.gap is not None
     assert rec.status in (SolverStatus.OPTIMAL, SolverStatus.FEASIBLE)
     if not exact:
-        assert "not reported as a bound" in rec.message
+        assert "not reported as a bound" in " ".join(rec.details)
 
 
 def test_solver_names_are_the_cli_contract() -> None:
@@ -162,3 +162,24 @@ def test_every_plan_ends_by_the_deadline_and_backends_are_a_table(solver: Solver
         assert [p.step for p in phases[3:]] == [Step.EXACT_DP, Step.MILP] and not phases[-1].only_if_open
     else:  # the exact-window MILP only on small traces under auto
         assert bool(milp) == (solver == SolverName.AUTO and n_layers <= 100)
+
+
+def test_the_message_is_one_plain_sentence_and_the_details_are_structured() -> None:
+    # What the user reads names what was proven and what limited it; the phases' jargon goes to `details`.
+    trace = make_trace(12, 3)
+    rec = solve(trace, budget_between(trace, 0.3), SolveOptions(solver="dp", time_limit_s=5, gap=0.0)).solver
+    assert rec.details and rec.details[0].startswith("best schedule from ")
+    assert rec.message.endswith(".") and ";" not in rec.message
+    for jargon in ("dp-fifo", "cbc:", "label cap", "subset"):
+        assert jargon not in rec.message
+    if rec.status == SolverStatus.OPTIMAL:
+        assert rec.message.startswith("Optimal") and "no schedule has less than" in rec.message
+    else:
+        assert rec.message.startswith("Not proven")
+    # A bound that does not close the gap: the sentence says how far the answer may be from the best, and why.
+    from memsched.optimizer.solve import plain_summary
+
+    msg = plain_summary(SolverStatus.FEASIBLE, 0.2, 0.15, "dp", 0.25, 0.01, 10.0, 10.2)
+    assert msg == ("Not proven optimal: a better schedule could save at most 25% of this one's 0.2 s of overhead "
+                   "(the exact dynamic program proves at least 0.15 s), and the time limit of 10 s ran out before "
+                   "that gap closed to 1%.")
