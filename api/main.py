@@ -12,6 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 import memsched
 from memsched.api import crud
 from memsched.api.db import Database
+from memsched.api.docs import install_docs
 from memsched.api.errors import install_error_handlers
 from memsched.api.metrics import Metrics
 from memsched.api.middleware import BodySizeLimit
@@ -81,6 +82,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=memsched.__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        # /docs from the package's own Swagger UI files (memsched.api.docs), never a CDN; no ReDoc.
+        docs_url=None,
+        redoc_url=None,
         openapi_tags=[
             {"name": "traces", "description": "Layer-level cost traces, stored under their content hash"},
             {"name": "schedules", "description": "Asynchronous solve jobs and their schedules"},
@@ -90,6 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_error_handlers(app)
+    install_docs(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     for r in (traces.router, schedules.router, compare.router, health.router):
         app.include_router(r)

@@ -146,7 +146,8 @@ class CeleryRunner:
 
     async def stop(self) -> None:
         if self._plot_pool is not None:
-            kill_pool(self._plot_pool)
+            # wait=True: reap the plot worker and close its queues (no leaked-semaphore warning at exit).
+            await asyncio.to_thread(kill_pool, self._plot_pool, True)
             self._plot_pool = None
         with contextlib.suppress(OSError):
             self.app.close()

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How long shutdown waits for a killed worker process to be reaped (it is SIGKILLed: milliseconds).
+_REAP_S = 5.0
+
 # How often the dispatcher looks for queued jobs even without a wake-up (jobs written by another process).
 _POLL_S = 1.0
 
@@ -97,7 +100,7 @@ class EmbeddedRunner:
             # Kill, not wait: a long solve would hold up the shutdown, and its job is re-queued at the next
             # start anyway; idle workers lose nothing.
             if pool is not None:
-                kill_pool(pool)
+                await to_thread.run_sync(kill_pool, pool, True)
         self._pool = self._plot_pool = None
 
     # ---------------------------------------------------------------- API used by routes
@@ -254,7 +257,11 @@ class EmbeddedRunner:
             self._pool = self._new_pool(self.settings.workers)
 
 
-def kill_pool(pool: ProcessPoolExecutor) -> None:
+def kill_pool(pool: ProcessPoolExecutor, wait: bool = False) -> None:
+    """Kill the pool's processes and shut it down. `wait=True` (at server shutdown) also reaps the processes
+    and joins the pool's manager thread, which closes the queues between server and workers: without it the
+    process exits with their locks still registered and the resource tracker warns of leaked semaphores.
+    The wait is short, the workers being dead already; `wait=False` is for the event loop's own thread."""
     # ProcessPoolExecutor has no public way to stop a running task (terminate_workers() arrives in 3.14), so
     # kill its processes directly; their futures then fail with BrokenProcessPool.
     procs = list(getattr(pool, "_processes", {}).values())
@@ -263,4 +270,7 @@ def kill_pool(pool: ProcessPoolExecutor) -> None:
             if p.pid is not None:
                 solve_process.kill_descendants(p.pid)  # the solver binaries it started, first
             p.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
+    if wait:
+        for p in procs:
+            p.join(_REAP_S)
+    pool.shutdown(wait=wait, cancel_futures=True)

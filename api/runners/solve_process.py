@@ -80,6 +80,9 @@ def kill_descendants(pid: int) -> None:
 def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
     """Pool initializer: exit when the server that started this worker is gone. A pool worker whose parent was
     killed (kill -9, the OOM killer) would otherwise wait on its queue forever, holding memory."""
+    # Ctrl-C at the terminal signals the whole process group, these workers included; the server stops them
+    # itself at shutdown (kill_pool), and a KeyboardInterrupt here would only print a traceback per worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while True:
