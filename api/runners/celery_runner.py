@@ -399,7 +399,7 @@ def _run_job(task: Any, job_id: str, versions: dict[str, Any] | None) -> str:
 
 
 def _make_request_class() -> type:
-    from celery.solve_process.request import Request
+    from celery.worker.request import Request
 
     class JobRequest(Request):
         """Runs in the worker's main process: a job killed at its hard time limit is failed with the reason
