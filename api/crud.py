@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -16,6 +18,8 @@ from sqlalchemy.orm import Session
 from memsched.api.tables import JobRow, TraceRow, utcnow
 from memsched.options import SolveOptions
 from memsched.schema import JobStatus, Trace
+
+log = logging.getLogger(__name__)
 
 
 def cache_key(trace_hash: str, budget_bytes: int, params: SolveOptions) -> str:
@@ -64,7 +68,36 @@ def get_job(s: Session, owner: str, job_id: str) -> JobRow | None:
 
 def is_finished(s: Session, job_id: str) -> bool:
     status = s.scalar(select(JobRow.status).where(JobRow.id == job_id))
-    return status in (JobStatus.DONE, JobStatus.FAILED, None)
+    return status is None or status in JobStatus.finished()
+
+
+def list_jobs(s: Session, owner: str, status: JobStatus | None, limit: int, before: datetime | None) -> list[JobRow]:
+    """This owner's jobs, newest first; `before` pages back (the created_at of the last job of the previous
+    page)."""
+    q = select(JobRow).where(JobRow.owner == owner)
+    if status is not None:
+        q = q.where(JobRow.status == status)
+    if before is not None:
+        q = q.where(JobRow.created_at < before)
+    return list(s.scalars(q.order_by(JobRow.created_at.desc(), JobRow.id).limit(limit)).all())
+
+
+def cancel_job(s: Session, owner: str, job_id: str) -> JobRow | None:
+    """Cancel a queued or running job of this owner (a conditional UPDATE: a runner finishing it at the same
+    moment either wins, and the job is done, or loses, and its answer is discarded). Returns the row as it is
+    afterwards, or None when this owner has no such job."""
+    row = get_job(s, owner, job_id)
+    if row is None:
+        return None
+    s.execute(
+        update(JobRow)
+        .where(JobRow.id == job_id, JobRow.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+        .values(status=JobStatus.CANCELLED, reason="cancelled by its owner", finished_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    s.commit()
+    s.refresh(row)
+    return row
 
 
 def has_job(s: Session, owner: str, key: str) -> bool:
@@ -120,11 +153,12 @@ def submit_job(
     for _ in range(3):
         existing = s.scalars(select(JobRow).where(JobRow.owner == owner, JobRow.cache_key == key)).first()
         if existing is not None:
-            if existing.status != JobStatus.FAILED:
+            if existing.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
                 return Submission(existing, False)
-            # A failure (time limit, crashed worker) may not repeat: asking again retries it.
+            # A failure (time limit, crashed worker) may not repeat, and a cancelled question asked again is
+            # wanted again: either is retried.
             existing.status = JobStatus.QUEUED
-            existing.reason = text(f"resubmitted after failure: {existing.reason}", 4000)
+            existing.reason = text(f"resubmitted after it was {existing.status}: {existing.reason}", 4000)
             existing.attempts = 0
             existing.started_at = existing.finished_at = None
             commit_solve(existing)
@@ -210,17 +244,26 @@ def finish_job(
     min_feasible_bytes: int | None = None,
     solve_s: float | None = None,
 ) -> None:
-    row = s.get(JobRow, job_id)
-    if row is None:
-        return
-    row.status = JobStatus.DONE if schedule_json is not None else JobStatus.FAILED
-    row.schedule = schedule_json
+    values: dict[str, object] = {
+        "status": JobStatus.DONE if schedule_json is not None else JobStatus.FAILED,
+        "schedule": schedule_json,
+        "min_feasible_bytes": min_feasible_bytes,
+        "solve_s": solve_s,
+        "finished_at": utcnow(),
+    }
     # On success keep any earlier note (re-queued after a restart): it explains attempts > 1.
-    row.reason = text(error, 4000) if error is not None else row.reason
-    row.min_feasible_bytes = min_feasible_bytes
-    row.solve_s = solve_s
-    row.finished_at = utcnow()
+    if error is not None:
+        values["reason"] = text(error, 4000)
+    # Conditional: a job cancelled meanwhile stays cancelled, and its answer is discarded.
+    res = s.execute(
+        update(JobRow)
+        .where(JobRow.id == job_id, JobRow.status != JobStatus.CANCELLED)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
     s.commit()
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        log.info("job %s was cancelled (or is gone): its answer is discarded", job_id)
 
 
 def requeue_job(s: Session, job_id: str, reason: str, max_attempts: int) -> bool:
@@ -272,7 +315,7 @@ def claim_delivery(
     if row is None:
         return None
     seen_status, seen_attempts = row.status, row.attempts
-    if seen_status in (JobStatus.DONE, JobStatus.FAILED):
+    if seen_status in JobStatus.finished():
         return f"already {seen_status}"
     note = None
     if seen_status == JobStatus.RUNNING:
@@ -321,7 +364,7 @@ def answer_from_cache(s: Session, job_id: str) -> bool:
     """A running job whose question another owner's job has answered meanwhile takes that schedule instead of
     solving it again (the per-owner unique constraint cannot merge two owners' jobs at submission)."""
     row = s.get(JobRow, job_id)
-    if row is None:
+    if row is None or row.status != JobStatus.RUNNING:
         return False
     done = s.scalars(
         select(JobRow)

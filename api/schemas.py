@@ -234,7 +234,7 @@ class JobOut(SolveOptions):
     )
 
     id: JobId
-    status: JobStatus = Field(description="queued | running | done | failed")
+    status: JobStatus = Field(description="queued | running | done | failed | cancelled")
     trace_id: TraceId
     budget: str = Field(description="the budget as requested")
     budget_bytes: int = Field(description="the budget in bytes")
@@ -248,6 +248,15 @@ class JobOut(SolveOptions):
     finished_at: datetime | None = None
     schedule: Schedule | None = Field(default=None, description="the schedule, once status is done")
     links: dict[str, str] = Field(default_factory=dict, description="related URLs: self, trace, plot")
+
+
+class JobList(BaseModel):
+    """A page of the caller's schedule jobs, newest first, without their schedules (GET each for it)."""
+
+    jobs: list[JobOut] = Field(description="the jobs (`schedule` is left out: GET /v1/schedules/{id} has it)")
+    next_before: datetime | None = Field(
+        default=None, description="pass as `before` for the next page; absent on the last page"
+    )
 
 
 class Health(BaseModel):

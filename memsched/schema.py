@@ -266,11 +266,14 @@ class JobStatus(StrEnum):
     """Finished with a schedule."""
     FAILED = "failed"
     """Finished without one (the job's `reason` says why)."""
+    CANCELLED = "cancelled"
+    """Cancelled by its owner; a solve already running ends at its time limit and its answer is discarded."""
 
     @classmethod
     def finished(cls) -> tuple[JobStatus, ...]:
-        """The states a job does not leave by itself."""
-        return (cls.DONE, cls.FAILED)
+        """The states a job does not leave by itself (asking the same question again retries failed and
+        cancelled jobs)."""
+        return (cls.DONE, cls.FAILED, cls.CANCELLED)
 
 
 class OffloadPlan(_Strict):

@@ -69,7 +69,7 @@ def request_budget(budget: int | str, trace: Trace, check_feasible: bool) -> int
         raise from_memsched_error(e, "budget") from None
 
 
-def job_out(row: JobRow, cached: bool | None = None) -> JobOut:
+def job_out(row: JobRow, cached: bool | None = None, with_schedule: bool = True) -> JobOut:
     return JobOut(
         id=row.id,
         status=row.status,  # stored as its string value
@@ -85,7 +85,7 @@ def job_out(row: JobRow, cached: bool | None = None) -> JobOut:
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
-        schedule=Schedule.model_validate_json(row.schedule) if row.schedule else None,
+        schedule=Schedule.model_validate_json(row.schedule) if row.schedule and with_schedule else None,
         links={
             "self": f"/v1/schedules/{row.id}",
             "trace": f"/v1/traces/{row.trace_id}",

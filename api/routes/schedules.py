@@ -4,6 +4,7 @@ GET /v1/schedules/{id}/plot.png."""
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
@@ -14,7 +15,7 @@ from memsched.api.db import Database
 from memsched.api.deps import DatabaseDep, MetricsDep, OwnerDep, RunnerDep, SettingsDep
 from memsched.api.errors import ApiError
 from memsched.api.routes.common import job_out, request_budget, resolve_trace
-from memsched.api.schemas import JobId, JobOut, ScheduleRequest, error_responses
+from memsched.api.schemas import JobId, JobList, JobOut, ScheduleRequest, error_responses
 from memsched.api.tables import JobRow
 from memsched.schema import JobStatus
 
@@ -32,7 +33,7 @@ WaitQuery = Annotated[
         "MEMSCHED_MAX_WAIT_S); 0 answers at once",
     ),
 ]
-_FINISHED = (JobStatus.DONE, JobStatus.FAILED)
+_FINISHED = JobStatus.finished()
 
 
 def _status_code(row: JobRow) -> int:
@@ -115,6 +116,52 @@ def _load(db: Database, owner: str, job_id: str) -> JobRow:
     if row is None:
         raise ApiError(404, f"no schedule job with id {job_id}", "job_id")
     return row
+
+
+@router.get(
+    "",
+    response_model=JobList,
+    summary="The caller's schedule jobs, newest first",
+    description="Filter by `status`; page back with `before` (the previous page's `next_before`). Schedules are "
+    "left out: GET /v1/schedules/{id} has each.",
+    responses=error_responses(401, 422),
+)
+async def list_schedules(
+    db: DatabaseDep,
+    owner: OwnerDep,
+    status_: Annotated[JobStatus | None, Query(alias="status", description="only jobs in this state")] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="at most this many jobs")] = 50,
+    before: Annotated[datetime | None, Query(description="only jobs created before this time")] = None,
+) -> JobList:
+    def load() -> list[JobOut]:
+        with db.session() as s:
+            rows = crud.list_jobs(s, owner, status_, limit, before)
+            return [job_out(row, with_schedule=False) for row in rows]
+
+    jobs = await run_in_threadpool(load)
+    return JobList(jobs=jobs, next_before=jobs[-1].created_at if len(jobs) == limit else None)
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobOut,
+    summary="Cancel a queued or running job",
+    description="A queued job never runs; a running solve ends at its time limit and its answer is discarded. "
+    "Cancelling a cancelled job answers it again; a job that is already done or failed answers 409. Asking the "
+    "same question again (POST /v1/schedules) solves it anew.",
+    responses=error_responses(401, 404, 409, 422),
+)
+async def cancel_schedule(job_id: Annotated[JobId, Path()], db: DatabaseDep, owner: OwnerDep) -> JobOut:
+    def cancel() -> JobRow | None:
+        with db.session() as s:
+            return crud.cancel_job(s, owner, job_id)
+
+    row = await run_in_threadpool(cancel)
+    if row is None:
+        raise ApiError(404, f"no schedule job with id {job_id}", "job_id")
+    if row.status != JobStatus.CANCELLED:
+        raise ApiError(409, f"the job is already {row.status}; there is nothing to cancel", "job_id")
+    return job_out(row)
 
 
 @router.get(

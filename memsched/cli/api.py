@@ -1,5 +1,5 @@
-"""CLI commands of the REST service: `memsched serve`, `memsched worker` (distributed mode), and the client side
-of `memsched solve --server`."""
+"""CLI commands of the REST service: `memsched serve`, `memsched worker` (distributed mode), `memsched jobs`, and the
+client side of `memsched solve --server`."""
 
 from __future__ import annotations
 
@@ -136,6 +136,9 @@ def _settings(options: dict[str, Any]) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `serve` and `worker` to the memsched CLI."""
+    """Add `serve`, `worker` and `jobs` to the memsched CLI."""
+    from memsched.cli.jobs import jobs_app
+
     app.command(name="serve")(serve)
     app.command(name="worker")(worker)
+    app.add_typer(jobs_app, name="jobs")

@@ -118,6 +118,21 @@ class MemschedClient:
         job: dict[str, Any] = resp.json()
         return job
 
+    def jobs(self, status: str | None = None, limit: int = 50, before: str | None = None) -> dict[str, Any]:
+        """A page of this key's jobs, newest first (GET /v1/schedules)."""
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status
+        if before is not None:
+            params["before"] = before
+        page: dict[str, Any] = self._request("GET", "/v1/schedules", params=params).json()
+        return page
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a queued or running job (POST /v1/schedules/{id}/cancel); the job as it is afterwards."""
+        job: dict[str, Any] = self._request("POST", f"/v1/schedules/{job_id}/cancel").json()
+        return job
+
     def wait(self, job: dict[str, Any], timeout_s: float) -> Schedule:
         """Long-poll the job until it is done (its Schedule) or failed (SolverError / MemschedError)."""
         deadline = time.monotonic() + timeout_s
@@ -129,6 +144,8 @@ class MemschedClient:
                     f"with GET {self.base_url}/v1/schedules/{job['id']}"
                 )
             job = self.job(job["id"], wait_s=min(_POLL_WAIT_S, max(left, 0.1)))
+        if job["status"] == JobStatus.CANCELLED:
+            raise SolverError(f"server: job {job['id']} was cancelled ({job.get('reason') or 'no reason given'})")
         if job["status"] == JobStatus.FAILED:
             reason = job.get("reason") or "no reason given"
             if job.get("min_feasible_bytes") is not None:
