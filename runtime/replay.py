@@ -1,6 +1,7 @@
 """Replay a Schedule in the user's eager training loop: `apply_schedule(model, schedule)`.
 
-Each scheduled layer's `forward` is wrapped (an instance attribute, removed on exit; the model's code and
+Each scheduled layer is wrapped by module hooks (memsched.runtime.wrapping, shared with the tracer; removed on
+exit; nothing is stored on the model, so a deep copy or a pickle of it is the plain model, and its code and
 state_dict are unchanged):
 
 - keep: the layer's saved tensors are only registered (attribution, CPU ledger).
@@ -9,7 +10,8 @@ state_dict are unchanged):
   end of the forward of layer `done_by` after waiting on that copy's event; the prefetch is issued when the
   backward of layer `prefetch_at` starts (a hook on that layer's output gradient); an unpack waits only on
   its own copy's event (and issues the copy itself if backward needs it earlier than scheduled).
-- recompute: PyTorch's non-reentrant checkpoint over the segment [first..last], RNG state preserved.
+- recompute: PyTorch's non-reentrant checkpoint over the segment [first..last], RNG state preserved; the
+  buffers a forward changes are snapshotted and the recomputation runs on private copies (checkpointing.py).
 
 A training step is detected as one forward pass over the layers (a pass starts at the first traced layer);
 all bookkeeping is per pass, so nothing accumulates across steps.
