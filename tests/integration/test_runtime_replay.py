@@ -4,6 +4,7 @@ host memory across steps."""
 from __future__ import annotations
 
 import gc
+import logging
 import resource
 
 import pytest
@@ -231,3 +232,58 @@ def test_framework_gradient_checkpointing_must_be_off(gpt2):
             apply_schedule(w.model, schedule_of(tr, BASELINES["keep-all"](tr)))
     finally:
         w.model.gradient_checkpointing_disable()
+
+
+def test_a_recompute_plan_at_another_sequence_length_warns(gpt2, caplog):
+    w, tr = gpt2  # traced at batch 2, sequence 32
+    sched = schedule_of(tr, BASELINES["checkpoint-all"](tr))
+    short = {k: v[:, :16] for k, v in w.batch.items()}
+    with caplog.at_level(logging.WARNING, logger="memsched"), apply_schedule(w.model, sched, trace=tr) as sm:
+        sm(**w.batch).loss.backward()
+        assert not caplog.records  # the traced shapes: nothing to say
+        sm(**short).loss.backward()
+        sm(**short).loss.backward()
+    [record] = caplog.records  # once
+    msg = record.getMessage()
+    assert msg.startswith("layer transformer.h.0 returned 8192 bytes of output but 16384 when traced")
+    assert "batch_size=2, seq_len=32" in msg and "trace and solve at the batch size and sequence length" in msg
+
+
+def test_a_kv_cache_is_switched_off_under_a_moving_plan_and_back_on_after(caplog):
+    """Llama's config default use_cache=True kept every recomputed layer's keys and values until the backward
+    (peak 1.09x the prediction at 4 layers): the replay runs training forwards without it, says so once, and
+    leaves the model as it was."""
+    import transformers as tf
+
+    from memsched.runtime import Workload
+
+    def llama(use_cache: bool) -> Workload:
+        torch.manual_seed(0)
+        cfg = tf.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=256,
+            use_cache=use_cache,
+        )
+        ids = torch.randint(0, 256, (2, 32))
+        return Workload(tf.LlamaForCausalLM(cfg).train(), "llama", {"input_ids": ids, "labels": ids}, 2, 32)
+
+    peaks = {}
+    for use_cache in (False, True):
+        w = llama(use_cache)
+        tr = trace(w.model, w.step, steps=1, warmup=0, measure_bandwidth=False)
+        sched = schedule_of(tr, [recompute(), recompute(group=0), recompute(group=0), recompute(group=0)])
+        peaks[use_cache] = _ledger_peak(w, sched, tr)
+    assert peaks[True] == peaks[False]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="memsched"), apply_schedule(w.model, sched, trace=tr) as sm:
+        grads(w, sm)
+        grads(w, sm)
+        with torch.no_grad():  # not a training forward: the user's own choice stands
+            assert sm(input_ids=w.batch["input_ids"]).past_key_values is not None
+    assert [r.getMessage().split(",")[0] for r in caplog.records] == ["memsched: LlamaForCausalLM has use_cache=True"]
+    assert w.model.config.use_cache is True
+    assert w.model(input_ids=w.batch["input_ids"]).past_key_values is not None  # the model is as it was
