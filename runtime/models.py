@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,8 @@ import torch
 from torch import nn
 
 from memsched.errors import MemschedError
+
+log = logging.getLogger(__name__)
 
 BUILTIN_MODELS = ("gpt2", "gpt2-medium", "bert-base", "bert-large", "vit-base", "vit-large", "resnet50")
 
@@ -242,9 +245,37 @@ def _optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer | None:
     raise MemschedError(f"unknown optimizer {kind!r}; use adamw, sgd or none")
 
 
-def load_factory(spec: str, **kwargs: Any) -> Workload:
-    """Call `package.module:factory`. It returns a Workload; keyword arguments it declares (batch_size,
-    seq_len, device, ...) are passed through."""
+FACTORY_FLAGS: dict[str, str] = {
+    "batch_size": "--batch-size",
+    "seq_len": "--seq-len",
+    "num_layers": "--layers",
+    "small": "--small",
+    "device": "--device",
+    "dropout": "--dropout",
+    "optimizer": "--optimizer",
+    "dtype": "--dtype",
+}
+"""The factory arguments the CLI can pass, and the flag that sets each (for the errors)."""
+
+
+def _given(name: str, value: Any) -> bool:
+    """Whether a workload argument was asked for. None is 'not given' (the factory's own default wins);
+    `small=False` and float32 ask for nothing either: a factory that takes neither builds what it builds."""
+    if value is None:
+        return False
+    if name == "small":
+        return bool(value)
+    if name == "dtype":
+        return value not in ("float32", torch.float32)
+    return True
+
+
+def load_factory(spec: str, *, strict: bool = False, **kwargs: Any) -> Workload:
+    """Call `package.module:factory` (the contract: docs/factory.md). It returns a Workload; of the keyword
+    arguments (batch_size, seq_len, num_layers, small, device, dropout, optimizer, dtype), those given (not
+    None) are passed on. One the factory does not declare is an error naming the flag (`strict`, what
+    `memsched trace` does), else a warning: never silently dropped. Arguments not given are not passed, so
+    the factory's own defaults win."""
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
         raise MemschedError(f"model {spec!r}: write a factory as package.module:function")
@@ -256,12 +287,24 @@ def load_factory(spec: str, **kwargs: Any) -> Workload:
     if not callable(factory):
         raise MemschedError(f"model {spec!r}: {mod_name} has no callable {attr!r}")
     params = inspect.signature(factory).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     dtype = kwargs.get("dtype")
-    if dtype not in (None, "float32", torch.float32) and "dtype" not in params:
+    if _given("dtype", dtype) and "dtype" not in params and not takes_any:
         # A dtype the factory cannot honour would be a silent float32 run named otherwise.
         raise MemschedError(f"model {spec!r}: --dtype {dtype} needs a factory that takes a `dtype` argument")
-    accepted = {k: v for k, v in kwargs.items() if k in params}
-    out = factory(**accepted)
+    given = {k: v for k, v in kwargs.items() if _given(k, v)}
+    refused = [k for k in given if k not in params and not takes_any]
+    if refused:
+        flags = ", ".join(f"{FACTORY_FLAGS.get(k, k)} ({k}={given[k]!r})" for k in refused)
+        args = ", ".join(f"`{k}`" for k in refused)
+        msg = (
+            f"model {spec!r}: {attr}() takes no {args} argument, so {flags} would be ignored; drop the flag, "
+            f"or add the argument to the factory (docs/factory.md)"
+        )
+        if strict:
+            raise MemschedError(msg)
+        log.warning("%s", msg)
+    out = factory(**{k: v for k, v in given.items() if k not in refused})
     if not isinstance(out, Workload):
         raise MemschedError(
             f"model {spec!r}: the factory returned {type(out).__name__}; return a memsched.runtime.Workload "
@@ -270,8 +313,9 @@ def load_factory(spec: str, **kwargs: Any) -> Workload:
     return out
 
 
-def workload(name: str, **kwargs: Any) -> Workload:
-    """A built-in model by name, or a `package.module:factory`."""
+def workload(name: str, *, strict: bool = False, **kwargs: Any) -> Workload:
+    """A built-in model by name, or a `package.module:factory` (`load_factory`). Arguments that are None
+    take the built-in's defaults, or the factory's own."""
     if ":" in name:
-        return load_factory(name, **kwargs)
-    return builtin_workload(name, **kwargs)
+        return load_factory(name, strict=strict, **kwargs)
+    return builtin_workload(name, **{k: v for k, v in kwargs.items() if v is not None})

@@ -65,27 +65,47 @@ def trace_cmd(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Where to write the trace JSON [default: MODEL.trace.json].")
     ] = None,
-    batch_size: BatchOpt = 2,
-    seq_len: SeqLenOpt = 128,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", "--batch", help="Batch size [default: 2 for a built-in; a factory's own]."),
+    ] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option("--seq-len", help="Sequence length (text models) [default: 128 for a built-in; a factory's own]."),
+    ] = None,
     layers: LayersOpt = None,
     small: SmallOpt = False,
     layer_pattern: LayerPatternOpt = None,
     steps: Annotated[int, typer.Option("--steps", help="Measured steps (medians are reported).")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps before measuring.")] = 2,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu or cuda[:N] [default: cpu for a built-in; a factory's own].")
+    ] = None,
     dropout: Annotated[float | None, typer.Option("--dropout", help="Override the config's dropout.")] = None,
-    optimizer: Annotated[str, typer.Option("--optimizer", help="adamw, sgd or none.")] = "adamw",
-    dtype: DtypeOpt = "float32",
+    optimizer: Annotated[
+        str | None,
+        typer.Option("--optimizer", help="adamw, sgd or none [default: adamw for a built-in; a factory's own]."),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype", help="Parameter/activation dtype: float32, bfloat16, float16 [default: float32; a factory's]."
+        ),
+    ] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", help="CPU threads for torch [default: torch's own choice].")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Trace a model: run real training steps and write its layer-level cost trace (JSON)."""
+    """Trace a model: run real training steps and write its layer-level cost trace (JSON).
+
+    A factory (package.module:factory, docs/factory.md) gets only the flags given, and each must be an
+    argument it takes; what is not given is the factory's own choice."""
     import torch
 
     from memsched.io import save_model
-    from memsched.runtime import trace, workload
+    from memsched.runtime import workload
+    from memsched.runtime.tracer import trace_with_report
 
     _quiet_transformers()
     if steps < 1 or warmup < 0:
@@ -94,14 +114,16 @@ def trace_cmd(
         if threads < 1:
             raise MemschedError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
         raise MemschedError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
     try:
-        torch.device(device)
+        torch.device(device or "cpu")
     except RuntimeError:
         raise MemschedError(f"--device {device!r} is not a device; use cpu or cuda[:N]") from None
+    # Flags not given are None: a built-in takes its defaults, a factory its own (never a CLI default).
     w = workload(
         model,
+        strict=True,
         batch_size=batch_size,
         seq_len=seq_len,
         num_layers=layers,
@@ -111,7 +133,7 @@ def trace_cmd(
         optimizer=optimizer,
         dtype=dtype,
     )
-    tr = trace(
+    tr, report = trace_with_report(
         w.model,
         w.step,
         layers=layer_pattern,
@@ -125,7 +147,10 @@ def trace_cmd(
     path = output or Path(f"{w.model_id}.trace.json")
     save_model(tr, path)
     if as_json:
-        _print_json({"path": str(path), "hash": tr.content_hash(), "trace": tr.model_dump(mode="json")})
+        doc = {"path": str(path), "hash": tr.content_hash(), "trace": tr.model_dump(mode="json")}
+        doc["warnings"] = report.warnings
+        doc["unowned_bytes"] = report.unowned_bytes
+        _print_json(doc)
         return
     t = Table(title=f"{tr.model}: batch {tr.batch_size}, seq {tr.seq_len}, {tr.dtype}, {tr.device.name}")
     t.add_column("layer", overflow="fold")
@@ -149,6 +174,11 @@ def trace_cmd(
         f"peak {format_bytes(tr.baseline.peak_bytes)}; copies h2d {tr.device.h2d_bytes_per_s / 1e9:.1f} GB/s, "
         f"d2h {tr.device.d2h_bytes_per_s / 1e9:.1f} GB/s, latency {tr.device.copy_latency_s * 1e6:.1f} us"
     )
+    if report.unowned:
+        out.print(
+            f"not in any layer: {format_bytes(report.unowned_bytes)} saved between traced layers (no schedule moves "
+            f"them; up to {format_bytes(report.unowned_bytes)} of the smallest feasible budget)"
+        )
     out.print(f"[green]wrote[/] {path}")
 
 

@@ -1,0 +1,242 @@
+"""The tracer on models of the user's own (issue 20, item 5): a first layer fed the raw batch, the DAG
+through untraced ops, the bytes no layer owns, and the checks that refuse a trace that cannot be right."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from memsched.runtime import Workload, trace
+from memsched.runtime.tracer import (
+    STEP_PARTS_FAIL,
+    STEP_PARTS_WARN,
+    TraceCheckError,
+    TraceReport,
+    _check_times,
+    trace_with_report,
+)
+from memsched.schema import Layer
+
+torch.set_num_threads(1)
+
+
+class ConvBlock(nn.Module):
+    """conv-BN-ReLU-conv-ReLU: the first block of any CNN."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.bn = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv2(torch.relu(self.bn(self.conv1(x)))))
+
+
+class TinyUNet(nn.Module):
+    """enc1 (fed the raw image) -> pool -> enc2 -> upsample -> cat with enc1's output (the skip) -> dec1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc1 = ConvBlock(3, 4)
+        self.enc2 = ConvBlock(4, 8)
+        self.dec1 = ConvBlock(12, 4)
+        self.head = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e1 = self.enc1(x)
+        e2 = self.enc2(nn.functional.max_pool2d(e1, 2))
+        up = nn.functional.interpolate(e2, scale_factor=2.0, mode="nearest")
+        return self.head(self.dec1(torch.cat([up, e1], dim=1)))
+
+
+def unet_workload(optimizer: bool = True) -> Workload:
+    torch.manual_seed(0)
+    model = TinyUNet().train()
+    x = torch.randn(2, 3, 16, 16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3) if optimizer else None
+    return Workload(model, "tiny-unet", {"x": x}, 2, None, opt, loss_fn=lambda out: out.pow(2).mean())
+
+
+UNET_LAYERS = ["enc1", "enc2", "dec1"]
+
+
+def test_a_first_layer_fed_the_raw_input_is_traced_with_its_backward():
+    w = unet_workload()
+    assert not w.batch["x"].requires_grad  # the raw batch: no gradient hook can fire on it
+    tr = trace(w.model, w.step, layers=UNET_LAYERS, steps=2, warmup=1, optimizer=w.optimizer, measure_bandwidth=False)
+    assert tr.layer_names == UNET_LAYERS
+    enc1 = tr.layers[0]
+    assert enc1.input_bytes == 0  # its input needs no gradient
+    assert enc1.backward_s > 0  # timed to its last parameter gradient
+    # What the user trains is unchanged: the tracer's hooks are gone, the model still steps.
+    assert all(not getattr(p, "_post_accumulate_grad_hooks", None) for p in w.model.parameters())
+
+
+def test_unet_layers_keep_the_dag_across_pool_upsample_and_cat():
+    w = unet_workload()
+    tr = trace(w.model, w.step, layers=UNET_LAYERS, steps=1, warmup=0, optimizer=w.optimizer, measure_bandwidth=False)
+    # enc2 reads pool(enc1), dec1 reads cat(upsample(enc2), enc1): the edges survive the untraced ops.
+    assert [layer.deps for layer in tr.layers] == [[], [0], [0, 1]]
+
+
+class Block(nn.Module):
+    """A pre-norm transformer-style block: the norms and residual adds sit between `attn` and `mlp`."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(h)
+        self.attn = nn.Sequential(nn.Linear(h, h), nn.Tanh(), nn.Linear(h, h))
+        self.norm2 = nn.LayerNorm(h)
+        self.mlp = nn.Sequential(nn.Linear(h, 2 * h), nn.GELU(), nn.Linear(2 * h, h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class Stack(nn.Module):
+    def __init__(self, n: int, h: int) -> None:
+        super().__init__()
+        self.inp = nn.Linear(h, h)
+        self.blocks = nn.ModuleList(Block(h) for _ in range(n))
+        self.out = nn.Linear(h, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.out(x)
+
+
+B, T, H, N = 2, 8, 16, 3
+
+
+def stack_workload() -> Workload:
+    torch.manual_seed(0)
+    model = Stack(N, H).train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    return Workload(model, "stack", {"x": torch.randn(B, T, H)}, B, T, opt, loss_fn=lambda out: out.mean())
+
+
+def test_sub_module_layers_name_the_bytes_no_layer_owns(caplog):
+    w = stack_workload()
+    with caplog.at_level(logging.WARNING, logger="memsched.runtime.tracer"):
+        tr, report = trace_with_report(
+            w.model,
+            w.step,
+            layers=[r"blocks\.\d+\.(attn|mlp)"],
+            steps=1,
+            warmup=0,
+            optimizer=w.optimizer,
+            measure_bandwidth=False,
+        )
+    assert tr.layer_names == [f"blocks.{k}.{p}" for k in range(N) for p in ("attn", "mlp")]
+    # LayerNorm saves its input (B*T*H floats) and its mean and rstd (B*T floats each). Between two traced
+    # layers sit norm2 of every block and norm1 of every block but the first (which runs before any layer:
+    # static 'other'); the final `out` runs after the last layer (the head).
+    per_norm = 4 * (B * T * H + 2 * B * T)
+    assert report.unowned_bytes == (2 * N - 1) * per_norm
+    assert [name for name, _ in report.unowned] == tr.layer_names[:-1]
+    assert "belong to no layer" in caplog.text and "smallest feasible budget" in caplog.text
+    # The DAG: each layer reads the one before it through the norm and the residual add, not every
+    # earlier layer through the residual stream.
+    assert [layer.deps for layer in tr.layers] == [[]] + [[k] for k in range(2 * N - 1)]
+    # Whole blocks own their norms: nothing is left between them.
+    _, whole = trace_with_report(w.model, w.step, steps=1, warmup=0, optimizer=w.optimizer, measure_bandwidth=False)
+    assert whole.unowned == [] and whole.unowned_bytes == 0
+
+
+def test_a_step_without_backward_is_refused():
+    w = unet_workload()
+
+    def forward_only() -> None:
+        with torch.no_grad():
+            w.loss()
+
+    with pytest.raises(TraceCheckError, match=r"^step: no backward ran .* call loss\.backward\(\)"):
+        trace(w.model, forward_only, layers=UNET_LAYERS, steps=1, warmup=0, measure_bandwidth=False)
+
+
+def test_the_optimizer_the_step_runs_is_counted_even_when_not_given():
+    w = unet_workload()
+    params = list(w.model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    tr, report = trace_with_report(w.model, w.step, layers=UNET_LAYERS, steps=1, warmup=0, measure_bandwidth=False)
+    # AdamW: exp_avg and exp_avg_sq like each parameter, and a float32 step count per parameter.
+    assert tr.static.optimizer_state == 2 * nbytes + 4 * len(params)
+    assert report.optimizers == ["AdamW"] and not [m for m in report.warnings if m.startswith("optimizer")]
+
+
+def test_a_given_optimizer_the_step_never_steps_is_refused():
+    w = unet_workload(optimizer=False)
+    idle = torch.optim.AdamW(w.model.parameters())
+    with pytest.raises(TraceCheckError, match=r"^optimizer: the step never called step\(\) on the given AdamW"):
+        trace(w.model, w.step, layers=UNET_LAYERS, steps=1, warmup=0, optimizer=idle, measure_bandwidth=False)
+
+
+def test_no_optimizer_at_all_is_a_warning_that_says_how_to_add_it(caplog):
+    w = unet_workload(optimizer=False)
+    with caplog.at_level(logging.WARNING, logger="memsched.runtime.tracer"):
+        tr, report = trace_with_report(w.model, w.step, layers=UNET_LAYERS, steps=1, warmup=0, measure_bandwidth=False)
+    assert tr.static.optimizer_state == 0 and report.optimizers == []
+    assert "counts no optimizer state (0 B)" in caplog.text and "Workload(optimizer=...)" in caplog.text
+
+
+def _layer(f: float, b: float) -> Layer:
+    return Layer(name="x", forward_s=f, backward_s=b, saved_bytes=0)
+
+
+def test_layer_times_that_cannot_add_up_to_the_step_warn_then_fail():
+    layers = [_layer(0.3, 0.4), _layer(0.2, 0.3)]  # 1.2 s of parts
+    report = TraceReport()
+    _check_times(layers, 1.0, report)  # 1.2x: plausible (hooks)
+    assert report.warnings == []
+    _check_times(layers, 1.2 / 1.7, report)
+    assert len(report.warnings) == 1 and "1.7x the measured step" in report.warnings[0]
+    assert "--threads 1" in report.warnings[0]
+    with pytest.raises(TraceCheckError, match=r"2\.4x the measured step .* --threads 1 .* more --steps"):
+        _check_times(layers, 0.5, report)
+    assert STEP_PARTS_WARN < STEP_PARTS_FAIL
+
+
+class Spin(nn.Module):
+    """A layer that burns CPU in its forward while `busy` is set: the contention of a loaded machine, felt
+    by the timing steps only."""
+
+    busy = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if Spin.busy:
+            t0 = time.process_time()
+            while time.process_time() - t0 < 0.05:
+                pass
+        return self.lin(x)
+
+
+def test_inflated_layer_times_are_refused_with_the_fix():
+    torch.manual_seed(0)
+    model = nn.Sequential(Spin(), Spin())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
+    calls = {"n": 0}
+
+    def step() -> None:
+        # warm-up 0, 1 timed plain step, then the timing step: only that one is slowed down.
+        calls["n"] += 1
+        Spin.busy = calls["n"] == 2
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        Spin.busy = False
+
+    with pytest.raises(TraceCheckError, match=r"^times: the layers' forward \+ backward sum to .*--threads 1"):
+        trace(model, step, layers=[r"\d"], steps=1, warmup=0, optimizer=opt, measure_bandwidth=False)
