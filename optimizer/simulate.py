@@ -123,25 +123,36 @@ def forward_transient(trace: Trace, i: int) -> int:
 
 
 def backward_transient(trace: Trace, i: int) -> int:
-    """Bytes that exist only during B_i: workspace, the incoming output gradient and the input gradient;
-    at B_{n-1}, where the loss is, also the trace's unattributed transient (see `unattributed_bytes`)."""
+    """Bytes that exist only during B_i: workspace, the incoming output gradient and the input gradient.
+    (The loss is not in B_{n-1}: it is freed by the time the last layer's output gradient arrives; it lives at
+    the loss point, see `loss_point_bytes`.)"""
     layer = trace.layers[i]
-    base = layer.workspace_bytes + layer.output_bytes + layer.input_bytes
-    return base + unattributed_bytes(trace) if i == trace.n - 1 else base
+    return layer.workspace_bytes + layer.output_bytes + layer.input_bytes
 
 
 def unattributed_bytes(trace: Trace) -> int:
-    """Measured keep-all peak the layer model does not explain: the loss's transients (logits, their
-    float32 upcast, the loss gradient) and anything else outside the traced layers that is neither static
-    nor saved. It is the measured baseline peak minus the modelled keep-all peak, never negative, and it is
-    placed at the loss (B_{n-1}), so the model reproduces the measured in-core peak. Imported profiles and
-    CPU traces (whose baseline peak is itself modelled or ledger-based) get 0."""
-    # The modelled keep-all peak is at least static + every saved byte (all are held at B_{n-1}); below
-    # that the answer is 0 without the O(n) pass (this runs on every stage_memory call).
-    if trace.baseline.peak_bytes <= trace.static.total + sum(x.saved_bytes for x in trace.layers):
+    """The loss's own bytes at the loss point (logits, their float32 upcast, the loss and its gradient, the
+    head's saved tensors): what the measured keep-all peak holds beyond static + every saved byte + the last
+    layer's output, when the layer model does not explain the measured peak (it is then the loss point: the
+    tracer leaves the loss out of the last layer's workspace exactly when the loss is the step's peak). 0
+    when the modelled keep-all peak already reaches the measured one (imported profiles, whose baseline peak
+    is modelled; synthetic traces; traces that fold the loss into the last layer's workspace)."""
+    static, saved = trace.static.total, sum(x.saved_bytes for x in trace.layers)
+    out = trace.layers[-1].output_bytes
+    # The modelled keep-all peak is at least static + every saved byte + the last output (the loss point);
+    # at or below that the answer is 0 without the O(n) pass (this runs on every stage_memory call).
+    if trace.baseline.peak_bytes <= static + saved + out:
         return 0
-    modelled = trace.static.total + max(_stage_memory(trace, [_KEEP] * trace.n, unattributed=False))
-    return max(0, trace.baseline.peak_bytes - modelled)
+    modelled = static + max(_stage_memory(trace, [_KEEP] * trace.n, loss=False))
+    if trace.baseline.peak_bytes <= modelled:
+        return 0
+    return trace.baseline.peak_bytes - static - saved - out
+
+
+def loss_point_transient(trace: Trace) -> int:
+    """Bytes that exist only at the loss point (after F_{n-1}, before B_{n-1}) beyond what is held across
+    it: the last layer's output and the loss's own bytes (`unattributed_bytes`)."""
+    return trace.layers[-1].output_bytes + unattributed_bytes(trace)
 
 
 def external_input_bytes(trace: Trace, i: int) -> int:
@@ -176,11 +187,31 @@ def checkpoint_inputs(
 
 
 def stage_memory(trace: Trace, decisions: list[Decision]) -> list[int]:
-    """Non-static bytes at each global stage 0..2n-1 (see docs/cost-model.md, 'Memory')."""
-    return _stage_memory(trace, decisions, unattributed=True)
+    """Non-static bytes at each global stage 0..2n-1 (see docs/cost-model.md, 'Memory'). Stage n-1 (F_{n-1})
+    is the larger of the last layer's forward and the loss point after it (`loss_point_bytes`)."""
+    return _stage_memory(trace, decisions, loss=True)
 
 
-def _stage_memory(trace: Trace, decisions: list[Decision], unattributed: bool) -> list[int]:
+def loss_point_bytes(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> int:
+    """Non-static bytes at the loss point, between the end of F_{n-1} and the start of B_{n-1}: what is held
+    across it (kept saved bytes, what offloads leave on the device, every recompute segment's checkpoint
+    inputs; a recomputed layer's own bytes are gone, its segment's re-run starts at B_{n-1} at the
+    earliest) plus `loss_point_transient`. `ends`: `segment_ends(decisions)`, when the caller has it."""
+    group_end = segment_ends(decisions) if ends is None else ends
+    held = 0
+    for layer, d in zip(trace.layers, decisions, strict=True):
+        if d.action == Action.KEEP:
+            held += layer.saved_bytes
+        elif d.action == Action.OFFLOAD:
+            held += layer.saved_bytes - d.offload_bytes  # done-by <= n-1: every copy is done by now
+    for j in checkpoint_inputs(trace, decisions, group_end):
+        held += trace.layers[j].output_bytes
+    for a, b in group_end.items():
+        held += segment_external_bytes(trace, a, b)
+    return held + loss_point_transient(trace)
+
+
+def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool) -> list[int]:
     n = trace.n
     last = 2 * n - 1
     diff = [0] * (2 * n + 1)
@@ -212,12 +243,14 @@ def _stage_memory(trace: Trace, decisions: list[Decision], unattributed: bool) -
         add(i, i, forward_transient(trace, i))
         layer = trace.layers[i]
         add(last - i, last - i, layer.workspace_bytes + layer.output_bytes + layer.input_bytes)
-    if unattributed:
-        add(n, n, unattributed_bytes(trace))  # global stage n is B_{n-1}, where the loss is
     out, run = [], 0
     for t in range(2 * n):
         run += diff[t]
         out.append(run)
+    if loss:
+        # The loss sits between F_{n-1} and B_{n-1}: a moment of its own, folded into F_{n-1}'s stage as the
+        # larger of the two (a recomputed last layer's bytes are gone by then, so a sum would over-count).
+        out[n - 1] = max(out[n - 1], loss_point_bytes(trace, decisions, group_end))
     return out
 
 

@@ -18,6 +18,7 @@ from memsched.optimizer.simulate import (
     backward_transient,
     external_input_bytes,
     forward_transient,
+    loss_point_transient,
 )
 from memsched.schema import Trace
 
@@ -90,7 +91,8 @@ class DpProblem:
     """float64 prefix sums of `bwd` (length n + 1): the reverse clock of the backward (the FIFO sweep)."""
     row_floor: np.ndarray
     """int64, length n + 1: the least any stage of layers >= k needs beyond the retained bytes
-    (max over m >= k of s_m + max(transients)); a label retaining more than limit - row_floor[k] is dead."""
+    (max over m >= k of s_m + max(transients), and the loss point's transient at boundary n, where what a
+    label retains is what the loss point holds); a label retaining more than limit - row_floor[k] is dead."""
     future: np.ndarray
     """float64 (n + 1, GRID_POINTS + 1): future[k, g] is a lower bound on the cost still to come for a label
     at boundary k retaining at least g * future_step bytes (optimizer/dp/future.py)."""
@@ -184,6 +186,9 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
     crossing = [c[:MAX_HELD_BITS] for c in crossing]
     need = saved + np.maximum(trans_f, trans_b)
     row_floor = np.zeros(n + 1, dtype=np.int64)
+    # Boundary n is the loss point: what a label retains there is what is held across it (simulate's
+    # loss_point_bytes), and every label retains at least as much at n as at any earlier boundary.
+    row_floor[n] = loss_point_transient(trace)
     for k in range(n - 1, -1, -1):
         row_floor[k] = max(row_floor[k + 1], need[k])
     limit = budget_bytes - trace.static.total

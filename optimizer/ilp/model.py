@@ -18,6 +18,7 @@ from memsched.optimizer.simulate import (
     copy_seconds,
     forward_transient,
     keepall_step_s,
+    loss_point_transient,
     other_step_s,
     segment_external_bytes,
     segment_outside_deps,
@@ -381,7 +382,10 @@ def _add_memory_rows(
         common = ([(acc[k], -1.0), (held[k], 1.0)] if k >= 1 else [])
         for stage, transient, pend in (
             ("F", forward_transient(trace, k), pend_f[k]),
-            ("B", backward_transient(trace, k), pend_b[k] + remat[k]),
+            # B_{n-1}'s row also bounds the loss point before it (it holds no more than B_{n-1} but the
+            # loss's bytes): conservative where the last layer is recomputed (docs/cost-model.md).
+            ("B", max(backward_transient(trace, k), loss_point_transient(trace) if k == n - 1 else 0),
+             pend_b[k] + remat[k]),
         ):
             m.add_row(Row(f"mem_{stage}{k}", common + pend, float(transient + prefix - limit), "<=", BYTE_UNIT))
 

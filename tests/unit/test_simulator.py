@@ -198,18 +198,43 @@ def test_fast_prefetch_placement_matches_its_definition(seed):
     assert [d.prefetch_at for d in fast] == _naive_prefetch(tr, provisional, budget)
 
 
-def test_unattributed_measured_peak_is_placed_at_the_loss():
+def test_unattributed_measured_peak_is_placed_at_the_loss_point():
     from memsched.optimizer.simulate import unattributed_bytes
 
     tr = tiny_trace([1, 2, 3], [2, 4, 6], [10, 20, 30], static=5)
     tr.baseline.peak_bytes = 5 + 60 + 25  # measured: 25 bytes more than the layers explain (logits, loss)
+    # The loss's own bytes: the measured peak beyond static, every saved byte and the last output (0 here).
     assert unattributed_bytes(tr) == 25
     keep = simulate(tr, [KEEP] * 3)
-    # Only B2 (global stage 3, right after the loss) carries it; keep-all now reproduces the measured peak.
-    assert keep.stage_bytes == [10, 30, 60, 85, 30, 10]
+    # The loss point lies between F2 and B2; it is folded into F2 (global stage 2), and B2 does not carry
+    # it (the loss is freed when the last layer's output gradient arrives). Keep-all reproduces the peak.
+    assert keep.stage_bytes == [10, 30, 85, 60, 30, 10]
     assert keep.peak_bytes == tr.baseline.peak_bytes
+    # Recomputing the last layer: its 30 bytes exist during F2 and again from B2, never beside the loss
+    # (loss point 30 + 25 = 55 < F2's 60). The old rule put the loss at B2 beside them: 85.
+    rec = simulate(tr, [KEEP, KEEP, recompute()])
+    assert rec.stage_bytes == [10, 30, 60, 60, 30, 10]
     tr.baseline.peak_bytes = 10  # a measured peak below the model's is not subtracted
     assert unattributed_bytes(tr) == 0
+
+
+def test_loss_point_holds_every_checkpoint_input_and_no_recomputed_bytes():
+    from memsched.optimizer.simulate import loss_point_bytes
+
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [10, 20, 30], static=5)
+    for layer in tr.layers:
+        layer.output_bytes = 3
+    tr.layers[1].deps, tr.layers[2].deps = [0], [1]
+    tr.baseline.peak_bytes = 5 + 60 + 3 + 40  # the loss: 40 bytes beyond the last output
+    # Checkpoint every layer: the loss point holds the checkpoint inputs of layers 1 and 2 (3 + 3), the
+    # last output (3) and the loss (40); layer 0's input is an external one (input_bytes 0 here).
+    ds = [recompute(), recompute(), recompute()]
+    assert loss_point_bytes(tr, ds) == 3 + 3 + 3 + 40
+    # F2 itself holds 30 (layer 2's own bytes, forward only) + 3 (layer 1's checkpoint input) + 3 (its
+    # output) = 36: the stage is the larger of the two moments.
+    assert simulate(tr, ds).stage_bytes[2] == 49
+    tr.baseline.peak_bytes = 5 + 60 + 3 + 10
+    assert simulate(tr, ds).stage_bytes[2] == 36
 
 
 def test_ilp_counts_the_unattributed_transient_too():
