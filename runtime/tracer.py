@@ -3,15 +3,23 @@
 Three kinds of step, so that instrumentation never inflates what it measures:
 1. plain steps: warm-up, then the baseline step time (median);
 2. timing steps: per-layer forward time (around the layer's forward) and backward time (from the moment the
-   layer's output gradient is complete to the moment its input gradient is), medians over the steps;
+   layer's output gradient is complete to the moment its input gradient is, or, for a layer fed the raw
+   batch, its last parameter gradient), medians over the steps;
 3. one memory step, measured whole (memsched.runtime.memory: every live tensor byte, the CUDA allocator or
    the CPU allocator's events; the same function on both): saved tensors (saved_tensors_hooks; deduplicated
    by storage; attributed to the innermost traced layer whose forward saved them first; parameters and buffers
-   excluded: they are static), input and output bytes, DAG edges from storage identity between a layer's
-   outputs and later layers' inputs, the keep-all whole-step peak (the baseline peak) and the peak within each
-   stage. What a stage holds beyond the layer model (static + saved bytes so far + the layer's output and
-   input gradient) is the layer's workspace; the memory outside the layers goes to the stage it is live in
-   (`fit_workspace`), so the simulator's keep-all peak is the measured one on both devices.
+   excluded: they are static), input and output bytes, DAG edges (storage identity between a layer's
+   outputs and later layers' inputs, and data flow through untraced ops: a walk back over the autograd
+   graph from a layer's inputs to the nearest traced outputs, across pools, concats, norms), the keep-all
+   whole-step peak (the baseline peak) and the peak within each stage. What a stage holds beyond the layer
+   model (static + saved bytes so far + the layer's output and input gradient) is the layer's workspace;
+   the memory outside the layers goes to the stage it is live in (`fit_workspace`), so the simulator's
+   keep-all peak is the measured one on both devices.
+
+Before a trace is returned it is checked (`TraceCheckError`, or a warning in `TraceReport`): the step ran a
+backward; the optimizer given is the one the step steps (one the step runs over the model's parameters is
+counted even when not given); the per-layer times add up to no more than the step; bytes saved between
+traced layers, which no layer owns, are named with what they cost the smallest feasible budget.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from memsched.errors import MemschedError
 from memsched.runtime.checkpointing import flatten
@@ -34,12 +43,24 @@ from memsched.runtime.hostalloc import steady_host_allocator
 from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
 from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
-from memsched.runtime.wrapping import wrapped
-from memsched.schema import Baseline, DeviceInfo, Layer, StaticBytes, Trace
+from memsched.runtime.wrapping import CopySafeHook, wrapped
+from memsched.schema import STEP_BELOW_LAYERS_FACTOR, Baseline, DeviceInfo, Layer, StaticBytes, Trace
+from memsched.units import format_bytes, format_seconds
 
 log = logging.getLogger(__name__)
 
 StepFn = Callable[[], Any]
+
+STEP_PARTS_WARN = 1.5
+"""Per-layer forward + backward times summing to more than this many measured steps are suspect (warned):
+the step contains them all, so only instrumentation or contention inflates them."""
+STEP_PARTS_FAIL = STEP_BELOW_LAYERS_FACTOR
+"""Beyond this the trace is refused (the Trace schema refuses it too): the times were not taken as one step."""
+
+
+class TraceCheckError(MemschedError):
+    """A trace that cannot be right (times that do not add up, no backward, missing optimizer state): not
+    written, with the fix."""
 
 
 @dataclass
@@ -105,6 +126,14 @@ class _MemoryStep:
         self.bwd_marked: set[int] = set()
         self.owner: dict[int, int] = {}  # id(storage) -> the layer that saved it first
         self.shared_seen: set[tuple[int, int]] = set()
+        # Saved outside every traced layer after the first one ran: storage id -> (storage, bytes, how many
+        # layers had run). Those saved before the last layer ran sit between traced layers (a norm or a
+        # residual add between sub-module layers): no layer owns them, so no schedule moves them.
+        self.between: dict[int, tuple[weakref.ref[torch.UntypedStorage], int, int]] = {}
+        # Data flow through untraced ops (`_upstream`): the autograd nodes of the traced layers' outputs
+        # and the nodes an earlier layer's walk already went through. Held for the one step only.
+        self.out_nodes: dict[Any, int] = {}
+        self.walked: set[Any] = set()
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and x not in self.static:
@@ -120,6 +149,9 @@ class _MemoryStep:
             # per storage. What is saved outside the layers later (the head, the loss) lives only around
             # the loss: the whole-step fit places it there (`fit_workspace`).
             if self.order:
+                claim, late = self.claims.get(id(s)), self.between.get(id(s))
+                if (claim is None or claim() is not s) and (late is None or late[0]() is not s):
+                    self.between[id(s)] = (weakref.ref(s), storage_nbytes(x), len(self.order))
                 return
             claim, hit = self.claims.get(id(s)), self.outside.get(id(s))
             if (claim is None or claim() is not s) and (hit is None or hit[0]() is not s):
@@ -138,6 +170,9 @@ class _MemoryStep:
         hit = self.outside.pop(id(s), None)
         if hit is not None and hit[0]() is not s:
             self.outside[id(s)] = hit  # another (dead) storage had this id: keep its entry
+        late = self.between.pop(id(s), None)
+        if late is not None and late[0]() is not s:
+            self.between[id(s)] = late
         self.claims[id(s)] = weakref.ref(s)
         self.owner[id(s)] = self.stack[-1]
         self.stats[self.stack[-1]].saved.append(storage_nbytes(x))
@@ -156,7 +191,43 @@ class _MemoryStep:
             hit = self.producers.get(id(t.untyped_storage()))
             if hit is not None and hit[1]() is t.untyped_storage() and hit[0] != i:
                 st.deps.add(hit[0])
+        st.deps |= self._upstream([t.grad_fn for t in inputs if t.grad_fn is not None], i)
         self.stack.append(i)
+
+    def _upstream(self, nodes: list[Any], i: int) -> set[int]:
+        """The traced layers whose outputs reach layer i's inputs through untraced ops (a pool, a concat, a
+        norm, a residual add): a walk back over the autograd graph that stops at a traced layer's output and
+        at a node an earlier layer's walk went through (that data is already routed: a residual stream
+        shared by sub-module layers would otherwise make every layer depend on all the ones before it)."""
+        found: set[int] = set()
+        todo = list(nodes)
+        while todo:
+            node = todo.pop()
+            producer = self.out_nodes.get(node)
+            if producer is not None:
+                if producer != i:
+                    found.add(producer)
+                continue
+            if node in self.walked:
+                continue
+            self.walked.add(node)
+            todo.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+        return found
+
+    def forget_graph(self) -> None:
+        """Drop the references to the step's autograd nodes."""
+        self.out_nodes.clear()
+        self.walked.clear()
+
+    def between_bytes(self) -> dict[int, int]:
+        """Bytes saved outside every traced layer between two of them, keyed by how many layers had run
+        (k: after the k-th layer in forward order, before the next). After the last layer: the head."""
+        n = len(self.order)
+        out: dict[int, int] = {}
+        for _ref, nbytes, k in self.between.values():
+            if k < n:
+                out[k] = out.get(k, 0) + nbytes
+        return out
 
     def leave(self, i: int, token: None, out: Any) -> None:
         self.stack.pop()
@@ -166,6 +237,8 @@ class _MemoryStep:
         for t in outs:
             s = t.untyped_storage()
             self.producers[id(s)] = (i, weakref.ref(s))
+            if t.grad_fn is not None:
+                self.out_nodes[t.grad_fn] = i
             if t.requires_grad:
                 t.register_hook(self._backward_mark(i))
 
@@ -181,13 +254,51 @@ class _MemoryStep:
         return on_grad
 
 
-class _TimingStep:
-    """Instrumentation of the timing steps: forward around the call, backward between gradient hooks."""
+class _ParamEnd(CopySafeHook):
+    """Post-accumulate-grad hook of a parameter of layers whose inputs need no gradient: the moment its
+    gradient is accumulated is a mark the backward of those layers has reached (the last one is its end)."""
 
-    def __init__(self, stats: list[_LayerStats], clock: Clock) -> None:
+    __slots__ = ("index", "timing")
+
+    def __init__(self, timing: _TimingStep, index: int) -> None:
+        self.timing = timing
+        self.index = index
+
+    def __call__(self, _p: torch.Tensor) -> None:
+        self.timing.marks.append((self.index, "param_end", self.timing.clock.mark()))
+
+
+class _TimingStep:
+    """Instrumentation of the timing steps: forward around the call, backward between gradient hooks.
+
+    A layer's backward starts when its output gradient is complete and ends when its input gradient is. A
+    layer fed the raw batch (the first block of a CNN) has no input that requires grad, so nothing marks the
+    end there: its backward ends when the last of its parameters' gradients is accumulated (post-accumulate
+    hooks, registered only for such layers, only for the timing steps). A layer none of whose outputs requires
+    grad has no backward at all: 0 s."""
+
+    def __init__(self, stats: list[_LayerStats], clock: Clock, modules: Sequence[nn.Module]) -> None:
         self.stats = stats
         self.clock = clock
+        self.modules = modules
         self.marks: list[tuple[int, str, Any]] = []
+        self._param_hooked: set[int] = set()
+        self._handles: list[Any] = []
+        self.steps_with_backward = 0
+        """Timing steps in which any traced layer's backward started."""
+
+    def _hook_params(self, i: int) -> None:
+        """Mark layer i's backward end from its parameters' gradient accumulation (see the class docstring)."""
+        self._param_hooked.add(i)
+        for p in self.modules[i].parameters():
+            if p.requires_grad:
+                self._handles.append(p.register_post_accumulate_grad_hook(_ParamEnd(self, i)))
+
+    def remove(self) -> None:
+        """Take the parameter hooks off (after the timing steps)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
 
     # LayerCalls (memsched.runtime.wrapping): around each traced layer's forward.
 
@@ -201,18 +312,26 @@ class _TimingStep:
 
     def enter(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, set[str]]:
         fired: set[str] = set()
+        needs_grad = False
         for t in _input_tensors(args, kwargs):
             if t.requires_grad:
+                needs_grad = True
                 t.register_hook(self._grad_mark(i, "bwd_end", fired))
+        if not needs_grad and i not in self._param_hooked:
+            self._hook_params(i)
         return self.clock.mark(), fired
 
     def leave(self, i: int, token: tuple[Any, set[str]], out: Any) -> None:
         b = self.clock.mark()
         a, fired = token
         self.marks.append((i, "fwd", (a, b)))
+        grad_out = False
         for _, t in flatten(out):
             if t.requires_grad:
+                grad_out = True
                 t.register_hook(self._grad_mark(i, "bwd_start", fired))
+        if not grad_out:
+            self.marks.append((i, "no_grad", None))
 
     def fail(self, i: int, token: tuple[Any, set[str]]) -> None:
         return None
@@ -221,26 +340,43 @@ class _TimingStep:
         """After a step: turn the marks into per-layer times."""
         self.clock.finish()
         fwd: dict[int, float] = {}
-        start: dict[int, Any] = {}
         end: dict[int, Any] = {}
-        seq: list[tuple[int, str, Any]] = []
+        param_end: dict[int, Any] = {}
+        started: dict[int, int] = {}  # layer -> backward starts seen so far
+        no_grad: set[int] = set()
+        seq: list[tuple[int, Any]] = []
         for i, kind, tok in self.marks:
             if kind == "fwd":
                 fwd[i] = fwd.get(i, 0.0) + self.clock.seconds(*tok)
             elif kind == "bwd_start":
-                start.setdefault(i, tok)
-                seq.append((i, kind, tok))
-            else:
+                seq.append((i, tok))
+                started[i] = started.get(i, 0) + 1
+            elif kind == "bwd_end":
                 end.setdefault(i, tok)
-        # A layer's backward ends when its input gradient is complete or, failing a hook there (an input
-        # that does not require grad), when the next layer's backward starts.
-        starts = [(i, tok) for i, kind, tok in seq]
+            elif kind == "param_end" and started.get(i) == 1:
+                # The last parameter mark within the layer's first backward (a second backward of the layer
+                # in one step, gradient accumulation, begins with a second bwd_start).
+                param_end[i] = tok
+            elif kind == "no_grad":
+                no_grad.add(i)
+        # The first backward of each layer (gradient accumulation, shared modules: later ones are ignored).
+        first: dict[int, Any] = {}
+        for i, tok in seq:
+            first.setdefault(i, tok)
+        if seq:
+            self.steps_with_backward += 1
+        # A layer's backward ends when its input gradient is complete; failing a hook there (an input that
+        # does not require grad), when its last parameter gradient is accumulated; failing that, when the
+        # next layer's backward starts.
+        starts = list(first.items())
         for k, (i, tok) in enumerate(starts):
-            stop = end.get(i)
+            stop = end.get(i, param_end.get(i))
             if stop is None and k + 1 < len(starts):
                 stop = starts[k + 1][1]
             if stop is not None:
                 self.stats[i].backward_s.append(max(self.clock.seconds(tok, stop), 0.0))
+        for i in no_grad - set(first):
+            self.stats[i].backward_s.append(0.0)  # nothing of it needs a gradient: no backward to time
         for i, s in fwd.items():
             self.stats[i].forward_s.append(s)
         self.marks.clear()
@@ -331,11 +467,19 @@ def _time_layers(
     step_fn: StepFn, modules: Sequence[nn.Module], stats: list[_LayerStats], clock: Clock, steps: int
 ) -> None:
     """Timing steps: per-layer forward and backward times into `stats`."""
-    timing = _TimingStep(stats, clock)
-    with wrapped(modules, timing):
-        for _ in range(steps):
-            step_fn()
-            timing.collect()
+    timing = _TimingStep(stats, clock, modules)
+    try:
+        with wrapped(modules, timing):
+            for _ in range(steps):
+                step_fn()
+                timing.collect()
+    finally:
+        timing.remove()
+    if not timing.steps_with_backward:
+        raise TraceCheckError(
+            "step: no backward ran through the traced layers; the step function must compute the loss and "
+            "call loss.backward() (not under torch.no_grad()), as Workload.step does"
+        )
 
 
 def _memory_step(
@@ -344,12 +488,12 @@ def _memory_step(
     modules: Sequence[nn.Module],
     stats: list[_LayerStats],
     device: torch.device,
-    optimizer: torch.optim.Optimizer | None,
+    optimizers: Sequence[torch.optim.Optimizer],
 ) -> tuple[_MemoryStep, StepMemory]:
     """One instrumented step, measured whole (after a plain priming step on the CPU)."""
     meter = MemoryMeter(device)
     mem = _MemoryStep(model, stats, modules, meter)
-    handle = optimizer.register_step_pre_hook(lambda *_a: meter.mark("optimizer")) if optimizer is not None else None
+    handles = [o.register_step_pre_hook(lambda *_a: meter.mark("optimizer")) for o in optimizers]
 
     def instrumented() -> None:
         with wrapped(modules, mem), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
@@ -358,8 +502,9 @@ def _memory_step(
     try:
         whole = meter.measure(instrumented, prime=step_fn)
     finally:
-        if handle is not None:
-            handle.remove()
+        mem.forget_graph()
+        for h in handles:
+            h.remove()
     missing = [stats[i].name for i in range(len(stats)) if i not in mem.order]
     if missing:
         raise MemschedError(
@@ -414,6 +559,104 @@ def _device_info(device: torch.device, measure_bandwidth: bool, layers: Sequence
     )
 
 
+@dataclass
+class TraceReport:
+    """What the tracer noticed beyond the Trace's own fields (also logged as warnings)."""
+
+    unowned: list[tuple[str, int]] = field(default_factory=list)
+    """Bytes saved by ops between two traced layers, outside both (a norm, a residual add between
+    sub-module layers), per gap: (the layer after which they were saved, bytes). No layer owns them, so no
+    schedule moves them; the stage peaks they are live in (the layers' workspace) hold them."""
+    optimizers: list[str] = field(default_factory=list)
+    """Class names of the optimizers whose state the trace counts."""
+    warnings: list[str] = field(default_factory=list)
+    """Every warning the tracer logged, one line each."""
+
+    @property
+    def unowned_bytes(self) -> int:
+        """All the bytes no layer owns. They are all live when the backward starts, so they add up to this
+        much to the smallest feasible budget, which covering them by traced layers could save."""
+        return sum(b for _, b in self.unowned)
+
+    def warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+        log.warning("%s", msg)
+
+
+def _optimizers_run(model: nn.Module, seen: Sequence[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
+    """The optimizers among `seen` that step at least one of the model's parameters."""
+    mine = {id(p) for p in model.parameters()}
+    return [o for o in seen if any(id(p) in mine for g in o.param_groups for p in g["params"])]
+
+
+def _check_optimizers(
+    model: nn.Module,
+    given: torch.optim.Optimizer | None,
+    seen: Sequence[torch.optim.Optimizer],
+    report: TraceReport,
+) -> list[torch.optim.Optimizer]:
+    """The optimizers whose state is static memory: the one given, and any other that the step ran over the
+    model's parameters (a step that builds or holds its own). A given one that never stepped is an error: its
+    state would be counted as whatever it holds now (0 B for a fresh Adam)."""
+    ran = _optimizers_run(model, seen)
+    if given is not None and all(o is not given for o in seen):
+        raise TraceCheckError(
+            f"optimizer: the step never called step() on the given {type(given).__name__}, so its state would be "
+            "missing from the trace; call optimizer.step() in the step function (as Workload.step does), or give "
+            "the optimizer the step really uses"
+        )
+    out = [given] if given is not None else []
+    out += [o for o in ran if all(o is not g for g in out)]
+    if given is not None and len(out) > 1:
+        report.warn(
+            f"optimizer: the step also ran {', '.join(type(o).__name__ for o in out[1:])} over the model's "
+            "parameters; its state is counted too"
+        )
+    elif given is None and out:
+        log.info("optimizer: counting the state of %s, which the step ran", ", ".join(type(o).__name__ for o in out))
+    elif not out:
+        report.warn(
+            "optimizer: the step ran no torch.optim optimizer over the model's parameters, so the trace counts "
+            "no optimizer state (0 B); if you train with one, give it: Workload(optimizer=...) in the factory, "
+            "or trace(..., optimizer=...)"
+        )
+    report.optimizers = [type(o).__name__ for o in out]
+    return out
+
+
+def _check_times(layers: Sequence[Layer], step_s: float, report: TraceReport) -> None:
+    """Per-layer times are parts of the step: far more than the step means they were inflated."""
+    parts = sum(x.forward_s + x.backward_s for x in layers)
+    ratio = parts / step_s if step_s > 0 else float("inf")
+    if ratio <= STEP_PARTS_WARN:
+        return
+    msg = (
+        f"times: the layers' forward + backward sum to {format_seconds(parts)}, {ratio:.1f}x the measured step "
+        f"({format_seconds(step_s)}) that contains them: the per-layer timings were inflated (CPU contention or "
+        "too many threads); re-trace with --threads 1 (torch.set_num_threads(1)) on a quieter machine, or with "
+        "more --steps"
+    )
+    if ratio > STEP_PARTS_FAIL:
+        raise TraceCheckError(msg)
+    report.warn(msg)
+
+
+def _check_unowned(mem: _MemoryStep, stats: Sequence[_LayerStats], report: TraceReport) -> None:
+    """Say which bytes no traced layer owns and what they cost the smallest feasible budget."""
+    gaps = mem.between_bytes()
+    report.unowned = [(stats[mem.order[k - 1]].name, b) for k, b in sorted(gaps.items())]
+    if not report.unowned:
+        return
+    where = ", ".join(f"{format_bytes(b)} after {name!r}" for name, b in report.unowned[:3])
+    more = f" and {len(report.unowned) - 3} more gaps" if len(report.unowned) > 3 else ""
+    report.warn(
+        f"layers: {format_bytes(report.unowned_bytes)} of activations are saved by ops between the traced layers "
+        f"({where}{more}) and belong to no layer: no schedule can free them, and as they are all live when the "
+        f"backward starts they add up to {format_bytes(report.unowned_bytes)} to the smallest feasible budget; "
+        "select layers that cover them (the enclosing blocks, the default, or a wider --layer-pattern)"
+    )
+
+
 def trace(
     model: nn.Module,
     step_fn: StepFn,
@@ -431,7 +674,39 @@ def trace(
     warmup + 2 * steps + 2 times. Layers are the repeated blocks, or the modules whose names match `layers`
     (regexes). Times are medians over `steps` steps after the warm-up; memory is one whole measured step.
     On the CPU (glibc) it keeps freed memory in the process from then on, heap untrimmed and no mmap
-    (memsched.runtime.hostalloc), so that page faults do not move the step times it records."""
+    (memsched.runtime.hostalloc), so that page faults do not move the step times it records.
+
+    It refuses (TraceCheckError) a trace that cannot be right: a step that runs no backward, per-layer times
+    far above the step, a given optimizer the step never steps. See `trace_with_report` for the warnings."""
+    return trace_with_report(
+        model,
+        step_fn,
+        layers=layers,
+        steps=steps,
+        warmup=warmup,
+        model_id=model_id,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        optimizer=optimizer,
+        measure_bandwidth=measure_bandwidth,
+    )[0]
+
+
+def trace_with_report(
+    model: nn.Module,
+    step_fn: StepFn,
+    *,
+    layers: Sequence[str] | None = None,
+    steps: int = 5,
+    warmup: int = 2,
+    model_id: str | None = None,
+    batch_size: int = 1,
+    seq_len: int | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    measure_bandwidth: bool = True,
+) -> tuple[Trace, TraceReport]:
+    """`trace`, and what the tracer noticed beyond the trace's fields (bytes no layer owns, the optimizers
+    counted, the warnings it logged)."""
     if steps < 1 or warmup < 0:
         raise MemschedError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
     found = find_layers(model, layers)
@@ -439,20 +714,38 @@ def trace(
     device = p0.device if p0 is not None else torch.device("cpu")
     modules = [m for _, m in found]
     stats = [_LayerStats(name, type(m).__name__) for name, m in found]
+    report = TraceReport()
     if device.type == "cpu":
         # The replay's measurement keeps freed memory in the process (memsched.runtime.hostalloc); the times
         # it is compared with are taken the same way.
         steady_host_allocator()
 
-    for _ in range(warmup):
-        step_fn()
-    step_s = statistics.median(time_steps(step_fn, device, steps))  # the in-core step
+    # Which optimizers the step really runs (a global step hook: a factory's own step may hold its own).
+    stepped: list[torch.optim.Optimizer] = []
+
+    def on_step(opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        if all(o is not opt for o in stepped):
+            stepped.append(opt)
+
+    hook = register_optimizer_step_post_hook(on_step)
+    try:
+        for _ in range(warmup):
+            step_fn()
+        step_s = statistics.median(time_steps(step_fn, device, steps))  # the in-core step
+    finally:
+        hook.remove()
+    optimizers = _check_optimizers(model, optimizer, stepped, report)
     _time_layers(step_fn, modules, stats, Clock(device), steps)
-    mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizer)
-    static = static_bytes(model, optimizer)
+    mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizers)
+    static = static_bytes(model, optimizers[0] if optimizers else None)
+    for extra in optimizers[1:]:
+        static.optimizer_state += static_bytes(model, extra).optimizer_state
     static.other += sum(nbytes for _, nbytes in mem.outside.values())
     workspace = fit_workspace([stats[i] for i in mem.order], static.total, whole)
-    return Trace(
+    traced = _layers(stats, mem.order, workspace)
+    _check_times(traced, step_s, report)
+    _check_unowned(mem, stats, report)
+    tr = Trace(
         model=model_id or type(model).__name__,
         batch_size=batch_size,
         seq_len=seq_len,
@@ -462,5 +755,6 @@ def trace(
         device=_device_info(device, measure_bandwidth, stats),
         static=static,
         baseline=Baseline(step_s=step_s, peak_bytes=int(whole.peak_bytes)),
-        layers=_layers(stats, mem.order, workspace),
+        layers=traced,
     )
+    return tr, report
