@@ -21,15 +21,19 @@ class ScheduleMismatchError(MemschedError):
 class InfeasibleBudgetError(MemschedError):
     """No schedule fits the budget. Carries the smallest budget that is feasible, computed, not guessed."""
 
-    def __init__(self, budget_bytes: int, min_feasible_bytes: int, detail: str = "") -> None:
+    def __init__(self, budget_bytes: int, min_feasible_bytes: int, detail: str = "", proven: bool = True) -> None:
         self.budget_bytes = budget_bytes
         self.min_feasible_bytes = min_feasible_bytes
+        self.proven = proven
+        """False when `min_feasible_bytes` is a budget known to fit, but the search for a smaller one was cut
+        short by the time limit (a plan restricted to keep and recompute)."""
         from memsched.units import format_bytes
 
+        smallest = "the smallest feasible budget" if proven else "the smallest budget found to fit (a smaller one " \
+            "may exist: the search for it ran out of time)"
         msg = (
-            f"budget: {format_bytes(budget_bytes)} ({budget_bytes} bytes) is infeasible; the smallest feasible "
-            f"budget for this trace is {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes). "
-            "Raise --budget to at least that"
+            f"budget: {format_bytes(budget_bytes)} ({budget_bytes} bytes) is infeasible; {smallest} for this trace "
+            f"is {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes). Raise --budget to at least that"
         )
         if detail:
             msg += f" ({detail})"

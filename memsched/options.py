@@ -13,9 +13,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from memsched.errors import MemschedError
+from memsched.schema import Action, Trace
 
 
 class SolverName(StrEnum):
@@ -59,6 +60,27 @@ class SolveOptions(BaseModel):
     max_segment: int | None = Field(default=None, ge=1, le=MAX_WINDOW)
     """MILP segment cap L: the longest recompute segment the MILP may choose (None: n on small traces, else 16).
     The DP has no cap."""
+    actions: list[Action] | None = None
+    """Actions a plan may use, e.g. keep,recompute; keep is always among them. None: keep, offload and recompute,
+    except on a trace measured on the CPU, where host memory is device memory and an offload lowers no peak:
+    keep and recompute (give keep,offload,recompute to emulate offload there)."""
+
+    @field_validator("actions")
+    @classmethod
+    def _actions(cls, v: list[Action] | None) -> list[Action] | None:
+        if v is None:
+            return None
+        if Action.KEEP not in v:
+            raise ValueError("must include keep (every plan keeps some layers), e.g. keep,recompute")
+        return [a for a in Action if a in v]  # one order and no repeats: equal sets are equal options
+
+    def allowed_actions(self, trace: Trace) -> frozenset[Action]:
+        """The actions a plan for `trace` may use (see `actions`)."""
+        if self.actions is not None:
+            return frozenset(self.actions)
+        if trace.device.is_host:
+            return frozenset({Action.KEEP, Action.RECOMPUTE})
+        return frozenset(Action)
 
     @classmethod
     def from_user(cls, **values: Any) -> SolveOptions:
@@ -75,8 +97,13 @@ class SolveOptions(BaseModel):
         return self.solver in MILP_SOLVERS
 
     def job_fields(self) -> dict[str, Any]:
-        """The options as JSON values: what a job row stores and what its cache key hashes."""
-        return self.model_dump(mode="json")
+        """The options as JSON values: what a job's cache key hashes. Fields added after the first five leave
+        the key when unset, so the jobs stored before they existed keep their keys (and their answers)."""
+        out = self.model_dump(mode="json")
+        for name in _ADDED_LATER:
+            if out.get(name) is None:
+                out.pop(name, None)
+        return out
 
 
 @dataclass(frozen=True)
@@ -88,6 +115,9 @@ class SolveResources:
     export_model: Path | None = None
     """Where to write the MILP model (LP/MPS or CP-SAT proto) for reproduction, if anywhere (the CLI's)."""
 
+
+_ADDED_LATER = ("actions",)
+"""Options added after memsched 0.1's solver, time_limit_s, gap, window and max_segment (see job_fields)."""
 
 _FLAG = {name: "--" + name.removesuffix("_s").replace("_", "-") for name in SolveOptions.model_fields}
 """The CLI flag of each option (time_limit_s -> --time-limit)."""

@@ -62,6 +62,12 @@ class DeviceInfo(_Strict):
     """True when copies overlap compute (a GPU's copy engines). False when they run on the compute thread
     (the CPU): every offload is then synchronous and its whole copy time is stall."""
 
+    @property
+    def is_host(self) -> bool:
+        """Measured on the CPU (the tracer names it 'cpu (...)'): host memory is this device's memory, so an
+        offload moves bytes without lowering the process's peak."""
+        return self.name.lower().startswith("cpu")
+
 
 class StaticBytes(_Strict):
     """Memory no schedule can move: parameters, their gradients and optimizer state."""

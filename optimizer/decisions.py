@@ -119,6 +119,7 @@ def to_actions(trace: Trace, decisions: list[Decision]) -> list[LayerAction]:
 
 
 __all__ = [
+    "ALL_ACTIONS",
     "KEEP",
     "Decision",
     "decisions_from_schedule",
@@ -128,4 +129,14 @@ __all__ = [
     "recompute",
     "segment_ends",
     "to_actions",
+    "uses_only",
 ]
+
+
+ALL_ACTIONS: frozenset[Action] = frozenset(Action)
+"""Every action: what a plan may use unless the solve options restrict it."""
+
+
+def uses_only(decisions: list[Decision], allowed: frozenset[Action]) -> bool:
+    """Whether every decision's action is one of `allowed`."""
+    return all(d.action in allowed for d in decisions)

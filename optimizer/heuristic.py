@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from memsched.optimizer.budget import min_feasible_decisions
-from memsched.optimizer.decisions import KEEP, Decision, group_start, offload_all, recompute
+from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, group_start, offload_all, recompute
 from memsched.optimizer.simulate import (
     D2H,
     H2D,
@@ -71,8 +71,9 @@ def _checkpoint_delta(trace: Trace, a: int, deps: set[int], held_from: dict[int,
     return out
 
 
-def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
-    """Action choice of the greedy (timing unset). May leave the budget exceeded; see `heuristic`."""
+def greedy_decisions(trace: Trace, budget_bytes: int, allowed: frozenset[Action] = ALL_ACTIONS) -> list[Decision]:
+    """Action choice of the greedy among the `allowed` actions (timing unset). May leave the budget exceeded;
+    see `heuristic`."""
     n = trace.n
     last = 2 * n - 1
     limit = budget_bytes - trace.static.total
@@ -101,10 +102,10 @@ def greedy_decisions(trace: Trace, budget_bytes: int) -> list[Decision]:
     # input must hold that same input as its checkpoint; a segment holds only what enters it).
     seg_max = 8 if n <= 2000 else 3
     heap: list[tuple[float, int, str, int]] = []
-    for i in range(n - 1):
+    for i in range(n - 1 if Action.OFFLOAD in allowed else 0):
         if sizes[i] > 0:
             heapq.heappush(heap, (-sizes[i] / (offload_cost(i) + _EPS_S), i, "offload", i))
-    for a in range(n - 1):
+    for a in range(n - 1 if Action.RECOMPUTE in allowed else 0):
         freed, cost = 0, 0.0
         for b in range(a, min(a + seg_max, n - 1)):
             freed += sizes[b]
@@ -173,11 +174,13 @@ def fix_prefetch_order(decisions: list[Decision]) -> list[Decision]:
     return out
 
 
-def heuristic(trace: Trace, budget_bytes: int) -> HeuristicResult:
-    """A feasible schedule for any feasible budget (callers check feasibility first)."""
-    decisions = default_timing(trace, greedy_decisions(trace, budget_bytes), budget_bytes)
+def heuristic(trace: Trace, budget_bytes: int, allowed: frozenset[Action] = ALL_ACTIONS) -> HeuristicResult:
+    """A feasible schedule for any feasible budget (callers check feasibility first), of the `allowed` actions.
+    Without offload the tightening below is not available: the schedule may then be over budget, and the
+    caller judges it by its simulation."""
+    decisions = default_timing(trace, greedy_decisions(trace, budget_bytes, allowed), budget_bytes)
     sim = simulate(trace, decisions, budget_bytes, with_events=False)
-    if not sim.feasible:
+    if not sim.feasible and Action.OFFLOAD in allowed:
         # The greedy's recomputes can hold more inputs than they free; make every layer whose
         # interior covers an over-budget stage a synchronous offload (the pointwise memory minimum).
         log.debug("greedy schedule over budget (%d > %d); tightening", sim.peak_bytes, budget_bytes)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from memsched.optimizer.decisions import KEEP, Decision, group_start, offload_subset, recompute
+from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, group_start, offload_subset, recompute
 from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, KIND_START, FastSim
 from memsched.optimizer.heuristic import fix_prefetch_order
 from memsched.optimizer.simulate import SimResult, simulate
@@ -85,13 +85,17 @@ def _decisions(trace: Trace, genes: list[Gene]) -> list[Decision]:
     return out
 
 
-def _options(trace: Trace) -> list[list[Gene]]:
-    """The genes each layer may take. The last layer is never offloaded (its interior is empty)."""
+def _options(trace: Trace, allowed: frozenset[Action] = ALL_ACTIONS) -> list[list[Gene]]:
+    """The genes each layer may take, of the `allowed` actions. The last layer is never offloaded (its interior
+    is empty)."""
     out: list[list[Gene]] = []
+    recompute_ok = Action.RECOMPUTE in allowed
     for i, layer in enumerate(trace.layers):
         pos = [q for q, b in enumerate(layer.tensors) if b > 0]
-        opts: list[Gene] = ["K", "S", "R"] if i > 0 else ["K", "S"]
-        if pos and i < trace.n - 1:
+        opts: list[Gene] = ["K"]
+        if recompute_ok:
+            opts += ["S", "R"] if i > 0 else ["S"]
+        if pos and i < trace.n - 1 and Action.OFFLOAD in allowed:
             if len(pos) <= _MAX_SUBSET_TENSORS:
                 opts += [tuple(s) for r in range(1, len(pos) + 1) for s in itertools.combinations(pos, r)]
             else:
@@ -221,10 +225,11 @@ def _retime(trace: Trace, budget_bytes: int, sim: SimResult, deadline: float) ->
 
 
 def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s: float,
-           seed: int = 0) -> PolishResult:
+           seed: int = 0, allowed: frozenset[Action] = ALL_ACTIONS) -> PolishResult:
     """Improve a feasible schedule by one-layer changes within `time_limit_s` (see the module docstring).
     `start` keeps its own timing as the reference; the search re-times every candidate with
-    `default_timing`. Deterministic for a given seed, up to where the time limit cuts it."""
+    `default_timing`. Deterministic for a given seed, up to where the time limit cuts it. Moves use only the
+    `allowed` actions (the start must too)."""
     t0 = time.perf_counter()
     end = t0 + max(0.0, time_limit_s)
     ref = simulate(trace, start, budget_bytes, with_events=False)
@@ -233,7 +238,7 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
     # The loop checks the clock between evaluations; what follows it simulates twice with the Python
     # simulator (timed just now on the start: ~16 ms on a 1,000-layer trace), so stop early enough for that.
     deadline = end - 3 * (time.perf_counter() - t0)
-    options = _options(trace)
+    options = _options(trace, allowed)
     rng = random.Random(seed)
     genes = _genes(start)
     evaluate = _Evaluator(trace, budget_bytes, genes)

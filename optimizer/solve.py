@@ -29,10 +29,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memsched.errors import SolverError
+from memsched.errors import MemschedError, SolverError
+from memsched.optimizer.actions import check_feasible, restrict
 from memsched.optimizer.baselines import evaluate_baselines
-from memsched.optimizer.budget import check_budget_feasible
-from memsched.optimizer.decisions import KEEP, Decision
+from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, uses_only
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.ilp.cbc import grace_s
 from memsched.optimizer.ilp.model import MilpModel, build_model
@@ -41,7 +41,7 @@ from memsched.optimizer.ilp.warm import representable
 from memsched.optimizer.polish import polish
 from memsched.optimizer.simulate import SimResult, make_schedule, simulate, stage_memory
 from memsched.options import SolveOptions, SolveResources, SolverName
-from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
+from memsched.schema import Action, Schedule, SolverRecord, SolverStatus, Trace
 
 if TYPE_CHECKING:
     from memsched.optimizer.dp import DpOutcome, DpProblem
@@ -161,10 +161,12 @@ def plain_summary(status: SolverStatus, objective_s: float, bound_s: float, boun
     return sentence
 
 
-def _candidates(trace: Trace, budget_bytes: int) -> list[Candidate]:
-    out = [Candidate("heuristic", heuristic(trace, budget_bytes).sim)]
+def _candidates(trace: Trace, budget_bytes: int, allowed: frozenset[Action]) -> list[Candidate]:
+    """The heuristic's and the baselines' schedules that fit and use only the `allowed` actions."""
+    out = [Candidate("heuristic", heuristic(trace, budget_bytes, allowed).sim)]
     out += [Candidate(r.policy, r.sim) for r in evaluate_baselines(trace, budget_bytes) if r.feasible]
-    return sorted((c for c in out if c.sim.feasible), key=lambda c: c.sim.overhead_s)
+    ok = (c for c in out if c.sim.feasible and uses_only(c.sim.decisions, allowed))
+    return sorted(ok, key=lambda c: c.sim.overhead_s)
 
 
 def _best_start(m: MilpModel, starts: list[list[Decision]]) -> list[Decision] | None:
@@ -182,10 +184,10 @@ def _best_start(m: MilpModel, starts: list[list[Decision]]) -> list[Decision] | 
     return best[1] if best is not None else None
 
 
-def _model_is_exact(m: MilpModel) -> bool:
+def _model_is_exact(m: MilpModel, offload: bool) -> bool:
     """Whether the MILP's windows cover every schedule of its trace (then its bound is a true bound)."""
     n = m.trace.n
-    timing_free = m.window >= n - 1 or not m.trace.device.concurrent_copies
+    timing_free = m.window >= n - 1 or not m.trace.device.concurrent_copies or not offload
     return timing_free and m.max_segment >= n
 
 
@@ -239,28 +241,33 @@ BACKENDS: dict[SolverName, Backend] = {
 
 def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend: SolverName,
                  starts: list[list[Decision]], deadline: float,
-                 resources: SolveResources) -> tuple[Outcome, bool]:
-    """One MILP run (windows from `options`) that ends by `deadline` (perf_counter), model building
-    included; returns its outcome and whether its model is exact (windows cover everything)."""
-    m = build_model(trace, budget_bytes, options.window, options.max_segment)
+                 resources: SolveResources, offload: bool = True) -> tuple[Outcome, bool]:
+    """One MILP run (windows from `options`; `offload=False`: the recompute-only model) that ends by `deadline`
+    (perf_counter), model building included; returns its outcome and whether its model is exact (windows
+    cover everything)."""
+    m = build_model(trace, budget_bytes, options.window, options.max_segment, offload=offload)
     warm = _best_start(m, starts)
     time_limit_s = backend_limit(deadline - time.perf_counter())
     entry = BACKENDS[backend]
     if resources.export_model is not None:
         entry.export(m, resources.export_model)
-    return entry.solve(m, time_limit_s, options.gap, warm, resources.threads), _model_is_exact(m)
+    return entry.solve(m, time_limit_s, options.gap, warm, resources.threads), _model_is_exact(m, offload)
 
 
 class _Flow:
     """One solve: the candidates found so far, the best true bound, and what each phase said."""
 
     def __init__(self, trace: Trace, budget_bytes: int, options: SolveOptions, resources: SolveResources,
-                 t0: float) -> None:
+                 t0: float, allowed: frozenset[Action], found: SimResult | None = None) -> None:
         self.trace, self.budget, self.options, self.resources, self.t0 = trace, budget_bytes, options, resources, t0
+        self.allowed = allowed
+        """The actions plans may use (SolveOptions.allowed_actions)."""
         self.deadline = t0 + options.time_limit_s
         self.reserve = _RESERVE_S + _RESERVE_PER_LAYER_S * trace.n
-        self.cands = _candidates(trace, budget_bytes)
-        assert self.cands, "a feasible budget always admits the heuristic's schedule"
+        self.cands = _candidates(trace, budget_bytes, allowed)
+        if found is not None:  # the DP's plan from the feasibility check (keep / recompute plans)
+            self.add("dp", found)
+        assert self.cands, "a feasible budget admits the heuristic's schedule, a baseline or the DP's"
         self.bound = 0.0
         """Best lower bound on every schedule's overhead proved so far (0 always holds)."""
         self.bound_source = "none"
@@ -284,7 +291,7 @@ class _Flow:
         if self._problem is None:
             from memsched.optimizer.dp import build_problem  # numba loads here, not on every CLI start
 
-            self._problem = build_problem(self.trace, self.budget, self.deadline)
+            self._problem = restrict(build_problem(self.trace, self.budget, self.deadline), self.allowed)
         return self._problem
 
     @property
@@ -344,7 +351,7 @@ class _Flow:
         limit = until - time.perf_counter()
         if limit <= 0.05:
             return
-        res = polish(self.trace, self.budget, self.best.sim.decisions, limit)
+        res = polish(self.trace, self.budget, self.best.sim.decisions, limit, allowed=self.allowed)
         if res.improved:
             self.add("local-search", res.sim)
 
@@ -407,7 +414,8 @@ class _Flow:
             options = options.model_copy(update={"window": self.trace.n, "max_segment": self.trace.n})
         starts = [c.sim.decisions for c in self.cands]
         outcome, exact = _run_backend(self.trace, self.budget, options, backend, starts,
-                                      self.deadline - self.reserve, self.resources)
+                                      self.deadline - self.reserve, self.resources,
+                                      offload=Action.OFFLOAD in self.allowed)
         self.outcome = outcome
         if outcome.status == SolverStatus.INFEASIBLE:
             raise SolverError(
@@ -473,13 +481,22 @@ def _zero_overhead(trace: Trace, budget_bytes: int, best: Candidate, wall: float
 
 def _heuristic_only(trace: Trace, budget_bytes: int, flow: _Flow) -> SolveReport:
     best = flow.best
-    heur = next(c for c in flow.cands if c.name == "heuristic")
+    heur = next((c for c in flow.cands if c.name == "heuristic"), None)
     msg = "greedy heuristic"
-    if best.name != "heuristic" and best.sim.overhead_s < heur.sim.overhead_s * (1 - _REL_TOL):
+    if heur is None:
+        msg = f"the {best.name} schedule (the greedy heuristic's did not fit with these actions)"
+    elif best.name != "heuristic" and best.sim.overhead_s < heur.sim.overhead_s * (1 - _REL_TOL):
         msg = f"the {best.name} baseline beats the greedy heuristic ({best.sim.overhead_s:.6g} s vs " \
               f"{heur.sim.overhead_s:.6g} s overhead)"
     rec = _record(best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, time.perf_counter() - flow.t0, msg)
     return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
+
+
+_FEASIBILITY_SHARE = 0.5
+"""Without offload, the DP that settles a budget below the best baseline gets up to this share of the limit."""
+_HOST_NOTE = ("planned keep and recompute only: this trace was measured on the CPU, where host memory is the "
+              "device's memory and an offload lowers no peak (--actions keep,offload,recompute emulates offload)")
+"""Said with every plan whose actions the CPU default restricted."""
 
 
 class Step(StrEnum):
@@ -513,29 +530,40 @@ class Phase:
     """MILP phases: windows W = L = n, so the model covers every schedule and its bound is a true bound."""
 
 
-def plan_for(solver: SolverName, n_layers: int) -> list[Phase]:
+def plan_for(solver: SolverName, n_layers: int, allowed: frozenset[Action] = ALL_ACTIONS) -> list[Phase]:
     """The phases `solver` runs on a trace of `n_layers` layers, in order (docs/formulation.md, 'How solve()
     proceeds'). Candidates first (beam DP, local search; long traces give the local search the larger share,
-    as the exact DP rarely finishes there), then the FIFO sweep's probe, then what proves the bound."""
+    as the exact DP rarely finishes there), then the FIFO sweep's probe, then what proves the bound.
+
+    With some actions left out (`allowed`): the FIFO sweep only matters where copies and recompute meet (with
+    no offload there are no copies, and the fluid sweep is exact); the MILP always models recompute, so
+    without it the local search takes its place (a MILP asked for by name is refused up front)."""
     if solver == SolverName.HEURISTIC:
         return []
     long_trace = n_layers > _LONG_TRACE
     searches = [
         Phase(Step.BEAM, _BEAM_SHARE / 2 if long_trace else _BEAM_SHARE, only_if_open=False),
         Phase(Step.POLISH, _POLISH_SHARE_LONG if long_trace else _POLISH_SHARE, only_if_open=False),
-        Phase(Step.FIFO_PROBE, only_if_open=False),
     ]
+    if allowed == ALL_ACTIONS:
+        searches.append(Phase(Step.FIFO_PROBE, only_if_open=False))
     if solver in BACKENDS:
+        if Action.RECOMPUTE not in allowed:
+            raise MemschedError(
+                f"solver: {solver} solves a model that always includes recompute, so it cannot plan without it; "
+                "use --solver auto or dp with these --actions"
+            )
         # A true bound first (the DP), then the backend asked for by name with the rest of the time.
         return [*searches, Phase(Step.EXACT_DP, _DP_SHARE_BEFORE_MILP),
                 Phase(Step.MILP, only_if_open=False, backend=solver)]
     # The exact DP gets most of what is left; where it cannot finish, the FIFO sweep may run again, and the
     # last part goes to the exact-window MILP (auto, small traces) or to the local search.
-    last = (Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True)
-            if solver == SolverName.AUTO and n_layers <= AUTO_MILP_MAX_LAYERS
+    milp_ok = solver == SolverName.AUTO and n_layers <= AUTO_MILP_MAX_LAYERS and Action.RECOMPUTE in allowed
+    last = (Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True) if milp_ok
             else Phase(Step.POLISH, 1.0, min_left_s=0.2))
     dp = Phase(Step.EXACT_DP) if solver == SolverName.DP else Phase(Step.EXACT_DP, _DP_UNTIL, from_start=True)
-    return [*searches, dp, Phase(Step.FIFO_AGAIN), last]
+    fifo_again = [Phase(Step.FIFO_AGAIN)] if allowed == ALL_ACTIONS else []
+    return [*searches, dp, *fifo_again, last]
 
 
 def _run_phase(flow: _Flow, phase: Phase) -> None:
@@ -564,16 +592,24 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
                  resources: SolveResources | None = None) -> SolveReport:
     """solve(), with the phases' raw results kept."""
     options = options or SolveOptions()
+    return _with_host_note(_solve_report(trace, budget_bytes, options, resources), options, trace)
+
+
+def _solve_report(trace: Trace, budget_bytes: int, options: SolveOptions,
+                  resources: SolveResources | None) -> SolveReport:
     t0 = time.perf_counter()
-    check_budget_feasible(trace, budget_bytes)
+    allowed = options.allowed_actions(trace)
+    phases = plan_for(options.solver, trace.n, allowed)  # refuses a combination it cannot plan, up front
+    # Without offload, a budget below the best baseline is settled by the exact DP (optimizer/actions.py),
+    # whose plan, where one fits, joins the candidates.
+    found = check_feasible(trace, budget_bytes, allowed, t0 + _FEASIBILITY_SHARE * options.time_limit_s)
     if max(stage_memory(trace, [KEEP] * trace.n)) + trace.static.total <= budget_bytes:
         rec = _record("keep-all", SolverStatus.OPTIMAL, 0.0, time.perf_counter() - t0,
                       "keep-all fits the budget: no overhead", bound=0.0)
         return SolveReport(make_schedule(trace, [KEEP] * trace.n, budget_bytes, "keep-all", rec), None, None)
-    flow = _Flow(trace, budget_bytes, options, resources or SolveResources(), t0)
+    flow = _Flow(trace, budget_bytes, options, resources or SolveResources(), t0, allowed, found)
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
-    phases = plan_for(options.solver, trace.n)
     if not phases:
         return _heuristic_only(trace, budget_bytes, flow)
     flow.prepare_kernels()
@@ -584,6 +620,15 @@ def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None =
         if flow.best.sim.overhead_s <= 0.0:
             return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     return flow.report()
+
+
+def _with_host_note(report: SolveReport, options: SolveOptions, trace: Trace) -> SolveReport:
+    """Say so in the answer when the CPU default, not the user, left offload out."""
+    if options.actions is None and options.allowed_actions(trace) != ALL_ACTIONS:
+        rec = report.schedule.solver
+        sentence = _HOST_NOTE[0].upper() + _HOST_NOTE[1:] + "."
+        report.schedule.solver = rec.model_copy(update={"message": f"{rec.message} {sentence}".strip()})
+    return report
 
 
 def solve(trace: Trace, budget_bytes: int, options: SolveOptions | None = None,

@@ -249,6 +249,7 @@ def solve(
     max_segment: Annotated[
         int | None, typer.Option(cli_flag("max_segment"), help=option_help("max_segment"))
     ] = None,
+    actions: Annotated[str | None, typer.Option(cli_flag("actions"), help=option_help("actions"))] = None,
     export_model: Annotated[
         Path | None, typer.Option("--export-model", help="Write the MILP model here (LP, MPS or CP-SAT text).")
     ] = None,
@@ -261,7 +262,12 @@ def solve(
     """Find the fastest schedule that fits the budget, and write it."""
     # SolveOptions checks the options itself (the same rules as the API's).
     options = SolveOptions.from_user(
-        solver=solver, time_limit_s=time_limit, gap=gap, window=window, max_segment=max_segment
+        solver=solver,
+        time_limit_s=time_limit,
+        gap=gap,
+        window=window,
+        max_segment=max_segment,
+        actions=[a.strip() for a in actions.split(",") if a.strip()] if actions is not None else None,
     )
     resources = SolveResources(export_model=export_model)
     tr = load_trace(trace)

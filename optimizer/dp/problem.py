@@ -100,6 +100,10 @@ class DpProblem:
     """Bytes between grid points of `future`."""
     _remaps: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict, repr=False)
     """Cache of remap_held's bit pairs."""
+    recompute: bool = True
+    """Whether plans may recompute (the solve options' actions); False: the sweeps emit no segments. (Without
+    offload, `offload` is empty for every layer.) The future-cost table assumes every action, so it stays a
+    valid lower bound under either restriction."""
 
     def remap_held(self, held: np.ndarray, src: int, dst: int) -> np.ndarray:
         """Held masks re-expressed from crossing[src] bit order in crossing[dst] bit order (producers that no

@@ -188,7 +188,8 @@ class _Sweep:
                 self._emit(k + 1, retained + (p.saved[k] - x), held_next, cost + extra, d2h, h2d, idx, k, o + 1)
             else:
                 self._emit(k + 1, retained + (p.saved[k] - x), held_next, cost, d2h + x, h2d + x, idx, k, o + 1)
-        self._segments(k, idx, retained, held, cost, d2h, h2d)
+        if p.recompute:
+            self._segments(k, idx, retained, held, cost, d2h, h2d)
 
     def _segments(self, k: int, idx: np.ndarray, retained: np.ndarray, held: np.ndarray, cost: np.ndarray,
                   d2h: np.ndarray, h2d: np.ndarray) -> None:

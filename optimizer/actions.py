@@ -1,0 +1,139 @@
+"""Plans restricted to some actions (SolveOptions.actions): the DP's problem without offload or without
+recompute, and the feasibility of a budget without offload.
+
+With offload allowed, the smallest feasible budget is exact and cheap (optimizer/budget.py: every layer
+offloaded synchronously is the pointwise memory minimum). Without offload there is no such closed form: the
+smallest budget a keep / recompute plan reaches is found by the exact DP (which is exact here: with no copies
+its fluid relaxation has nothing to relax), bisecting between a lower bound (that pointwise minimum) and the
+best recompute-only baseline. Where the DP cannot settle a budget in the time given, the answer says so
+rather than guessing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.optimizer.baselines import BASELINES
+from memsched.optimizer.budget import check_budget_feasible, min_feasible_budget
+from memsched.optimizer.decisions import ALL_ACTIONS, uses_only
+from memsched.optimizer.simulate import SimResult, simulate
+from memsched.schema import Action, Trace
+from memsched.units import format_bytes
+
+if TYPE_CHECKING:
+    from memsched.optimizer.dp.problem import DpProblem
+
+log = logging.getLogger(__name__)
+
+
+def restrict(p: DpProblem, allowed: frozenset[Action]) -> DpProblem:
+    """The DP's problem with only the `allowed` actions (in place; returns it)."""
+    if Action.OFFLOAD not in allowed:
+        p.offload = [[] for _ in range(p.n)]
+        p.offload_complete = True
+    p.recompute = Action.RECOMPUTE in allowed
+    return p
+
+
+def restricted_problem(trace: Trace, budget_bytes: int, allowed: frozenset[Action],
+                       deadline: float | None = None) -> DpProblem:
+    from memsched.optimizer.dp.problem import build_problem  # numba loads here, not on every CLI start
+
+    return restrict(build_problem(trace, budget_bytes, deadline), allowed)
+
+
+@dataclass
+class Verdict:
+    """What the DP established about one budget."""
+
+    feasible: bool | None
+    """True: a plan fits (`sim`); False: proven that none does; None: the DP could not tell in time."""
+    sim: SimResult | None = None
+    """The cheapest plan found, where one fits."""
+
+
+def dp_verdict(trace: Trace, budget_bytes: int, allowed: frozenset[Action], deadline: float) -> Verdict:
+    """Whether any plan of the `allowed` actions fits `budget_bytes`, by the exact DP without an incumbent."""
+    from memsched.optimizer.dp import exact_search  # numba loads here
+
+    if budget_bytes < trace.static.total:
+        return Verdict(False)
+    p = restricted_problem(trace, budget_bytes, allowed, deadline)
+    out = exact_search(trace, budget_bytes, deadline, None, 0.0, problem=p)
+    if out.schedules:
+        return Verdict(True, out.schedules[0])
+    # A finished sweep at byte resolution with no final label proves that nothing fits; one cut by the clock,
+    # or coarsened by the label cap (whose finals may not decode within the budget), proves nothing.
+    return Verdict(False if not (out.timed_out or out.cap_hit) else None)
+
+
+def recompute_baselines(trace: Trace, allowed: frozenset[Action]) -> list[SimResult]:
+    """The baselines that use only `allowed` actions, simulated without a budget, lowest peak first."""
+    sims = []
+    for build in BASELINES.values():
+        decisions = build(trace)
+        if uses_only(decisions, allowed):
+            sims.append(simulate(trace, decisions, with_events=False))
+    return sorted(sims, key=lambda s: s.peak_bytes)
+
+
+def smallest_budget(trace: Trace, allowed: frozenset[Action], deadline: float,
+                    known_infeasible: int | None = None) -> tuple[int, bool]:
+    """(the smallest budget a plan of `allowed` actions fits, proven): bisection with the DP between the
+    pointwise minimum (a lower bound: no plan of any actions peaks lower) and the best baseline that uses
+    only those actions. `proven` is False when the clock stopped it: the budget is then one that fits, and
+    the true smallest lies between the last budget proven infeasible and it."""
+    lo = max(min_feasible_budget(trace), trace.static.total) - 1  # infeasible for every plan
+    if known_infeasible is not None:
+        lo = max(lo, known_infeasible)
+    hi = recompute_baselines(trace, allowed)[0].peak_bytes  # keep-all is always among them: it fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        verdict = dp_verdict(trace, mid, allowed, deadline)
+        if verdict.feasible is None:
+            return hi, False
+        if verdict.feasible:
+            assert verdict.sim is not None
+            hi = min(mid, verdict.sim.peak_bytes)
+        else:
+            lo = mid
+    return hi, True
+
+
+def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], deadline: float) -> SimResult | None:
+    """Raise InfeasibleBudgetError (with the smallest budget these actions reach) if no plan of the `allowed`
+    actions fits; else return a plan that fits when one had to be searched for (None when a baseline or the
+    heuristic will do)."""
+    if Action.OFFLOAD in allowed:
+        check_budget_feasible(trace, budget_bytes)
+        return None
+    best = recompute_baselines(trace, allowed)  # keep-all is always among them
+    if best[0].peak_bytes <= budget_bytes:
+        return None
+    # Below the pointwise minimum no plan of any actions fits; above it, the DP decides.
+    below = budget_bytes < max(min_feasible_budget(trace), trace.static.total)
+    verdict = Verdict(False) if below else dp_verdict(trace, budget_bytes, allowed, deadline)
+    if verdict.feasible:
+        return verdict.sim
+    what = "keep and recompute" if Action.RECOMPUTE in allowed else "keep alone"
+    if verdict.feasible is None:
+        raise MemschedError(
+            f"budget: no plan of {what} under {format_bytes(budget_bytes)} was found or ruled out within the time "
+            f"limit; the smallest budget memsched found for them is {format_bytes(best[0].peak_bytes)} "
+            f"({best[0].peak_bytes} bytes). Raise the budget, give a longer time limit, or allow offload "
+            "(--actions keep,offload,recompute)"
+        )
+    t0 = time.perf_counter()
+    minimum, proven = smallest_budget(trace, allowed, deadline, known_infeasible=budget_bytes)
+    log.info("smallest %s budget: %d bytes (%s) in %.2f s", what, minimum, "proven" if proven else "found",
+             time.perf_counter() - t0)
+    detail = f"no plan of {what} fits it" + ("" if below else ": the exact DP proved it")
+    raise InfeasibleBudgetError(budget_bytes, minimum, detail, proven=proven)
+
+
+__all__ = ["ALL_ACTIONS", "Verdict", "check_feasible", "dp_verdict", "restrict", "restricted_problem",
+           "smallest_budget"]
