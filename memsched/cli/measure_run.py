@@ -126,6 +126,9 @@ class MeasureReport:
     """Median over rounds of scheduled step / the keep-all step beside it (drift cancels within a pair)."""
     step_order: list[str] = field(default_factory=list)
     """Which side each timed step measured, in the order they ran (interleaved)."""
+    prediction_note: str | None = None
+    """Set when the schedule's stored prediction differs from its simulation against the trace (which is
+    what the measurement is compared with)."""
 
     def derived(self) -> dict[str, Any]:
         """Slowdown, fits-budget, oversubscription and the target checks."""
@@ -190,6 +193,7 @@ class MeasureReport:
             **self.derived(),
             "targets": {"peak_within": PEAK_TARGET, "step_within": STEP_TARGET},
             "step_order": self.step_order,
+            "prediction_note": self.prediction_note,
             "versions": self.versions,
             "command": self.command,
         }
@@ -244,13 +248,18 @@ class Predictions:
     sched_step: float | None = None
     sched_saved: int | None = None
     overhead_pct: float | None = None
+    note: str | None = None
+    """Set when the schedule file's stored prediction differs from the simulation of its actions against
+    the trace (the schedule was edited, or solved by an earlier cost model): says both."""
 
 
 def predictions(trace: Trace | None, schedule: Schedule | None) -> Predictions:
-    """Keep-all from the simulator; the schedule's own prediction; the ledger's counterparts."""
+    """Keep-all from the simulator; the schedule simulated against the trace when one is given (else the
+    prediction stored in the schedule file: nothing else can price it); the ledger's counterparts."""
     from memsched.optimizer.baselines import keep_all
     from memsched.optimizer.saved_profile import predicted_saved_profile, saved_profile
     from memsched.optimizer.simulate import simulate
+    from memsched.units import format_bytes, format_seconds
 
     p = Predictions()
     if schedule is not None:
@@ -262,6 +271,16 @@ def predictions(trace: Trace | None, schedule: Schedule | None) -> Predictions:
     p.keep_peak, p.keep_step = sim.peak_bytes, sim.step_s
     p.keep_saved = max(saved_profile(trace, sim.decisions))
     if schedule is not None:
+        mine = simulate(trace, schedule, with_events=False)
+        stored = schedule.prediction
+        if mine.peak_bytes != stored.peak_bytes or abs(mine.step_s - stored.step_s) > 1e-9 * max(1.0, mine.step_s):
+            p.note = (
+                f"the schedule file's stored prediction (peak {format_bytes(stored.peak_bytes)}, step "
+                f"{format_seconds(stored.step_s)}) differs from its actions simulated against this trace (peak "
+                f"{format_bytes(mine.peak_bytes)}, step {format_seconds(mine.step_s)}): compared with the simulation"
+            )
+            log.warning("%s", p.note)
+        p.sched_peak, p.sched_step, p.overhead_pct = mine.peak_bytes, mine.step_s, mine.overhead_pct
         p.sched_saved = max(predicted_saved_profile(trace, schedule))
     return p
 
@@ -456,6 +475,7 @@ def run_measure(
         predicted_overhead_pct=pred.overhead_pct,
         paired_ratio=got.paired_ratio,
         step_order=got.order,
+        prediction_note=pred.note,
     )
 
 

@@ -399,6 +399,8 @@ def _print_measure(doc: dict[str, Any]) -> None:
             )
     out.print(t)
     notes = []
+    if doc.get("prediction_note"):
+        notes.append(doc["prediction_note"])
     if doc["measured_overhead_pct"] is not None:
         p = doc["predicted_overhead_pct"]
         paired = doc.get("measured_step_ratio_paired")

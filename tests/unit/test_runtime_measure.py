@@ -148,3 +148,30 @@ def test_large_blocks_fault_nothing_after_warm_up() -> None:
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert int(out.stdout.strip()) < 2 * 65_536
+
+
+def test_measure_prices_the_schedule_it_is_given_against_the_trace_it_is_given(caplog):
+    """Issue 25 item 4: the prediction compared with is the simulation of the schedule's actions against
+    the trace, not the one stored in the file; a stored prediction that differs is said."""
+    from helpers import tiny_trace
+    from memsched.cli.measure_run import predictions
+    from memsched.optimizer.decisions import KEEP, recompute
+    from memsched.optimizer.simulate import make_schedule, simulate
+    from memsched.schema import SolverRecord, SolverStatus
+
+    tr = tiny_trace([1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [10, 20, 30], static=5)
+    rec = SolverRecord(backend="test", status=SolverStatus.HEURISTIC)
+    sched = make_schedule(tr, [KEEP, recompute(), KEEP], 100, "test", rec)
+    p = predictions(tr, sched)
+    assert (p.sched_peak, p.sched_step, p.note) == (sched.prediction.peak_bytes, sched.prediction.step_s, None)
+    # Edited by hand: layer 0 recomputed too, the stored prediction left as it was.
+    edited = sched.model_copy(deep=True)
+    edited.actions[0] = LayerAction(layer=tr.layers[0].name, action=Action.RECOMPUTE, recompute_group=0)
+    sim = simulate(tr, edited)
+    assert sim.step_s != sched.prediction.step_s
+    with caplog.at_level("WARNING"):
+        p = predictions(tr, edited)
+    assert (p.sched_peak, p.sched_step) == (sim.peak_bytes, sim.step_s)
+    assert p.overhead_pct == sim.overhead_pct
+    assert p.note is not None and "differs from its actions simulated against this trace" in p.note
+    assert p.note in caplog.text
