@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -90,3 +90,27 @@ def get_owner(settings: SettingsDep, creds: Annotated[HTTPAuthorizationCredentia
 
 
 OwnerDep = Annotated[str, Depends(get_owner)]
+
+
+def reject_unknown_query(request: Request) -> None:
+    """A query parameter the operation does not take is a mistake (a typo of `wait`, a stray `?l=`): answer 422
+    naming it and what the operation takes, rather than ignoring it (an app-wide dependency)."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return  # /docs and its assets: no operation of the API
+    known = {p.alias for p in _query_params(dependant)}
+    unknown = sorted(set(request.query_params.keys()) - known)
+    if unknown:
+        takes = ", ".join(sorted(known)) or "none"
+        raise ApiError(
+            422, f"unknown query parameter {unknown[0]!r}; this operation takes: {takes}", unknown[0]
+        )
+
+
+def _query_params(dependant: Any) -> list[Any]:
+    """The query parameters of an operation, its dependencies' included."""
+    out = list(dependant.query_params)
+    for sub in dependant.dependencies:
+        out += _query_params(sub)
+    return out

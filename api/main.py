@@ -6,12 +6,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 
 import memsched
 from memsched.api import crud
 from memsched.api.db import Database
+from memsched.api.deps import reject_unknown_query
 from memsched.api.docs import install_docs
 from memsched.api.errors import install_error_handlers
 from memsched.api.metrics import Metrics
@@ -82,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=memsched.__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        dependencies=[Depends(reject_unknown_query)],
         # /docs from the package's own Swagger UI files (memsched.api.docs), never a CDN; no ReDoc.
         docs_url=None,
         redoc_url=None,

@@ -4,7 +4,7 @@ GET /v1/schedules/{id}/plot.png."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
@@ -131,11 +131,27 @@ async def list_schedules(
     owner: OwnerDep,
     status_: Annotated[JobStatus | None, Query(alias="status", description="only jobs in this state")] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="at most this many jobs")] = 50,
-    before: Annotated[datetime | None, Query(description="only jobs created before this time")] = None,
+    before: Annotated[
+        str | None,
+        Query(
+            description="only jobs created before this time (ISO 8601, e.g. a page's `next_before`)",
+            json_schema_extra={"format": "date-time"},
+            max_length=64,
+        ),
+    ] = None,
 ) -> JobList:
+    # Parsed here, strictly: pydantic's lax datetime would take a number ('0.5') as seconds since 1970.
+    try:
+        until = datetime.fromisoformat(before.replace("Z", "+00:00")) if before is not None else None
+    except ValueError:
+        raise ApiError(422, f"before: {before!r} is not an ISO 8601 date-time such as 2026-11-24T17:30:06Z",
+                       "before") from None
+    if until is not None and until.tzinfo is None:
+        until = until.replace(tzinfo=UTC)
+
     def load() -> list[JobOut]:
         with db.session() as s:
-            rows = crud.list_jobs(s, owner, status_, limit, before)
+            rows = crud.list_jobs(s, owner, status_, limit, until)
             return [job_out(row, with_schedule=False) for row in rows]
 
     jobs = await run_in_threadpool(load)

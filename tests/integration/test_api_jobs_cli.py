@@ -80,3 +80,17 @@ def test_list_get_wait_and_cancel(server: Server, tmp_path) -> None:
         again = c.post("/v1/schedules", json={**body, "budget": "30%", "solver": "dp", "time_limit_s": 3, "gap": 0})
         assert again.json()["id"] == slow_id and again.json()["status"] in (JobStatus.QUEUED, JobStatus.RUNNING)
         c.post(f"/v1/schedules/{slow_id}/cancel")
+
+
+def test_unknown_query_parameters_and_bad_dates_are_422(server: Server) -> None:
+    with server.client() as c:
+        r = c.get("/v1/schedules", params={"statsu": "done"})
+        assert r.status_code == 422 and r.json()["field"] == "statsu" and "takes: before, limit, status" in r.json()[
+            "detail"]
+        r = c.post("/v1/schedules", params={"wiat": 5}, json={"budget": "50%"})
+        assert r.status_code == 422 and r.json()["field"] == "wiat" and "wait" in r.json()["detail"]
+        r = c.get("/v1/schedules", params={"before": "0.5"})
+        assert r.status_code == 422 and r.json()["field"] == "before"
+        r = c.get("/v1/schedules", params={"before": "2026-11-24T17:30:06Z", "limit": 1})
+        assert r.status_code == 200
+        assert c.get("/healthz", params={"x": 1}).status_code == 422
