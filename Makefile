@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(BIN)/memsched demo
 
 lint: $(STAMP)
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy memsched optimizer runtime api
 	$(BIN)/python .ci/lint-imports
@@ -29,5 +30,6 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
+# The fast inner loop (under 2 minutes on 2 cores): unit tests without the slow ones and the live services.
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -m "not slow and not service" tests/unit

@@ -31,12 +31,13 @@ def synthetic_trace(n_layers: int = 3, model: str = "synthetic/mlp", scale: int 
         source="synthetic",
         device=DeviceInfo(name="cpu", memory_bytes=2**30, h2d_bytes_per_s=1e10, d2h_bytes_per_s=1e10),
         static=StaticBytes(params=10_000_000),
-        baseline=Baseline(step_s=0.05, peak_bytes=0),
+        # At least the layers' own time (the schema checks it), with room for a head and an optimizer step.
+        baseline=Baseline(step_s=max(0.05, 1.25 * sum(x.forward_s + x.backward_s for x in layers)), peak_bytes=0),
         layers=layers,
     )
     # Synthetic: nothing was measured, so the in-core peak is the cost model's own (a measured peak above it
     # would be read as unattributed memory at the loss; see docs/cost-model.md).
-    from memsched.optimizer.budget import keepall_activation_peak
+    from memsched.service import keepall_activation_peak
 
     trace.baseline.peak_bytes = trace.static.total + keepall_activation_peak(trace)
     return trace

@@ -1,9 +1,13 @@
-"""Fixtures of the service tests: a real uvicorn server over SQLite, and over a real PostgreSQL (a database
-created for this test session and dropped after it).
+"""The suite's one conftest: the markers each test gets from what it exercises, and the fixtures of the service
+tests (a real uvicorn server over SQLite, and over a real PostgreSQL: a database created for this session and
+dropped after it; Redis and RabbitMQ brokers). Helpers that tests import directly live in tests/helpers/.
 
-A pytest plugin, loaded by `pytest_plugins = ["conftest_api"]` in the test modules that use it, rather than a
-tests/integration/conftest.py: a second conftest module would shadow tests/conftest.py for the test modules
-that `from conftest import ...`. Helpers the tests import directly live in api_helpers.py."""
+Markers (`pytest -m ...`), set here by module so that each rule has one home:
+- `solver`: the optimizer's searches and proofs (DP, MILP, local search, solve()).
+- `service`: the REST service, its database, brokers and client.
+- `torch`: the runtime (tracer, replay, measure) on real PyTorch models.
+- `slow`: longer than ~20 s on the 2-core CI machine (`make unit` leaves them out).
+- `gpu`: needs CUDA (skipped without it)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from api_helpers import (
+from helpers.api import (
     AMQP_URL,
     KEY_A,
     KEY_B,
@@ -115,3 +119,38 @@ def amqp_url() -> str:
     if why:
         pytest.skip(f"no RabbitMQ at {AMQP_URL} ({why}); set MEMSCHED_TEST_AMQP_URL to test the amqp path")
     return AMQP_URL
+
+
+# ------------------------------------------------------------------------------------------------ markers
+
+_AREA = {
+    "solver": ("test_dp", "test_ilp", "test_solve", "test_polish", "test_heuristic", "test_jit", "test_fastsim",
+               "test_simulator", "test_baselines", "test_actions"),
+    "service": ("test_api_",),
+    "torch": ("test_runtime_", "test_tracer_", "test_costmodel_plans", "test_bench_peers", "test_layers"),
+}
+"""Module-name prefixes of each area's tests."""
+
+_SLOW = (
+    "test_api_distributed.py",
+    "test_api_schemathesis.py",
+    "test_api_restart.py",
+    "test_api_docs_offline.py",
+    "test_runtime_ddp.py",
+    "test_runtime_fsdp.py",
+    "test_runtime_measure_cli.py",
+    "test_costmodel_plans.py",
+    "test_bench_peers.py",
+    "test_jit.py",
+)
+"""Modules whose tests take more than ~20 s each on the 2-core CI machine (`--durations` shows them)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        for marker, prefixes in _AREA.items():
+            if name.startswith(prefixes):
+                item.add_marker(getattr(pytest.mark, marker))
+        if name in _SLOW:
+            item.add_marker(pytest.mark.slow)

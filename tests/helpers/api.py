@@ -1,6 +1,6 @@
 """Helpers of the service tests: a real uvicorn server (`python -m memsched.api` in a subprocess, on a free
 loopback port), and the PostgreSQL connection used to create a throw-away database. The fixtures built on
-them are in conftest_api.py."""
+them are in tests/conftest.py."""
 
 from __future__ import annotations
 

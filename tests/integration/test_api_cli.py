@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from api_helpers import Server, free_port
+from helpers.api import Server, free_port
 
 CLI = [sys.executable, "-c", "from memsched.cli import main; main()"]
 

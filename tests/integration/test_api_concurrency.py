@@ -6,13 +6,11 @@ import asyncio
 import time
 
 import httpx
-from api_helpers import KEY_A, KEY_B, Server
+from helpers.api import KEY_A, KEY_B, Server
 
 from memsched.api.examples import synthetic_trace
 from memsched.schema import Schedule, check_schedule
 
-# The server and database fixtures (tests/conftest_api.py explains why they are not in a conftest.py).
-pytest_plugins = ["conftest_api"]
 
 DISTINCT = 10
 COPIES = 5  # 10 distinct questions x 5 copies = 50 submissions

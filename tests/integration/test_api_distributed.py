@@ -17,11 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
-from api_helpers import KEY_A, RedisServer, Server, Worker, purge_broker, unique_queue
+from helpers.api import KEY_A, RedisServer, Server, Worker, purge_broker, unique_queue
 
 from memsched.api.examples import synthetic_trace
 
-pytest_plugins = ["conftest_api"]
 pytestmark = pytest.mark.postgres
 
 # Short limits keep the redelivery test short: a worker lost mid-solve has its job delivered again after

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_helpers import Server, _run, free_port
+from helpers.api import Server, _run, free_port
 
 from memsched.api.examples import synthetic_trace
 

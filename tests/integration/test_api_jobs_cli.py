@@ -8,12 +8,11 @@ import subprocess
 import sys
 import time
 
-from api_helpers import KEY_A, KEY_B, Server
+from helpers.api import KEY_A, KEY_B, Server
 
 from memsched.optimizer.synthetic import make_trace
 from memsched.schema import JobStatus, Schedule
 
-pytest_plugins = ["conftest_api"]
 
 CLI = [sys.executable, "-c", "from memsched.cli import main; main()"]
 

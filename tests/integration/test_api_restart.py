@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from api_helpers import KEY_A, Server
+from helpers.api import KEY_A, Server
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
@@ -22,8 +22,6 @@ from memsched.optimizer.budget import resolve_budget
 from memsched.options import SolveOptions
 from memsched.schema import JobStatus
 
-# The server and database fixtures (tests/conftest_api.py explains why they are not in a conftest.py).
-pytest_plugins = ["conftest_api"]
 
 
 def _job(owner: str, trace_id: str, budget: int, status: JobStatus, attempts: int) -> JobRow:

@@ -8,7 +8,7 @@ import sys
 
 import httpx
 import pytest
-from api_helpers import KEY_A, KEY_B, Server
+from helpers.api import KEY_A, KEY_B, Server
 
 from memsched.api.examples import synthetic_trace
 from memsched.errors import InfeasibleBudgetError, MemschedError
@@ -17,8 +17,6 @@ from memsched.options import SolveOptions
 from memsched.schema import Schedule, Trace, check_schedule
 from memsched.service import solve_trace
 
-# The server and database fixtures (tests/conftest_api.py explains why they are not in a conftest.py).
-pytest_plugins = ["conftest_api"]
 
 HEUR = {"solver": "heuristic", "time_limit_s": 5}
 
@@ -219,7 +217,8 @@ def _absurd(kind: str) -> dict:
     t = trace_json(3, scale=41)
     if kind == "times":
         for layer in t["layers"]:
-            layer["forward_s"] = layer["backward_s"] = 1e308
+            layer["forward_s"] = layer["backward_s"] = 1e300
+        t["baseline"]["step_s"] = 1e301  # consistent with its layers (the schema checks that), yet absurd
     elif kind == "bandwidth":
         t["device"]["h2d_bytes_per_s"] = t["device"]["d2h_bytes_per_s"] = 1e-300
     else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from api_helpers import free_port
+from helpers.api import free_port
 from fastapi.testclient import TestClient
 
 from memsched.api import crud
