@@ -295,7 +295,7 @@ def load_factory(spec: str, *, strict: bool = False, **kwargs: Any) -> Workload:
     given = {k: v for k, v in kwargs.items() if _given(k, v)}
     refused = [k for k in given if k not in params and not takes_any]
     if refused:
-        flags = ", ".join(f"{FACTORY_FLAGS.get(k, k)} ({k}={given[k]!r})" for k in refused)
+        flags = ", ".join(FACTORY_FLAGS.get(k, k) + ("" if k == "small" else f" {given[k]}") for k in refused)
         args = ", ".join(f"`{k}`" for k in refused)
         msg = (
             f"model {spec!r}: {attr}() takes no {args} argument, so {flags} would be ignored; drop the flag, "

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+
 from helpers.api import (
     AMQP_URL,
     KEY_A,

@@ -6,11 +6,10 @@ import asyncio
 import time
 
 import httpx
-from helpers.api import KEY_A, KEY_B, Server
 
+from helpers.api import KEY_A, KEY_B, Server
 from memsched.api.examples import synthetic_trace
 from memsched.schema import Schedule, check_schedule
-
 
 DISTINCT = 10
 COPIES = 5  # 10 distinct questions x 5 copies = 50 submissions

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.api import KEY_A, RedisServer, Server, Worker, purge_broker, unique_queue
 
+from helpers.api import KEY_A, RedisServer, Server, Worker, purge_broker, unique_queue
 from memsched.api.examples import synthetic_trace
 
 pytestmark = pytest.mark.postgres

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers.api import Server, _run, free_port
 
+from helpers.api import Server, _run, free_port
 from memsched.api.examples import synthetic_trace
 
 pytestmark = pytest.mark.timeout(600)

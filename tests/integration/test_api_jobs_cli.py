@@ -9,10 +9,8 @@ import sys
 import time
 
 from helpers.api import KEY_A, KEY_B, Server
-
 from memsched.optimizer.synthetic import make_trace
 from memsched.schema import JobStatus, Schedule
-
 
 CLI = [sys.executable, "-c", "from memsched.cli import main; main()"]
 

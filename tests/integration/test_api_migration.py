@@ -14,7 +14,6 @@ from memsched.api.db import Database
 from memsched.api.routes.common import job_out
 from memsched.options import SolveOptions, SolverName
 
-
 # schedule_jobs as memsched 0.1.0 created it (before the options became one JSON column).
 _OLD_JOBS = """
 CREATE TABLE schedule_jobs (

@@ -9,10 +9,10 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from helpers.api import KEY_A, Server
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
+from helpers.api import KEY_A, Server
 from memsched.api import crud
 from memsched.api.deps import owner_of
 from memsched.api.examples import synthetic_trace
@@ -21,7 +21,6 @@ from memsched.api.tables import Base, JobRow, TraceRow
 from memsched.optimizer.budget import resolve_budget
 from memsched.options import SolveOptions
 from memsched.schema import JobStatus
-
 
 
 def _job(owner: str, trace_id: str, budget: int, status: JobStatus, attempts: int) -> JobRow:

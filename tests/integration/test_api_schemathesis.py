@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import schemathesis
-from helpers.api import KEY_A, KEY_B, Server, Worker, purge_broker, unique_queue
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import load_all_checks, not_a_server_error
 from schemathesis.specs.openapi import checks as openapi_checks
 
+from helpers.api import KEY_A, KEY_B, Server, Worker, purge_broker, unique_queue
 
 CHECK_NAMES = (
     "status_code_conformance",

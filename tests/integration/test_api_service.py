@@ -8,15 +8,14 @@ import sys
 
 import httpx
 import pytest
-from helpers.api import KEY_A, KEY_B, Server
 
+from helpers.api import KEY_A, KEY_B, Server
 from memsched.api.examples import synthetic_trace
 from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.budget import min_feasible_budget, resolve_budget
 from memsched.options import SolveOptions
 from memsched.schema import Schedule, Trace, check_schedule
 from memsched.service import solve_trace
-
 
 HEUR = {"solver": "heuristic", "time_limit_s": 5}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -137,3 +138,123 @@ def test_trace_of_a_user_factory(tmp_path, capsys, monkeypatch):
     assert load_trace(path).layer_names == ["bert.encoder.layer.0", "bert.encoder.layer.1"]
     code, _, err = run(["trace", "my_models:nothing", "-o", path], capsys)
     assert code == 2 and "no callable 'nothing'" in err
+
+
+OWN_FACTORY = """
+import torch
+from torch import nn
+
+from memsched.runtime import Workload
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+class Net(nn.Module):
+    def __init__(self, depth):
+        super().__init__()
+        self.blocks = nn.Sequential(*[Block() for _ in range(depth)])
+
+    def forward(self, x):
+        return self.blocks(x).pow(2).mean()
+
+
+def make(batch_size=3, num_layers=2, with_optimizer=True):
+    torch.manual_seed(0)
+    model = Net(num_layers).train()
+    opt = torch.optim.AdamW(model.parameters()) if with_optimizer else None
+    return Workload(model, "own", {"x": torch.randn(batch_size, 8)}, batch_size, None, opt, loss_fn=lambda out: out)
+
+
+def make_bare(batch_size=3):
+    return make(batch_size, with_optimizer=False)
+"""
+
+QUICK = ["--steps", 1, "--warmup", 0]
+
+
+def _params_bytes(depth: int) -> int:
+    return depth * 3 * (8 * 8 + 8) * 4
+
+
+def test_a_factory_keeps_its_own_defaults_and_its_optimizer_state(tmp_path, capsys, monkeypatch):
+    (tmp_path / "own_models.py").write_text(OWN_FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "t.json"
+    code, _, err = run(["trace", "own_models:make", *QUICK, "-o", path], capsys)
+    assert code == 0, err
+    tr = load_trace(path)
+    # Its own batch size (3), not the CLI's built-in default (2); AdamW's state counted (two moments per
+    # parameter, plus a float32 step count per parameter tensor).
+    assert tr.batch_size == 3 and tr.layer_names == ["blocks.0", "blocks.1"]
+    assert tr.static.optimizer_state == 2 * _params_bytes(2) + 4 * 2 * 3 * 2
+    # Flags it declares are passed on.
+    code, _, err = run(["trace", "own_models:make", "--batch-size", 5, "--layers", 3, *QUICK, "-o", path], capsys)
+    assert code == 0, err
+    tr = load_trace(path)
+    assert tr.batch_size == 5 and tr.layer_names == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--optimizer", "sgd"], "--optimizer sgd would"),
+        (["--seq-len", 16], "--seq-len 16 would"),
+        (["--dropout", 0.1], "--dropout 0.1 would"),
+        (["--small"], "so --small would"),
+    ],
+)
+def test_a_flag_the_factory_does_not_take_is_an_error_naming_it(flags, named, tmp_path, capsys, monkeypatch):
+    (tmp_path / "own_models.py").write_text(OWN_FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run(["trace", "own_models:make", *flags, *QUICK, "-o", tmp_path / "t.json"], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert named in " ".join(err.split()) and "drop the flag, or add the argument to the factory" in " ".join(
+        err.split()
+    )
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_a_factory_without_optimizer_is_warned_that_no_state_is_counted(tmp_path, capsys, monkeypatch, caplog):
+    (tmp_path / "own_models.py").write_text(OWN_FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "t.json"
+    with caplog.at_level(logging.WARNING, logger="memsched"):
+        code, out, err = run(["trace", "own_models:make_bare", *QUICK, "-o", path, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert load_trace(path).static.optimizer_state == 0
+    warned = [w for w in doc["warnings"] if w.startswith("optimizer:")]
+    assert len(warned) == 1 and "counts no optimizer state (0 B)" in warned[0]
+    assert "Workload(optimizer=...)" in warned[0] and "counts no optimizer state" in caplog.text
+
+
+def test_the_factory_doc_example_traces(tmp_path, capsys, monkeypatch):
+    """docs/factory.md's worked example, run as written: an own nn.Module, autocast and gradient clipping."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "factory.md").read_text()
+    code_block = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models.py").write_text(code_block)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "net.json"
+    code, _, err = run(["trace", "mypkg.models:make_model", *QUICK, "-o", path], capsys)
+    assert code == 0, err
+    tr = load_trace(path)
+    assert (tr.model, tr.batch_size, tr.seq_len) == ("net-4l", 4, 32)
+    assert tr.layer_names == [f"blocks.{k}" for k in range(4)]
+    params = sum(p.numel() * 4 for p in __import__("mypkg.models").models.make_model().model.parameters())
+    n_tensors = len(list(__import__("mypkg.models").models.make_model().model.parameters()))
+    assert tr.static.optimizer_state == 2 * params + 4 * n_tensors
+    assert tr.dtype == "float32" and all(layer.backward_s > 0 for layer in tr.layers)
+    code, _, err = run(["trace", "mypkg.models:make_model", "--optimizer", "sgd", *QUICK, "-o", path], capsys)
+    assert code == 2 and "make_model() takes no `optimizer` argument" in " ".join(err.split())

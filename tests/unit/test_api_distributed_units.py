@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from helpers.api import free_port
 from fastapi.testclient import TestClient
 
+from helpers.api import free_port
 from memsched.api import crud
 from memsched.api.db import Database
 from memsched.api.examples import synthetic_trace
