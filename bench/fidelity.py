@@ -1,7 +1,7 @@
 """Fidelity of memsched's predictions over the whole step: predicted vs measured peak and step time.
 
 For each model: trace it (keep-all whole-step peak, per-layer costs), solve at 75 / 50 / 25% and at the
-smallest feasible budget, and replay each schedule with `memsched measure`'s code (memsched.cli.measure_run):
+smallest feasible budget, and replay each schedule with `memsched measure`'s code (memsched.service.measure):
 the measured whole-step peak (every live tensor byte: `cpu-all-tensors` here, `cuda-allocator` on a GPU)
 against the predicted one and the budget, and the median step time against the predicted one. Keep-all is
 measured beside every schedule, their steps alternating in one process (memsched.runtime.measure
@@ -105,12 +105,12 @@ def run_model(
 ) -> list[Row]:
     """Trace, solve per budget, measure keep-all and each schedule; budgets below the smallest feasible one
     are answers too (appended to `infeasible`)."""
-    from memsched.cli.measure_run import WorkloadArgs, run_measure
     from memsched.errors import InfeasibleBudgetError
     from memsched.optimizer.budget import min_feasible_budget
     from memsched.options import SolveOptions
     from memsched.runtime import builtin_workload, trace
     from memsched.service import solve_trace
+    from memsched.service.measure import WorkloadArgs, run_measure
 
     batch, seq = (2, 128) if small else SHAPES[name]
     w = builtin_workload(name, batch_size=batch, seq_len=seq, small=small, dropout=0.0)

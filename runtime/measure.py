@@ -7,7 +7,7 @@ kept beside it for attribution: the live saved bytes of the traced layers, per s
 cost model is the saved part of the simulator's stage memory (memsched.optimizer.saved_profile).
 
 `measure_side_by_side` is the one measurement every front end uses (`memsched measure`, `memsched demo`,
-bench/fidelity.py through memsched.cli.measure_run): keep-all and the schedule in one process, their timed
+bench/fidelity.py through memsched.service.measure): keep-all and the schedule in one process, their timed
 steps interleaved, because on a shared machine the speed changes from minute to minute (by 10-20% on the
 2-core machine of bench/results/fidelity.md) and only steps taken side by side give a slowdown that means
 something. On the CPU it keeps freed memory in the process first (memsched.runtime.hostalloc): otherwise page

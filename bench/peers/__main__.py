@@ -1,4 +1,4 @@
-"""`python -m bench.peers` (also `memsched bench peers`): run the peer benchmark and write the report."""
+"""`python -m bench.peers`: run the peer benchmark and write the report."""
 
 from __future__ import annotations
 

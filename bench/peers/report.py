@@ -279,7 +279,7 @@ def write_report(out_dir: Path) -> Path:
         parts.append(
             "Each model ran in one process (`python -m bench.peers --model M ...`; the exact command is "
             "above each table). The full run: `python -m bench.peers --model all` (batch and sequence "
-            "per model in `bench/peers/__main__.py`, FULL); `--quick` is what `memsched bench peers "
+            "per model in `bench/peers/__main__.py`, FULL); `--quick` is what `python -m bench.peers "
             "--quick` runs.\n"
         )
     parts.append(METHOD)

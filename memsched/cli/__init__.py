@@ -327,12 +327,12 @@ _EXTRA_OF = {
 
 
 def _register_parts() -> None:
-    """The commands of the runtime, the service and the benchmarks live beside the main app, one module each.
+    """The commands of the runtime and the service live beside the main app, one module each.
     Each imports its part only inside its commands: a core install lists them all and answers one whose extra
     is missing with the pip line (see `main`)."""
-    from memsched.cli import api, bench, runtime
+    from memsched.cli import api, runtime
 
-    for module in (runtime, api, bench):
+    for module in (runtime, api):
         module.register(app)
 
 

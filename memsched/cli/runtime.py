@@ -201,7 +201,7 @@ def demo_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Trace a small model on the CPU, solve for half its activations, replay it: predicted vs measured."""
-    from memsched.cli.demo import run_demo
+    from memsched.service.demo import run_demo
 
     _quiet_transformers()
     if steps < 1 or threads < 1:
@@ -261,8 +261,12 @@ def measure_cmd(
     baseline: Annotated[
         bool, typer.Option("--baseline/--no-baseline", help="Also measure keep-all at the same batch (slowdown).")
     ] = True,
-    batch_size: BatchOpt = 2,
-    seq_len: SeqLenOpt = 128,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", "--batch", help="Batch size [default: the trace's, else 2].")
+    ] = None,
+    seq_len: Annotated[
+        int | None, typer.Option("--seq-len", help="Sequence length [default: the trace's, else 128].")
+    ] = None,
     layers: LayersOpt = None,
     small: SmallOpt = False,
     layer_pattern: LayerPatternOpt = None,
@@ -271,7 +275,9 @@ def measure_cmd(
     ] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps per side before the timed ones.")] = 2,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
-    dtype: DtypeOpt = "float32",
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="float32, bfloat16 or float16 [default: the trace's, else float32].")
+    ] = None,
     dropout: Annotated[float | None, typer.Option("--dropout", help="Override the config's dropout.")] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="adamw, sgd or none.")] = "adamw",
     threads: Annotated[
@@ -288,8 +294,8 @@ def measure_cmd(
     the torch thread count fixed (--threads, else the trace's) and reported; keep-all and scheduled steps
     alternate in one process, so the overhead is a ratio measured side by side.
     """
-    from memsched.cli.measure_run import WorkloadArgs, run_measure
     from memsched.io import load_schedule, load_trace
+    from memsched.service.measure import run_measure, workload_args
 
     _quiet_transformers()
     if keep_all and schedule is not None:
@@ -298,7 +304,10 @@ def measure_cmd(
         raise MemschedError("give a SCHEDULE to replay, or --keep-all to measure the in-core baseline")
     sched = load_schedule(schedule) if schedule is not None else None
     tr = load_trace(trace_path) if trace_path is not None else None
-    args = WorkloadArgs(
+    # What the trace records (batch, sequence, dtype, the layers) is taken from it; a flag overrides, noted.
+    args, notes = workload_args(
+        tr,
+        sched,
         model=model,
         batch_size=batch_size,
         seq_len=seq_len,
@@ -319,6 +328,7 @@ def measure_cmd(
         baseline=baseline or keep_all,
         threads=threads,
         command=_measure_command(model, schedule, trace_path, args, keep_all, baseline, steps, warmup, threads),
+        notes=notes,
     )
     doc = rep.to_json()
     if output is not None:
@@ -398,7 +408,7 @@ def _print_measure(doc: dict[str, Any]) -> None:
                 label.replace("_", "-"), q, "-" if p is None else fmt(p), fmt(m), "-" if r is None else f"{r:.3f}"
             )
     out.print(t)
-    notes = []
+    notes = list(doc.get("notes") or [])
     if doc.get("prediction_note"):
         notes.append(doc["prediction_note"])
     if doc["measured_overhead_pct"] is not None:

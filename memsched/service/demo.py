@@ -2,7 +2,7 @@
 
 1. trace a small GPT-2 (transformers, built from its config: nothing is downloaded) for a few steps;
 2. solve for a budget of about half its activation memory (memsched.service, the same call as the CLI/API);
-3. replay training steps under the schedule with `memsched measure`'s code (memsched.cli.measure_run) and print
+3. replay training steps under the schedule with `memsched measure`'s code (memsched.service.measure) and print
    predicted against measured whole-step peak and step time, and write the simulated timeline plot.
 
 The measured peak is every live tensor byte of the step (memsched.runtime.memory, `cpu-all-tensors`), the
@@ -23,7 +23,7 @@ from memsched.io import save_model
 from memsched.schema import Schedule, Trace
 
 if TYPE_CHECKING:
-    from memsched.cli.measure_run import MeasureReport
+    from memsched.service.measure import MeasureReport
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +164,8 @@ def _rows(rep: MeasureReport, schedule: Schedule) -> list[dict[str, Any]]:
 def _run_demo(
     out_dir: Path, model: str, num_layers: int, batch_size: int, seq_len: int, budget: str, steps: int, dtype: str
 ) -> DemoResult:
-    from memsched.cli.measure_run import WorkloadArgs, run_measure
-    from memsched.optimizer.budget import resolve_budget
-    from memsched.service import solve_trace
+    from memsched.service import resolve_budget, solve_trace
+    from memsched.service.measure import WorkloadArgs, run_measure
 
     t0 = time.perf_counter()
     tr = _trace(model, num_layers, batch_size, seq_len, steps, dtype)

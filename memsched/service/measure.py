@@ -52,6 +52,33 @@ class WorkloadArgs:
     layer_pattern: list[str] | None = None
 
 
+_FROM_TRACE = {"batch_size": "--batch-size", "seq_len": "--seq-len", "dtype": "--dtype"}
+"""Workload flags a trace records, by WorkloadArgs field."""
+
+
+def workload_args(trace: Trace | None, schedule: Schedule | None, **given: Any) -> tuple[WorkloadArgs, list[str]]:
+    """The workload to measure: what the trace records (batch size, sequence length, dtype; the layers by their
+    exact names, from the schedule or the trace) unless a flag was given (`given`, None where absent), which
+    wins with a note. Without a trace, the flags or WorkloadArgs' defaults. Returns the args and the notes."""
+    fields = {k: v for k, v in given.items() if v is not None}
+    notes: list[str] = []
+    if trace is not None:
+        for name, flag in _FROM_TRACE.items():
+            recorded = getattr(trace, name)
+            if recorded is None:
+                continue
+            if name not in fields:
+                fields[name] = recorded
+            elif fields[name] != recorded:
+                notes.append(f"{flag} {fields[name]} overrides the trace's {recorded}: the trace's predictions are for "
+                             f"{recorded}, so compare with care (or re-trace at {fields[name]})")
+    names = list(schedule.layer_names) if schedule is not None else [x.name for x in trace.layers] if trace else []
+    if "layer_pattern" not in fields and names:
+        # The exact layers the plan was made for, whatever pattern selected them when tracing.
+        fields["layer_pattern"] = [re.escape(n) for n in names]
+    return WorkloadArgs(**fields), notes
+
+
 @dataclass
 class Side:
     """One measured configuration (keep-all or the schedule): predicted against measured."""
@@ -127,6 +154,8 @@ class MeasureReport:
     step_order: list[str] = field(default_factory=list)
     """Which side each timed step measured, in the order they ran (interleaved)."""
     prediction_note: str | None = None
+    notes: list[str] = field(default_factory=list)
+    """What the run took from the trace against a flag (a flag that overrides the trace's batch, say)."""
     """Set when the schedule's stored prediction differs from its simulation against the trace (which is
     what the measurement is compared with)."""
 
@@ -194,17 +223,20 @@ class MeasureReport:
             "targets": {"peak_within": PEAK_TARGET, "step_within": STEP_TARGET},
             "step_order": self.step_order,
             "prediction_note": self.prediction_note,
+            "notes": self.notes,
             "versions": self.versions,
             "command": self.command,
         }
 
 
-def check_trace_matches(trace: Trace, w: Workload, dtype: str, device_type: str) -> None:
-    """The trace must describe the workload being built: same model id, batch, sequence, dtype, device kind."""
+def check_trace_matches(trace: Trace, w: Workload, dtype: str, device_type: str,
+                        overridden: frozenset[str] = frozenset()) -> None:
+    """The trace must describe the workload being built: same model id, batch, sequence, dtype, device kind
+    (except what a flag deliberately `overridden`, which the caller has noted)."""
     mine = {"model": w.model_id, "batch_size": w.batch_size, "seq_len": w.seq_len, "dtype": dtype}
     theirs = {"model": trace.model, "batch_size": trace.batch_size, "seq_len": trace.seq_len, "dtype": trace.dtype}
     for key, value in mine.items():
-        if theirs[key] != value:
+        if theirs[key] != value and key not in overridden:
             raise ScheduleMismatchError(
                 f"--trace: the trace's {key} is {theirs[key]!r} but this run builds {value!r}; pass the flags the "
                 "trace was recorded with (--batch-size, --seq-len, --layers, --small, --dtype)"
@@ -331,13 +363,19 @@ def _build(args: WorkloadArgs) -> tuple[Workload, str, Any]:
 
 
 def _check_inputs(
-    args: WorkloadArgs, w: Workload, dtype: str, dev: Any, schedule: Schedule | None, trace: Trace | None
+    args: WorkloadArgs,
+    w: Workload,
+    dtype: str,
+    dev: Any,
+    schedule: Schedule | None,
+    trace: Trace | None,
+    overridden: frozenset[str] = frozenset(),
 ) -> None:
     """The trace and the schedule must describe the workload being built."""
     from memsched.runtime import find_layers
 
     if trace is not None:
-        check_trace_matches(trace, w, dtype, dev.type)
+        check_trace_matches(trace, w, dtype, dev.type, overridden)
     if schedule is not None:
         check_schedule_matches(schedule, [n for n, _ in find_layers(w.model, args.layer_pattern)])
         if trace is not None:
@@ -417,6 +455,7 @@ def run_measure(
     threads: int | None = None,
     command: str = "",
     keep_all_memory: bool = True,
+    notes: Sequence[str] = (),
 ) -> MeasureReport:
     """Build the workload, check the schedule (and trace) against it, and measure keep-all and the schedule.
 
@@ -426,7 +465,8 @@ def run_measure(
     (memsched.runtime.measure.measure_side_by_side, the one function `memsched measure`, the demo and
     bench/fidelity.py share). threads: torch's CPU thread count for the run; None takes the trace's (its
     device names it), else keeps torch's current one. keep_all_memory False skips keep-all's memory step
-    (its measured peak is then 0: for a caller that measured it already).
+    (its measured peak is then 0: for a caller that measured it already). notes: workload_args' notes (a flag
+    that overrides the trace); what they override is not held against the trace, and they are reported.
     """
     from memsched.runtime.device import device_name, framework_versions
 
@@ -436,7 +476,8 @@ def run_measure(
         raise MemschedError("nothing to measure: give a SCHEDULE, or drop --no-baseline to measure keep-all")
     with fixed_threads(threads if threads is not None else trace_threads(trace)) as n_threads:
         w, dtype, dev = _build(args)
-        _check_inputs(args, w, dtype, dev, schedule, trace)
+        overridden = frozenset(k for k, flag in _FROM_TRACE.items() if any(n.startswith(flag + " ") for n in notes))
+        _check_inputs(args, w, dtype, dev, schedule, trace, overridden)
         pred = predictions(trace, schedule)
         got = _measure(
             w,
@@ -476,6 +517,7 @@ def run_measure(
         paired_ratio=got.paired_ratio,
         step_order=got.order,
         prediction_note=pred.note,
+        notes=list(notes),
     )
 
 

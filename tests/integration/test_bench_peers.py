@@ -17,7 +17,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from helpers import tiny_trace  # noqa: E402
-from memsched.errors import MemschedError  # noqa: E402
 
 
 def test_harness_on_tiny_gpt2(tmp_path):
@@ -128,35 +127,3 @@ def test_costmodel_marks_infeasible_budgets_and_beats_baselines():
     lo = evaluate(tr, 1, time_limit_s=5)
     assert not lo.policies["memsched"]["feasible"] and "smallest feasible" in lo.policies["memsched"]["reason"]
 
-
-def test_cli_bench_registers_and_fails_cleanly_without_a_checkout(tmp_path, monkeypatch):
-    import importlib.util
-
-    import typer
-    from typer.testing import CliRunner
-
-    from memsched.cli import bench as cli_bench
-
-    app = typer.Typer()
-
-    @app.command()
-    def noop() -> None:  # a second command, so typer keeps `bench` as a sub-command
-        pass
-
-    cli_bench.register(app)
-    r = CliRunner().invoke(app, ["bench", "peers", "--report-only", "--out", str(tmp_path)])
-    assert r.exit_code == 0, r.output
-    assert (tmp_path / "peers.md").is_file()
-
-    # An installed wheel without the checkout: `bench` is not importable, and the command says where it runs.
-    real_find_spec = importlib.util.find_spec
-
-    def no_bench(name, *args, **kwargs):
-        if name.split(".")[0] == "bench":
-            raise ModuleNotFoundError(f"No module named {name!r}", name="bench")
-        return real_find_spec(name, *args, **kwargs)
-
-    monkeypatch.setattr(importlib.util, "find_spec", no_bench)
-    r = CliRunner().invoke(app, ["bench", "peers", "--report-only", "--out", str(tmp_path)])
-    assert r.exit_code != 0
-    assert isinstance(r.exception, MemschedError) and "source checkout" in str(r.exception)

@@ -102,8 +102,6 @@ def test_measure_table_and_keep_all_only(traced, capsys):
     [
         (["--keep-all", "SCHED"], "--keep-all measures without a schedule"),
         ([], "give a SCHEDULE"),
-        (["SCHED", "--trace", "TRACE", "--dtype", "float32"], "the trace's dtype is 'bfloat16'"),
-        (["SCHED", "--trace", "TRACE", "--dtype", "bf16", "--batch-size", 3], "the trace's batch_size is 4"),
         (["SCHED", "--dtype", "int8"], "--dtype 'int8' is not supported"),
         (["SCHED", "--device", "cuda"] if not torch.cuda.is_available() else ["SCHED", "--device", "tpu"], "--device"),
         (["SCHED", "--steps", 0], "--steps must be >= 1"),
@@ -116,6 +114,23 @@ def test_measure_bad_input_exits_2_with_one_line(traced, extra, message, capsys)
     code, _, err = run(argv, capsys)
     assert code == 2, err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_measure_takes_the_workload_from_the_trace_and_a_flag_overrides_it_with_a_note(traced, capsys):
+    trace_path, schedule_path = traced
+    # Only what the trace cannot know (the built-in's size) is given: batch, sequence, dtype and layers come
+    # from the trace and the schedule.
+    base = ["measure", "gpt2", schedule_path, "--trace", trace_path, "--small", "--layers", 4, *FAST, "--json"]
+    code, stdout, err = run(base, capsys)
+    assert code == 0, err
+    doc = json.loads(stdout)
+    assert (doc["batch_size"], doc["seq_len"], doc["dtype"]) == (4, 32, "bfloat16") and doc["notes"] == []
+    code, stdout, err = run([*base, "--batch-size", 3], capsys)
+    assert code == 0, err
+    doc = json.loads(stdout)
+    assert doc["batch_size"] == 3
+    assert doc["notes"] == ["--batch-size 3 overrides the trace's 4: the trace's predictions are for 4, so compare "
+                            "with care (or re-trace at 3)"]
 
 
 def test_measure_schedule_for_another_model_is_refused(traced, capsys):

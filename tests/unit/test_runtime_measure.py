@@ -154,10 +154,10 @@ def test_measure_prices_the_schedule_it_is_given_against_the_trace_it_is_given(c
     """Issue 25 item 4: the prediction compared with is the simulation of the schedule's actions against
     the trace, not the one stored in the file; a stored prediction that differs is said."""
     from helpers import tiny_trace
-    from memsched.cli.measure_run import predictions
     from memsched.optimizer.decisions import KEEP, recompute
     from memsched.optimizer.simulate import make_schedule, simulate
     from memsched.schema import SolverRecord, SolverStatus
+    from memsched.service.measure import predictions
 
     tr = tiny_trace([1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [10, 20, 30], static=5)
     rec = SolverRecord(backend="test", status=SolverStatus.HEURISTIC)
