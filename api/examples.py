@@ -29,7 +29,8 @@ def synthetic_trace(n_layers: int = 3, model: str = "synthetic/mlp", scale: int 
         model=model,
         batch_size=8,
         source="synthetic",
-        device=DeviceInfo(name="cpu", memory_bytes=2**30, h2d_bytes_per_s=1e10, d2h_bytes_per_s=1e10),
+        # A stand-in accelerator (copies beside compute at 10 GB/s), not the CPU: every action is open to it.
+        device=DeviceInfo(name="synthetic accelerator", memory_bytes=2**30, h2d_bytes_per_s=1e10, d2h_bytes_per_s=1e10),
         static=StaticBytes(params=10_000_000),
         # At least the layers' own time (the schema checks it), with room for a head and an optimizer step.
         baseline=Baseline(step_s=max(0.05, 1.25 * sum(x.forward_s + x.backward_s for x in layers)), peak_bytes=0),

@@ -128,7 +128,7 @@ def test_a_refused_message_stores_nothing(db: Database) -> None:
     with pytest.raises(ConnectionError):
         _submit(db, 10**9, enqueue=refuse)
     with db.session() as s:
-        assert crud.jobs_by_state(s) == {"queued": 0, "running": 0, "done": 0, "failed": 0}
+        assert crud.jobs_by_state(s) == {"queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0}
     sent: list[str] = []
     jid = _submit(db, 10**9, enqueue=lambda row: sent.append(row.id))
     assert sent == [jid] and _row(db, jid).status == JobStatus.QUEUED
