@@ -407,7 +407,16 @@ def _print_measure(doc: dict[str, Any]) -> None:
             t.add_row(
                 label.replace("_", "-"), q, "-" if p is None else fmt(p), fmt(m), "-" if r is None else f"{r:.3f}"
             )
+        if side["host_bytes"]:
+            host = format_bytes(side["host_bytes"])
+            t.add_row(label.replace("_", "-"), "host copies (beside the peak)", "-", host, "-")
     out.print(t)
+    if doc.get("offload_emulated"):
+        out.print(
+            "[yellow]offload emulated on the CPU[/]: the host copies live in the same memory as the step, so the "
+            f"process holds {format_bytes(doc['process_peak_bytes_with_host_copies'])} (peak + host copies); plan "
+            "with --actions keep,recompute (the CPU default) to lower the process's own peak"
+        )
     notes = list(doc.get("notes") or [])
     if doc.get("prediction_note"):
         notes.append(doc["prediction_note"])

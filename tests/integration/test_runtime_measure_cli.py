@@ -172,3 +172,28 @@ def test_factory_without_dtype_refuses_a_dtype(tmp_path, monkeypatch):
     assert workload("fac_mod:make", batch_size=1, dtype="float32").model_id == "gpt2-small2"
     with pytest.raises(MemschedError, match="needs a factory that takes a `dtype` argument"):
         workload("fac_mod:make", batch_size=1, dtype="bfloat16")
+
+
+def test_offload_on_the_cpu_is_labelled_an_emulation_with_the_host_copies_shown(traced, tmp_path, capsys):
+    from memsched.optimizer.decisions import KEEP, offload_all
+    from memsched.optimizer.simulate import make_schedule
+    from memsched.schema import SolverRecord, SolverStatus
+
+    trace_path, _ = traced
+    tr = load_trace(trace_path)
+    # Asked for explicitly (the CPU default plans no offload): every layer but the last offloaded synchronously.
+    decisions = [offload_all(tr, i, done_by=i, prefetch_at=i) for i in range(tr.n - 1)] + [KEEP]
+    record = SolverRecord(backend="test", status=SolverStatus.HEURISTIC)
+    sched = make_schedule(tr, decisions, tr.baseline.peak_bytes, "offload-all-sync", record)
+    path = tmp_path / "offload.json"
+    save_model(sched, path)
+    argv = ["measure", "gpt2", path, "--trace", trace_path, "--small", "--layers", 4, *FAST]
+    code, stdout, err = run([*argv, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(stdout)
+    host = doc["scheduled"]["host_bytes"]
+    assert host > 0 and doc["offload_emulated"] is True
+    assert doc["process_peak_bytes_with_host_copies"] == doc["scheduled"]["measured_peak_bytes"] + host
+    code, stdout, err = run(argv, capsys)
+    assert code == 0, err
+    assert "offload emulated on the CPU" in stdout and "host copies" in stdout
