@@ -12,7 +12,6 @@ Markers (`pytest -m ...`), set here by module so that each rule has one home:
 from __future__ import annotations
 
 import shutil
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -50,14 +49,8 @@ def pg_target() -> PgTarget:
 @pytest.fixture(scope="session")
 def pg_url(pg_target: PgTarget) -> Iterator[str]:
     """A fresh database for this session, dropped at the end (even if tests fail)."""
-    name = f"memsched_test_{uuid.uuid4().hex[:12]}"
-    with pg_target.connect() as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield pg_target.url(name)
-    finally:
-        with pg_target.connect() as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with pg_target.throwaway_database() as url:
+        yield url
 
 
 # ------------------------------------------------------------------------------------------------ servers

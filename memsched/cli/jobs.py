@@ -66,6 +66,15 @@ def _table(jobs: list[dict[str, Any]], title: str) -> Table:
     return t
 
 
+def _report(job: dict[str, Any], output: Path | None, as_json: bool) -> None:
+    """Write the job's schedule (with -o) and print the job: JSON or a one-row table."""
+    _save_schedule(job, output)
+    if as_json:
+        _print_json(job)
+        return
+    out.print(_table([job], f"job {job['id']}"))
+
+
 def _save_schedule(job: dict[str, Any], output: Path | None) -> None:
     if output is None:
         return
@@ -106,11 +115,7 @@ def get_cmd(
     """One job's state (and its schedule, with -o, once it is done)."""
     with _client(server, api_key) as c:
         job = c.job(job_id)
-    _save_schedule(job, output)
-    if as_json:
-        _print_json(job)
-        return
-    out.print(_table([job], f"job {job_id}"))
+    _report(job, output, as_json)
 
 
 @jobs_app.command("wait")
@@ -128,11 +133,7 @@ def wait_cmd(
     with _client(server, api_key) as c:
         c.wait(c.job(job_id), timeout)  # raises with the reason unless it is done
         job = c.job(job_id)
-    _save_schedule(job, output)
-    if as_json:
-        _print_json(job)
-        return
-    out.print(_table([job], f"job {job_id}"))
+    _report(job, output, as_json)
 
 
 @jobs_app.command("cancel")
@@ -145,7 +146,4 @@ def cancel_cmd(
     """Cancel a queued or running job (a running solve ends at its time limit; its answer is discarded)."""
     with _client(server, api_key) as c:
         job = c.cancel(job_id)
-    if as_json:
-        _print_json(job)
-        return
-    out.print(_table([job], f"job {job_id}"))
+    _report(job, None, as_json)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +111,18 @@ class PgTarget:
         if self.host.startswith("/"):
             return f"postgresql+psycopg://{self.user}@/{dbname}?host={self.host}&port={PG_PORT}"
         return f"postgresql+psycopg://{self.user}@{self.host}:{PG_PORT}/{dbname}"
+
+    @contextlib.contextmanager
+    def throwaway_database(self, prefix: str = "memsched_test") -> Iterator[str]:
+        """A fresh database's URL, dropped afterwards (even if the test fails)."""
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        with self.connect() as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield self.url(name)
+        finally:
+            with self.connect() as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def find_pg() -> tuple[PgTarget | None, str]:

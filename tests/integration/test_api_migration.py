@@ -3,7 +3,6 @@ starts on it: every job keeps its options, its cache key and its schedule. Over 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -39,15 +38,8 @@ def empty_database(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'old.db'}"
         return
-    target = request.getfixturevalue("pg_target")
-    name = f"memsched_migrate_{uuid.uuid4().hex[:12]}"
-    with target.connect() as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield target.url(name)
-    finally:
-        with target.connect() as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with request.getfixturevalue("pg_target").throwaway_database("memsched_migrate") as url:
+        yield url
 
 
 def test_old_job_rows_keep_their_options_and_cache_keys(empty_database: str) -> None:
