@@ -101,55 +101,33 @@ def trace_cmd(
 
     A factory (package.module:factory, docs/factory.md) gets only the flags given, and each must be an
     argument it takes; what is not given is the factory's own choice."""
-    import torch
-
     from memsched.io import save_model
-    from memsched.runtime import workload
-    from memsched.runtime.tracer import trace_with_report
+    from memsched.service.trace import trace_model
 
     _quiet_transformers()
-    if steps < 1 or warmup < 0:
-        raise MemschedError(f"--steps must be >= 1 and --warmup >= 0 (got {steps}, {warmup})")
-    if threads is not None:
-        if threads < 1:
-            raise MemschedError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
-    if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
-        raise MemschedError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
-    try:
-        torch.device(device or "cpu")
-    except RuntimeError:
-        raise MemschedError(f"--device {device!r} is not a device; use cpu or cuda[:N]") from None
     # Flags not given are None: a built-in takes its defaults, a factory its own (never a CLI default).
-    w = workload(
+    run = trace_model(
         model,
-        strict=True,
+        layer_pattern=layer_pattern,
+        steps=steps,
+        warmup=warmup,
+        threads=threads,
+        device=device,
         batch_size=batch_size,
         seq_len=seq_len,
         num_layers=layers,
         small=small,
-        device=device,
         dropout=dropout,
         optimizer=optimizer,
         dtype=dtype,
     )
-    tr, report = trace_with_report(
-        w.model,
-        w.step,
-        layers=layer_pattern,
-        steps=steps,
-        warmup=warmup,
-        model_id=w.model_id,
-        batch_size=w.batch_size,
-        seq_len=w.seq_len,
-        optimizer=w.optimizer,
-    )
-    path = output or Path(f"{w.model_id}.trace.json")
+    tr = run.trace
+    path = output or Path(f"{run.model_id}.trace.json")
     save_model(tr, path)
     if as_json:
-        doc = {"path": str(path), "hash": tr.content_hash(), "trace": tr.model_dump(mode="json")}
-        doc["warnings"] = report.warnings
-        doc["unowned_bytes"] = report.unowned_bytes
+        doc: dict[str, Any] = {"path": str(path), "hash": tr.content_hash(), "trace": tr.model_dump(mode="json")}
+        doc["warnings"] = run.warnings
+        doc["unowned_bytes"] = run.unowned_bytes
         _print_json(doc)
         return
     t = Table(title=f"{tr.model}: batch {tr.batch_size}, seq {tr.seq_len}, {tr.dtype}, {tr.device.name}")
@@ -174,10 +152,10 @@ def trace_cmd(
         f"peak {format_bytes(tr.baseline.peak_bytes)}; copies h2d {tr.device.h2d_bytes_per_s / 1e9:.1f} GB/s, "
         f"d2h {tr.device.d2h_bytes_per_s / 1e9:.1f} GB/s, latency {tr.device.copy_latency_s * 1e6:.1f} us"
     )
-    if report.unowned:
+    if run.unowned_bytes:
         out.print(
-            f"not in any layer: {format_bytes(report.unowned_bytes)} saved between traced layers (no schedule moves "
-            f"them; up to {format_bytes(report.unowned_bytes)} of the smallest feasible budget)"
+            f"not in any layer: {format_bytes(run.unowned_bytes)} saved between traced layers (no schedule moves "
+            f"them; up to {format_bytes(run.unowned_bytes)} of the smallest feasible budget)"
         )
     out.print(f"[green]wrote[/] {path}")
 
@@ -360,9 +338,9 @@ def _measure_command(
     argv += [str(schedule)] if schedule is not None else ["--keep-all"]
     if trace_path is not None:
         argv += ["--trace", str(trace_path)]
-    from memsched.runtime.models import parse_dtype
+    from memsched.service.trace import dtype_name
 
-    dtype = str(parse_dtype(a.dtype)).removeprefix("torch.")
+    dtype = dtype_name(a.dtype)
     argv += ["--device", a.device, "--dtype", dtype, "--batch-size", str(a.batch_size)]
     argv += ["--seq-len", str(a.seq_len), "--steps", str(steps), "--warmup", str(warmup)]
     if threads is not None:
