@@ -49,6 +49,10 @@ def _print_json(obj: Any) -> None:
 
 def _quiet_transformers() -> None:
     # transformers warns about config defaults of the synthetic small models; those lines are noise here.
+    # torch first: without it, the command's one line names the missing extra (importing transformers
+    # without torch would print its own warning before it).
+    import torch  # noqa: F401
+
     try:
         from transformers.utils import logging as tf_logging
 
