@@ -194,9 +194,15 @@ def stage_memory(trace: Trace, decisions: list[Decision]) -> list[int]:
 
 def loss_point_bytes(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> int:
     """Non-static bytes at the loss point, between the end of F_{n-1} and the start of B_{n-1}: what is held
-    across it (kept saved bytes, what offloads leave on the device, every recompute segment's checkpoint
-    inputs; a recomputed layer's own bytes are gone, its segment's re-run starts at B_{n-1} at the
-    earliest) plus `loss_point_transient`. `ends`: `segment_ends(decisions)`, when the caller has it."""
+    across it (`loss_point_held`) plus `loss_point_transient`. `ends`: `segment_ends(decisions)`, when the
+    caller has it."""
+    return loss_point_held(trace, decisions, ends) + loss_point_transient(trace)
+
+
+def loss_point_held(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> int:
+    """What is held across the loss point: kept saved bytes, what offloads leave on the device, every
+    recompute segment's checkpoint inputs; a recomputed layer's own bytes are gone, its segment's re-run
+    starts at B_{n-1} at the earliest. (The saved part of the loss point, without its transient.)"""
     group_end = segment_ends(decisions) if ends is None else ends
     held = 0
     for layer, d in zip(trace.layers, decisions, strict=True):
@@ -208,10 +214,19 @@ def loss_point_bytes(trace: Trace, decisions: list[Decision], ends: dict[int, in
         held += trace.layers[j].output_bytes
     for a, b in group_end.items():
         held += segment_external_bytes(trace, a, b)
-    return held + loss_point_transient(trace)
+    return held
 
 
-def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool) -> list[int]:
+def stage_saved_bytes(trace: Trace, decisions: list[Decision]) -> list[int]:
+    """The saved part of `stage_memory` at each global stage: saved bytes plus checkpoint inputs, without the
+    transients (the stage's own, and at F_{n-1} the loss point's). It is the same fold as `stage_memory`'s,
+    moment by moment: F_{n-1}'s is the larger of what the last forward holds and what the loss point holds
+    (never the loss point's whole bytes minus F_{n-1}'s transient). The runtime's saved-tensor ledger is its
+    counterpart (optimizer/saved_profile.py)."""
+    return _stage_memory(trace, decisions, loss=True, transients=False)
+
+
+def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transients: bool = True) -> list[int]:
     n = trace.n
     last = 2 * n - 1
     diff = [0] * (2 * n + 1)
@@ -239,10 +254,9 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool) -> list[i
         add(a + 1, last - a - 1, trace.layers[j].output_bytes)
     for a, b in group_end.items():
         add(a + 1, last - a - 1, segment_external_bytes(trace, a, b))
-    for i in range(n):
+    for i in range(n if transients else 0):
         add(i, i, forward_transient(trace, i))
-        layer = trace.layers[i]
-        add(last - i, last - i, layer.workspace_bytes + layer.output_bytes + layer.input_bytes)
+        add(last - i, last - i, backward_transient(trace, i))
     out, run = [], 0
     for t in range(2 * n):
         run += diff[t]
@@ -250,7 +264,9 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool) -> list[i
     if loss:
         # The loss sits between F_{n-1} and B_{n-1}: a moment of its own, folded into F_{n-1}'s stage as the
         # larger of the two (a recomputed last layer's bytes are gone by then, so a sum would over-count).
-        out[n - 1] = max(out[n - 1], loss_point_bytes(trace, decisions, group_end))
+        # Without transients, each moment's saved part: the loss point's is what is held across it.
+        point = loss_point_bytes if transients else loss_point_held
+        out[n - 1] = max(out[n - 1], point(trace, decisions, group_end))
     return out
 
 

@@ -285,3 +285,21 @@ def test_recompute_holds_inputs_no_traced_layer_produced():
     # F0 10 + o0 4 | F1 20 + 5 + 11 | F2 30 + 6 + 11 | B2 30 + 11 + (6 + 5) | B1 10 + 20 + 11 + (5 + 6)
     # | B0 10 + (4 + 9)
     assert sim.stage_bytes == [14, 36, 47, 52, 52, 23]
+
+
+def test_saved_part_of_the_loss_point_stage_is_what_it_holds():
+    """The saved profile (the ledger's counterpart) folds F_{n-1} and the loss point moment by moment: at
+    F_{n-1} it is the larger of the two moments' saved parts, never the loss point's whole bytes minus F_{n-1}'s
+    transient (issue 25: that read the loss's bytes beyond the last forward's transient as saved)."""
+    from memsched.optimizer.saved_profile import saved_profile
+    from memsched.optimizer.simulate import stage_memory, stage_saved_bytes
+
+    tr = tiny_trace([1, 2, 3], [2, 4, 6], [10, 20, 30], static=5)
+    for layer in tr.layers:
+        layer.workspace_bytes, layer.output_bytes = 4, 3
+    tr.baseline.peak_bytes = 5 + 60 + 3 + 25  # the loss point is the keep-all peak
+    keep = [KEEP] * 3
+    assert stage_memory(tr, keep)[2] == 60 + 3 + 25  # the loss point, above F2's 60 + 4 + 3
+    assert stage_saved_bytes(tr, keep) == saved_profile(tr, keep) == [10, 30, 60, 60, 30, 10]
+    rec = [KEEP, KEEP, recompute()]  # F2 holds layer 2's own 30 bytes, the loss point does not
+    assert stage_saved_bytes(tr, rec)[2] == 60
