@@ -256,12 +256,16 @@ def measure_cmd(
         int, typer.Option("--steps", help="Timed steps per side, keep-all and scheduled alternating (median).")
     ] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps per side before the timed ones.")] = 2,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N].")] = "cpu",
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu or cuda[:N] [default: cpu for a built-in; a factory's own].")
+    ] = None,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="float32, bfloat16 or float16 [default: the trace's, else float32].")
     ] = None,
     dropout: Annotated[float | None, typer.Option("--dropout", help="Override the config's dropout.")] = None,
-    optimizer: Annotated[str, typer.Option("--optimizer", help="adamw, sgd or none.")] = "adamw",
+    optimizer: Annotated[
+        str | None, typer.Option("--optimizer", help="adamw, sgd or none [default: adamw; a factory's own].")
+    ] = None,
     threads: Annotated[
         int | None,
         typer.Option("--threads", help="CPU threads for torch [default: the trace's, else torch's own choice]."),
@@ -344,12 +348,17 @@ def _measure_command(
         argv += ["--trace", str(trace_path)]
     from memsched.service.trace import dtype_name
 
-    dtype = dtype_name(a.dtype)
-    argv += ["--device", a.device, "--dtype", dtype, "--batch-size", str(a.batch_size)]
-    argv += ["--seq-len", str(a.seq_len), "--steps", str(steps), "--warmup", str(warmup)]
+    # What the user (or the trace) set; the rest is the model's own default, the same on a re-run.
+    if a.device is not None:
+        argv += ["--device", a.device]
+    if a.dtype is not None:
+        argv += ["--dtype", dtype_name(a.dtype)]
+    for flag, value in (("--batch-size", a.batch_size), ("--seq-len", a.seq_len), ("--optimizer", a.optimizer)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--steps", str(steps), "--warmup", str(warmup)]
     if threads is not None:
         argv += ["--threads", str(threads)]
-    argv += ["--optimizer", a.optimizer]
     if a.num_layers is not None:
         argv += ["--layers", str(a.num_layers)]
     if a.small:

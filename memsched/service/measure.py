@@ -41,14 +41,17 @@ class WorkloadArgs:
     """How to build the workload: the same flags as `memsched trace`, so a trace and its replay match."""
 
     model: str
-    batch_size: int = 2
-    seq_len: int = 128
+    """A built-in model name or package.module:factory."""
+    batch_size: int | None = None
+    """None: the built-in's default (2) or the factory's own; likewise every field below that may be None, so a
+    factory is never handed a flag the user did not give (docs/factory.md)."""
+    seq_len: int | None = None
     num_layers: int | None = None
-    small: bool = False
-    device: str = "cpu"
-    dtype: str = "float32"
+    small: bool | None = None
+    device: str | None = None
+    dtype: str | None = None
     dropout: float | None = None
-    optimizer: str = "adamw"
+    optimizer: str | None = None
     layer_pattern: list[str] | None = None
 
 
@@ -351,19 +354,24 @@ def _build(args: WorkloadArgs) -> tuple[Workload, str, Any]:
     from memsched.runtime import workload
     from memsched.runtime.models import parse_dtype
 
-    dtype = str(parse_dtype(args.dtype)).removeprefix("torch.")
-    dev = _device(args.device)
+    dtype = str(parse_dtype(args.dtype)).removeprefix("torch.") if args.dtype is not None else None
+    dev = _device(args.device) if args.device is not None else None
     w = workload(
         args.model,
         batch_size=args.batch_size,
         seq_len=args.seq_len,
         num_layers=args.num_layers,
-        small=args.small,
+        small=args.small or None,
         device=dev,
         dropout=args.dropout,
         optimizer=args.optimizer,
         dtype=dtype,
     )
+    first = next(w.model.parameters(), None)
+    if dtype is None:  # the model's own: what its parameters are
+        dtype = str(first.dtype).removeprefix("torch.") if first is not None else "float32"
+    if dev is None:  # the model's own device (a built-in's is the CPU)
+        dev = first.device if first is not None else _device("cpu")
     return w, dtype, dev
 
 

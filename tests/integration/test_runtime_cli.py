@@ -201,6 +201,21 @@ def test_a_factory_keeps_its_own_defaults_and_its_optimizer_state(tmp_path, caps
     assert tr.batch_size == 5 and tr.layer_names == ["blocks.0", "blocks.1", "blocks.2"]
 
 
+def test_measure_rebuilds_a_factory_with_its_own_defaults(tmp_path, capsys, monkeypatch, caplog):
+    # measure passes a factory only what the user or the trace set: no CLI default (batch 2, adamw, ...) is
+    # pushed onto it, so nothing is warned about and the trace's batch (the factory's own 3) is rebuilt.
+    (tmp_path / "own_models.py").write_text(OWN_FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "t.json"
+    assert run(["trace", "own_models:make", *QUICK, "-o", path], capsys)[0] == 0
+    with caplog.at_level("WARNING"):
+        code, out, err = run(["measure", "own_models:make", "--keep-all", "--trace", path, *QUICK, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["batch_size"] == 3 and doc["dtype"] == "float32" and doc["notes"] == []
+    assert not [r for r in caplog.records if "would be ignored" in r.getMessage()]
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
