@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from memsched.optimizer.simulate import (
+    checkpoint_state_bytes,
     external_input_bytes,
     keepall_step_s,
     loss_point_transient,
@@ -49,6 +50,7 @@ class FastSim:
         self.d2h_bw, self.h2d_bw, self.latency = dev.d2h_bytes_per_s, dev.h2d_bytes_per_s, dev.copy_latency_s
         self.serial = not dev.concurrent_copies
         self.loss_transient = loss_point_transient(trace)
+        self.ckpt_state = checkpoint_state_bytes(trace)
         self.other_s = other_step_s(trace)
         self.keepall_s = keepall_step_s(trace)
         self.limit = budget_bytes - trace.static.total
@@ -56,7 +58,8 @@ class FastSim:
     def __call__(self, kind: np.ndarray, nbytes: np.ndarray) -> tuple[float, int]:
         return _evaluate(kind, nbytes, self.fwd, self.bwd, self.saved, self.fwd_transient, self.bwd_transient,
                          self.out_bytes, self.external, self.dep_ptr, self.deps, self.d2h_bw, self.h2d_bw,
-                         self.latency, self.serial, self.loss_transient, self.other_s, self.limit)
+                         self.latency, self.serial, self.loss_transient, self.ckpt_state, self.other_s,
+                         self.limit)
 
 
 @njit(cache=True)
@@ -77,9 +80,10 @@ def _add(diff: np.ndarray, lo: int, hi: int, nbytes: int) -> None:  # pragma: no
 def _stage_memory(kind: np.ndarray, nbytes: np.ndarray, done_by: np.ndarray, prefetch_at: np.ndarray,
                   seg_start: np.ndarray, seg_end: np.ndarray, saved: np.ndarray, fwd_transient: np.ndarray,
                   bwd_transient: np.ndarray, out_bytes: np.ndarray, external: np.ndarray, dep_ptr: np.ndarray,
-                  deps: np.ndarray, loss_transient: int) -> np.ndarray:  # pragma: no cover - compiled
+                  deps: np.ndarray, loss_transient: int, ckpt_state: int) -> np.ndarray:  # pragma: no cover
     """simulate.stage_memory: non-static bytes at each global stage 0..2n-1, the loss point folded into
-    F_{n-1}'s (simulate.loss_point_bytes)."""
+    F_{n-1}'s (simulate.loss_point_bytes); each segment's stashed state (simulate.checkpoint_state_bytes)
+    from F_a through B_a."""
     n = kind.shape[0]
     last = 2 * n - 1
     diff = np.zeros(2 * n + 1, dtype=np.int64)
@@ -110,9 +114,11 @@ def _stage_memory(kind: np.ndarray, nbytes: np.ndarray, done_by: np.ndarray, pre
                 if j < a < earliest[j]:
                     earliest[j] = a
         _add(diff, a + 1, last - a - 1, ext)
+        _add(diff, a, last - a, ckpt_state)
     held = loss_transient  # the loss point: what is held across it, plus its own bytes
     for a in range(n):
         if seg_end[a] >= 0:
+            held += ckpt_state
             for c in range(a, seg_end[a] + 1):
                 held += external[c]
     for j in range(n):
@@ -160,7 +166,8 @@ def _offloads_by_stage(kind: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray,
 def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, saved: np.ndarray,
               fwd_transient: np.ndarray, bwd_transient: np.ndarray, out_bytes: np.ndarray, external: np.ndarray,
               dep_ptr: np.ndarray, deps: np.ndarray, d2h_bw: float, h2d_bw: float, latency: float, serial: bool,
-              loss_transient: int, other_s: float, limit: int) -> tuple[float, int]:  # pragma: no cover - compiled
+              loss_transient: int, ckpt_state: int, other_s: float,
+              limit: int) -> tuple[float, int]:  # pragma: no cover - compiled
     n = kind.shape[0]
     last = 2 * n - 1
     # Recompute segments: seg_start[i] for recomputed layers, seg_end[a] for segment starts (-1 elsewhere).
@@ -206,7 +213,7 @@ def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, bwd: np.nda
                 done_by[i] = k
                 prefetch_at[i] = i
             mem = _stage_memory(kind, nbytes, done_by, prefetch_at, seg_start, seg_end, saved, fwd_transient,
-                                bwd_transient, out_bytes, external, dep_ptr, deps, loss_transient)
+                                bwd_transient, out_bytes, external, dep_ptr, deps, loss_transient, ckpt_state)
             head = 0
             for st in range(1, n):
                 while head < n_off and mem[st] > limit and offloads[head] < st:
@@ -235,7 +242,7 @@ def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, bwd: np.nda
                 prefetch_at[i] = p
                 cap = p
     mem = _stage_memory(kind, nbytes, done_by, prefetch_at, seg_start, seg_end, saved, fwd_transient,
-                        bwd_transient, out_bytes, external, dep_ptr, deps, loss_transient)
+                        bwd_transient, out_bytes, external, dep_ptr, deps, loss_transient, ckpt_state)
     excess = 0
     for st in range(2 * n):
         if mem[st] > limit:

@@ -30,6 +30,7 @@ from memsched.optimizer.simulate import (
     D2H,
     H2D,
     SimResult,
+    checkpoint_state_bytes,
     copy_seconds,
     default_timing,
     segment_external_bytes,
@@ -113,7 +114,7 @@ def greedy_decisions(trace: Trace, budget_bytes: int, allowed: frozenset[Action]
             if sizes[b] <= 0:
                 continue  # a segment ending at a layer that saves nothing is dominated by a shorter one
             net = freed - sum(trace.layers[j].output_bytes for j in segment_outside_deps(trace, a, b))
-            net -= segment_external_bytes(trace, a, b)
+            net -= segment_external_bytes(trace, a, b) + checkpoint_state_bytes(trace)
             if net > 0:
                 heapq.heappush(heap, (-net / (cost + _EPS_S), a, "recompute", b))
     held_from: dict[int, int] = {}
@@ -148,6 +149,7 @@ def greedy_decisions(trace: Trace, budget_bytes: int, allowed: frozenset[Action]
         ext = segment_external_bytes(trace, a, b)
         if ext:
             mem[a + 1 : last - a] += ext  # inputs no traced layer produced: held by this checkpoint
+        mem[a : last - a + 1] += checkpoint_state_bytes(trace)  # its stashed RNG state, F_a through B_a
     # Reverse pass: undo expensive choices that later ones made unnecessary (recompute undo is skipped:
     # its checkpoint bookkeeping is not reversible incrementally, and it is rarely the expensive one).
     for cost, i in sorted(applied, reverse=True):

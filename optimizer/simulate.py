@@ -155,6 +155,19 @@ def loss_point_transient(trace: Trace) -> int:
     return trace.layers[-1].output_bytes + unattributed_bytes(trace)
 
 
+CPU_RNG_STATE_BYTES = 5056
+"""Bytes of `torch.get_rng_state()`: the CPU generator's state (mt19937 and its normal-sampling cache), a uint8
+tensor in host memory that a recompute segment's checkpoint stashes (torch.utils.checkpoint,
+preserve_rng_state) for its recomputation (measured: torch 2.13; the layout is older than torch 1.0)."""
+
+
+def checkpoint_state_bytes(trace: Trace) -> int:
+    """Device bytes each recompute segment's checkpoint holds beyond its inputs, from F_a through B_a: the
+    RNG state it stashes. The CPU generator's state is a host tensor, so it is device memory exactly where
+    the device is the host (`DeviceInfo.is_host`); a GPU's stashed states are host tensors too: 0 there."""
+    return CPU_RNG_STATE_BYTES if trace.device.is_host else 0
+
+
 def external_input_bytes(trace: Trace, i: int) -> int:
     """Bytes layer i reads that no traced layer produced (an embedding's or a stem's output, a mask): a
     recompute segment containing i holds them as checkpoint inputs, like the outputs of its deps."""
@@ -194,9 +207,11 @@ def stage_memory(trace: Trace, decisions: list[Decision]) -> list[int]:
 
 def loss_point_bytes(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> int:
     """Non-static bytes at the loss point, between the end of F_{n-1} and the start of B_{n-1}: what is held
-    across it (`loss_point_held`) plus `loss_point_transient`. `ends`: `segment_ends(decisions)`, when the
-    caller has it."""
-    return loss_point_held(trace, decisions, ends) + loss_point_transient(trace)
+    across it (`loss_point_held`), every recompute segment's stashed state (`checkpoint_state_bytes`) and
+    `loss_point_transient`. `ends`: `segment_ends(decisions)`, when the caller has it."""
+    group_end = segment_ends(decisions) if ends is None else ends
+    state = checkpoint_state_bytes(trace) * len(group_end)
+    return loss_point_held(trace, decisions, group_end) + state + loss_point_transient(trace)
 
 
 def loss_point_held(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> int:
@@ -219,10 +234,11 @@ def loss_point_held(trace: Trace, decisions: list[Decision], ends: dict[int, int
 
 def stage_saved_bytes(trace: Trace, decisions: list[Decision]) -> list[int]:
     """The saved part of `stage_memory` at each global stage: saved bytes plus checkpoint inputs, without the
-    transients (the stage's own, and at F_{n-1} the loss point's). It is the same fold as `stage_memory`'s,
-    moment by moment: F_{n-1}'s is the larger of what the last forward holds and what the loss point holds
-    (never the loss point's whole bytes minus F_{n-1}'s transient). The runtime's saved-tensor ledger is its
-    counterpart (optimizer/saved_profile.py)."""
+    transients (the stage's own, and at F_{n-1} the loss point's) and the checkpoints' stashed RNG states
+    (`checkpoint_state_bytes`: not saved tensors, so the ledger does not see them). It is the same fold as
+    `stage_memory`'s, moment by moment: F_{n-1}'s is the larger of what the last forward holds and what the
+    loss point holds (never the loss point's whole bytes minus F_{n-1}'s transient). The runtime's
+    saved-tensor ledger is its counterpart (optimizer/saved_profile.py)."""
     return _stage_memory(trace, decisions, loss=True, transients=False)
 
 
@@ -254,6 +270,9 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transient
         add(a + 1, last - a - 1, trace.layers[j].output_bytes)
     for a, b in group_end.items():
         add(a + 1, last - a - 1, segment_external_bytes(trace, a, b))
+    state = checkpoint_state_bytes(trace) if transients else 0
+    for a in group_end:
+        add(a, last - a, state)  # stashed at the segment's entry, dropped when its backward is done
     for i in range(n if transients else 0):
         add(i, i, forward_transient(trace, i))
         add(last - i, last - i, backward_transient(trace, i))

@@ -78,7 +78,7 @@ def expand_fifo(
     saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray,
     bwd: np.ndarray, bwd_prefix: np.ndarray,
     trans_f: np.ndarray, trans_b: np.ndarray, row_floor: np.ndarray, future: np.ndarray, future_step: float,
-    external: np.ndarray, bits_at: np.ndarray, out_bytes_bit: np.ndarray, offload_bytes: np.ndarray,
+    external: np.ndarray, state: int, bits_at: np.ndarray, out_bytes_bit: np.ndarray, offload_bytes: np.ndarray,
     retained: np.ndarray, held: np.ndarray, cf: np.ndarray, cr: np.ndarray,
     dq_t: np.ndarray, dq_b: np.ndarray, dq_n: np.ndarray, hq_t: np.ndarray, hq_b: np.ndarray, hq_n: np.ndarray,
     first: int, capacity: int,
@@ -91,7 +91,9 @@ def expand_fifo(
     forward stall, cr the backward stall plus recomputation. Children are those whose cost plus the
     future-cost bound stays under `threshold`. Held masks are returned in crossing[k] bit order. Returns
     (next label to expand, children written, destination, parent, action, retained, held, cf, cr, then the
-    children's queues)."""
+    children's queues). `state`: what a recompute segment holds from F_k through B_k beyond its inputs
+    (kernels.segment_children); rows F_k / B_k are checked with it for segments, their queue waits are not
+    replayed (nonzero on CPU traces only, which the FIFO sweep, for concurrent copies, does not see)."""
     n = len(saved)
     q = dq_t.shape[1]
     g_last = future.shape[1] - 1
@@ -168,6 +170,8 @@ def expand_fifo(
             o_hqn[w] = m_h
             w += 1
         # ---- recompute segments [k, b]
+        if state > 0 and (cap_f < state or cap_b < state):
+            continue
         seg = np.int64(0)
         ext = np.int64(0)
         ckpt = np.int64(0)
@@ -179,7 +183,7 @@ def expand_fifo(
                 # The checkpoint grew: every interior row sees it, so replay them from layer k.
                 seg |= new_bits
                 ext += external[b]
-                ckpt = checkpoint_bytes(seg, held[parent], ext, out_bytes_bit)
+                ckpt = checkpoint_bytes(seg, held[parent], ext, out_bytes_bit) + state
                 _copy_queues(wdt, wdb, wht, whb, bdt, bdb, bht, bhb)
                 sd, sh, stf, stream = nd, nh, tf, tr
                 replay_from = k + 1

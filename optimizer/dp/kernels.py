@@ -28,7 +28,7 @@ def segment_children(
     k: int, limit: int, serial: bool, d2h_bw: float, h2d_bw: float, threshold: float,
     saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray, bwd: np.ndarray,
     trans_f: np.ndarray, trans_b: np.ndarray, row_floor: np.ndarray, future: np.ndarray, future_step: float,
-    external: np.ndarray,
+    external: np.ndarray, state: int,
     bits_at: np.ndarray, out_bytes_bit: np.ndarray,
     retained: np.ndarray, held: np.ndarray, cost: np.ndarray, d2h: np.ndarray, h2d: np.ndarray,
     capacity: int,
@@ -37,7 +37,10 @@ def segment_children(
     [k, b], for every b where all rows fit and the cost stays under `threshold`.
 
     `bits_at[b - k]`: held-mask bits (crossing[k] order) of the producers before k that layer b consumes;
-    `out_bytes_bit[bit]`: those producers' output bytes. Returns (labels done, children written, then the
+    `out_bytes_bit[bit]`: those producers' output bytes. `state`: what a segment's checkpoint holds from F_k
+    through B_k beyond its inputs (the stashed RNG state, simulate.checkpoint_state_bytes): in rows F_k and
+    B_k too, which the caller checked without it; its rows' backlog drain is not replayed (the state is
+    nonzero on a CPU trace only, whose copies are serial: no backlog). Returns (labels done, children written, then the
     children's arrays: destination boundary, parent, retained, held (crossing[k] order), cost, d2h, h2d).
     `future[b, g]` bounds the cost to come from boundary b at g * future_step retained bytes (dp/future.py).
     Stops before a label whose children might not fit in `capacity`; the caller resumes from there."""
@@ -56,6 +59,8 @@ def segment_children(
             break
         done = i + 1
         r = retained[i]
+        if state > 0 and (limit - saved[k] - max(trans_f[k], trans_b[k]) - r - state < 0):
+            continue  # rows F_k / B_k cannot hold the segment's stashed state
         c0, d0, h0 = cost[i], d2h[i], h2d[i]
         c, d, h = c0, d0, h0
         seg = np.int64(0)
@@ -68,7 +73,7 @@ def segment_children(
                 # The checkpoint grew: every interior row sees it, so replay them from the segment's start.
                 seg |= new_bits
                 ext += external[b]
-                ckpt = checkpoint_bytes(seg, held[i], ext, out_bytes_bit)
+                ckpt = checkpoint_bytes(seg, held[i], ext, out_bytes_bit) + state
                 c, d, h = c0, d0, h0
                 replay_from = k + 1
             dead = False

@@ -16,6 +16,7 @@ import numpy as np
 from memsched.optimizer.dp.future import GRID_POINTS, future_table
 from memsched.optimizer.simulate import (
     backward_transient,
+    checkpoint_state_bytes,
     external_input_bytes,
     forward_transient,
     loss_point_transient,
@@ -104,6 +105,9 @@ class DpProblem:
     """Whether plans may recompute (the solve options' actions); False: the sweeps emit no segments. (Without
     offload, `offload` is empty for every layer.) The future-cost table assumes every action, so it stays a
     valid lower bound under either restriction."""
+    ckpt_state: int = 0
+    """Bytes each recompute segment [k..b] holds from F_k through B_k beyond its inputs: the RNG state its
+    checkpoint stashes (simulate.checkpoint_state_bytes; nonzero on a trace measured on the CPU)."""
 
     def remap_held(self, held: np.ndarray, src: int, dst: int) -> np.ndarray:
         """Held masks re-expressed from crossing[src] bit order in crossing[dst] bit order (producers that no
@@ -230,6 +234,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         row_floor=row_floor,
         future=future,
         future_step=future_step,
+        ckpt_state=checkpoint_state_bytes(trace),
     )
 
 

@@ -194,7 +194,8 @@ class _Sweep:
     def _segments(self, k: int, idx: np.ndarray, retained: np.ndarray, held: np.ndarray, cost: np.ndarray,
                   d2h: np.ndarray, h2d: np.ndarray) -> None:
         """Every recompute segment [k, b] (optimizer/dp/kernels.py): rows F_m / B_m of its layers m in
-        (k, b] hold the segment's checkpoint (outside producers not held yet + external inputs) and, at B_m,
+        (k, b] hold the segment's checkpoint (outside producers not held yet + external inputs + the stashed
+        state, which rows F_k / B_k hold too) and, at B_m,
         the layers k..m it has rematerialised; the recomputation (F_k..F_b) costs its forward time at B_b."""
         p, cfg = self.p, self.cfg
         bits_at, out_bytes_bit = p.segment_inputs(k)
@@ -207,7 +208,7 @@ class _Sweep:
             done, w, dst, parent, ret, hd, cost_o, d2h_o, h2d_o = segment_children(
                 k, p.limit, p.serial, p.d2h_bw, p.h2d_bw, cfg.threshold, p.saved, p.saved_prefix, p.fwd,
                 p.fwd_prefix, p.bwd, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
-                bits_at, out_bytes_bit,
+                p.ckpt_state, bits_at, out_bytes_bit,
                 retained[sl], held[sl], cost[sl], d2h[sl], h2d[sl], capacity)
             pos += done
             if w == 0:

@@ -15,6 +15,7 @@ from memsched.optimizer.simulate import (
     D2H,
     H2D,
     backward_transient,
+    checkpoint_state_bytes,
     copy_seconds,
     forward_transient,
     keepall_step_s,
@@ -286,8 +287,9 @@ def _add_checkpoint_inputs(m: MilpModel) -> dict[int, Terms]:
     for (a, b), v in m.seg.items():
         for j in segment_outside_deps(trace, a, b):
             starts.setdefault(j, {}).setdefault(a, []).append(v)
-        # Inputs no traced layer produced are held by this segment's checkpoint alone (no dedup).
-        ext = segment_external_bytes(trace, a, b)
+        # Inputs no traced layer produced are held by this segment's checkpoint alone (no dedup), and so is
+        # the RNG state it stashes (held from F_a on; rows F_a / B_a add it themselves).
+        ext = segment_external_bytes(trace, a, b) + checkpoint_state_bytes(trace)
         if ext:
             held_inc.setdefault(a, []).append((v, float(ext)))
     for j, by_start in starts.items():
@@ -377,9 +379,15 @@ def _add_memory_rows(
             nbytes = float(sum(sizes[a:k]))
             if nbytes:
                 remat[k].append((v, nbytes))
+    # A segment [a, b]'s checkpoint stashes the RNG state at entry: rows F_a and B_a hold it too.
+    state = float(checkpoint_state_bytes(trace))
+    state_at: dict[int, Terms] = {k: [] for k in range(n)}
+    if state:
+        for (a, _b), v in m.seg.items():
+            state_at[a].append((v, state))
     for k in range(n):
         prefix += sizes[k]
-        common = ([(acc[k], -1.0), (held[k], 1.0)] if k >= 1 else [])
+        common = ([(acc[k], -1.0), (held[k], 1.0)] if k >= 1 else []) + state_at[k]
         for stage, transient, pend in (
             ("F", forward_transient(trace, k), pend_f[k]),
             # B_{n-1}'s row also bounds the loss point before it (it holds no more than B_{n-1} but the
