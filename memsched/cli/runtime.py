@@ -421,6 +421,15 @@ def _print_measure(doc: dict[str, Any]) -> None:
         )
     if "fits_budget" in doc:
         notes.append("within budget" if doc["fits_budget"] else "[red]OVER budget[/]")
+    worst = doc.get("worst_stage")
+    if worst and worst["notable"]:
+        d = worst["difference_bytes"]
+        notes.append(
+            f"[yellow]departs from the plan[/] at stage {worst['stage']} (layer {worst['layer']}): measured "
+            f"{format_bytes(worst['measured_bytes'])}, predicted {format_bytes(worst['predicted_bytes'])} "
+            f"({'+' if d >= 0 else '-'}{format_bytes(abs(d))}, {100 * worst['fraction_of_predicted_peak']:+.1f}% "
+            "of the predicted peak)"
+        )
     if "oversubscription" in doc:
         notes.append(f"oversubscription {doc['oversubscription']:.2f}x")
     if notes:

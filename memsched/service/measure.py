@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 PEAK_TARGET = 0.05
 """Measured whole-step peak within 5% of the predicted peak."""
+STAGE_NOTE = 0.05
+"""A stage whose measured peak departs from its prediction by more than this fraction of the predicted peak
+gets a note under the table."""
 STEP_TARGET = 0.10
 """Measured step time within 10% of the predicted step time."""
 
@@ -83,6 +86,98 @@ def workload_args(trace: Trace | None, schedule: Schedule | None, **given: Any) 
 
 
 @dataclass
+class StageDeparture:
+    """Where a replayed step departs most from the plan: one stage's measured whole-step peak against the
+    simulator's prediction for it (static + the stage's bytes: the terms whose maximum is the predicted peak)."""
+
+    stage: str
+    """'F3' (layer 3's forward) or 'B3' (its backward)."""
+    layer: str
+    """The traced layer the stage belongs to."""
+    predicted_bytes: int
+    measured_bytes: int
+    predicted_peak_bytes: int
+    """The predicted whole-step peak (the maximum over stages), the scale of `departure`."""
+
+    @property
+    def difference_bytes(self) -> int:
+        """Measured minus predicted: positive where the step holds more than the plan says."""
+        return self.measured_bytes - self.predicted_bytes
+
+    @property
+    def departure(self) -> float:
+        """The difference as a fraction of the predicted peak."""
+        return self.difference_bytes / self.predicted_peak_bytes if self.predicted_peak_bytes else 0.0
+
+    @property
+    def notable(self) -> bool:
+        """Departs by more than STAGE_NOTE of the predicted peak."""
+        return abs(self.departure) > STAGE_NOTE
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "layer": self.layer,
+            "predicted_bytes": self.predicted_bytes,
+            "measured_bytes": self.measured_bytes,
+            "difference_bytes": self.difference_bytes,
+            "fraction_of_predicted_peak": self.departure,
+            "notable": self.notable,
+        }
+
+
+def stage_name(n: int, t: int) -> tuple[str, int]:
+    """Global stage t of an n-layer step (the simulator's order: F_0..F_{n-1}, then B_{n-1}..B_0) as the
+    runtime's stage name ('F3', 'B3') and the layer index it belongs to."""
+    return (f"F{t}", t) if t < n else (f"B{2 * n - 1 - t}", 2 * n - 1 - t)
+
+
+def predicted_stage_peaks(static_bytes: int, stage_bytes: Sequence[int]) -> dict[str, int]:
+    """The simulator's whole-step bytes per stage, by the runtime's stage names: static + the stage's bytes, the
+    terms whose maximum is the predicted peak (SimResult.peak_bytes)."""
+    n = len(stage_bytes) // 2
+    return {stage_name(n, t)[0]: static_bytes + b for t, b in enumerate(stage_bytes)}
+
+
+def measured_stage_peaks(stage_peak_bytes: dict[str, int]) -> dict[str, int]:
+    """The measured whole-step peak per stage, on the simulator's stages: the part of the step before the first
+    layer ('pre': zero_grad, embeddings) is F_0's, the optimizer step is B_0's, as the tracer attributes them
+    when it fits the layers' workspace (runtime/tracer.py, fit_workspace)."""
+    out = {k: v for k, v in stage_peak_bytes.items() if k[:1] in "FB" and k[1:].isdigit()}
+    for extra, stage in (("pre", "F0"), ("optimizer", "B0")):
+        if extra in stage_peak_bytes and stage in out:
+            out[stage] = max(out[stage], stage_peak_bytes[extra])
+    return out
+
+
+def worst_stage(
+    predicted: dict[str, int], measured: dict[str, int], layer_names: Sequence[str]
+) -> StageDeparture | None:
+    """The stage where the measured whole-step peak departs most from the prediction: the largest excess over
+    the plan (the direction that breaks a budget); when no stage holds more than predicted, the largest shortfall.
+    Both in bytes per stage (`predicted_stage_peaks`, `measured_stage_peaks`); ties go to the earlier stage.
+    None when no stage is on both sides."""
+    n = len(layer_names)
+    order = [stage_name(n, t) for t in range(2 * n)]
+    common = [(name, i) for name, i in order if name in predicted and name in measured]
+    if not common or not predicted:
+        return None
+
+    def diff(item: tuple[str, int]) -> int:
+        return measured[item[0]] - predicted[item[0]]
+
+    over = [c for c in common if diff(c) > 0]
+    name, i = max(over, key=diff) if over else min(common, key=diff)  # max/min keep the first of equals
+    return StageDeparture(
+        stage=name,
+        layer=layer_names[i],
+        predicted_bytes=predicted[name],
+        measured_bytes=measured[name],
+        predicted_peak_bytes=max(predicted.values()),
+    )
+
+
+@dataclass
 class Side:
     """One measured configuration (keep-all or the schedule): predicted against measured."""
 
@@ -100,6 +195,10 @@ class Side:
     """Host copies made by offloading (not device bytes; not in the peak)."""
     stage_peak_bytes: dict[str, int] = field(default_factory=dict)
     """The whole-step peak per stage, of the run with the highest peak."""
+    predicted_stage_peak_bytes: dict[str, int] = field(default_factory=dict)
+    """The simulator's whole-step bytes per stage ('F3', 'B3'), when a trace is given."""
+    worst_stage: StageDeparture | None = None
+    """The stage that departs most from the plan (`worst_stage`), when a trace is given."""
 
     def ratios(self) -> dict[str, float | None]:
         def r(m: float, p: float | None) -> float | None:
@@ -121,6 +220,8 @@ class Side:
             "predicted_saved_peak_bytes": self.predicted_saved_peak_bytes,
             "host_bytes": self.host_bytes,
             "stage_peak_bytes": self.stage_peak_bytes,
+            "predicted_stage_peak_bytes": self.predicted_stage_peak_bytes,
+            "worst_stage": None if self.worst_stage is None else self.worst_stage.to_json(),
             "ratio_measured_over_predicted": self.ratios(),
         }
 
@@ -209,6 +310,7 @@ class MeasureReport:
             "measured_step_s": side.measured_step_s,
             "predicted_overhead_pct": self.predicted_overhead_pct if s is not None else None,
             "measured_overhead_pct": measured_overhead,
+            "worst_stage": None if side.worst_stage is None else side.worst_stage.to_json(),
             "threads": self.threads,
             "step_clock": self.clock,
         }
@@ -288,6 +390,12 @@ class Predictions:
     sched_step: float | None = None
     sched_saved: int | None = None
     overhead_pct: float | None = None
+    keep_stages: dict[str, int] = field(default_factory=dict)
+    """The simulator's whole-step bytes per stage of keep-all (`predicted_stage_peaks`)."""
+    sched_stages: dict[str, int] = field(default_factory=dict)
+    """The same for the schedule, simulated against the trace."""
+    layer_names: list[str] = field(default_factory=list)
+    """The trace's layers, in forward order."""
     note: str | None = None
     """Set when the schedule file's stored prediction differs from the simulation of its actions against
     the trace (the schedule was edited, or solved by an earlier cost model): says both."""
@@ -310,6 +418,8 @@ def predictions(trace: Trace | None, schedule: Schedule | None) -> Predictions:
     sim = simulate(trace, keep_all(trace), with_events=False)
     p.keep_peak, p.keep_step = sim.peak_bytes, sim.step_s
     p.keep_saved = max(saved_profile(trace, sim.decisions))
+    p.keep_stages = predicted_stage_peaks(sim.static_bytes, sim.stage_bytes)
+    p.layer_names = [x.name for x in trace.layers]
     if schedule is not None:
         mine = simulate(trace, schedule, with_events=False)
         stored = schedule.prediction
@@ -322,6 +432,7 @@ def predictions(trace: Trace | None, schedule: Schedule | None) -> Predictions:
             log.warning("%s", p.note)
         p.sched_peak, p.sched_step, p.overhead_pct = mine.peak_bytes, mine.step_s, mine.overhead_pct
         p.sched_saved = max(predicted_saved_profile(trace, schedule))
+        p.sched_stages = predicted_stage_peaks(mine.static_bytes, mine.stage_bytes)
     return p
 
 
@@ -440,10 +551,20 @@ def _measure(
         _release(dev)
 
 
-def _side(m: Measurement | None, peak: int | None, step: float | None, saved: int | None) -> Side | None:
-    """One side's figures: the median of its interleaved steps, its memory step's peak."""
+def _side(
+    m: Measurement | None,
+    peak: int | None,
+    step: float | None,
+    saved: int | None,
+    stages: dict[str, int] | None = None,
+    layer_names: Sequence[str] = (),
+) -> Side | None:
+    """One side's figures: the median of its interleaved steps, its memory step's peak, and where its stages
+    depart most from the simulator's (`stages`, empty without a trace). A side whose memory step was skipped
+    (keep_all_memory False: no stage was measured) has no departure."""
     if m is None:
         return None
+    worst = worst_stage(stages, measured_stage_peaks(m.stage_peak_bytes), layer_names) if stages else None
     return Side(
         predicted_peak_bytes=peak,
         measured_peak_bytes=m.peak_bytes,
@@ -454,6 +575,8 @@ def _side(m: Measurement | None, peak: int | None, step: float | None, saved: in
         predicted_saved_peak_bytes=saved,
         host_bytes=m.host_bytes,
         stage_peak_bytes=m.stage_peak_bytes,
+        predicted_stage_peak_bytes=dict(stages or {}),
+        worst_stage=worst,
     )
 
 
@@ -522,8 +645,17 @@ def run_measure(
         actions=_counts(schedule),
         budget_bytes=schedule.budget_bytes if schedule is not None else None,
         static_bytes=trace.static.total if trace is not None else first.static_bytes,
-        scheduled=_side(got.scheduled, pred.sched_peak, pred.sched_step, pred.sched_saved),
-        keep_all=_side(got.keep_all, pred.keep_peak, pred.keep_step, pred.keep_saved),
+        scheduled=_side(
+            got.scheduled, pred.sched_peak, pred.sched_step, pred.sched_saved, pred.sched_stages, pred.layer_names
+        ),
+        keep_all=_side(
+            got.keep_all,
+            pred.keep_peak,
+            pred.keep_step,
+            pred.keep_saved,
+            pred.keep_stages if keep_all_memory else None,
+            pred.layer_names,
+        ),
         versions={**framework_versions(), "platform": platform.platform()},
         command=command,
         predicted_overhead_pct=pred.overhead_pct,

@@ -197,3 +197,50 @@ def test_offload_on_the_cpu_is_labelled_an_emulation_with_the_host_copies_shown(
     code, stdout, err = run(argv, capsys)
     assert code == 0, err
     assert "offload emulated on the CPU" in stdout and "host copies" in stdout
+
+
+def test_measure_names_the_stage_that_departs_most_from_the_plan(traced, capsys):
+    """Item 2 of issue 20: the measured whole-step peak per stage against the simulator's per stage, and the
+    stage that departs most named by its layer, with both byte counts and their difference."""
+    trace_path, schedule_path = traced
+    layers = [x.name for x in load_trace(trace_path).layers]
+    code, stdout, err = run(
+        ["measure", "gpt2", schedule_path, "--trace", trace_path, *WL, "--dtype", "bf16", *FAST, "--json"], capsys
+    )
+    assert code == 0, err
+    doc = json.loads(stdout)
+    for side in (doc["scheduled"], doc["keep_all"]):
+        predicted = side["predicted_stage_peak_bytes"]
+        # Both sides of the comparison mean the same thing: the predicted stages' maximum is the predicted peak.
+        assert max(predicted.values()) == side["predicted_peak_bytes"]
+        assert set(predicted) == {f"{d}{i}" for d in "FB" for i in range(len(layers))}
+        w = side["worst_stage"]
+        assert w["layer"] in layers and w["layer"] == layers[int(w["stage"][1:])]
+        assert w["predicted_bytes"] == predicted[w["stage"]]
+        assert w["measured_bytes"] <= side["measured_peak_bytes"]
+        assert w["difference_bytes"] == w["measured_bytes"] - w["predicted_bytes"]
+        assert w["notable"] == (abs(w["difference_bytes"]) > 0.05 * side["predicted_peak_bytes"])
+    assert doc["worst_stage"] == doc["scheduled"]["worst_stage"]  # the headline is the scheduled step's
+
+
+def test_measure_table_notes_a_stage_that_departs_by_more_than_5pct(capsys):
+    from memsched.cli.runtime import _print_measure
+
+    side = {
+        "predicted_peak_bytes": 1000,
+        "measured_peak_bytes": 1100,
+        "predicted_step_s": 1.0,
+        "measured_step_s": 1.0,
+        "host_bytes": 0,
+        "ratio_measured_over_predicted": {"peak": 1.1, "step": 1.0},
+    }
+    worst = {"stage": "B2", "layer": "transformer.h.2", "predicted_bytes": 900, "measured_bytes": 1100,
+             "difference_bytes": 200, "fraction_of_predicted_peak": 0.2, "notable": True}
+    doc = {"budget_bytes": 1000, "model": "m", "batch_size": 1, "seq_len": 8, "dtype": "float32",
+           "device_name": "cpu", "policy": "p", "peak_source": "cpu-all-tensors", "step_clock": "wall time",
+           "threads": 1, "keep_all": None, "scheduled": side, "measured_overhead_pct": None, "worst_stage": worst}
+    _print_measure(doc)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "departs from the plan at stage B2 (layer transformer.h.2)" in out and "+20.0% of the predicted peak" in out
+    _print_measure({**doc, "worst_stage": {**worst, "notable": False}})
+    assert "departs" not in capsys.readouterr().out

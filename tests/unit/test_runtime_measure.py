@@ -175,3 +175,35 @@ def test_measure_prices_the_schedule_it_is_given_against_the_trace_it_is_given(c
     assert p.overhead_pct == sim.overhead_pct
     assert p.note is not None and "differs from its actions simulated against this trace" in p.note
     assert p.note in caplog.text
+
+
+def test_worst_stage_names_the_stage_layer_and_bytes_that_depart_most_from_the_plan():
+    """Fabricated numbers: 2 layers, static 100. The predicted stage peaks are static + the simulator's stage
+    bytes; 'pre' folds into F0 and the optimizer step into B0 (as the tracer attributes them)."""
+    from memsched.service.measure import (
+        measured_stage_peaks,
+        predicted_stage_peaks,
+        stage_name,
+        worst_stage,
+    )
+
+    assert [stage_name(2, t) for t in range(4)] == [("F0", 0), ("F1", 1), ("B1", 1), ("B0", 0)]
+    predicted = predicted_stage_peaks(100, [10, 50, 40, 20])
+    assert predicted == {"F0": 110, "F1": 150, "B1": 140, "B0": 120}
+    measured = measured_stage_peaks({"pre": 118, "F0": 105, "F1": 150, "B1": 149, "B0": 90, "optimizer": 121})
+    assert measured == {"F0": 118, "F1": 150, "B1": 149, "B0": 121}
+    w = worst_stage(predicted, measured, ["blocks.0", "blocks.1"])
+    assert w is not None
+    assert (w.stage, w.layer, w.predicted_bytes, w.measured_bytes, w.difference_bytes) == ("B1", "blocks.1", 140, 149, 9)
+    assert w.departure == pytest.approx(9 / 150) and w.notable  # 6% of the predicted peak
+    assert w.to_json()["difference_bytes"] == 9 and w.to_json()["layer"] == "blocks.1"
+
+    # No stage above the plan: the largest shortfall, not notable under 5% of the peak; the earlier of equals.
+    w = worst_stage(predicted, {"F0": 110, "F1": 147, "B1": 137, "B0": 120}, ["a", "b"])
+    assert w is not None and (w.stage, w.layer, w.difference_bytes, w.notable) == ("F1", "b", -3, False)
+    # A small excess beats a larger shortfall: what breaks a budget is what the user must hear about.
+    w = worst_stage(predicted, {"F0": 111, "F1": 100, "B1": 140, "B0": 120}, ["a", "b"])
+    assert w is not None and (w.stage, w.layer, w.difference_bytes) == ("F0", "a", 1)
+    # Nothing to compare (no trace, or no measured stage): no answer rather than a made-up one.
+    assert worst_stage({}, measured, ["a", "b"]) is None
+    assert worst_stage(predicted, {}, ["a", "b"]) is None
