@@ -385,10 +385,11 @@ def write(rows: list[Row], meta: dict[str, Any], out: Path) -> None:
         lines += ["Over budget (the cost model under-prices these plans):", ""]
         for r in over:
             ws = r.worst_stage or {}
+            diff = ws.get("difference_bytes", 0)
             lines.append(
                 f"- {r.model} {r.budget}: measured {r.measured_peak_bytes:,} B > budget {r.budget_bytes:,} B "
                 f"(+{r.measured_peak_bytes - r.budget_bytes:,} B; predicted {r.predicted_peak_bytes:,} B); the stage "
-                f"furthest above the plan is {ws.get('stage')} ({ws.get('layer')}), {ws.get('difference_bytes', 0):+,} B"
+                f"furthest above the plan is {ws.get('stage')} ({ws.get('layer')}), {diff:+,} B"
             )
         lines.append("")
     off = [r for r in rows if abs(r.peak_ratio - 1) > PEAK_TARGET]
