@@ -103,9 +103,7 @@ def reject_unknown_query(request: Request) -> None:
     unknown = sorted(set(request.query_params.keys()) - known)
     if unknown:
         takes = ", ".join(sorted(known)) or "none"
-        raise ApiError(
-            422, f"unknown query parameter {unknown[0]!r}; this operation takes: {takes}", unknown[0]
-        )
+        raise ApiError(422, f"unknown query parameter {unknown[0]!r}; this operation takes: {takes}", unknown[0])
 
 
 def _query_params(dependant: Any) -> list[Any]:

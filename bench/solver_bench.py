@@ -49,11 +49,22 @@ def run_one(name: str, trace: Trace, budget: int, backend: str, limit: float) ->
     wall = time.perf_counter() - t0
     rec = sched.solver
     row = {
-        "trace": name, "layers": trace.n, "budget_bytes": budget, "backend": backend, "time_limit_s": limit,
-        "wall_s": round(wall, 3), "status": rec.status.value, "returned": rec.backend,
-        "overhead_s": sched.prediction.overhead_s, "overhead_pct": round(sched.prediction.overhead_pct, 3),
-        "bound_s": rec.best_bound_s, "gap": rec.gap, "heuristic_overhead_s": h.sim.overhead_s,
-        "heuristic_s": round(heur_s, 4), "best_baseline_overhead_s": base, "message": rec.message,
+        "trace": name,
+        "layers": trace.n,
+        "budget_bytes": budget,
+        "backend": backend,
+        "time_limit_s": limit,
+        "wall_s": round(wall, 3),
+        "status": rec.status.value,
+        "returned": rec.backend,
+        "overhead_s": sched.prediction.overhead_s,
+        "overhead_pct": round(sched.prediction.overhead_pct, 3),
+        "bound_s": rec.best_bound_s,
+        "gap": rec.gap,
+        "heuristic_overhead_s": h.sim.overhead_s,
+        "heuristic_s": round(heur_s, 4),
+        "best_baseline_overhead_s": base,
+        "message": rec.message,
     }
     logging.info("%s", {k: row[k] for k in ("trace", "backend", "wall_s", "status", "overhead_s", "gap")})
     return row
@@ -63,10 +74,16 @@ def _commit() -> str:
     """The checkout's commit (+ '-dirty' with uncommitted changes), or 'unknown' outside git."""
     root = Path(__file__).resolve().parents[1]
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return sha + ("-dirty" if dirty else "")
@@ -76,8 +93,13 @@ def _meta() -> dict[str, object]:
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "commit": _commit(),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-                    "processor": platform.processor(), "load_avg_at_start": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "processor": platform.processor(),
+            "load_avg_at_start": os.getloadavg(),
+        },
         "versions": {p: version(p) for p in ("memsched", "pulp", "ortools", "highspy")},
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -95,19 +117,38 @@ def heuristic_bench() -> None:
                 t0 = time.perf_counter()
                 h = heuristic(t, budget)
                 times.append(time.perf_counter() - t0)
-            rows.append({"trace": f"synthetic/{'dag' if dag else 'chain'}-5000", "budget_frac": frac,
-                         "best_s": round(min(times), 4), "median_s": round(sorted(times)[1], 4),
-                         "feasible": h.sim.feasible, "overhead_pct": round(h.sim.overhead_pct, 3)})
+            rows.append(
+                {
+                    "trace": f"synthetic/{'dag' if dag else 'chain'}-5000",
+                    "budget_frac": frac,
+                    "best_s": round(min(times), 4),
+                    "median_s": round(sorted(times)[1], 4),
+                    "feasible": h.sim.feasible,
+                    "overhead_pct": round(h.sim.overhead_pct, 3),
+                }
+            )
             logging.info("%s", rows[-1])
     meta = _meta()
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "solver_heuristic.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = ["# Heuristic timing (5,000 layers)", "", f"Command: `{meta['command']}` at commit {meta['commit']}  ",
-             f"Machine: {meta['machine']}  ", f"Versions: {meta['versions']}  ", f"Date: {meta['date_utc']}", "",
-             "Budget = min feasible + frac x (keep-all peak - min feasible). Best and median of 3 runs.", "",
-             "| trace | budget frac | best s | median s | feasible | overhead % |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['trace']} | {r['budget_frac']} | {r['best_s']} | {r['median_s']} | {r['feasible']} | "
-              f"{r['overhead_pct']} |" for r in rows]
+    lines = [
+        "# Heuristic timing (5,000 layers)",
+        "",
+        f"Command: `{meta['command']}` at commit {meta['commit']}  ",
+        f"Machine: {meta['machine']}  ",
+        f"Versions: {meta['versions']}  ",
+        f"Date: {meta['date_utc']}",
+        "",
+        "Budget = min feasible + frac x (keep-all peak - min feasible). Best and median of 3 runs.",
+        "",
+        "| trace | budget frac | best s | median s | feasible | overhead % |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['trace']} | {r['budget_frac']} | {r['best_s']} | {r['median_s']} | {r['feasible']} | "
+        f"{r['overhead_pct']} |"
+        for r in rows
+    ]
     (RESULTS / "solver_heuristic.md").write_text("\n".join(lines) + "\n")
 
 
@@ -159,14 +200,24 @@ def main() -> None:
     ap.add_argument("--shared", default=default_shared)
     ap.add_argument("--backends", default="cbc,highs,cpsat")
     ap.add_argument("--heuristic", action="store_true", help="only time the heuristic on 5,000 layers")
-    ap.add_argument("--targets", action="store_true",
-                    help="the default flow (auto) on every PipeDream profile at 75/50/25%% (30 s), ResNet-50 at "
-                         "10 s, and 1,000-layer chain/DAG at 20%% (60 s), beside the previous run's rows")
-    ap.add_argument("--append-tight", type=float, metavar="PCT",
-                    help="append 1,000-layer rows at PCT%% (60 s each) to the existing results")
-    ap.add_argument("--rerun-resnet50", action="store_true",
-                    help="re-run only the PipeDream ResNet-50 rows (50%%, 25%%; 10 s) and replace them in the "
-                         "existing results, keeping every other row and the notes below the table")
+    ap.add_argument(
+        "--targets",
+        action="store_true",
+        help="the default flow (auto) on every PipeDream profile at 75/50/25%% (30 s), ResNet-50 at "
+        "10 s, and 1,000-layer chain/DAG at 20%% (60 s), beside the previous run's rows",
+    )
+    ap.add_argument(
+        "--append-tight",
+        type=float,
+        metavar="PCT",
+        help="append 1,000-layer rows at PCT%% (60 s each) to the existing results",
+    )
+    ap.add_argument(
+        "--rerun-resnet50",
+        action="store_true",
+        help="re-run only the PipeDream ResNet-50 rows (50%%, 25%%; 10 s) and replace them in the "
+        "existing results, keeping every other row and the notes below the table",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.heuristic:
@@ -178,9 +229,11 @@ def main() -> None:
     if args.rerun_resnet50:
         old = json.loads((RESULTS / "solver_bench.json").read_text())
         rn = import_pipedream(Path(args.shared) / "data" / "pipedream" / "resnet50.graph.txt", 128)
-        fresh = {(f"pipedream/resnet50@{pct}%", b):
-                 run_one(f"pipedream/resnet50@{pct}%", rn, pct_budget(rn, pct), b, 10.0)
-                 for pct in (50, 25) for b in args.backends.split(",")}
+        fresh = {
+            (f"pipedream/resnet50@{pct}%", b): run_one(f"pipedream/resnet50@{pct}%", rn, pct_budget(rn, pct), b, 10.0)
+            for pct in (50, 25)
+            for b in args.backends.split(",")
+        }
         rows = [fresh.pop((str(r["trace"]), str(r["backend"])), r) for r in old["rows"]]
         rows = list(fresh.values()) + rows  # new (trace, backend) pairs first
         meta = old["meta"]
@@ -234,9 +287,14 @@ def write_results(meta: dict[str, object], rows: list[dict[str, object]], previo
     old_md = md.read_text() if md.exists() else ""
     notes = old_md[old_md.index("\n## ") :] if "\n## " in old_md else ""
     (RESULTS / "solver_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = ["# Solver benchmark", "", f"Command: `{meta['command']}` at commit {meta.get('commit', 'unknown')}  ",
-             f"Machine: {meta['machine']}  ",
-             f"Versions: {meta['versions']}  ", f"Date: {meta['date_utc']}"]
+    lines = [
+        "# Solver benchmark",
+        "",
+        f"Command: `{meta['command']}` at commit {meta.get('commit', 'unknown')}  ",
+        f"Machine: {meta['machine']}  ",
+        f"Versions: {meta['versions']}  ",
+        f"Date: {meta['date_utc']}",
+    ]
     if "appended" in meta:
         app = meta["appended"]
         assert isinstance(app, dict)
@@ -244,20 +302,27 @@ def write_results(meta: dict[str, object], rows: list[dict[str, object]], previo
     if "rerun_resnet50" in meta:
         rr = meta["rerun_resnet50"]
         assert isinstance(rr, dict)
-        lines += ["", f"ResNet-50 rows re-run by `{rr['command']}` on {rr['date_utc']} "
-                      f"(load average at start {rr['machine']['load_avg_at_start']})."]
+        lines += [
+            "",
+            f"ResNet-50 rows re-run by `{rr['command']}` on {rr['date_utc']} "
+            f"(load average at start {rr['machine']['load_avg_at_start']}).",
+        ]
     extra_head = " previous s | wall <= 1.1 limit + 0.5 |" if previous else ""
-    lines += ["",
-              "| trace | n | backend | limit s | wall s | status | returned | overhead s | bound s | gap "
-              "| heuristic s (overhead) | best baseline s |" + extra_head,
-              "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if previous else "")]
+    lines += [
+        "",
+        "| trace | n | backend | limit s | wall s | status | returned | overhead s | bound s | gap "
+        "| heuristic s (overhead) | best baseline s |" + extra_head,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if previous else ""),
+    ]
     for r in rows:
         gap = "" if r["gap"] is None else f"{100 * float(r['gap']):.2f}%"  # type: ignore[arg-type]
         bound = "" if r["bound_s"] is None else f"{float(r['bound_s']):.5f}"  # type: ignore[arg-type]
         base = "" if r["best_baseline_overhead_s"] is None else f"{float(r['best_baseline_overhead_s']):.5f}"  # type: ignore[arg-type]
-        line = (f"| {r['trace']} | {r['layers']} | {r['backend']} | {r['time_limit_s']} | {r['wall_s']} | "
-                f"{r['status']} | {r['returned']} | {float(r['overhead_s']):.5f} | {bound} | {gap} | "  # type: ignore[arg-type]
-                f"{r['heuristic_s']} ({float(r['heuristic_overhead_s']):.5f}) | {base} |")  # type: ignore[arg-type]
+        line = (
+            f"| {r['trace']} | {r['layers']} | {r['backend']} | {r['time_limit_s']} | {r['wall_s']} | "
+            f"{r['status']} | {r['returned']} | {float(r['overhead_s']):.5f} | {bound} | {gap} | "  # type: ignore[arg-type]
+            f"{r['heuristic_s']} ({float(r['heuristic_overhead_s']):.5f}) | {base} |"
+        )  # type: ignore[arg-type]
         if previous:
             prev = r.get("previous_overhead_s")
             line += f" {'' if prev is None else f'{float(prev):.5f}'} | {'yes' if r['within_limit'] else 'NO'} |"  # type: ignore[arg-type]

@@ -256,8 +256,13 @@ def run_model(name: str, steps: int, warmup: int, time_limit: float) -> list[Row
         optimizer=w.optimizer,
         measure_bandwidth=False,
     )
-    log.info("%s: traced in %.0f s, %d layers, keep-all peak %d B", name, time.perf_counter() - t0, tr.n,
-             tr.baseline.peak_bytes)
+    log.info(
+        "%s: traced in %.0f s, %d layers, keep-all peak %d B",
+        name,
+        time.perf_counter() - t0,
+        tr.n,
+        tr.baseline.peak_bytes,
+    )
     del w
     gc.collect()  # the CPU peak counts every live tensor: nothing of this model may survive into the replay
     # The factory's defaults are the shapes: passing batch/seq again would need every factory to take both.
@@ -294,8 +299,16 @@ def run_model(name: str, steps: int, warmup: int, time_limit: float) -> list[Row
                 worst_stage=None if s.worst_stage is None else s.worst_stage.to_json(),
             )
         )
-        log.info("%s %s: peak %d / %d B (%.3f), step %.3f / %.3f s", name, label, s.measured_peak_bytes,
-                 s.predicted_peak_bytes, rows[-1].peak_ratio, s.measured_step_s, s.predicted_step_s)
+        log.info(
+            "%s %s: peak %d / %d B (%.3f), step %.3f / %.3f s",
+            name,
+            label,
+            s.measured_peak_bytes,
+            s.predicted_peak_bytes,
+            rows[-1].peak_ratio,
+            s.measured_step_s,
+            s.predicted_step_s,
+        )
     return rows
 
 
@@ -303,8 +316,9 @@ def machine() -> dict[str, Any]:
     from memsched.runtime.device import framework_versions
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                check=False).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
     except OSError:
         commit = ""
     try:

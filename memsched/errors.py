@@ -29,8 +29,11 @@ class InfeasibleBudgetError(MemschedError):
         short by the time limit (a plan restricted to keep and recompute)."""
         from memsched.units import format_bytes
 
-        smallest = "the smallest feasible budget" if proven else "the smallest budget found to fit (a smaller one " \
-            "may exist: the search for it ran out of time)"
+        smallest = (
+            "the smallest feasible budget"
+            if proven
+            else "the smallest budget found to fit (a smaller one may exist: the search for it ran out of time)"
+        )
         msg = (
             f"budget: {format_bytes(budget_bytes)} ({budget_bytes} bytes) is infeasible; {smallest} for this trace "
             f"is {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes). Raise --budget to at least that"

@@ -118,8 +118,18 @@ def amqp_url() -> str:
 # ------------------------------------------------------------------------------------------------ markers
 
 _AREA = {
-    "solver": ("test_dp", "test_ilp", "test_solve", "test_polish", "test_heuristic", "test_jit", "test_fastsim",
-               "test_simulator", "test_baselines", "test_actions"),
+    "solver": (
+        "test_dp",
+        "test_ilp",
+        "test_solve",
+        "test_polish",
+        "test_heuristic",
+        "test_jit",
+        "test_fastsim",
+        "test_simulator",
+        "test_baselines",
+        "test_actions",
+    ),
     "service": ("test_api_",),
     "torch": ("test_runtime_", "test_tracer_", "test_costmodel_plans", "test_bench_peers", "test_layers"),
 }

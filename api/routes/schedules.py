@@ -144,8 +144,9 @@ async def list_schedules(
     try:
         until = datetime.fromisoformat(before.replace("Z", "+00:00")) if before is not None else None
     except ValueError:
-        raise ApiError(422, f"before: {before!r} is not an ISO 8601 date-time such as 2026-11-24T17:30:06Z",
-                       "before") from None
+        raise ApiError(
+            422, f"before: {before!r} is not an ISO 8601 date-time such as 2026-11-24T17:30:06Z", "before"
+        ) from None
     if until is not None and until.tzinfo is None:
         until = until.replace(tzinfo=UTC)
 

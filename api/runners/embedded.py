@@ -245,7 +245,9 @@ class EmbeddedRunner:
         self.metrics.solve_seconds.observe(outcome.wall_s)
         self.metrics.solves.labels(JobStatus.DONE if outcome.schedule_json is not None else JobStatus.FAILED).inc()
         log.info(
-            "job %s %s in %.3f s", job.id, JobStatus.DONE if outcome.schedule_json is not None else JobStatus.FAILED,
+            "job %s %s in %.3f s",
+            job.id,
+            JobStatus.DONE if outcome.schedule_json is not None else JobStatus.FAILED,
             outcome.wall_s,
         )
         self._signal_done(job.id)

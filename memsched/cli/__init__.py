@@ -246,9 +246,7 @@ def solve(
     ] = _DEFAULT.time_limit_s,
     gap: Annotated[float, typer.Option(cli_flag("gap"), help=option_help("gap"))] = _DEFAULT.gap,
     window: Annotated[int | None, typer.Option(cli_flag("window"), help=option_help("window"))] = None,
-    max_segment: Annotated[
-        int | None, typer.Option(cli_flag("max_segment"), help=option_help("max_segment"))
-    ] = None,
+    max_segment: Annotated[int | None, typer.Option(cli_flag("max_segment"), help=option_help("max_segment"))] = None,
     actions: Annotated[str | None, typer.Option(cli_flag("actions"), help=option_help("actions"))] = None,
     export_model: Annotated[
         Path | None, typer.Option("--export-model", help="Write the MILP model here (LP, MPS or CP-SAT text).")
@@ -276,8 +274,10 @@ def solve(
         from memsched.cli.api import solve_via_server
 
         if export_model is not None:
-            raise MemschedError("--export-model writes the model where the solve runs; it cannot be used with "
-                                "--server: drop one of them")
+            raise MemschedError(
+                "--export-model writes the model where the solve runs; it cannot be used with "
+                "--server: drop one of them"
+            )
         sc = solve_via_server(server, tr, budget, options, api_key)
     else:
         from memsched.service import solve_trace

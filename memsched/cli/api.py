@@ -117,8 +117,9 @@ def _api_extra(module: str) -> Any:
     except ModuleNotFoundError as e:
         if (e.name or "memsched").startswith("memsched"):
             raise
-        raise MemschedError(f"this command needs the api extra ({e.name} is missing): pip install 'memsched[api]'") \
-            from None
+        raise MemschedError(
+            f"this command needs the api extra ({e.name} is missing): pip install 'memsched[api]'"
+        ) from None
 
 
 def _settings(options: dict[str, Any]) -> Any:

@@ -76,8 +76,10 @@ def workload_args(trace: Trace | None, schedule: Schedule | None, **given: Any) 
             if name not in fields:
                 fields[name] = recorded
             elif fields[name] != recorded:
-                notes.append(f"{flag} {fields[name]} overrides the trace's {recorded}: the trace's predictions are for "
-                             f"{recorded}, so compare with care (or re-trace at {fields[name]})")
+                notes.append(
+                    f"{flag} {fields[name]} overrides the trace's {recorded}: the trace's predictions are for "
+                    f"{recorded}, so compare with care (or re-trace at {fields[name]})"
+                )
     names = list(schedule.layer_names) if schedule is not None else [x.name for x in trace.layers] if trace else []
     if "layer_pattern" not in fields and names:
         # The exact layers the plan was made for, whatever pattern selected them when tracing.
@@ -339,8 +341,9 @@ class MeasureReport:
         }
 
 
-def check_trace_matches(trace: Trace, w: Workload, dtype: str, device_type: str,
-                        overridden: frozenset[str] = frozenset()) -> None:
+def check_trace_matches(
+    trace: Trace, w: Workload, dtype: str, device_type: str, overridden: frozenset[str] = frozenset()
+) -> None:
     """The trace must describe the workload being built: same model id, batch, sequence, dtype, device kind
     (except what a flag deliberately `overridden`, which the caller has noted)."""
     mine = {"model": w.model_id, "batch_size": w.batch_size, "seq_len": w.seq_len, "dtype": dtype}

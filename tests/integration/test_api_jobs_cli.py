@@ -82,8 +82,11 @@ def test_list_get_wait_and_cancel(server: Server, tmp_path) -> None:
 def test_unknown_query_parameters_and_bad_dates_are_422(server: Server) -> None:
     with server.client() as c:
         r = c.get("/v1/schedules", params={"statsu": "done"})
-        assert r.status_code == 422 and r.json()["field"] == "statsu" and "takes: before, limit, status" in r.json()[
-            "detail"]
+        assert (
+            r.status_code == 422
+            and r.json()["field"] == "statsu"
+            and "takes: before, limit, status" in r.json()["detail"]
+        )
         r = c.post("/v1/schedules", params={"wiat": 5}, json={"budget": "50%"})
         assert r.status_code == 422 and r.json()["field"] == "wiat" and "wait" in r.json()["detail"]
         r = c.get("/v1/schedules", params={"before": "0.5"})

@@ -269,7 +269,9 @@ def test_compare(server: Server) -> None:
 
 
 def test_plot_png(server: Server) -> None:
-    pytest.importorskip("memsched.service.plot", reason="memsched.service.plot (the timeline plot) is not in this tree yet")
+    pytest.importorskip(
+        "memsched.service.plot", reason="memsched.service.plot (the timeline plot) is not in this tree yet"
+    )
     tr = synthetic_trace(4, scale=11)
     with server.client() as c:
         job = c.post(

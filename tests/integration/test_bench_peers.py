@@ -126,4 +126,3 @@ def test_costmodel_marks_infeasible_budgets_and_beats_baselines():
             assert m["overhead_pct"] <= p["overhead_pct"] + 1e-9, name
     lo = evaluate(tr, 1, time_limit_s=5)
     assert not lo.policies["memsched"]["feasible"] and "smallest feasible" in lo.policies["memsched"]["reason"]
-

@@ -43,8 +43,17 @@ def test_measured_peak_within_5pct_of_predicted_on_plans_not_chosen() -> None:
     torch.set_num_threads(1)
     try:
         w = workload("gpt2", small=True, batch_size=2, seq_len=64)
-        tr = trace(w.model, w.step, model_id=w.model_id, batch_size=2, seq_len=64, optimizer=w.optimizer,
-                   steps=1, warmup=1, measure_bandwidth=False)
+        tr = trace(
+            w.model,
+            w.step,
+            model_id=w.model_id,
+            batch_size=2,
+            seq_len=64,
+            optimizer=w.optimizer,
+            steps=1,
+            warmup=1,
+            measure_bandwidth=False,
+        )
         rng = random.Random(25)
         plans = {"keep-all": keep_all(tr), "checkpoint-all": checkpoint_all(tr)}
         while len(plans) < 5:
@@ -55,8 +64,9 @@ def test_measured_peak_within_5pct_of_predicted_on_plans_not_chosen() -> None:
         for name, plan in plans.items():
             sched = make_schedule(tr, plan, 10**12, name, rec)
             predicted = simulate(tr, sched).peak_bytes
-            got = measure_side_by_side(w.model, w.step, sched, baseline=False, trace=tr,
-                                       optimizer=w.optimizer, steps=1, warmup=1)
+            got = measure_side_by_side(
+                w.model, w.step, sched, baseline=False, trace=tr, optimizer=w.optimizer, steps=1, warmup=1
+            )
             assert got.scheduled is not None
             measured = got.scheduled.peak_bytes
             assert abs(measured / predicted - 1) <= PEAK_WITHIN, (name, measured, predicted)

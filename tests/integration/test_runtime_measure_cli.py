@@ -129,8 +129,10 @@ def test_measure_takes_the_workload_from_the_trace_and_a_flag_overrides_it_with_
     assert code == 0, err
     doc = json.loads(stdout)
     assert doc["batch_size"] == 3
-    assert doc["notes"] == ["--batch-size 3 overrides the trace's 4: the trace's predictions are for 4, so compare "
-                            "with care (or re-trace at 3)"]
+    assert doc["notes"] == [
+        "--batch-size 3 overrides the trace's 4: the trace's predictions are for 4, so compare "
+        "with care (or re-trace at 3)"
+    ]
 
 
 def test_measure_schedule_for_another_model_is_refused(traced, capsys):
@@ -234,11 +236,31 @@ def test_measure_table_notes_a_stage_that_departs_by_more_than_5pct(capsys):
         "host_bytes": 0,
         "ratio_measured_over_predicted": {"peak": 1.1, "step": 1.0},
     }
-    worst = {"stage": "B2", "layer": "transformer.h.2", "predicted_bytes": 900, "measured_bytes": 1100,
-             "difference_bytes": 200, "fraction_of_predicted_peak": 0.2, "notable": True}
-    doc = {"budget_bytes": 1000, "model": "m", "batch_size": 1, "seq_len": 8, "dtype": "float32",
-           "device_name": "cpu", "policy": "p", "peak_source": "cpu-all-tensors", "step_clock": "wall time",
-           "threads": 1, "keep_all": None, "scheduled": side, "measured_overhead_pct": None, "worst_stage": worst}
+    worst = {
+        "stage": "B2",
+        "layer": "transformer.h.2",
+        "predicted_bytes": 900,
+        "measured_bytes": 1100,
+        "difference_bytes": 200,
+        "fraction_of_predicted_peak": 0.2,
+        "notable": True,
+    }
+    doc = {
+        "budget_bytes": 1000,
+        "model": "m",
+        "batch_size": 1,
+        "seq_len": 8,
+        "dtype": "float32",
+        "device_name": "cpu",
+        "policy": "p",
+        "peak_source": "cpu-all-tensors",
+        "step_clock": "wall time",
+        "threads": 1,
+        "keep_all": None,
+        "scheduled": side,
+        "measured_overhead_pct": None,
+        "worst_stage": worst,
+    }
     _print_measure(doc)
     out = " ".join(capsys.readouterr().out.split())
     assert "departs from the plan at stage B2 (layer transformer.h.2)" in out and "+20.0% of the predicted peak" in out

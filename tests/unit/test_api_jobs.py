@@ -69,7 +69,9 @@ def _submit(db: Database, gap: float, budget: int) -> str:
     tr = synthetic_trace(3)
     with db.session() as s:
         row, _ = crud.store_trace(s, "", tr)
-        sub = crud.submit_job(s, "", row, str(budget), budget, SolveOptions(solver="heuristic", time_limit_s=0.2, gap=gap))
+        sub = crud.submit_job(
+            s, "", row, str(budget), budget, SolveOptions(solver="heuristic", time_limit_s=0.2, gap=gap)
+        )
         return sub.job.id
 
 

@@ -109,7 +109,9 @@ def test_worker_stops_a_solver_that_overruns_its_time_limit(monkeypatch) -> None
 
     monkeypatch.setattr(worker, "solve_trace", stuck)
     t0 = time.perf_counter()
-    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveOptions(solver="auto", time_limit_s=0.2), 0.3)
+    out = worker.run_solve(
+        synthetic_trace(3).model_dump_json(), 10**9, SolveOptions(solver="auto", time_limit_s=0.2), 0.3
+    )
     assert time.perf_counter() - t0 < 5
     assert out.schedule_json is None and "ran past its time limit of 0.2 s" in (out.error or "")
 
@@ -125,7 +127,9 @@ def test_worker_falls_back_to_the_heuristic_when_the_exact_solver_overruns(monke
     monkeypatch.setattr(worker, "solve_trace", slow_exact)
     tr = synthetic_trace(4)
     t0 = time.perf_counter()
-    out = worker.run_solve(tr.model_dump_json(), min_feasible_budget(tr) + 10, SolveOptions(solver="cbc", time_limit_s=0.2), 0.3)
+    out = worker.run_solve(
+        tr.model_dump_json(), min_feasible_budget(tr) + 10, SolveOptions(solver="cbc", time_limit_s=0.2), 0.3
+    )
     assert time.perf_counter() - t0 < 5
     assert out.error is None and out.schedule_json is not None
     sc = Schedule.model_validate_json(out.schedule_json)
@@ -139,7 +143,9 @@ def test_worker_turns_solver_crashes_into_reasons(monkeypatch) -> None:
         raise RuntimeError("backend exploded")
 
     monkeypatch.setattr(worker, "solve_trace", broken)
-    out = worker.run_solve(synthetic_trace(3).model_dump_json(), 10**9, SolveOptions(solver="auto", time_limit_s=1.0), 1.0)
+    out = worker.run_solve(
+        synthetic_trace(3).model_dump_json(), 10**9, SolveOptions(solver="auto", time_limit_s=1.0), 1.0
+    )
     assert out.error == "solver error: RuntimeError: backend exploded"
 
 
@@ -273,7 +279,11 @@ def test_worker_kills_solver_binaries_it_started_when_it_overruns(monkeypatch, t
     monkeypatch.setenv("MEMSCHED_TEST_PIDFILE", str(tmp_path / "pid"))
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
         out = pool.submit(
-            worker.run_solve, synthetic_trace(3).model_dump_json(), 10**9, SolveOptions(solver="auto", time_limit_s=0.2), 0.3
+            worker.run_solve,
+            synthetic_trace(3).model_dump_json(),
+            10**9,
+            SolveOptions(solver="auto", time_limit_s=0.2),
+            0.3,
         ).result(timeout=30)
     assert "ran past its time limit" in (out.error or "")
     pid = int((tmp_path / "pid").read_text())

@@ -17,6 +17,7 @@ for name in {modules!r}:
 print(sorted({{m for m in sys.modules for f in {forbidden!r} if m == f or m.startswith(f + ".")}}))
 """
 
+
 def _forbidden_contracts() -> list[tuple[str, list[str], list[str]]]:
     """The static contracts of pyproject.toml (one home for the rules): each forbidden contract whose indirect
     imports count too, as (name, source modules, forbidden modules)."""

@@ -194,7 +194,13 @@ def test_worst_stage_names_the_stage_layer_and_bytes_that_depart_most_from_the_p
     assert measured == {"F0": 118, "F1": 150, "B1": 149, "B0": 121}
     w = worst_stage(predicted, measured, ["blocks.0", "blocks.1"])
     assert w is not None
-    assert (w.stage, w.layer, w.predicted_bytes, w.measured_bytes, w.difference_bytes) == ("B1", "blocks.1", 140, 149, 9)
+    assert (w.stage, w.layer, w.predicted_bytes, w.measured_bytes, w.difference_bytes) == (
+        "B1",
+        "blocks.1",
+        140,
+        149,
+        9,
+    )
     assert w.departure == pytest.approx(9 / 150) and w.notable  # 6% of the predicted peak
     assert w.to_json()["difference_bytes"] == 9 and w.to_json()["layer"] == "blocks.1"
 
