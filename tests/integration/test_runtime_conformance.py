@@ -485,16 +485,22 @@ def test_solved_plans_leave_the_training_state_of_keep_all(name, frac, caplog):
 
 
 _UNDER_PRICED = {
-    ("bn-cnn", 0.40): "cost model under-prices (2026-11-25): BatchNormCNN, blocks.0-2 recomputed, budget = predicted "
-    "216,280 B: measured whole-step peak 216,712 B (+432 B, +0.2%) at B3, over budget; the stages from B2 "
-    "(blocks.2, +496 B) on are priced low",
-    ("unet", 0.40): "cost model under-prices (2026-11-25): UNet, downs.0-1 recomputed, budget = predicted 208,168 B "
-    "(the smallest feasible): measured 209,400 B (+1,232 B, +0.6%) at F3, over budget; F2 (ups.0) and F3 (ups.1) "
-    "are each priced 6,352 B low",
-    ("shared", 0.75): "cost model under-prices (2026-11-25): SharedNet, blocks.0-1 recomputed, budget = predicted "
-    "88,436 B (the smallest feasible): measured 90,904 B (+2,468 B, +2.8%) at B1 (blocks.1), over budget",
-    ("shared", 0.40): "cost model under-prices (2026-11-25): SharedNet, the plan and numbers of shared-75 (both "
-    "fractions fall to the smallest feasible budget): measured 90,904 B > 88,436 B at B1 (blocks.1)",
+    # Each excess is accounted for to the byte (docs/cost-model.md, 'Not priced yet'); pricing it needs per-layer
+    # numbers that Trace schema 1 does not carry (a schema change), so these stay expected failures.
+    ("bn-cnn", 0.40): "not priced, needs a Trace field (2026-11-25): BatchNormCNN, blocks.0-2 recomputed as three "
+    "segments, budget = predicted 216,280 B: measured 216,712 B at B3, over budget by 3 x 144 B = the "
+    "recomputed blocks' BatchNorm buffer snapshots (runtime/checkpointing.py), live F_i..B_a; the trace has no "
+    "per-layer changed-buffer bytes",
+    ("unet", 0.40): "not priced, needs a Trace field (2026-11-25): UNet, downs.0-1 recomputed, budget = predicted "
+    "208,168 B (the smallest feasible): measured 209,400 B at F3; F2 and F3 are +6,352 B = the two skips the "
+    "model's code keeps alive (4,096 + 2,048 B, saved bytes of the recomputed layers) + 208 B of BatchNorm "
+    "buffer snapshots",
+    ("shared", 0.75): "not priced, needs a Trace field (2026-11-25): SharedNet, blocks.0-1 recomputed, budget = "
+    "predicted 88,436 B (the smallest feasible): measured 90,904 B (+2,468 B) at B1, inside the re-run: the "
+    "forked RNG state (5,056 B), the shared BatchNorm's snapshots and copies; the re-run moment needs the "
+    "forward's own workspace and the changed-buffer bytes per layer",
+    ("shared", 0.40): "not priced, needs a Trace field (2026-11-25): SharedNet, the plan and numbers of shared-75 "
+    "(both fractions fall to the smallest feasible budget): measured 90,904 B > 88,436 B at B1 (the re-run)",
 }
 
 
