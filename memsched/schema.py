@@ -125,6 +125,27 @@ class Layer(_Strict):
     """Transient bytes allocated and freed inside the layer's forward or backward."""
     deps: list[int] = Field(default_factory=list)
     """Indices of earlier layers whose outputs this layer consumes (a DAG: residuals are real)."""
+    recompute_s: Seconds | None = None
+    """Seconds to re-run this layer's forward as the LAST layer of a checkpointed segment: torch.utils.checkpoint
+    (non-reentrant, early stop) stops the re-run at the layer's last op that saves a tensor, so a layer ending
+    in ops that save nothing new (a GPT-2 block's c_proj + residual add) re-runs for less than forward_s.
+    None means forward_s (a layer ending in a saving op re-runs whole). At most forward_s. A segment [a..b]
+    re-runs for forward_s of a..b-1 plus this of b (docs/cost-model.md, 'What a re-run costs')."""
+
+    @property
+    def rerun_s(self) -> float:
+        """What re-running this layer costs as a segment's last layer: recompute_s, or forward_s where None."""
+        return self.forward_s if self.recompute_s is None else self.recompute_s
+
+    @model_validator(mode="after")
+    def _rerun_within_forward(self) -> Layer:
+        if self.recompute_s is not None and self.recompute_s > self.forward_s:
+            raise ValueError(
+                f"recompute_s = {self.recompute_s:g} s exceeds forward_s = {self.forward_s:g} s; a re-run up to the "
+                "checkpoint's early stop is part of the forward: set recompute_s <= forward_s, or leave it null "
+                "(null means forward_s)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tensors_sum(self) -> Layer:
@@ -228,6 +249,11 @@ class Trace(_Strict):
     def layer_names(self) -> list[str]:
         return [layer.name for layer in self.layers]
 
+    def segment_rerun_s(self, a: int, b: int) -> float:
+        """Seconds a recompute segment [a..b] re-runs in B_b: the whole forwards of layers a..b-1 and the last
+        layer's re-run up to the checkpoint's early stop (Layer.rerun_s). Every pricer uses this rule."""
+        return sum(x.forward_s for x in self.layers[a:b]) + self.layers[b].rerun_s
+
     def content_hash(self) -> str:
         """sha256 of the canonical JSON form: identical traces hash identically, whatever the key order.
         Fields added after version 1 enter the hash only when they differ from their default, so traces
@@ -235,6 +261,9 @@ class Trace(_Strict):
         doc = self.model_dump(mode="json")
         if doc["device"].get("concurrent_copies", True):
             doc["device"].pop("concurrent_copies", None)
+        for layer in doc["layers"]:
+            if layer.get("recompute_s", 0.0) is None:
+                layer.pop("recompute_s")
         payload = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 

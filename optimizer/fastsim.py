@@ -36,6 +36,7 @@ class FastSim:
     def __init__(self, trace: Trace, budget_bytes: int) -> None:
         layers = trace.layers
         self.fwd = np.array([x.forward_s for x in layers], dtype=np.float64)
+        self.rerun = np.array([x.rerun_s for x in layers], dtype=np.float64)  # as a segment's last layer
         self.bwd = np.array([x.backward_s for x in layers], dtype=np.float64)
         self.saved = np.array([x.saved_bytes for x in layers], dtype=np.int64)
         self.fwd_transient = np.array([x.workspace_bytes + x.output_bytes for x in layers], dtype=np.int64)
@@ -56,9 +57,9 @@ class FastSim:
         self.limit = budget_bytes - trace.static.total
 
     def __call__(self, kind: np.ndarray, nbytes: np.ndarray) -> tuple[float, int]:
-        return _evaluate(kind, nbytes, self.fwd, self.bwd, self.saved, self.fwd_transient, self.bwd_transient,
-                         self.out_bytes, self.external, self.dep_ptr, self.deps, self.d2h_bw, self.h2d_bw,
-                         self.latency, self.serial, self.loss_transient, self.ckpt_state, self.other_s,
+        return _evaluate(kind, nbytes, self.fwd, self.rerun, self.bwd, self.saved, self.fwd_transient,
+                         self.bwd_transient, self.out_bytes, self.external, self.dep_ptr, self.deps, self.d2h_bw,
+                         self.h2d_bw, self.latency, self.serial, self.loss_transient, self.ckpt_state, self.other_s,
                          self.limit)
 
 
@@ -163,7 +164,8 @@ def _offloads_by_stage(kind: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray,
 
 
 @njit(cache=True)
-def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, saved: np.ndarray,
+def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, rerun: np.ndarray, bwd: np.ndarray,
+              saved: np.ndarray,
               fwd_transient: np.ndarray, bwd_transient: np.ndarray, out_bytes: np.ndarray, external: np.ndarray,
               dep_ptr: np.ndarray, deps: np.ndarray, d2h_bw: float, h2d_bw: float, latency: float, serial: bool,
               loss_transient: int, ckpt_state: int, other_s: float,
@@ -289,8 +291,9 @@ def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, bwd: np.nda
                 t = h2d_free
         if ends_at[i] >= 0:
             for k in range(ends_at[i], i + 1):
-                t += fwd[k]
-                recompute_s += fwd[k]
+                dur = rerun[k] if k == i else fwd[k]  # the last layer to the early stop (segment_rerun_s)
+                t += dur
+                recompute_s += dur
         if kind[i] == KIND_OFFLOAD and prefetch_done[i] > t:
             stall += prefetch_done[i] - t
             t = prefetch_done[i]

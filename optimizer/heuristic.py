@@ -107,10 +107,11 @@ def greedy_decisions(trace: Trace, budget_bytes: int, allowed: frozenset[Action]
         if sizes[i] > 0:
             heapq.heappush(heap, (-sizes[i] / (offload_cost(i) + _EPS_S), i, "offload", i))
     for a in range(n - 1 if Action.RECOMPUTE in allowed else 0):
-        freed, cost = 0, 0.0
+        freed, before = 0, 0.0  # before: the whole forwards of a..b-1
         for b in range(a, min(a + seg_max, n - 1)):
             freed += sizes[b]
-            cost += trace.layers[b].forward_s
+            cost = before + trace.layers[b].rerun_s  # Trace.segment_rerun_s, incrementally
+            before += trace.layers[b].forward_s
             if sizes[b] <= 0:
                 continue  # a segment ending at a layer that saves nothing is dominated by a shorter one
             net = freed - sum(trace.layers[j].output_bytes for j in segment_outside_deps(trace, a, b))

@@ -495,9 +495,11 @@ def _backward_stages(
                 t = h2d_free
         if i in segments_ending_at:
             for k in range(segments_ending_at[i], i + 1):
-                ev(Event(COMPUTE, "recompute", k, t, t + layers[k].forward_s))
-                t += layers[k].forward_s
-                recompute_s += layers[k].forward_s
+                # The last layer re-runs only up to the checkpoint's early stop (Trace.segment_rerun_s).
+                dur = layers[k].rerun_s if k == i else layers[k].forward_s
+                ev(Event(COMPUTE, "recompute", k, t, t + dur))
+                t += dur
+                recompute_s += dur
         if i in prefetch_done and prefetch_done[i] > t:
             ev(Event(COMPUTE, "stall", i, t, prefetch_done[i]))
             stall += prefetch_done[i] - t

@@ -191,7 +191,7 @@ def _expand(p: DpProblem, st: _State, k: int, lab: FifoLabels, threshold: float,
             raise FifoStop("deadline")
         (first, w, dst, parent, action, ret, held, cf, cr, dqt, dqb, dqn, hqt, hqb, hqn) = expand_fifo(
             k, p.limit, p.latency, p.d2h_bw, p.h2d_bw, threshold, p.saved, p.saved_prefix, p.fwd, p.fwd_prefix,
-            p.bwd, p.bwd_prefix, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
+            p.rerun, p.bwd, p.bwd_prefix, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
             p.ckpt_state, bits_at, out_bytes_bit, offload_bytes, lab.retained, lab.held, lab.cf, lab.cr,
             lab.dq_t, lab.dq_b, lab.dq_n, lab.hq_t, lab.hq_b, lab.hq_n, first, capacity)
         if w == 0:

@@ -75,7 +75,7 @@ def _tail_wait(qt: np.ndarray, n: int, clock: float) -> float:
 @njit(cache=True)
 def expand_fifo(
     k: int, limit: int, latency: float, d2h_bw: float, h2d_bw: float, threshold: float,
-    saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray,
+    saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray, rerun: np.ndarray,
     bwd: np.ndarray, bwd_prefix: np.ndarray,
     trans_f: np.ndarray, trans_b: np.ndarray, row_floor: np.ndarray, future: np.ndarray, future_step: float,
     external: np.ndarray, state: int, bits_at: np.ndarray, out_bytes_bit: np.ndarray, offload_bytes: np.ndarray,
@@ -198,15 +198,16 @@ def expand_fifo(
                 sh, stream = _settle(wht, whb, sh, stream, cb_m)
                 stf += fwd[m]
                 stream += bwd[m]
+                # The least re-run of any segment [k..b], b >= m (rerun[m] <= fwd[m]; Trace.segment_rerun_s).
                 spent = (stf - fwd_prefix[m + 1]) + (stream - bwd_prefix[m + 1]) + \
-                    (fwd_prefix[m + 1] - fwd_prefix[k])
+                    (fwd_prefix[m] - fwd_prefix[k] + rerun[m])
                 if spent >= threshold:
                     dead = True
                     break
             if dead:
                 break
             replay_from = b + 1
-            recompute_s = fwd_prefix[b + 1] - fwd_prefix[k]
+            recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
             child_ret = r + ckpt
             c_f = stf - fwd_prefix[b + 1]
             c_r = stream + recompute_s - bwd_prefix[b + 1]

@@ -122,12 +122,14 @@ def _overlapped_row(out: np.ndarray, base: float, step: float, pool: float, free
 
 
 @njit(cache=True)
-def future_table(saved: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, trans_f: np.ndarray,
+def future_table(saved: np.ndarray, fwd: np.ndarray, rerun: np.ndarray, bwd: np.ndarray, trans_f: np.ndarray,
                  trans_b: np.ndarray, limit: int, serial: bool, d2h_bw: float, h2d_bw: float, step: float,
                  grid: int, window: int, stride: int) -> np.ndarray:  # pragma: no cover - compiled
     """table[k, g]: a lower bound on the cost to come for a label at boundary k retaining g * step bytes.
     Rows m in [k, k + window] are all considered, farther ones every `stride` layers and the last one (any
-    subset of rows gives a valid bound; the subset keeps the table's cost near n * (window + n / stride))."""
+    subset of rows gives a valid bound; the subset keeps the table's cost near n * (window + n / stride)).
+    Recomputing layer j frees s_j for at least rerun[j] <= fwd[j] seconds (what it costs as a segment's last
+    layer; inside a segment it costs fwd[j]), so rerun[j] / s_j is the rate that keeps the bound valid."""
     n = len(saved)
     table = np.zeros((n + 1, grid + 1))
     rates = np.empty(n + 1)
@@ -143,7 +145,7 @@ def future_table(saved: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, trans_f: n
             if m > k:
                 j = m - 1
                 if saved[j] > 0:
-                    count = _insert(rates, sizes, count, fwd[j] / saved[j], float(saved[j]))
+                    count = _insert(rates, sizes, count, rerun[j] / saved[j], float(saved[j]))
                     pool += saved[j]
                 sum_f += fwd[j]
                 sum_b += bwd[j]

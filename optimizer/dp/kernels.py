@@ -26,7 +26,8 @@ def checkpoint_bytes(seg: np.int64, held: np.int64, external: np.int64,
 @njit(cache=True)
 def segment_children(
     k: int, limit: int, serial: bool, d2h_bw: float, h2d_bw: float, threshold: float,
-    saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray, bwd: np.ndarray,
+    saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray, rerun: np.ndarray,
+    bwd: np.ndarray,
     trans_f: np.ndarray, trans_b: np.ndarray, row_floor: np.ndarray, future: np.ndarray, future_step: float,
     external: np.ndarray, state: int,
     bits_at: np.ndarray, out_bytes_bit: np.ndarray,
@@ -93,13 +94,14 @@ def segment_children(
                         h = float(cap_b)
                     d = max(d - d2h_bw * fwd[m], 0.0)
                     h = max(h - h2d_bw * bwd[m], 0.0)
-                if c + (fwd_prefix[m + 1] - fwd_prefix[k]) >= threshold:
+                # Least re-run of any segment [k..b], b >= m (rerun[m] <= fwd[m]: Trace.segment_rerun_s).
+                if c + (fwd_prefix[m] - fwd_prefix[k] + rerun[m]) >= threshold:
                     dead = True
                     break
             if dead:
                 break
             replay_from = b + 1
-            recompute_s = fwd_prefix[b + 1] - fwd_prefix[k]
+            recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
             child_cost = c + recompute_s
             child_ret = r + ckpt
             if child_cost >= threshold:

@@ -54,6 +54,9 @@ class DpProblem:
     """int64 saved bytes s_i."""
     fwd: np.ndarray
     """float64 forward seconds f_i."""
+    rerun: np.ndarray
+    """float64 re-run seconds of layer i as a recompute segment's last layer (Layer.rerun_s, <= f_i): a segment
+    [k..b] costs fwd_prefix[b] - fwd_prefix[k] + rerun[b] (Trace.segment_rerun_s)."""
     bwd: np.ndarray
     """float64 backward seconds."""
     trans_f: np.ndarray
@@ -167,6 +170,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
     layers = trace.layers
     saved = np.array([x.saved_bytes for x in layers], dtype=np.int64)
     fwd = np.array([x.forward_s for x in layers], dtype=np.float64)
+    rerun = np.array([x.rerun_s for x in layers], dtype=np.float64)
     bwd = np.array([x.backward_s for x in layers], dtype=np.float64)
     trans_f = np.array([forward_transient(trace, i) for i in range(n)], dtype=np.int64)
     trans_b = np.array([backward_transient(trace, i) for i in range(n)], dtype=np.int64)
@@ -203,7 +207,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
     future_step = max(1.0, limit / GRID_POINTS)
     window, stride = _future_rows(n)
     if n <= FUTURE_MAX_LAYERS and _future_affordable(n, window, stride, deadline):
-        future = future_table(saved, fwd, bwd, trans_f, trans_b, limit, not trace.device.concurrent_copies,
+        future = future_table(saved, fwd, rerun, bwd, trans_f, trans_b, limit, not trace.device.concurrent_copies,
                               trace.device.d2h_bytes_per_s, trace.device.h2d_bytes_per_s, future_step, GRID_POINTS,
                               window, stride)
     else:  # no time for it, or beyond FUTURE_MAX_LAYERS: no future bound (zeros are always valid)
@@ -213,6 +217,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         limit=limit,
         saved=saved,
         fwd=fwd,
+        rerun=rerun,
         bwd=bwd,
         trans_f=trans_f,
         trans_b=trans_b,

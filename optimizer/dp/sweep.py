@@ -207,7 +207,7 @@ class _Sweep:
             sl = slice(pos, pos + max(1, min(len(idx) - pos, 1 << 14)))
             done, w, dst, parent, ret, hd, cost_o, d2h_o, h2d_o = segment_children(
                 k, p.limit, p.serial, p.d2h_bw, p.h2d_bw, cfg.threshold, p.saved, p.saved_prefix, p.fwd,
-                p.fwd_prefix, p.bwd, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
+                p.fwd_prefix, p.rerun, p.bwd, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
                 p.ckpt_state, bits_at, out_bytes_bit,
                 retained[sl], held[sl], cost[sl], d2h[sl], h2d[sl], capacity)
             pos += done

@@ -470,7 +470,6 @@ def _add_backward_time(m: MilpModel, off: list[int], x_terms: dict[int, Terms], 
     layer order, which the prefetch order makes the issue order). Returns b."""
     trace = m.trace
     n = trace.n
-    fwd = [layer.forward_s for layer in trace.layers]
     bwd = [layer.backward_s for layer in trace.layers]
     sizes = [layer.saved_bytes for layer in trace.layers]
     bw_h = trace.device.h2d_bytes_per_s
@@ -482,7 +481,7 @@ def _add_backward_time(m: MilpModel, off: list[int], x_terms: dict[int, Terms], 
     # Per-stage bound on b_{l} - b_{l+1} (compute + recompute or prefetch stall), for the big-Ms.
     rerun: dict[int, Terms] = {k: [] for k in range(n)}  # segments ending at k
     for (a, b), v in m.seg.items():
-        rerun[b].append((v, sum(fwd[a : b + 1])))
+        rerun[b].append((v, trace.segment_rerun_s(a, b)))  # the last layer to the early stop
     step_ub = [bwd[k] + max(max((c for _, c in rerun[k]), default=0.0),
                             copy_seconds(trace, sizes[k], H2D) if k in off_set else 0.0) for k in range(n)]
     for i in reversed(off):
