@@ -83,6 +83,8 @@ class _LayerStats:
     """Forward time per timing step."""
     backward_s: list[float] = field(default_factory=list)
     """Backward time per timing step."""
+    rerun_s: list[float] = field(default_factory=list)
+    """Re-run time inside the backward per re-run step (every layer checkpointed on its own)."""
     shared: int = 0
     """Bytes of storages it saved that an earlier layer saved first (attributed there)."""
 
@@ -482,6 +484,85 @@ def _time_layers(
         )
 
 
+RERUN_STEPS = 2
+"""Extra steps in which every traced layer is checkpointed on its own, to time its re-run (Layer.recompute_s)."""
+RERUN_BELOW = 0.95
+"""A re-run is recorded only where its median is below this fraction of forward_s: measurably cut short by
+the checkpoint's early stop. Else recompute_s stays None (the layer re-runs whole, within the noise)."""
+
+
+class _RerunProbe:
+    """Times each traced layer's forward when it runs inside the backward: the re-run of a layer that is its
+    own checkpointed segment's last layer, from its forward pre-hook to its always-call forward hook (the
+    checkpoint's early stop ends the re-run by an exception raised through the forward, which that hook sees)."""
+
+    def __init__(self, modules: Sequence[nn.Module], stats: list[_LayerStats], clock: Clock) -> None:
+        self.stats = stats
+        self.clock = clock
+        self.open: dict[int, Any] = {}
+        self.marks: list[tuple[int, Any, Any]] = []
+        self.handles = []
+        for i, m in enumerate(modules):
+            self.handles.append(m.register_forward_pre_hook(self._pre(i), with_kwargs=True))
+            self.handles.append(m.register_forward_hook(self._post(i), with_kwargs=True, always_call=True))
+
+    def _pre(self, i: int) -> Callable[..., None]:
+        def pre(_m: nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any]) -> None:
+            if torch._C._current_graph_task_id() >= 0:  # inside the backward: the checkpoint's re-run
+                self.open[i] = self.clock.mark()
+
+        return pre
+
+    def _post(self, i: int) -> Callable[..., None]:
+        def post(_m: nn.Module, _a: Any, _k: Any, _out: Any) -> None:
+            if i in self.open:
+                self.marks.append((i, self.open.pop(i), self.clock.mark()))
+
+        return post
+
+    def collect(self) -> None:
+        self.clock.finish()
+        total: dict[int, float] = {}
+        for i, a, b in self.marks:
+            total[i] = total.get(i, 0.0) + self.clock.seconds(a, b)
+        for i, t in total.items():
+            self.stats[i].rerun_s.append(t)
+        self.marks.clear()
+        self.open.clear()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+def _time_reruns(
+    model: nn.Module, step_fn: StepFn, names: Sequence[str], modules: Sequence[nn.Module],
+    stats: list[_LayerStats], clock: Clock, report: TraceReport,
+) -> None:
+    """RERUN_STEPS steps with every traced layer checkpointed on its own, as the runtime replays a recompute
+    (torch.utils.checkpoint, non-reentrant, early stop): each layer's re-run time into `stats`."""
+    from memsched.runtime.measure import keep_all_schedule
+    from memsched.runtime.replay import ScheduledModel
+    from memsched.schema import Action, LayerAction
+
+    keep = keep_all_schedule(names)
+    ckpt = keep.model_copy(update={"policy": "checkpoint-all",
+                                   "actions": [LayerAction(layer=x, action=Action.RECOMPUTE) for x in names]})
+    probe = _RerunProbe(modules, stats, clock)
+    try:
+        with ScheduledModel(model, ckpt):
+            for _ in range(RERUN_STEPS):
+                step_fn()
+                probe.collect()
+    except MemschedError as e:  # e.g. the framework's own gradient checkpointing is on
+        report.warn(f"re-run times not measured (recompute_s left null: priced as forward_s): {e}")
+        for st in stats:
+            st.rerun_s.clear()
+    finally:
+        probe.remove()
+
+
 def _memory_step(
     model: nn.Module,
     step_fn: StepFn,
@@ -532,6 +613,7 @@ def _layers(stats: list[_LayerStats], order: list[int], workspace: list[int]) ->
                 backward_s=statistics.median(st.backward_s),
                 saved_bytes=sum(st.saved),
                 saved_tensor_bytes=list(st.saved),
+                recompute_s=_recompute_s(st),
                 input_bytes=st.input_bytes,
                 output_bytes=st.output_bytes,
                 workspace_bytes=workspace[k],
@@ -539,6 +621,14 @@ def _layers(stats: list[_LayerStats], order: list[int], workspace: list[int]) ->
             )
         )
     return out
+
+
+def _recompute_s(st: _LayerStats) -> float | None:
+    """The median re-run where it is measurably below the median forward (RERUN_BELOW), else None."""
+    if not st.rerun_s or not st.forward_s:
+        return None
+    rerun, fwd = statistics.median(st.rerun_s), statistics.median(st.forward_s)
+    return rerun if rerun < RERUN_BELOW * fwd else None
 
 
 def _device_info(device: torch.device, measure_bandwidth: bool, layers: Sequence[_LayerStats]) -> DeviceInfo:
@@ -736,6 +826,7 @@ def trace_with_report(
         hook.remove()
     optimizers = _check_optimizers(model, optimizer, stepped, report)
     _time_layers(step_fn, modules, stats, Clock(device), steps)
+    _time_reruns(model, step_fn, [name for name, _ in found], modules, stats, Clock(device), report)
     mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizers)
     static = static_bytes(model, optimizers[0] if optimizers else None)
     for extra in optimizers[1:]:
