@@ -39,24 +39,43 @@ def build(name: str) -> tuple[nn.Module, Callable[[Callable[..., Any]], Any]]:
     g = torch.Generator().manual_seed(0)
     if name == "gpt2":
         cfg = tf.GPT2Config(
-            n_layer=6, n_embd=384, n_head=6, vocab_size=8192, n_positions=256, resid_pdrop=0.0,
-            embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+            n_layer=6,
+            n_embd=384,
+            n_head=6,
+            vocab_size=8192,
+            n_positions=256,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            use_cache=False,
         )
         model: nn.Module = tf.GPT2LMHeadModel(cfg)
         ids = torch.randint(0, 8192, (4, 256), generator=g)
         batch = {"input_ids": ids, "labels": ids}
     elif name == "bert":
         cfg = tf.BertConfig(
-            num_hidden_layers=6, hidden_size=384, num_attention_heads=6, intermediate_size=1536,
-            vocab_size=8192, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, use_cache=False,
+            num_hidden_layers=6,
+            hidden_size=384,
+            num_attention_heads=6,
+            intermediate_size=1536,
+            vocab_size=8192,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            use_cache=False,
         )
         model = tf.BertForMaskedLM(cfg)
         ids = torch.randint(0, 8192, (4, 256), generator=g)
         batch = {"input_ids": ids, "labels": ids}
     else:
         cfg = tf.ViTConfig(
-            num_hidden_layers=6, hidden_size=384, num_attention_heads=6, intermediate_size=1536,
-            image_size=224, patch_size=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+            num_hidden_layers=6,
+            hidden_size=384,
+            num_attention_heads=6,
+            intermediate_size=1536,
+            image_size=224,
+            patch_size=16,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
             num_labels=10,
         )
         model = tf.ViTForImageClassification(cfg)
@@ -161,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     seg = max(1, round(math.sqrt(n)))
     size = n // seg
-    sq = [LayerAction(layer=x, action=Action.RECOMPUTE, recompute_group=(i // size) * size) if i < size * (seg - 1)
-          else LayerAction(layer=x, action=Action.KEEP) for i, x in enumerate(names)]
+    sq = [
+        LayerAction(layer=x, action=Action.RECOMPUTE, recompute_group=(i // size) * size)
+        if i < size * (seg - 1)
+        else LayerAction(layer=x, action=Action.KEEP)
+        for i, x in enumerate(names)
+    ]
     sqrt = keep.model_copy(update={"policy": "sqrt-segments", "actions": sq})
     probes = Probes(blocks)
     modes: dict[str, tuple[Any, Any]] = {
@@ -179,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
 
         tr = trace(model, lambda: step(model), steps=5, measure_bandwidth=False)
         fs = sum(x.forward_s for x in tr.layers)
-        print(f"  trace: step {tr.baseline.step_s * 1e3:.1f} ms, sum forward_s {fs * 1e3:.1f} ms "
-              f"({100 * fs / tr.baseline.step_s:.1f}% of step), per layer "
-              + " ".join(f"{x.forward_s * 1e3:.1f}" for x in tr.layers))
+        print(
+            f"  trace: step {tr.baseline.step_s * 1e3:.1f} ms, sum forward_s {fs * 1e3:.1f} ms "
+            f"({100 * fs / tr.baseline.step_s:.1f}% of step), per layer "
+            + " ".join(f"{x.forward_s * 1e3:.1f}" for x in tr.layers)
+        )
         for nm, fn in (("checkpoint-all", checkpoint_all), ("sqrt-segments", sqrt_segments)):
             sim = simulate(tr, fn(tr), 10**15, with_events=False)
             print(f"  predicted {nm}: {sim.overhead_pct:+.1f}%")
@@ -233,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     f_ck, r_ck, b_ck = med("ckpt", "fwd"), med("ckpt", "rerun"), med("ckpt", "bwd")
     r_full, b_full = med("ckpt-full", "rerun"), med("ckpt-full", "bwd")
     print(
-        "  block  fwd(keep) fwd(ckpt) rerun(early) rerun(full) early/fwd  bwd(keep) bwd(ckpt)-rerun "
-        "bwd(ckpt)-bwd(keep)"
+        "  block  fwd(keep) fwd(ckpt) rerun(early) rerun(full) early/fwd  bwd(keep) bwd(ckpt)-rerun bwd(ckpt)-bwd(keep)"
     )
     for i in range(n):
         print(
@@ -248,8 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  sum fwd(keep) {sf * 1e3:.1f} ms = {100 * sf / ks:.1f}% of the keep step")
     print(f"  sum rerun early {sr * 1e3:.1f} ms ({sr / sf:.3f} x fwd), full {srf * 1e3:.1f} ms ({srf / sf:.3f} x fwd)")
     print(
-        f"  backward spans, ckpt - keep: {extra * 1e3:.1f} ms ({extra / sf:.3f} x fwd); "
-        f"full: {extra_full * 1e3:.1f} ms"
+        f"  backward spans, ckpt - keep: {extra * 1e3:.1f} ms ({extra / sf:.3f} x fwd); full: {extra_full * 1e3:.1f} ms"
     )
     if tr is not None:
         # The proposed rule (docs/cost-model.md): a segment [a..b] re-runs forward_s of a..b-1 and

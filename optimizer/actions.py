@@ -39,8 +39,9 @@ def restrict(p: DpProblem, allowed: frozenset[Action]) -> DpProblem:
     return p
 
 
-def restricted_problem(trace: Trace, budget_bytes: int, allowed: frozenset[Action],
-                       deadline: float | None = None) -> DpProblem:
+def restricted_problem(
+    trace: Trace, budget_bytes: int, allowed: frozenset[Action], deadline: float | None = None
+) -> DpProblem:
     from memsched.optimizer.dp.problem import build_problem  # numba loads here, not on every CLI start
 
     return restrict(build_problem(trace, budget_bytes, deadline), allowed)
@@ -81,8 +82,9 @@ def recompute_baselines(trace: Trace, allowed: frozenset[Action]) -> list[SimRes
     return sorted(sims, key=lambda s: s.peak_bytes)
 
 
-def smallest_budget(trace: Trace, allowed: frozenset[Action], deadline: float,
-                    known_infeasible: int | None = None) -> tuple[int, bool]:
+def smallest_budget(
+    trace: Trace, allowed: frozenset[Action], deadline: float, known_infeasible: int | None = None
+) -> tuple[int, bool]:
     """(the smallest budget a plan of `allowed` actions fits, proven): bisection with the DP between the
     pointwise minimum (a lower bound: no plan of any actions peaks lower) and the best baseline that uses
     only those actions. `proven` is False when the clock stopped it: the budget is then one that fits, and
@@ -129,11 +131,23 @@ def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], 
         )
     t0 = time.perf_counter()
     minimum, proven = smallest_budget(trace, allowed, deadline, known_infeasible=budget_bytes)
-    log.info("smallest %s budget: %d bytes (%s) in %.2f s", what, minimum, "proven" if proven else "found",
-             time.perf_counter() - t0)
+    log.info(
+        "smallest %s budget: %d bytes (%s) in %.2f s",
+        what,
+        minimum,
+        "proven" if proven else "found",
+        time.perf_counter() - t0,
+    )
     detail = f"no plan of {what} fits it" + ("" if below else ": the exact DP proved it")
     raise InfeasibleBudgetError(budget_bytes, minimum, detail, proven=proven)
 
 
-__all__ = ["ALL_ACTIONS", "Verdict", "check_feasible", "dp_verdict", "restrict", "restricted_problem",
-           "smallest_budget"]
+__all__ = [
+    "ALL_ACTIONS",
+    "Verdict",
+    "check_feasible",
+    "dp_verdict",
+    "restrict",
+    "restricted_problem",
+    "smallest_budget",
+]

@@ -40,8 +40,9 @@ class FastSim:
         self.bwd = np.array([x.backward_s for x in layers], dtype=np.float64)
         self.saved = np.array([x.saved_bytes for x in layers], dtype=np.int64)
         self.fwd_transient = np.array([x.workspace_bytes + x.output_bytes for x in layers], dtype=np.int64)
-        self.bwd_transient = np.array([x.workspace_bytes + x.output_bytes + x.input_bytes for x in layers],
-                                      dtype=np.int64)
+        self.bwd_transient = np.array(
+            [x.workspace_bytes + x.output_bytes + x.input_bytes for x in layers], dtype=np.int64
+        )
         self.out_bytes = np.array([x.output_bytes for x in layers], dtype=np.int64)
         self.external = np.array([external_input_bytes(trace, i) for i in range(trace.n)], dtype=np.int64)
         self.dep_ptr = np.zeros(trace.n + 1, dtype=np.int64)
@@ -57,10 +58,28 @@ class FastSim:
         self.limit = budget_bytes - trace.static.total
 
     def __call__(self, kind: np.ndarray, nbytes: np.ndarray) -> tuple[float, int]:
-        return _evaluate(kind, nbytes, self.fwd, self.rerun, self.bwd, self.saved, self.fwd_transient,
-                         self.bwd_transient, self.out_bytes, self.external, self.dep_ptr, self.deps, self.d2h_bw,
-                         self.h2d_bw, self.latency, self.serial, self.loss_transient, self.ckpt_state, self.other_s,
-                         self.limit)
+        return _evaluate(
+            kind,
+            nbytes,
+            self.fwd,
+            self.rerun,
+            self.bwd,
+            self.saved,
+            self.fwd_transient,
+            self.bwd_transient,
+            self.out_bytes,
+            self.external,
+            self.dep_ptr,
+            self.deps,
+            self.d2h_bw,
+            self.h2d_bw,
+            self.latency,
+            self.serial,
+            self.loss_transient,
+            self.ckpt_state,
+            self.other_s,
+            self.limit,
+        )
 
 
 @njit(cache=True)
@@ -78,10 +97,23 @@ def _add(diff: np.ndarray, lo: int, hi: int, nbytes: int) -> None:  # pragma: no
 
 
 @njit(cache=True)
-def _stage_memory(kind: np.ndarray, nbytes: np.ndarray, done_by: np.ndarray, prefetch_at: np.ndarray,
-                  seg_start: np.ndarray, seg_end: np.ndarray, saved: np.ndarray, fwd_transient: np.ndarray,
-                  bwd_transient: np.ndarray, out_bytes: np.ndarray, external: np.ndarray, dep_ptr: np.ndarray,
-                  deps: np.ndarray, loss_transient: int, ckpt_state: int) -> np.ndarray:  # pragma: no cover
+def _stage_memory(
+    kind: np.ndarray,
+    nbytes: np.ndarray,
+    done_by: np.ndarray,
+    prefetch_at: np.ndarray,
+    seg_start: np.ndarray,
+    seg_end: np.ndarray,
+    saved: np.ndarray,
+    fwd_transient: np.ndarray,
+    bwd_transient: np.ndarray,
+    out_bytes: np.ndarray,
+    external: np.ndarray,
+    dep_ptr: np.ndarray,
+    deps: np.ndarray,
+    loss_transient: int,
+    ckpt_state: int,
+) -> np.ndarray:  # pragma: no cover
     """simulate.stage_memory: non-static bytes at each global stage 0..2n-1, the loss point folded into
     F_{n-1}'s (simulate.loss_point_bytes); each segment's stashed state (simulate.checkpoint_state_bytes)
     from F_a through B_a."""
@@ -164,12 +196,28 @@ def _offloads_by_stage(kind: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray,
 
 
 @njit(cache=True)
-def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, rerun: np.ndarray, bwd: np.ndarray,
-              saved: np.ndarray,
-              fwd_transient: np.ndarray, bwd_transient: np.ndarray, out_bytes: np.ndarray, external: np.ndarray,
-              dep_ptr: np.ndarray, deps: np.ndarray, d2h_bw: float, h2d_bw: float, latency: float, serial: bool,
-              loss_transient: int, ckpt_state: int, other_s: float,
-              limit: int) -> tuple[float, int]:  # pragma: no cover - compiled
+def _evaluate(
+    kind: np.ndarray,
+    nbytes: np.ndarray,
+    fwd: np.ndarray,
+    rerun: np.ndarray,
+    bwd: np.ndarray,
+    saved: np.ndarray,
+    fwd_transient: np.ndarray,
+    bwd_transient: np.ndarray,
+    out_bytes: np.ndarray,
+    external: np.ndarray,
+    dep_ptr: np.ndarray,
+    deps: np.ndarray,
+    d2h_bw: float,
+    h2d_bw: float,
+    latency: float,
+    serial: bool,
+    loss_transient: int,
+    ckpt_state: int,
+    other_s: float,
+    limit: int,
+) -> tuple[float, int]:  # pragma: no cover - compiled
     n = kind.shape[0]
     last = 2 * n - 1
     # Recompute segments: seg_start[i] for recomputed layers, seg_end[a] for segment starts (-1 elsewhere).
@@ -214,8 +262,23 @@ def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, rerun: np.n
                     k += 1
                 done_by[i] = k
                 prefetch_at[i] = i
-            mem = _stage_memory(kind, nbytes, done_by, prefetch_at, seg_start, seg_end, saved, fwd_transient,
-                                bwd_transient, out_bytes, external, dep_ptr, deps, loss_transient, ckpt_state)
+            mem = _stage_memory(
+                kind,
+                nbytes,
+                done_by,
+                prefetch_at,
+                seg_start,
+                seg_end,
+                saved,
+                fwd_transient,
+                bwd_transient,
+                out_bytes,
+                external,
+                dep_ptr,
+                deps,
+                loss_transient,
+                ckpt_state,
+            )
             head = 0
             for st in range(1, n):
                 while head < n_off and mem[st] > limit and offloads[head] < st:
@@ -243,8 +306,23 @@ def _evaluate(kind: np.ndarray, nbytes: np.ndarray, fwd: np.ndarray, rerun: np.n
                             mem[s] += x
                 prefetch_at[i] = p
                 cap = p
-    mem = _stage_memory(kind, nbytes, done_by, prefetch_at, seg_start, seg_end, saved, fwd_transient,
-                        bwd_transient, out_bytes, external, dep_ptr, deps, loss_transient, ckpt_state)
+    mem = _stage_memory(
+        kind,
+        nbytes,
+        done_by,
+        prefetch_at,
+        seg_start,
+        seg_end,
+        saved,
+        fwd_transient,
+        bwd_transient,
+        out_bytes,
+        external,
+        dep_ptr,
+        deps,
+        loss_transient,
+        ckpt_state,
+    )
     excess = 0
     for st in range(2 * n):
         if mem[st] > limit:

@@ -55,8 +55,9 @@ class HeuristicResult:
     """The simulator's result for them under the budget."""
 
 
-def _checkpoint_delta(trace: Trace, a: int, deps: set[int], held_from: dict[int, int],
-                      last: int) -> list[tuple[int, int, int]]:
+def _checkpoint_delta(
+    trace: Trace, a: int, deps: set[int], held_from: dict[int, int], last: int
+) -> list[tuple[int, int, int]]:
     """(lo, hi, bytes) ranges that a recompute segment starting at `a` adds by holding `deps` (producers
     before `a` that its layers consume) from stage a+1 to last-a-1, given what is already held."""
     out = []
@@ -211,8 +212,11 @@ def heuristic(trace: Trace, budget_bytes: int, allowed: frozenset[Action] = ALL_
                 if decisions[i].action == Action.RECOMPUTE:  # dissolve its whole segment
                     a = group_start(decisions, i)
                     b = i
-                    while b + 1 < trace.n and decisions[b + 1].action == Action.RECOMPUTE and \
-                            group_start(decisions, b + 1) == a:
+                    while (
+                        b + 1 < trace.n
+                        and decisions[b + 1].action == Action.RECOMPUTE
+                        and group_start(decisions, b + 1) == a
+                    ):
                         b += 1
                     for j in range(a, b + 1):
                         decisions[j] = sync[j]

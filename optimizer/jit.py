@@ -40,8 +40,9 @@ _lock = threading.Lock()
 
 # The time-limit signals of the worker pools (api/runners/solve_process.py: SIGALRM; Celery's prefork soft
 # limit: SIGUSR1).
-_DEFERRED_SIGNALS = tuple(s for s in (getattr(signal, "SIGALRM", None), getattr(signal, "SIGUSR1", None))
-                          if s is not None)
+_DEFERRED_SIGNALS = tuple(
+    s for s in (getattr(signal, "SIGALRM", None), getattr(signal, "SIGUSR1", None)) if s is not None
+)
 
 
 def kernels_ready() -> bool:
@@ -79,8 +80,7 @@ def _exercise_every_kernel() -> None:
     beam = beam_search(trace, budget, far, width=8, problem=problem)
     incumbent = beam.schedules[0].overhead_s if beam.schedules else None
     exact_search(trace, budget, far, incumbent, 0.0, problem=problem)
-    fifo_search(trace, budget, far, incumbent if incumbent is not None else float("inf"), 0.0,
-                problem=problem)
+    fifo_search(trace, budget, far, incumbent if incumbent is not None else float("inf"), 0.0, problem=problem)
     polish(trace, budget, heuristic(trace, budget).decisions, 0.05)
 
 

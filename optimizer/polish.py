@@ -224,8 +224,14 @@ def _retime(trace: Trace, budget_bytes: int, sim: SimResult, deadline: float) ->
     return best
 
 
-def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s: float,
-           seed: int = 0, allowed: frozenset[Action] = ALL_ACTIONS) -> PolishResult:
+def polish(
+    trace: Trace,
+    budget_bytes: int,
+    start: list[Decision],
+    time_limit_s: float,
+    seed: int = 0,
+    allowed: frozenset[Action] = ALL_ACTIONS,
+) -> PolishResult:
     """Improve a feasible schedule by one-layer changes within `time_limit_s` (see the module docstring).
     `start` keeps its own timing as the reference; the search re-times every candidate with
     `default_timing`. Deterministic for a given seed, up to where the time limit cuts it. Moves use only the
@@ -278,15 +284,22 @@ def polish(trace: Trace, budget_bytes: int, start: list[Decision], time_limit_s:
     if evaluate.best_genes is not None:
         found = simulate(trace, _decisions(trace, evaluate.best_genes), budget_bytes, with_events=False)
         if abs(found.overhead_s - evaluate.best_overhead_s) > 1e-9 * max(1.0, found.overhead_s):
-            log.warning("polish: the compiled simulator said %.9g s, the simulator %.9g s; the simulator's "
-                        "verdict stands", evaluate.best_overhead_s, found.overhead_s)
+            log.warning(
+                "polish: the compiled simulator said %.9g s, the simulator %.9g s; the simulator's verdict stands",
+                evaluate.best_overhead_s,
+                found.overhead_s,
+            )
         if not found.feasible:
             found = None
     if found is not None and time.perf_counter() < deadline:
         found = _retime(trace, budget_bytes, found, deadline)
     if found is not None and found.overhead_s < ref.overhead_s - 1e-15:
-        log.debug("polish: %.6g s -> %.6g s overhead in %d evaluations", ref.overhead_s, found.overhead_s,
-                  evaluate.evaluations)
+        log.debug(
+            "polish: %.6g s -> %.6g s overhead in %d evaluations",
+            ref.overhead_s,
+            found.overhead_s,
+            evaluate.evaluations,
+        )
         return PolishResult(found, evaluate.evaluations, True)
     return PolishResult(ref, evaluate.evaluations, False)
 

@@ -185,9 +185,7 @@ def segment_outside_deps(trace: Trace, a: int, b: int) -> set[int]:
     return {j for c in range(a, b + 1) for j in trace.layers[c].deps if j < a}
 
 
-def checkpoint_inputs(
-    trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None
-) -> dict[int, int]:
+def checkpoint_inputs(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> dict[int, int]:
     """For each producer j whose output some recompute segment keeps as its input: the earliest such
     segment start. Segments' retention intervals are nested, so the earliest one covers the others and the
     tensor is counted once (the DAG case: one output consumed by several recomputed layers).

@@ -113,14 +113,29 @@ covering every schedule (W = L = n: an exact model, so its bound is true) gets t
 layers (its size grows as n^3)."""
 
 
-def _record(backend: str, status: SolverStatus, objective: float, wall: float, message: str,
-            bound: float | None = None, details: list[str] | None = None) -> SolverRecord:
+def _record(
+    backend: str,
+    status: SolverStatus,
+    objective: float,
+    wall: float,
+    message: str,
+    bound: float | None = None,
+    details: list[str] | None = None,
+) -> SolverRecord:
     gap = None
     if bound is not None:
         bound = max(0.0, min(bound, objective))
         gap = (objective - bound) / objective if objective > 0 else 0.0
-    return SolverRecord(backend=backend, status=status, objective_s=objective, best_bound_s=bound, gap=gap,
-                        wall_s=wall, message=message, details=details or [])
+    return SolverRecord(
+        backend=backend,
+        status=status,
+        objective_s=objective,
+        best_bound_s=bound,
+        gap=gap,
+        wall_s=wall,
+        message=message,
+        details=details or [],
+    )
 
 
 _BOUND_SOURCES = {
@@ -133,30 +148,50 @@ _BOUND_SOURCES = {
 """Where a proven bound came from, in words (solve()'s plain sentence)."""
 
 
-def plain_summary(status: SolverStatus, objective_s: float, bound_s: float, bound_source: str, gap: float,
-                  requested_gap: float, time_limit_s: float, wall_s: float, kernels_s: float = 0.0) -> str:
+def plain_summary(
+    status: SolverStatus,
+    objective_s: float,
+    bound_s: float,
+    bound_source: str,
+    gap: float,
+    requested_gap: float,
+    time_limit_s: float,
+    wall_s: float,
+    kernels_s: float = 0.0,
+) -> str:
     """One sentence for the user: what was proven about the answer, and what limited the proof."""
     source = _BOUND_SOURCES.get(bound_source, bound_source)
     if status == SolverStatus.OPTIMAL:
         if objective_s <= 0:
             return "Optimal: the schedule has no overhead."
         within = "exactly" if gap <= 1e-9 else f"within {100 * requested_gap:.3g}%"
-        return (f"Optimal {within}: {source} proves that no schedule has less than {bound_s:.4g} s of overhead "
-                f"(this one: {objective_s:.4g} s).")
-    limited = (f"the time limit of {time_limit_s:g} s ran out" if wall_s >= 0.9 * time_limit_s
-               else "the solver's searches ended")
+        return (
+            f"Optimal {within}: {source} proves that no schedule has less than {bound_s:.4g} s of overhead "
+            f"(this one: {objective_s:.4g} s)."
+        )
+    limited = (
+        f"the time limit of {time_limit_s:g} s ran out"
+        if wall_s >= 0.9 * time_limit_s
+        else "the solver's searches ended"
+    )
     if bound_source == "none":
-        sentence = (f"Not proven: no lower bound above 0 was found before {limited}, so this schedule "
-                    f"({objective_s:.4g} s of overhead) may be far from the best.")
+        sentence = (
+            f"Not proven: no lower bound above 0 was found before {limited}, so this schedule "
+            f"({objective_s:.4g} s of overhead) may be far from the best."
+        )
     else:
-        sentence = (f"Not proven optimal: a better schedule could save at most {100 * gap:.3g}% of this one's "
-                    f"{objective_s:.4g} s of overhead ({source} proves at least {bound_s:.4g} s), and {limited} "
-                    f"before that gap closed to {100 * requested_gap:.3g}%.")
+        sentence = (
+            f"Not proven optimal: a better schedule could save at most {100 * gap:.3g}% of this one's "
+            f"{objective_s:.4g} s of overhead ({source} proves at least {bound_s:.4g} s), and {limited} "
+            f"before that gap closed to {100 * requested_gap:.3g}%."
+        )
     if wall_s > 1.1 * time_limit_s + 0.5:
         sentence += f" The solve took {wall_s:.3g} s, past its time limit of {time_limit_s:g} s"
         if kernels_s > 0.25 * time_limit_s:
-            sentence += (f", {kernels_s:.2g} s of it preparing the optimizer's compiled kernels (the first solve in "
-                         "an environment compiles them; `make install` does it ahead)")
+            sentence += (
+                f", {kernels_s:.2g} s of it preparing the optimizer's compiled kernels (the first solve in "
+                "an environment compiles them; `make install` does it ahead)"
+            )
         sentence += "."
     return sentence
 
@@ -200,8 +235,7 @@ def _solve_pulp_backend(name: str) -> Callable[..., Outcome]:
     return run
 
 
-def _solve_cpsat(m: MilpModel, limit_s: float, gap: float, warm: list[Decision] | None,
-                 threads: int | None) -> Outcome:
+def _solve_cpsat(m: MilpModel, limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None) -> Outcome:
     from memsched.optimizer.ilp.cpsat_backend import solve_cpsat
 
     return solve_cpsat(m, limit_s, gap, warm, threads)
@@ -239,9 +273,16 @@ BACKENDS: dict[SolverName, Backend] = {
 """Every MILP backend, by the solver name that asks for it."""
 
 
-def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend: SolverName,
-                 starts: list[list[Decision]], deadline: float,
-                 resources: SolveResources, offload: bool = True) -> tuple[Outcome, bool]:
+def _run_backend(
+    trace: Trace,
+    budget_bytes: int,
+    options: SolveOptions,
+    backend: SolverName,
+    starts: list[list[Decision]],
+    deadline: float,
+    resources: SolveResources,
+    offload: bool = True,
+) -> tuple[Outcome, bool]:
     """One MILP run (windows from `options`; `offload=False`: the recompute-only model) that ends by `deadline`
     (perf_counter), model building included; returns its outcome and whether its model is exact (windows
     cover everything)."""
@@ -257,8 +298,16 @@ def _run_backend(trace: Trace, budget_bytes: int, options: SolveOptions, backend
 class _Flow:
     """One solve: the candidates found so far, the best true bound, and what each phase said."""
 
-    def __init__(self, trace: Trace, budget_bytes: int, options: SolveOptions, resources: SolveResources,
-                 t0: float, allowed: frozenset[Action], found: SimResult | None = None) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        budget_bytes: int,
+        options: SolveOptions,
+        resources: SolveResources,
+        t0: float,
+        allowed: frozenset[Action],
+        found: SimResult | None = None,
+    ) -> None:
         self.trace, self.budget, self.options, self.resources, self.t0 = trace, budget_bytes, options, resources, t0
         self.allowed = allowed
         """The actions plans may use (SolveOptions.allowed_actions)."""
@@ -328,8 +377,10 @@ class _Flow:
         took = prepare_kernels()
         self.kernels_s = took
         if took > 0.25 * self.options.time_limit_s:
-            self.notes.append(f"{took:.2g} s of the limit went to loading the optimizer's compiled kernels (once per "
-                              "process; the first use in an environment also compiles them)")
+            self.notes.append(
+                f"{took:.2g} s of the limit went to loading the optimizer's compiled kernels (once per "
+                "process; the first use in an environment also compiles them)"
+            )
 
     def beam(self, until: float) -> None:
         """Beams of growing width within the share: an answer early, a better one if time allows."""
@@ -337,8 +388,9 @@ class _Flow:
 
         width = 24
         while time.perf_counter() < until:
-            out = beam_search(self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s,
-                              problem=self.problem())
+            out = beam_search(
+                self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s, problem=self.problem()
+            )
             if out.schedules:
                 self.add("dp-beam", out.schedules[0])
             if out.timed_out:
@@ -366,8 +418,15 @@ class _Flow:
         if seconds < 0.05:
             return
         cap = max(20_000, min(_FIFO_MAX_LABELS, int(_FIFO_LABELS_PER_S * seconds)))
-        out = fifo_search(self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap,
-                          problem=self.problem(), max_labels=cap)
+        out = fifo_search(
+            self.trace,
+            self.budget,
+            until,
+            self.best.sim.overhead_s,
+            self.options.gap,
+            problem=self.problem(),
+            max_labels=cap,
+        )
         self.fifo_timed_out = out.timed_out
         for sim in out.schedules[:1]:
             self.add("dp-fifo", sim)
@@ -375,8 +434,13 @@ class _Flow:
         if out.schedules or self.proven():
             self.dp = out
         self.fifo_note = out.message or None
-        log.info("fifo sweep: bound %s, peak %d labels, %.2f s (%s)", out.bound_s, out.peak_labels, out.wall_s,
-                 out.message or "finished")
+        log.info(
+            "fifo sweep: bound %s, peak %d labels, %.2f s (%s)",
+            out.bound_s,
+            out.peak_labels,
+            out.wall_s,
+            out.message or "finished",
+        )
 
     def fifo_probe(self) -> None:
         """The FIFO sweep first, for a share of the limit (see _FIFO_SHARE)."""
@@ -395,8 +459,9 @@ class _Flow:
         from memsched.optimizer.dp import exact_search
 
         self.dp_until = until
-        out = exact_search(self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap,
-                           problem=self.problem())
+        out = exact_search(
+            self.trace, self.budget, until, self.best.sim.overhead_s, self.options.gap, problem=self.problem()
+        )
         self.dp = out
         if out.schedules:
             self.add("dp", out.schedules[0])
@@ -413,29 +478,45 @@ class _Flow:
         if exact_windows:
             options = options.model_copy(update={"window": self.trace.n, "max_segment": self.trace.n})
         starts = [c.sim.decisions for c in self.cands]
-        outcome, exact = _run_backend(self.trace, self.budget, options, backend, starts,
-                                      self.deadline - self.reserve, self.resources,
-                                      offload=Action.OFFLOAD in self.allowed)
+        outcome, exact = _run_backend(
+            self.trace,
+            self.budget,
+            options,
+            backend,
+            starts,
+            self.deadline - self.reserve,
+            self.resources,
+            offload=Action.OFFLOAD in self.allowed,
+        )
         self.outcome = outcome
         if outcome.status == SolverStatus.INFEASIBLE:
             raise SolverError(
                 f"{backend} reported the model infeasible although the budget is feasible "
-                f"({outcome.message}); this is a bug: please report it with --export-model output")
+                f"({outcome.message}); this is a bug: please report it with --export-model output"
+            )
         if outcome.decisions is None:
             self.notes.append(f"{backend} found no schedule ({outcome.message})")
         else:
             sim = simulate(self.trace, outcome.decisions, self.budget, with_events=False)
             if not sim.feasible:
-                log.warning("%s incumbent simulates over budget (%d > %d bytes): solver tolerance; discarded",
-                            backend, sim.peak_bytes, self.budget)
+                log.warning(
+                    "%s incumbent simulates over budget (%d > %d bytes): solver tolerance; discarded",
+                    backend,
+                    sim.peak_bytes,
+                    self.budget,
+                )
                 self.notes.append(f"{backend} returned a schedule over budget (discarded)")
             else:
                 self.ilp_sim = sim
                 if outcome.objective_s is not None and BACKENDS[backend].objective_is_simulated:
                     diff = abs(outcome.objective_s - sim.overhead_s)
                     if diff > 1e-6 * max(sim.overhead_s, 1e-6):
-                        log.warning("%s objective %.9g s differs from the simulated %.9g s", backend,
-                                    outcome.objective_s, sim.overhead_s)
+                        log.warning(
+                            "%s objective %.9g s differs from the simulated %.9g s",
+                            backend,
+                            outcome.objective_s,
+                            sim.overhead_s,
+                        )
                 self.add("ilp", sim)
                 self.notes.append(f"{backend}: {outcome.message}")
         if outcome.bound_s is not None:
@@ -445,7 +526,8 @@ class _Flow:
                 self.notes.append(
                     f"{backend}'s bound within its windows (W={self.options.window or 'default'}, "
                     f"L={self.options.max_segment or 'default'}) is {outcome.bound_s:.6g} s; it does not bound "
-                    "schedules outside them, so it is not reported as a bound")
+                    "schedules outside them, so it is not reported as a bound"
+                )
 
     # ---------------------------------------------------------------- the answer
     def report(self) -> SolveReport:
@@ -460,8 +542,17 @@ class _Flow:
         notes = [*self.notes, self.fifo_note] if self.fifo_note and status != SolverStatus.OPTIMAL else self.notes
         details += notes
         gap = (obj - min(self.bound, obj)) / obj if obj > 0 else 0.0
-        msg = plain_summary(status, obj, self.bound, self.bound_source, gap, self.options.gap,
-                            self.options.time_limit_s, wall, self.kernels_s)
+        msg = plain_summary(
+            status,
+            obj,
+            self.bound,
+            self.bound_source,
+            gap,
+            self.options.gap,
+            self.options.time_limit_s,
+            wall,
+            self.kernels_s,
+        )
         rec = _record(best.name, status, obj, wall, msg, bound=self.bound, details=details)
         schedule = make_schedule(self.trace, best.sim.decisions, self.budget, best.name, rec)
         return SolveReport(schedule, self.outcome, self.ilp_sim, self.dp)
@@ -474,8 +565,14 @@ def backend_limit(seconds_left: float) -> float:
 
 def _zero_overhead(trace: Trace, budget_bytes: int, best: Candidate, wall: float) -> SolveReport:
     """No stall and no recompute: nothing can do better, so nothing has to be proved."""
-    rec = _record(best.name, SolverStatus.OPTIMAL, 0.0, wall,
-                  f"the {best.name} schedule fits the budget with no overhead: optimal", bound=0.0)
+    rec = _record(
+        best.name,
+        SolverStatus.OPTIMAL,
+        0.0,
+        wall,
+        f"the {best.name} schedule fits the budget with no overhead: optimal",
+        bound=0.0,
+    )
     return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
 
 
@@ -486,16 +583,20 @@ def _heuristic_only(trace: Trace, budget_bytes: int, flow: _Flow) -> SolveReport
     if heur is None:
         msg = f"the {best.name} schedule (the greedy heuristic's did not fit with these actions)"
     elif best.name != "heuristic" and best.sim.overhead_s < heur.sim.overhead_s * (1 - _REL_TOL):
-        msg = f"the {best.name} baseline beats the greedy heuristic ({best.sim.overhead_s:.6g} s vs " \
-              f"{heur.sim.overhead_s:.6g} s overhead)"
+        msg = (
+            f"the {best.name} baseline beats the greedy heuristic ({best.sim.overhead_s:.6g} s vs "
+            f"{heur.sim.overhead_s:.6g} s overhead)"
+        )
     rec = _record(best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, time.perf_counter() - flow.t0, msg)
     return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
 
 
 _FEASIBILITY_SHARE = 0.5
 """Without offload, the DP that settles a budget below the best baseline gets up to this share of the limit."""
-_HOST_NOTE = ("planned keep and recompute only: this trace was measured on the CPU, where host memory is the "
-              "device's memory and an offload lowers no peak (--actions keep,offload,recompute emulates offload)")
+_HOST_NOTE = (
+    "planned keep and recompute only: this trace was measured on the CPU, where host memory is the "
+    "device's memory and an offload lowers no peak (--actions keep,offload,recompute emulates offload)"
+)
 """Said with every plan whose actions the CPU default restricted."""
 
 
@@ -554,13 +655,19 @@ def plan_for(solver: SolverName, n_layers: int, allowed: frozenset[Action] = ALL
                 "use --solver auto or dp with these --actions"
             )
         # A true bound first (the DP), then the backend asked for by name with the rest of the time.
-        return [*searches, Phase(Step.EXACT_DP, _DP_SHARE_BEFORE_MILP),
-                Phase(Step.MILP, only_if_open=False, backend=solver)]
+        return [
+            *searches,
+            Phase(Step.EXACT_DP, _DP_SHARE_BEFORE_MILP),
+            Phase(Step.MILP, only_if_open=False, backend=solver),
+        ]
     # The exact DP gets most of what is left; where it cannot finish, the FIFO sweep may run again, and the
     # last part goes to the exact-window MILP (auto, small traces) or to the local search.
     milp_ok = solver == SolverName.AUTO and n_layers <= AUTO_MILP_MAX_LAYERS and Action.RECOMPUTE in allowed
-    last = (Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True) if milp_ok
-            else Phase(Step.POLISH, 1.0, min_left_s=0.2))
+    last = (
+        Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True)
+        if milp_ok
+        else Phase(Step.POLISH, 1.0, min_left_s=0.2)
+    )
     dp = Phase(Step.EXACT_DP) if solver == SolverName.DP else Phase(Step.EXACT_DP, _DP_UNTIL, from_start=True)
     fifo_again = [Phase(Step.FIFO_AGAIN)] if allowed == ALL_ACTIONS else []
     return [*searches, dp, *fifo_again, last]
@@ -588,15 +695,17 @@ def _run_phase(flow: _Flow, phase: Phase) -> None:
         flow.milp(phase.backend, exact_windows=phase.exact_windows)
 
 
-def solve_report(trace: Trace, budget_bytes: int, options: SolveOptions | None = None,
-                 resources: SolveResources | None = None) -> SolveReport:
+def solve_report(
+    trace: Trace, budget_bytes: int, options: SolveOptions | None = None, resources: SolveResources | None = None
+) -> SolveReport:
     """solve(), with the phases' raw results kept."""
     options = options or SolveOptions()
     return _with_host_note(_solve_report(trace, budget_bytes, options, resources), options, trace)
 
 
-def _solve_report(trace: Trace, budget_bytes: int, options: SolveOptions,
-                  resources: SolveResources | None) -> SolveReport:
+def _solve_report(
+    trace: Trace, budget_bytes: int, options: SolveOptions, resources: SolveResources | None
+) -> SolveReport:
     t0 = time.perf_counter()
     allowed = options.allowed_actions(trace)
     phases = plan_for(options.solver, trace.n, allowed)  # refuses a combination it cannot plan, up front
@@ -604,8 +713,14 @@ def _solve_report(trace: Trace, budget_bytes: int, options: SolveOptions,
     # whose plan, where one fits, joins the candidates.
     found = check_feasible(trace, budget_bytes, allowed, t0 + _FEASIBILITY_SHARE * options.time_limit_s)
     if max(stage_memory(trace, [KEEP] * trace.n)) + trace.static.total <= budget_bytes:
-        rec = _record("keep-all", SolverStatus.OPTIMAL, 0.0, time.perf_counter() - t0,
-                      "keep-all fits the budget: no overhead", bound=0.0)
+        rec = _record(
+            "keep-all",
+            SolverStatus.OPTIMAL,
+            0.0,
+            time.perf_counter() - t0,
+            "keep-all fits the budget: no overhead",
+            bound=0.0,
+        )
         return SolveReport(make_schedule(trace, [KEEP] * trace.n, budget_bytes, "keep-all", rec), None, None)
     flow = _Flow(trace, budget_bytes, options, resources or SolveResources(), t0, allowed, found)
     if flow.best.sim.overhead_s <= 0.0:
@@ -631,7 +746,8 @@ def _with_host_note(report: SolveReport, options: SolveOptions, trace: Trace) ->
     return report
 
 
-def solve(trace: Trace, budget_bytes: int, options: SolveOptions | None = None,
-          resources: SolveResources | None = None) -> Schedule:
+def solve(
+    trace: Trace, budget_bytes: int, options: SolveOptions | None = None, resources: SolveResources | None = None
+) -> Schedule:
     """Return the best schedule found for the budget; InfeasibleBudgetError if none can fit."""
     return solve_report(trace, budget_bytes, options, resources).schedule

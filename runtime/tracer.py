@@ -537,8 +537,13 @@ class _RerunProbe:
 
 
 def _time_reruns(
-    model: nn.Module, step_fn: StepFn, names: Sequence[str], modules: Sequence[nn.Module],
-    stats: list[_LayerStats], clock: Clock, report: TraceReport,
+    model: nn.Module,
+    step_fn: StepFn,
+    names: Sequence[str],
+    modules: Sequence[nn.Module],
+    stats: list[_LayerStats],
+    clock: Clock,
+    report: TraceReport,
 ) -> None:
     """RERUN_STEPS steps with every traced layer checkpointed on its own, as the runtime replays a recompute
     (torch.utils.checkpoint, non-reentrant, early stop): each layer's re-run time into `stats`."""
@@ -547,8 +552,9 @@ def _time_reruns(
     from memsched.schema import Action, LayerAction
 
     keep = keep_all_schedule(names)
-    ckpt = keep.model_copy(update={"policy": "checkpoint-all",
-                                   "actions": [LayerAction(layer=x, action=Action.RECOMPUTE) for x in names]})
+    ckpt = keep.model_copy(
+        update={"policy": "checkpoint-all", "actions": [LayerAction(layer=x, action=Action.RECOMPUTE) for x in names]}
+    )
     probe = _RerunProbe(modules, stats, clock)
     try:
         with ScheduledModel(model, ckpt):

@@ -62,8 +62,7 @@ class DpOutcome:
         return "; ".join(self.notes)
 
 
-def _decode_finals(trace: Trace, p: DpProblem, res: SweepResult, budget_bytes: int,
-                   limit: int = 8) -> list[SimResult]:
+def _decode_finals(trace: Trace, p: DpProblem, res: SweepResult, budget_bytes: int, limit: int = 8) -> list[SimResult]:
     sims: list[SimResult] = []
     seen: set[tuple[object, ...]] = set()
     for _cost, label in res.finals[:limit]:
@@ -87,8 +86,14 @@ def _approximation_notes(p: DpProblem) -> list[str]:
     return notes
 
 
-def beam_search(trace: Trace, budget_bytes: int, deadline: float, width: int = DEFAULT_BEAM_WIDTH,
-                threshold: float = np.inf, problem: DpProblem | None = None) -> DpOutcome:
+def beam_search(
+    trace: Trace,
+    budget_bytes: int,
+    deadline: float,
+    width: int = DEFAULT_BEAM_WIDTH,
+    threshold: float = np.inf,
+    problem: DpProblem | None = None,
+) -> DpOutcome:
     """The sweep with at most `width` labels per boundary, dropping plans that already cost `threshold`
     (the best schedule known); its decoded plans (no bound). `problem`: build_problem(trace, budget_bytes),
     where the caller already has it."""
@@ -111,8 +116,15 @@ finish. Intermediate steps (0.85, 0.95 were tried) each cost a third to a half o
 14% where (0.7, 1) proved both the 25% and the 50% budget optimal in under 9 s (bench/results/solver_bench.md)."""
 
 
-def exact_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: float | None, gap: float,
-                 max_labels: int = DEFAULT_MAX_LABELS, problem: DpProblem | None = None) -> DpOutcome:
+def exact_search(
+    trace: Trace,
+    budget_bytes: int,
+    deadline: float,
+    incumbent_s: float | None,
+    gap: float,
+    max_labels: int = DEFAULT_MAX_LABELS,
+    problem: DpProblem | None = None,
+) -> DpOutcome:
     """Exact sweeps under rising thresholds up to incumbent x (1 - gap) (iterative deepening, see
     _DEEPENING); a sweep that hits the label cap is retried at a coarser resolution. The bound it returns
     holds for every schedule (see DpOutcome.bound_s)."""
@@ -132,8 +144,11 @@ def exact_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: 
         if res.bound_s is not None and np.isfinite(res.bound_s):
             best_bound = max(best_bound, res.bound_s)
         if not res.finished:
-            out.notes.append(f"the exact DP stopped at its deadline at layer {res.boundary_reached} of {p.n}"
-                             if res.timed_out else "the exact DP stopped at its label cap")
+            out.notes.append(
+                f"the exact DP stopped at its deadline at layer {res.boundary_reached} of {p.n}"
+                if res.timed_out
+                else "the exact DP stopped at its label cap"
+            )
             break
         if res.finals and res.finals[0][0] < threshold:
             # Nothing below the threshold was pruned, so the cheapest plan found is the fluid optimum.
@@ -145,8 +160,15 @@ def exact_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: 
     return out
 
 
-def fifo_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: float, gap: float,
-                problem: DpProblem | None = None, max_labels: int = FIFO_MAX_LABELS) -> DpOutcome:
+def fifo_search(
+    trace: Trace,
+    budget_bytes: int,
+    deadline: float,
+    incumbent_s: float,
+    gap: float,
+    problem: DpProblem | None = None,
+    max_labels: int = FIFO_MAX_LABELS,
+) -> DpOutcome:
     """Tier 2 (optimizer/dp/fifo.py): the sweep with FIFO copy queues, pruned at incumbent x (1 - gap). Exact
     for the simulator's timing, so where it finishes its bound closes the gaps the fluid sweep leaves on
     stall-heavy traces; stopped early, its frontier is still a bound. Devices with concurrent copies only."""
@@ -159,8 +181,10 @@ def fifo_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: f
     if res.finished:
         out.schedules = _decode_finals(trace, p, res, budget_bytes)
     else:
-        out.notes.append(f"the FIFO sweep stopped at layer {res.boundary_reached} of {p.n} "
-                         f"({'its label cap' if res.cap_hit else 'its time share'})")
+        out.notes.append(
+            f"the FIFO sweep stopped at layer {res.boundary_reached} of {p.n} "
+            f"({'its label cap' if res.cap_hit else 'its time share'})"
+        )
     if res.bound_s is not None and np.isfinite(res.bound_s):
         root = float(p.future[0, 0])
         out.bound_s = max(res.bound_s, root) if p.offload_complete else root
@@ -168,13 +192,13 @@ def fifo_search(trace: Trace, budget_bytes: int, deadline: float, incumbent_s: f
     return out
 
 
-def _sweep_with_cap(p: DpProblem, out: DpOutcome, deadline: float, threshold: float,
-                    max_labels: int) -> SweepResult:
+def _sweep_with_cap(p: DpProblem, out: DpOutcome, deadline: float, threshold: float, max_labels: int) -> SweepResult:
     """One exact sweep; where the label cap stops it, again at coarser byte quanta (each still a relaxation)."""
     quantum = 1
     while True:
-        res = run_sweep(p, SweepConfig(deadline=deadline, threshold=threshold, quantum_bytes=quantum,
-                                       max_labels=max_labels))
+        res = run_sweep(
+            p, SweepConfig(deadline=deadline, threshold=threshold, quantum_bytes=quantum, max_labels=max_labels)
+        )
         out.peak_labels, out.quantum_bytes = max(out.peak_labels, res.peak_labels), quantum
         out.timed_out = res.timed_out
         if not res.cap_hit:

@@ -76,15 +76,39 @@ class FifoLabels:
         return FifoLabels(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
 
 
-_FIELDS = ("retained", "held", "cf", "cr", "dq_t", "dq_b", "dq_n", "hq_t", "hq_b", "hq_n", "parent",
-           "parent_boundary", "action")
+_FIELDS = (
+    "retained",
+    "held",
+    "cf",
+    "cr",
+    "dq_t",
+    "dq_b",
+    "dq_n",
+    "hq_t",
+    "hq_b",
+    "hq_n",
+    "parent",
+    "parent_boundary",
+    "action",
+)
 
 
 def _root(queue: int) -> FifoLabels:
-    return FifoLabels(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), np.zeros(1),
-                      np.zeros((1, queue)), np.zeros((1, queue), np.int64), np.zeros(1, np.int64),
-                      np.zeros((1, queue)), np.zeros((1, queue), np.int64), np.zeros(1, np.int64),
-                      np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int16))
+    return FifoLabels(
+        np.zeros(1, np.int64),
+        np.zeros(1, np.int64),
+        np.zeros(1),
+        np.zeros(1),
+        np.zeros((1, queue)),
+        np.zeros((1, queue), np.int64),
+        np.zeros(1, np.int64),
+        np.zeros((1, queue)),
+        np.zeros((1, queue), np.int64),
+        np.zeros(1, np.int64),
+        np.zeros(1, np.int32),
+        np.zeros(1, np.int32),
+        np.zeros(1, np.int16),
+    )
 
 
 @dataclass
@@ -103,8 +127,19 @@ def _filter(p: DpProblem, k: int, lab: FifoLabels) -> FifoLabels:
         return lab
     order = np.lexsort((lab.cost, lab.retained, lab.held))
     lab = lab.take(order)
-    keep = dominance_fifo(lab.held, lab.cf, lab.cr, float(p.fwd_prefix[k]), float(p.bwd_prefix[k]),
-                          lab.dq_t, lab.dq_b, lab.dq_n, lab.hq_t, lab.hq_b, lab.hq_n)
+    keep = dominance_fifo(
+        lab.held,
+        lab.cf,
+        lab.cr,
+        float(p.fwd_prefix[k]),
+        float(p.bwd_prefix[k]),
+        lab.dq_t,
+        lab.dq_b,
+        lab.dq_n,
+        lab.hq_t,
+        lab.hq_b,
+        lab.hq_n,
+    )
     return lab.take(np.flatnonzero(keep))
 
 
@@ -117,8 +152,9 @@ def _final_cost(p: DpProblem, lab: FifoLabels) -> np.ndarray:
     return lab.cost + np.maximum(d_tail - tf, 0.0) + np.maximum(h_tail - tr, 0.0)
 
 
-def fifo_sweep(p: DpProblem, deadline: float, threshold: float, max_labels: int = DEFAULT_MAX_LABELS,
-               queue: int = QUEUE) -> SweepResult:
+def fifo_sweep(
+    p: DpProblem, deadline: float, threshold: float, max_labels: int = DEFAULT_MAX_LABELS, queue: int = QUEUE
+) -> SweepResult:
     """The exact FIFO sweep under `threshold` (labels reaching it are dropped). Its `bound_s` holds for every
     schedule: the cheapest complete plan, or, when stopped, the least cost plus future bound on the frontier,
     each capped by the threshold. Back-pointers are stored as the fluid sweep's, so `decode` reads them.
@@ -180,8 +216,16 @@ def _frontier(p: DpProblem, st: _State, start: int) -> float:
     return best
 
 
-def _expand(p: DpProblem, st: _State, k: int, lab: FifoLabels, threshold: float, deadline: float,
-            offload_bytes: np.ndarray, max_labels: int) -> None:
+def _expand(
+    p: DpProblem,
+    st: _State,
+    k: int,
+    lab: FifoLabels,
+    threshold: float,
+    deadline: float,
+    offload_bytes: np.ndarray,
+    max_labels: int,
+) -> None:
     bits_at, out_bytes_bit = p.segment_inputs(k)
     per_label = 1 + len(offload_bytes) + (p.n - k)
     capacity = max(_CHUNK, 2 * per_label)
@@ -190,10 +234,42 @@ def _expand(p: DpProblem, st: _State, k: int, lab: FifoLabels, threshold: float,
         if time.perf_counter() > deadline:
             raise FifoStop("deadline")
         (first, w, dst, parent, action, ret, held, cf, cr, dqt, dqb, dqn, hqt, hqb, hqn) = expand_fifo(
-            k, p.limit, p.latency, p.d2h_bw, p.h2d_bw, threshold, p.saved, p.saved_prefix, p.fwd, p.fwd_prefix,
-            p.rerun, p.bwd, p.bwd_prefix, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
-            p.ckpt_state, bits_at, out_bytes_bit, offload_bytes, lab.retained, lab.held, lab.cf, lab.cr,
-            lab.dq_t, lab.dq_b, lab.dq_n, lab.hq_t, lab.hq_b, lab.hq_n, first, capacity)
+            k,
+            p.limit,
+            p.latency,
+            p.d2h_bw,
+            p.h2d_bw,
+            threshold,
+            p.saved,
+            p.saved_prefix,
+            p.fwd,
+            p.fwd_prefix,
+            p.rerun,
+            p.bwd,
+            p.bwd_prefix,
+            p.trans_f,
+            p.trans_b,
+            p.row_floor,
+            p.future,
+            p.future_step,
+            p.external,
+            p.ckpt_state,
+            bits_at,
+            out_bytes_bit,
+            offload_bytes,
+            lab.retained,
+            lab.held,
+            lab.cf,
+            lab.cr,
+            lab.dq_t,
+            lab.dq_b,
+            lab.dq_n,
+            lab.hq_t,
+            lab.hq_b,
+            lab.hq_n,
+            first,
+            capacity,
+        )
         if w == 0:
             continue
         order = np.argsort(dst[:w], kind="stable")
@@ -202,9 +278,21 @@ def _expand(p: DpProblem, st: _State, k: int, lab: FifoLabels, threshold: float,
         for lo, hi in itertools.pairwise(cuts):
             sel = order[lo:hi]
             b1 = int(dst[lo])
-            part = FifoLabels(ret[sel], p.remap_held(held[sel], k, b1), cf[sel], cr[sel], dqt[sel], dqb[sel],
-                              dqn[sel], hqt[sel], hqb[sel], hqn[sel], parent[sel].astype(np.int32),
-                              np.full(hi - lo, k, np.int32), action[sel].astype(np.int16))
+            part = FifoLabels(
+                ret[sel],
+                p.remap_held(held[sel], k, b1),
+                cf[sel],
+                cr[sel],
+                dqt[sel],
+                dqb[sel],
+                dqn[sel],
+                hqt[sel],
+                hqb[sel],
+                hqn[sel],
+                parent[sel].astype(np.int32),
+                np.full(hi - lo, k, np.int32),
+                action[sel].astype(np.int16),
+            )
             st.pending[b1].append(part)
             size = sum(len(x) for x in st.pending[b1])
             if size > st.compact_at[b1] and b1 < p.n:

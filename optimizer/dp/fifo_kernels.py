@@ -57,8 +57,16 @@ def _enqueue(qt: np.ndarray, qb: np.ndarray, n: int, ready: float, seconds: floa
 
 
 @njit(cache=True)
-def _copy_queues(dt: np.ndarray, db: np.ndarray, ht: np.ndarray, hb: np.ndarray, src_dt: np.ndarray,
-                 src_db: np.ndarray, src_ht: np.ndarray, src_hb: np.ndarray) -> None:
+def _copy_queues(
+    dt: np.ndarray,
+    db: np.ndarray,
+    ht: np.ndarray,
+    hb: np.ndarray,
+    src_dt: np.ndarray,
+    src_db: np.ndarray,
+    src_ht: np.ndarray,
+    src_hb: np.ndarray,
+) -> None:
     """Both queues of a label into the destination arrays."""
     dt[:] = src_dt
     db[:] = src_db
@@ -74,16 +82,58 @@ def _tail_wait(qt: np.ndarray, n: int, clock: float) -> float:
 
 @njit(cache=True)
 def expand_fifo(
-    k: int, limit: int, latency: float, d2h_bw: float, h2d_bw: float, threshold: float,
-    saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray, rerun: np.ndarray,
-    bwd: np.ndarray, bwd_prefix: np.ndarray,
-    trans_f: np.ndarray, trans_b: np.ndarray, row_floor: np.ndarray, future: np.ndarray, future_step: float,
-    external: np.ndarray, state: int, bits_at: np.ndarray, out_bytes_bit: np.ndarray, offload_bytes: np.ndarray,
-    retained: np.ndarray, held: np.ndarray, cf: np.ndarray, cr: np.ndarray,
-    dq_t: np.ndarray, dq_b: np.ndarray, dq_n: np.ndarray, hq_t: np.ndarray, hq_b: np.ndarray, hq_n: np.ndarray,
-    first: int, capacity: int,
-) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-           np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    k: int,
+    limit: int,
+    latency: float,
+    d2h_bw: float,
+    h2d_bw: float,
+    threshold: float,
+    saved: np.ndarray,
+    saved_prefix: np.ndarray,
+    fwd: np.ndarray,
+    fwd_prefix: np.ndarray,
+    rerun: np.ndarray,
+    bwd: np.ndarray,
+    bwd_prefix: np.ndarray,
+    trans_f: np.ndarray,
+    trans_b: np.ndarray,
+    row_floor: np.ndarray,
+    future: np.ndarray,
+    future_step: float,
+    external: np.ndarray,
+    state: int,
+    bits_at: np.ndarray,
+    out_bytes_bit: np.ndarray,
+    offload_bytes: np.ndarray,
+    retained: np.ndarray,
+    held: np.ndarray,
+    cf: np.ndarray,
+    cr: np.ndarray,
+    dq_t: np.ndarray,
+    dq_b: np.ndarray,
+    dq_n: np.ndarray,
+    hq_t: np.ndarray,
+    hq_b: np.ndarray,
+    hq_n: np.ndarray,
+    first: int,
+    capacity: int,
+) -> tuple[
+    int,
+    int,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+]:
     """Children of the labels at boundary k from index `first` on: rows F_k / B_k (waits where they need
     them), layer k's compute, then keep, each offload option and every recompute segment [k, b].
 
@@ -154,8 +204,9 @@ def expand_fifo(
                 m_d = _enqueue(o_dqt[w], o_dqb[w], nd, tf, latency + x / d2h_bw, x)
                 m_h = _enqueue(o_hqt[w], o_hqb[w], nh, tr, latency + x / h2d_bw, x)
             # The cost to come includes at least the wait for these copies at the end of each pass.
-            floor = max(_tail_wait(o_dqt[w], m_d, tf) - (fwd_prefix[n] - fwd_prefix[k + 1]), 0.0) + \
-                max(_tail_wait(o_hqt[w], m_h, tr) - (bwd_prefix[n] - bwd_prefix[k + 1]), 0.0)
+            floor = max(_tail_wait(o_dqt[w], m_d, tf) - (fwd_prefix[n] - fwd_prefix[k + 1]), 0.0) + max(
+                _tail_wait(o_hqt[w], m_h, tr) - (bwd_prefix[n] - bwd_prefix[k + 1]), 0.0
+            )
             fut = future[k + 1, min(int(child_ret / future_step), g_last)]
             if c_f + c_r + max(fut, floor) >= threshold:
                 continue
@@ -199,8 +250,11 @@ def expand_fifo(
                 stf += fwd[m]
                 stream += bwd[m]
                 # The least re-run of any segment [k..b], b >= m (rerun[m] <= fwd[m]; Trace.segment_rerun_s).
-                spent = (stf - fwd_prefix[m + 1]) + (stream - bwd_prefix[m + 1]) + \
-                    (fwd_prefix[m] - fwd_prefix[k] + rerun[m])
+                spent = (
+                    (stf - fwd_prefix[m + 1])
+                    + (stream - bwd_prefix[m + 1])
+                    + (fwd_prefix[m] - fwd_prefix[k] + rerun[m])
+                )
                 if spent >= threshold:
                     dead = True
                     break
@@ -228,13 +282,13 @@ def expand_fifo(
             o_dqn[w] = sd
             o_hqn[w] = sh
             w += 1
-    return (i, w, o_dst, o_parent, o_action, o_ret, o_held, o_cf, o_cr,
-            o_dqt, o_dqb, o_dqn, o_hqt, o_hqb, o_hqn)
+    return (i, w, o_dst, o_parent, o_action, o_ret, o_held, o_cf, o_cr, o_dqt, o_dqb, o_dqn, o_hqt, o_hqb, o_hqn)
 
 
 @njit(cache=True)
-def _queue_no_worse(at: np.ndarray, ab: np.ndarray, an: int, bt: np.ndarray, bb: np.ndarray, bn: int,
-                    b_clock: float) -> bool:
+def _queue_no_worse(
+    at: np.ndarray, ab: np.ndarray, an: int, bt: np.ndarray, bb: np.ndarray, bn: int, b_clock: float
+) -> bool:
     """Whether queue A holds no more bytes than queue B at every moment from B's clock on, and frees its
     copy stream no later (A's clock is at or before B's)."""
     a_tail = at[an - 1] if an > 0 else -np.inf
@@ -266,9 +320,19 @@ RING = 64
 
 
 @njit(cache=True)
-def dominance_fifo(held: np.ndarray, cf: np.ndarray, cr: np.ndarray, fwd_at: float, bwd_at: float,
-                   dq_t: np.ndarray, dq_b: np.ndarray, dq_n: np.ndarray, hq_t: np.ndarray, hq_b: np.ndarray,
-                   hq_n: np.ndarray) -> np.ndarray:
+def dominance_fifo(
+    held: np.ndarray,
+    cf: np.ndarray,
+    cr: np.ndarray,
+    fwd_at: float,
+    bwd_at: float,
+    dq_t: np.ndarray,
+    dq_b: np.ndarray,
+    dq_n: np.ndarray,
+    hq_t: np.ndarray,
+    hq_b: np.ndarray,
+    hq_n: np.ndarray,
+) -> np.ndarray:
     """Keep-mask for labels sorted by (held, retained, cost): a label is dropped when one of the last RING
     kept labels of its held set (so no more retained bytes) has no more forward and no more backward cost and
     queues that are no worse from its clocks on (docs/formulation.md, 'Tier 2: FIFO copies', dominance)."""
@@ -283,9 +347,12 @@ def dominance_fifo(held: np.ndarray, cf: np.ndarray, cr: np.ndarray, fwd_at: flo
             pos = 0
         for s in range(fill):
             j = ring[s]
-            if cf[j] <= cf[i] and cr[j] <= cr[i] \
-                    and _queue_no_worse(dq_t[j], dq_b[j], dq_n[j], dq_t[i], dq_b[i], dq_n[i], fwd_at + cf[i]) \
-                    and _queue_no_worse(hq_t[j], hq_b[j], hq_n[j], hq_t[i], hq_b[i], hq_n[i], bwd_at + cr[i]):
+            if (
+                cf[j] <= cf[i]
+                and cr[j] <= cr[i]
+                and _queue_no_worse(dq_t[j], dq_b[j], dq_n[j], dq_t[i], dq_b[i], dq_n[i], fwd_at + cf[i])
+                and _queue_no_worse(hq_t[j], hq_b[j], hq_n[j], hq_t[i], hq_b[i], hq_n[i], bwd_at + cr[i])
+            ):
                 keep[i] = False
                 break
         if keep[i]:

@@ -26,8 +26,9 @@ GRID_POINTS = 256
 
 
 @njit(cache=True)
-def _insert(rates: np.ndarray, sizes: np.ndarray, count: int, rate: float,
-            size: float) -> int:  # pragma: no cover - compiled
+def _insert(
+    rates: np.ndarray, sizes: np.ndarray, count: int, rate: float, size: float
+) -> int:  # pragma: no cover - compiled
     """Insert (rate, size) into the first `count` entries, kept sorted by rate; returns the new count."""
     pos = count
     while pos > 0 and rates[pos - 1] > rate:
@@ -55,8 +56,17 @@ def _span(out: np.ndarray, base: float, step: float, pool: float) -> tuple[int, 
 
 
 @njit(cache=True)
-def _additive_row(out: np.ndarray, base: float, step: float, pool: float, free: float, off_rate: float,
-                  rates: np.ndarray, sizes: np.ndarray, count: int) -> None:  # pragma: no cover - compiled
+def _additive_row(
+    out: np.ndarray,
+    base: float,
+    step: float,
+    pool: float,
+    free: float,
+    off_rate: float,
+    rates: np.ndarray,
+    sizes: np.ndarray,
+    count: int,
+) -> None:  # pragma: no cover - compiled
     """out[g] = max(out[g], least cost of freeing E = g * step + base bytes) where `free` bytes cost nothing,
     recompute entry i frees sizes[i] bytes at rates[i] s/byte, and further offload bytes cost off_rate s/byte,
     all from one pool of `pool` bytes (E > pool: no completion exists)."""
@@ -83,8 +93,17 @@ def _additive_row(out: np.ndarray, base: float, step: float, pool: float, free: 
 
 
 @njit(cache=True)
-def _overlapped_row(out: np.ndarray, base: float, step: float, pool: float, free: float, bandwidth: float,
-                    rates: np.ndarray, sizes: np.ndarray, count: int) -> None:  # pragma: no cover - compiled
+def _overlapped_row(
+    out: np.ndarray,
+    base: float,
+    step: float,
+    pool: float,
+    free: float,
+    bandwidth: float,
+    rates: np.ndarray,
+    sizes: np.ndarray,
+    count: int,
+) -> None:  # pragma: no cover - compiled
     """As _additive_row, for a row where paid time (stall or recomputation) also moves offload bytes: within
     t seconds, `free + bandwidth * t` bytes can be offloaded and the recompute entries costing up to t in
     total freed. out[g] = max(out[g], least t freeing E = g * step + base)."""
@@ -122,9 +141,22 @@ def _overlapped_row(out: np.ndarray, base: float, step: float, pool: float, free
 
 
 @njit(cache=True)
-def future_table(saved: np.ndarray, fwd: np.ndarray, rerun: np.ndarray, bwd: np.ndarray, trans_f: np.ndarray,
-                 trans_b: np.ndarray, limit: int, serial: bool, d2h_bw: float, h2d_bw: float, step: float,
-                 grid: int, window: int, stride: int) -> np.ndarray:  # pragma: no cover - compiled
+def future_table(
+    saved: np.ndarray,
+    fwd: np.ndarray,
+    rerun: np.ndarray,
+    bwd: np.ndarray,
+    trans_f: np.ndarray,
+    trans_b: np.ndarray,
+    limit: int,
+    serial: bool,
+    d2h_bw: float,
+    h2d_bw: float,
+    step: float,
+    grid: int,
+    window: int,
+    stride: int,
+) -> np.ndarray:  # pragma: no cover - compiled
     """table[k, g]: a lower bound on the cost to come for a label at boundary k retaining g * step bytes.
     Rows m in [k, k + window] are all considered, farther ones every `stride` layers and the last one (any
     subset of rows gives a valid bound; the subset keeps the table's cost near n * (window + n / stride)).

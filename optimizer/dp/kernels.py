@@ -12,8 +12,9 @@ from numba import njit
 
 
 @njit(cache=True)
-def checkpoint_bytes(seg: np.int64, held: np.int64, external: np.int64,
-                     out_bytes_bit: np.ndarray) -> np.int64:  # pragma: no cover - compiled
+def checkpoint_bytes(
+    seg: np.int64, held: np.int64, external: np.int64, out_bytes_bit: np.ndarray
+) -> np.int64:  # pragma: no cover - compiled
     """Bytes a segment's checkpoint holds: its external inputs plus the outputs of the producers it reads
     (bits of `seg`) that the plan does not hold already (bits of `held`)."""
     ckpt = external
@@ -25,13 +26,32 @@ def checkpoint_bytes(seg: np.int64, held: np.int64, external: np.int64,
 
 @njit(cache=True)
 def segment_children(
-    k: int, limit: int, serial: bool, d2h_bw: float, h2d_bw: float, threshold: float,
-    saved: np.ndarray, saved_prefix: np.ndarray, fwd: np.ndarray, fwd_prefix: np.ndarray, rerun: np.ndarray,
+    k: int,
+    limit: int,
+    serial: bool,
+    d2h_bw: float,
+    h2d_bw: float,
+    threshold: float,
+    saved: np.ndarray,
+    saved_prefix: np.ndarray,
+    fwd: np.ndarray,
+    fwd_prefix: np.ndarray,
+    rerun: np.ndarray,
     bwd: np.ndarray,
-    trans_f: np.ndarray, trans_b: np.ndarray, row_floor: np.ndarray, future: np.ndarray, future_step: float,
-    external: np.ndarray, state: int,
-    bits_at: np.ndarray, out_bytes_bit: np.ndarray,
-    retained: np.ndarray, held: np.ndarray, cost: np.ndarray, d2h: np.ndarray, h2d: np.ndarray,
+    trans_f: np.ndarray,
+    trans_b: np.ndarray,
+    row_floor: np.ndarray,
+    future: np.ndarray,
+    future_step: float,
+    external: np.ndarray,
+    state: int,
+    bits_at: np.ndarray,
+    out_bytes_bit: np.ndarray,
+    retained: np.ndarray,
+    held: np.ndarray,
+    cost: np.ndarray,
+    d2h: np.ndarray,
+    h2d: np.ndarray,
     capacity: int,
 ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Children of labels (already past rows F_k / B_k and drained by layer k's compute) that recompute

@@ -60,8 +60,16 @@ class Labels:
         return len(self.cost)
 
     def take(self, idx: np.ndarray) -> Labels:
-        return Labels(self.retained[idx], self.held[idx], self.cost[idx], self.d2h[idx], self.h2d[idx],
-                      self.parent[idx], self.parent_boundary[idx], self.action[idx])
+        return Labels(
+            self.retained[idx],
+            self.held[idx],
+            self.cost[idx],
+            self.d2h[idx],
+            self.h2d[idx],
+            self.parent[idx],
+            self.parent_boundary[idx],
+            self.action[idx],
+        )
 
     @staticmethod
     def concat(parts: list[Labels]) -> Labels:
@@ -71,8 +79,16 @@ class Labels:
 
     @staticmethod
     def empty() -> Labels:
-        return Labels(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0),
-                      np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int16))
+        return Labels(
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros(0),
+            np.zeros(0),
+            np.zeros(0),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int16),
+        )
 
 
 _FIELDS = ("retained", "held", "cost", "d2h", "h2d", "parent", "parent_boundary", "action")
@@ -105,9 +121,16 @@ def _fenwick_put(tree: np.ndarray, i: int, j: int, value: float) -> None:  # pra
 
 
 @njit(cache=True)
-def _pareto_sorted(held: np.ndarray, cost: np.ndarray, d2h: np.ndarray, h2d: np.ndarray,
-                   grid_d: np.ndarray, grid_h: np.ndarray, d2h_bw: float, h2d_bw: float,
-                   ) -> np.ndarray:  # pragma: no cover - compiled
+def _pareto_sorted(
+    held: np.ndarray,
+    cost: np.ndarray,
+    d2h: np.ndarray,
+    h2d: np.ndarray,
+    grid_d: np.ndarray,
+    grid_h: np.ndarray,
+    d2h_bw: float,
+    h2d_bw: float,
+) -> np.ndarray:  # pragma: no cover - compiled
     """Keep-mask for labels sorted by (held, retained): a label is dropped when an earlier one of the same
     held set (so no more retained bytes) is no worse on cost and both backlogs.
 
@@ -195,8 +218,16 @@ def pareto_filter(labels: Labels, d2h_bw: float = np.inf, h2d_bw: float = np.inf
     if len(labels) <= 1:
         return labels
     order = _filter_order(labels)
-    keep = _pareto_sorted(labels.held[order], labels.cost[order], labels.d2h[order], labels.h2d[order],
-                          _grid(labels.d2h), _grid(labels.h2d), d2h_bw, h2d_bw)
+    keep = _pareto_sorted(
+        labels.held[order],
+        labels.cost[order],
+        labels.d2h[order],
+        labels.h2d[order],
+        _grid(labels.d2h),
+        _grid(labels.h2d),
+        d2h_bw,
+        h2d_bw,
+    )
     return labels.take(order[keep])
 
 
@@ -226,7 +257,6 @@ def beam_select(labels: Labels, width: int, score: np.ndarray) -> Labels:
     order = np.argsort(labels.retained, kind="stable")
     edges = np.linspace(0, len(order), width + 1).astype(np.int64)
     cost_sorted = score[order]
-    picks = [order[lo + int(np.argmin(cost_sorted[lo:hi]))] for lo, hi in itertools.pairwise(edges)
-             if hi > lo]
+    picks = [order[lo + int(np.argmin(cost_sorted[lo:hi]))] for lo, hi in itertools.pairwise(edges) if hi > lo]
     picks.append(int(np.argmin(score)))
     return labels.take(np.unique(np.asarray(picks, dtype=np.int64)))

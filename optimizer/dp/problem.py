@@ -207,9 +207,22 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
     future_step = max(1.0, limit / GRID_POINTS)
     window, stride = _future_rows(n)
     if n <= FUTURE_MAX_LAYERS and _future_affordable(n, window, stride, deadline):
-        future = future_table(saved, fwd, rerun, bwd, trans_f, trans_b, limit, not trace.device.concurrent_copies,
-                              trace.device.d2h_bytes_per_s, trace.device.h2d_bytes_per_s, future_step, GRID_POINTS,
-                              window, stride)
+        future = future_table(
+            saved,
+            fwd,
+            rerun,
+            bwd,
+            trans_f,
+            trans_b,
+            limit,
+            not trace.device.concurrent_copies,
+            trace.device.d2h_bytes_per_s,
+            trace.device.h2d_bytes_per_s,
+            future_step,
+            GRID_POINTS,
+            window,
+            stride,
+        )
     else:  # no time for it, or beyond FUTURE_MAX_LAYERS: no future bound (zeros are always valid)
         future = np.zeros((n + 1, GRID_POINTS + 1))
     return DpProblem(

@@ -96,8 +96,18 @@ class _Sweep:
             return (x // q) * q
         return np.floor(x / q) * q
 
-    def _emit(self, dst: int, retained: np.ndarray, held: np.ndarray, cost: np.ndarray, d2h: np.ndarray,
-              h2d: np.ndarray, parent: np.ndarray, src: int, action: int) -> None:
+    def _emit(
+        self,
+        dst: int,
+        retained: np.ndarray,
+        held: np.ndarray,
+        cost: np.ndarray,
+        d2h: np.ndarray,
+        h2d: np.ndarray,
+        parent: np.ndarray,
+        src: int,
+        action: int,
+    ) -> None:
         p = self.p
         ok = (cost + p.future_bound(dst, retained) < self.cfg.threshold) & (retained <= p.limit - p.row_floor[dst])
         if not ok.all():
@@ -105,9 +115,19 @@ class _Sweep:
             retained, held, cost, d2h, h2d, parent = (a[idx] for a in (retained, held, cost, d2h, h2d, parent))
         m = len(cost)
         if m:
-            self._push(dst, Labels(self._quant(retained), held, cost, self._quant_backlog(d2h),
-                                   self._quant_backlog(h2d), parent.astype(np.int32), np.full(m, src, np.int32),
-                                   np.full(m, action, np.int16)))
+            self._push(
+                dst,
+                Labels(
+                    self._quant(retained),
+                    held,
+                    cost,
+                    self._quant_backlog(d2h),
+                    self._quant_backlog(h2d),
+                    parent.astype(np.int32),
+                    np.full(m, src, np.int32),
+                    np.full(m, action, np.int16),
+                ),
+            )
 
     def _push(self, dst: int, labels: Labels) -> None:
         m = len(labels)
@@ -191,8 +211,16 @@ class _Sweep:
         if p.recompute:
             self._segments(k, idx, retained, held, cost, d2h, h2d)
 
-    def _segments(self, k: int, idx: np.ndarray, retained: np.ndarray, held: np.ndarray, cost: np.ndarray,
-                  d2h: np.ndarray, h2d: np.ndarray) -> None:
+    def _segments(
+        self,
+        k: int,
+        idx: np.ndarray,
+        retained: np.ndarray,
+        held: np.ndarray,
+        cost: np.ndarray,
+        d2h: np.ndarray,
+        h2d: np.ndarray,
+    ) -> None:
         """Every recompute segment [k, b] (optimizer/dp/kernels.py): rows F_m / B_m of its layers m in
         (k, b] hold the segment's checkpoint (outside producers not held yet + external inputs + the stashed
         state, which rows F_k / B_k hold too) and, at B_m,
@@ -206,10 +234,34 @@ class _Sweep:
                 raise _Stop("deadline")
             sl = slice(pos, pos + max(1, min(len(idx) - pos, 1 << 14)))
             done, w, dst, parent, ret, hd, cost_o, d2h_o, h2d_o = segment_children(
-                k, p.limit, p.serial, p.d2h_bw, p.h2d_bw, cfg.threshold, p.saved, p.saved_prefix, p.fwd,
-                p.fwd_prefix, p.rerun, p.bwd, p.trans_f, p.trans_b, p.row_floor, p.future, p.future_step, p.external,
-                p.ckpt_state, bits_at, out_bytes_bit,
-                retained[sl], held[sl], cost[sl], d2h[sl], h2d[sl], capacity)
+                k,
+                p.limit,
+                p.serial,
+                p.d2h_bw,
+                p.h2d_bw,
+                cfg.threshold,
+                p.saved,
+                p.saved_prefix,
+                p.fwd,
+                p.fwd_prefix,
+                p.rerun,
+                p.bwd,
+                p.trans_f,
+                p.trans_b,
+                p.row_floor,
+                p.future,
+                p.future_step,
+                p.external,
+                p.ckpt_state,
+                bits_at,
+                out_bytes_bit,
+                retained[sl],
+                held[sl],
+                cost[sl],
+                d2h[sl],
+                h2d[sl],
+                capacity,
+            )
             pos += done
             if w == 0:
                 continue
@@ -225,9 +277,19 @@ class _Sweep:
             for lo, hi in itertools.pairwise(cuts):
                 b1 = int(dst[lo])
                 held_b = self.p.remap_held(hd[lo:hi], k, b1) if any_held else hd[lo:hi]
-                self._push(b1, Labels(ret[lo:hi], held_b, cost_o[lo:hi], d2h_o[lo:hi], h2d_o[lo:hi],
-                                      parent[lo:hi], np.full(hi - lo, k, np.int32),
-                                      np.full(hi - lo, ACTION_SEGMENT, np.int16)))
+                self._push(
+                    b1,
+                    Labels(
+                        ret[lo:hi],
+                        held_b,
+                        cost_o[lo:hi],
+                        d2h_o[lo:hi],
+                        h2d_o[lo:hi],
+                        parent[lo:hi],
+                        np.full(hi - lo, k, np.int32),
+                        np.full(hi - lo, ACTION_SEGMENT, np.int16),
+                    ),
+                )
 
 
 class _Stop(Exception):
@@ -237,8 +299,16 @@ class _Stop(Exception):
 def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
     """One sweep over all boundaries; stops early (with a valid partial bound) at the deadline or cap."""
     sw = _Sweep(p, cfg)
-    root = Labels(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), np.zeros(1), np.zeros(1),
-                  np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int16))
+    root = Labels(
+        np.zeros(1, np.int64),
+        np.zeros(1, np.int64),
+        np.zeros(1),
+        np.zeros(1),
+        np.zeros(1),
+        np.zeros(1, np.int32),
+        np.zeros(1, np.int32),
+        np.zeros(1, np.int16),
+    )
     sw.pending[0].append(root)
     sw.pending_count = sw.pending_sizes[0] = 1
     res = SweepResult(finished=False, bound_s=None)

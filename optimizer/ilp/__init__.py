@@ -4,5 +4,4 @@ from memsched.optimizer.ilp.model import MilpModel, build_model, default_window
 from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import complete, decode, hint, representable
 
-__all__ = ["MilpModel", "Outcome", "build_model", "complete", "decode", "default_window", "hint",
-           "representable"]
+__all__ = ["MilpModel", "Outcome", "build_model", "complete", "decode", "default_window", "hint", "representable"]

@@ -128,5 +128,6 @@ def solve_cpsat(
         raise SolverError(f"cpsat returned {name}: the model is invalid ({model.validate()})")
     values = [float(solver.value(c)) for c in cols]
     found = SolverStatus.OPTIMAL if status == cp_model.OPTIMAL else SolverStatus.FEASIBLE
-    return Outcome("cpsat", found, decode(m, values), solver.objective_value * tu,
-                   solver.best_objective_bound * tu, wall, message)
+    return Outcome(
+        "cpsat", found, decode(m, values), solver.objective_value * tu, solver.best_objective_bound * tu, wall, message
+    )

@@ -151,8 +151,13 @@ def default_max_segment(n: int) -> int:
 
 
 def build_model(
-    trace: Trace, budget_bytes: int, window: int | None = None, max_segment: int | None = None,
-    offload: bool = True, knapsack_rows: bool | None = None, channel_cuts: bool = False,
+    trace: Trace,
+    budget_bytes: int,
+    window: int | None = None,
+    max_segment: int | None = None,
+    offload: bool = True,
+    knapsack_rows: bool | None = None,
+    channel_cuts: bool = False,
 ) -> MilpModel:
     """Build the MILP of docs/formulation.md for `trace` under `budget_bytes` (`offload=False`: the
     recompute-only restriction, much easier, used as a first phase that seeds the full model;
@@ -363,13 +368,27 @@ def _add_memory_rows(
             else:
                 v = m.add_var(f"vF_{i}_{k}", BYTES, 0)
                 # v >= x_i - s_i * z[i][k-1]: the product x_i * (1 - z), linearised (minimised by the rows).
-                m.add_row(Row(f"pendF_{i}_{k}", [(v, 1.0)] + [(t, -c) for t, c in x_terms[i]]
-                              + [(m.z[i][k - 1], float(sizes[i]))], 0.0, ">=", BYTE_UNIT))
+                m.add_row(
+                    Row(
+                        f"pendF_{i}_{k}",
+                        [(v, 1.0)] + [(t, -c) for t, c in x_terms[i]] + [(m.z[i][k - 1], float(sizes[i]))],
+                        0.0,
+                        ">=",
+                        BYTE_UNIT,
+                    )
+                )
                 pend_f[k].append((v, 1.0))
             # Backward: x_i is back on the device at B_k iff p_i >= k.
             wv = m.add_var(f"vB_{i}_{k}", BYTES, 0)
-            m.add_row(Row(f"pendB_{i}_{k}", [(wv, 1.0)] + [(t, -c) for t, c in x_terms[i]]
-                          + [(m.ev[i][k], -float(sizes[i]))], float(sizes[i]), ">=", BYTE_UNIT))
+            m.add_row(
+                Row(
+                    f"pendB_{i}_{k}",
+                    [(wv, 1.0)] + [(t, -c) for t, c in x_terms[i]] + [(m.ev[i][k], -float(sizes[i]))],
+                    float(sizes[i]),
+                    ">=",
+                    BYTE_UNIT,
+                )
+            )
             pend_b[k].append((wv, 1.0))
     # A segment [a, b] rematerialises its layers' saved bytes when B_b starts: at B_k (a < k <= b) the
     # bytes of its layers a..k-1 are back on the device.
@@ -392,8 +411,11 @@ def _add_memory_rows(
             ("F", forward_transient(trace, k), pend_f[k]),
             # B_{n-1}'s row also bounds the loss point before it (it holds no more than B_{n-1} but the
             # loss's bytes): conservative where the last layer is recomputed (docs/cost-model.md).
-            ("B", max(backward_transient(trace, k), loss_point_transient(trace) if k == n - 1 else 0),
-             pend_b[k] + remat[k]),
+            (
+                "B",
+                max(backward_transient(trace, k), loss_point_transient(trace) if k == n - 1 else 0),
+                pend_b[k] + remat[k],
+            ),
         ):
             m.add_row(Row(f"mem_{stage}{k}", common + pend, float(transient + prefix - limit), "<=", BYTE_UNIT))
 
@@ -432,8 +454,18 @@ def _add_forward_time(m: MilpModel, off: list[int], x_terms: dict[int, Terms]) -
         m.add_row(Row(f"d2h_window_{i}", [(cvar[e], 1.0), (gvar[i], -1.0)], 0.0, ">=", SECONDS))
         for k in range(i, e):
             big = max(0.0, backlog - sum(fwd[i + 1 : k + 1]))
-            m.add_row(Row(f"wait_copy_{i}_{k}", [(cvar[k], 1.0), (gvar[i], -1.0)], 0.0, ">=", SECONDS,
-                          lit=m.z[i][k], lit_value=1, big_m=big))
+            m.add_row(
+                Row(
+                    f"wait_copy_{i}_{k}",
+                    [(cvar[k], 1.0), (gvar[i], -1.0)],
+                    0.0,
+                    ">=",
+                    SECONDS,
+                    lit=m.z[i][k],
+                    lit_value=1,
+                    big_m=big,
+                )
+            )
     return cvar, gvar
 
 
@@ -459,8 +491,15 @@ def _add_d2h_cuts(m: MilpModel, off: list[int], cvar: list[int], gvar: dict[int,
             # d_i <= k: c_k - c_{i-1} >= forward_i..k + (copy_i - forward_{i+1..k})^+.
             short = dmin[i] - sum(fwd[i + 1 : k + 1])
             if short > 0:
-                m.add_row(Row(f"cut_d2h_{i}_{k}", [(cvar[k], 1.0)] + ([(cvar[i - 1], -1.0)] if i else [])
-                              + [(m.z[i][k], -short)], -sum(fwd[i : k + 1]), ">=", SECONDS))
+                m.add_row(
+                    Row(
+                        f"cut_d2h_{i}_{k}",
+                        [(cvar[k], 1.0)] + ([(cvar[i - 1], -1.0)] if i else []) + [(m.z[i][k], -short)],
+                        -sum(fwd[i : k + 1]),
+                        ">=",
+                        SECONDS,
+                    )
+                )
     return dmin
 
 
@@ -482,8 +521,11 @@ def _add_backward_time(m: MilpModel, off: list[int], x_terms: dict[int, Terms], 
     rerun: dict[int, Terms] = {k: [] for k in range(n)}  # segments ending at k
     for (a, b), v in m.seg.items():
         rerun[b].append((v, trace.segment_rerun_s(a, b)))  # the last layer to the early stop
-    step_ub = [bwd[k] + max(max((c for _, c in rerun[k]), default=0.0),
-                            copy_seconds(trace, sizes[k], H2D) if k in off_set else 0.0) for k in range(n)]
+    step_ub = [
+        bwd[k]
+        + max(max((c for _, c in rerun[k]), default=0.0), copy_seconds(trace, sizes[k], H2D) if k in off_set else 0.0)
+        for k in range(n)
+    ]
     for i in reversed(off):
         q = m.add_var(f"q_{i}", TIME, 0)
         qvar[i] = q
@@ -498,8 +540,18 @@ def _add_backward_time(m: MilpModel, off: list[int], x_terms: dict[int, Terms], 
         # ... and at least b_{k+1} for every k >= p_i, i.e. whenever not ev[i][k+1].
         for k in range(i, f):
             big = sum(step_ub[k + 1 : f + 1])
-            m.add_row(Row(f"h2d_issue_{i}_{k}", [(q, 1.0), (bvar[k + 1], -1.0), *d], 0.0, ">=", SECONDS,
-                          lit=m.ev[i][k + 1], lit_value=0, big_m=big))
+            m.add_row(
+                Row(
+                    f"h2d_issue_{i}_{k}",
+                    [(q, 1.0), (bvar[k + 1], -1.0), *d],
+                    0.0,
+                    ">=",
+                    SECONDS,
+                    lit=m.ev[i][k + 1],
+                    lit_value=0,
+                    big_m=big,
+                )
+            )
     for k in range(n - 1, -1, -1):
         # b_k >= b_{k+1} + re-run of the segment ending at k + backward_k.
         terms = [(bvar[k], 1.0), (bvar[k + 1], -1.0)] + [(v, -c) for v, c in rerun[k]]
@@ -592,8 +644,7 @@ def _add_h2d_channel_cuts(m: MilpModel, bvar: list[int], bwd: list[float], hmin:
             total = sum(hmin[i] for i in range(a, k + 1) if i in m.o)
             if sum(1 for i in range(a, k + 1) if i in m.o) < 2 or total <= sum(bwd[a + 1 : k + 1]) + 1e-12:
                 continue
-            m.add_row(Row(f"chan_h2d_{a}_{k}", [(bvar[a], 1.0), (bvar[k + 1], -1.0), *terms], -bwd[a], ">=",
-                          SECONDS))
+            m.add_row(Row(f"chan_h2d_{a}_{k}", [(bvar[a], 1.0), (bvar[k + 1], -1.0), *terms], -bwd[a], ">=", SECONDS))
 
 
 def _add_knapsack_rows(m: MilpModel, trace: Trace, limit: int, x_terms: dict[int, list[tuple[int, float]]]) -> None:

@@ -59,8 +59,9 @@ def _check_finite(m: MilpModel, rows: list[ScaledRow]) -> None:
         bad = [(m.vars[j].name, c) for j, c in coef.items() if not math.isfinite(c)]
         if not math.isfinite(const) or not math.isfinite(row.big_m) or bad:
             what = f"coefficient of {bad[0][0]} = {bad[0][1]}" if bad else f"constant {const}, big-M {row.big_m}"
-            raise SolverError(f"model: row {row.name} has a non-finite {what}; check the trace's timings, "
-                              "sizes and bandwidths")
+            raise SolverError(
+                f"model: row {row.name} has a non-finite {what}; check the trace's timings, sizes and bandwidths"
+            )
 
 
 def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable], list[ScaledRow]]:
@@ -76,8 +77,14 @@ def to_pulp(m: MilpModel) -> tuple[pulp.LpProblem, list[pulp.LpVariable], list[S
         elif v.kind == BYTES:
             lb, ub = lb * BYTE_SCALE, None if ub is None else ub * BYTE_SCALE
         # prob.add_variable (PuLP >= 3.3): constructing LpVariable directly is deprecated there.
-        cols.append(prob.add_variable(v.name, lowBound=lb if cat != pulp.LpBinary else None,
-                                      upBound=ub if cat != pulp.LpBinary else None, cat=cat))
+        cols.append(
+            prob.add_variable(
+                v.name,
+                lowBound=lb if cat != pulp.LpBinary else None,
+                upBound=ub if cat != pulp.LpBinary else None,
+                cat=cat,
+            )
+        )
     rows = scaled_rows(m)
     for row, (coef, const) in zip(m.rows, big_m_rows(m, rows), strict=True):
         expr = pulp.LpAffineExpression([(cols[j], c) for j, c in coef.items() if c != 0.0], constant=const)
@@ -190,8 +197,10 @@ def _solve_pulp(
         run = run_cbc(prob, time_limit_s, gap, bool(start), threads)
         text = run.log_text
         if run.killed:
-            message = (f"cbc: did not stop at its {time_limit_s:g} s limit; killed after "
-                       f"{time_limit_s + grace_s(time_limit_s):g} s")
+            message = (
+                f"cbc: did not stop at its {time_limit_s:g} s limit; killed after "
+                f"{time_limit_s + grace_s(time_limit_s):g} s"
+            )
             return Outcome(backend, None, None, None, None, time.perf_counter() - t0, message)
         result = _CBC_RESULT.search(text)
         message = f"cbc: {result.group(1).strip() if result else pulp.LpStatus[prob.status]}"
@@ -207,8 +216,15 @@ def _solve_pulp(
             # The model is feasible whenever the budget is (callers check it first: synchronous offload
             # of every candidate is in the model), but CBC 2.10.3 sometimes prints "proven infeasible"
             # when its time limit strikes after it found incumbents. Report that, not a verdict.
-            return Outcome(backend, None, None, None, None, wall,
-                           message + " (CBC 2.10 misreport at its time limit; the model is feasible)")
+            return Outcome(
+                backend,
+                None,
+                None,
+                None,
+                None,
+                wall,
+                message + " (CBC 2.10 misreport at its time limit; the model is feasible)",
+            )
         return Outcome(backend, SolverStatus.INFEASIBLE, None, None, None, wall, message)
     if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         if prob.status == pulp.LpStatusNotSolved or sol == pulp.LpSolutionNoSolutionFound:
@@ -219,8 +235,15 @@ def _solve_pulp(
     if binaries and max(abs(x - round(x)) for x in binaries) > 1e-4:
         # CBC 2.10.3 stopped by its time limit can write the LP point with a 'Stopped ... objective'
         # header, which PuLP reads as an integer solution. Not an incumbent.
-        return Outcome(backend, None, None, None, bound, wall,
-                       message + " (the solver returned a fractional point, not an incumbent)")
+        return Outcome(
+            backend,
+            None,
+            None,
+            None,
+            bound,
+            wall,
+            message + " (the solver returned a fractional point, not an incumbent)",
+        )
     objective = _seconds(pulp.value(prob.objective), m)
     found = SolverStatus.OPTIMAL if sol == pulp.LpSolutionOptimal else SolverStatus.FEASIBLE
     if found == SolverStatus.OPTIMAL and objective is not None:
@@ -230,8 +253,9 @@ def _solve_pulp(
     return Outcome(backend, found, decode(m, values), objective, bound, wall, message)
 
 
-def _solve_highs(m: MilpModel, time_limit_s: float, gap: float, warm: list[Decision] | None,
-                 threads: int | None) -> Outcome:
+def _solve_highs(
+    m: MilpModel, time_limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None
+) -> Outcome:
     """HiGHS through highspy directly: the same scaled big-M rows as CBC, passed as one row-wise matrix.
     (PuLP's HiGHS API adds the rows one by one, which took several seconds of a 10 s limit on ResNet-50,
     before HiGHS' own clock started.)"""
@@ -270,8 +294,9 @@ def _solve_highs(m: MilpModel, time_limit_s: float, gap: float, warm: list[Decis
     lp.a_matrix_.start_ = start
     lp.a_matrix_.index_ = index
     lp.a_matrix_.value_ = value
-    lp.integrality_ = [highspy.HighsVarType.kInteger if v.kind == BIN else highspy.HighsVarType.kContinuous
-                       for v in m.vars]
+    lp.integrality_ = [
+        highspy.HighsVarType.kInteger if v.kind == BIN else highspy.HighsVarType.kContinuous for v in m.vars
+    ]
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))

@@ -116,8 +116,19 @@ def test_the_tracer_measures_a_gpt2_blocks_rerun_below_its_forward():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=3, n_embd=384, n_head=6, vocab_size=1024, n_positions=128, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        n_layer=3,
+        n_embd=384,
+        n_head=6,
+        vocab_size=1024,
+        n_positions=128,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = GPT2LMHeadModel(cfg)
     ids = torch.randint(0, 1024, (2, 128))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)

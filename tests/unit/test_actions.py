@@ -40,8 +40,9 @@ def recompute_only_plans(trace: Trace) -> list[SimResult]:
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(2, 6), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 1.0))
-def test_keep_recompute_optimum_and_smallest_budget_match_brute_force(n: int, seed: int, dag: bool,
-                                                                      frac: float) -> None:
+def test_keep_recompute_optimum_and_smallest_budget_match_brute_force(
+    n: int, seed: int, dag: bool, frac: float
+) -> None:
     trace = make_trace(n, seed, dag=dag)
     plans = recompute_only_plans(trace)
     smallest = min(p.peak_bytes for p in plans)
@@ -66,8 +67,10 @@ def test_a_cpu_trace_plans_keep_and_recompute_by_default_and_says_so() -> None:
     budget = min(p.peak_bytes for p in plans)
     schedule = solve(trace, budget, SolveOptions(time_limit_s=10))
     assert {a.action for a in schedule.actions} <= {Action.KEEP, Action.RECOMPUTE}
-    assert "measured on the CPU" in schedule.solver.message and "--actions keep,offload,recompute" in \
-        schedule.solver.message
+    assert (
+        "measured on the CPU" in schedule.solver.message
+        and "--actions keep,offload,recompute" in schedule.solver.message
+    )
     # Asked for explicitly, offload is planned there too (an emulation of the GPU path), and nothing is said.
     allowed = SolveOptions(time_limit_s=10, actions=["keep", "offload", "recompute"])
     emulated = solve(trace, budget, allowed)

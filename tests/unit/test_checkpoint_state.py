@@ -67,8 +67,16 @@ def test_each_segment_holds_the_state_from_its_forward_through_its_backward() ->
     assert checkpoint_state_bytes(tr) == 0
     elsewhere = simulate(tr, plan).stage_bytes
     # Stages F0..F3, B3..B0: segment [0..0] holds it at every stage, [2..3] from F2 through B2.
-    assert [a - b for a, b in zip(on_cpu, elsewhere, strict=True)] == [5056, 5056, 10112, 10112, 10112, 10112,
-                                                                        5056, 5056]
+    assert [a - b for a, b in zip(on_cpu, elsewhere, strict=True)] == [
+        5056,
+        5056,
+        10112,
+        10112,
+        10112,
+        10112,
+        5056,
+        5056,
+    ]
 
 
 @pytest.mark.parametrize("seed", range(6))

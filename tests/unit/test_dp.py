@@ -45,10 +45,17 @@ def exact_optimum(trace: Trace, budget: int) -> float:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(2, 8), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.9),
-       serial=st.booleans(), latency=st.booleans())
-def test_dp_bound_is_below_the_exact_optimum(n: int, seed: int, dag: bool, frac: float, serial: bool,
-                                             latency: bool) -> None:
+@given(
+    n=st.integers(2, 8),
+    seed=st.integers(0, 10**6),
+    dag=st.booleans(),
+    frac=st.floats(0.0, 0.9),
+    serial=st.booleans(),
+    latency=st.booleans(),
+)
+def test_dp_bound_is_below_the_exact_optimum(
+    n: int, seed: int, dag: bool, frac: float, serial: bool, latency: bool
+) -> None:
     trace = _random_trace(n, seed, dag, serial, latency)
     budget = budget_between(trace, frac)
     out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
@@ -81,8 +88,9 @@ def test_default_timing_is_optimal_for_fixed_actions(seed: int) -> None:
     offloaded: list[int] = []
     while not offloaded:  # draw until some layer is offloaded: that is what gets timed
         acts = [rng.choice("KKOOR") for _ in range(n)]
-        decisions = [KEEP if a == "K" else offload_all(trace, i) if a == "O" else recompute()
-                     for i, a in enumerate(acts)]
+        decisions = [
+            KEEP if a == "K" else offload_all(trace, i) if a == "O" else recompute() for i, a in enumerate(acts)
+        ]
         offloaded = [i for i, d in enumerate(decisions) if d.action == Action.OFFLOAD]
     best = None
     for combo in itertools.product(*[[(d, p) for d in range(i, n) for p in range(i, n)] for i in offloaded]):
@@ -103,8 +111,13 @@ def test_default_timing_is_optimal_for_fixed_actions(seed: int) -> None:
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(8, 11), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.8),
-       solver=st.sampled_from(["auto", "dp", "cbc"]))
+@given(
+    n=st.integers(8, 11),
+    seed=st.integers(0, 10**6),
+    dag=st.booleans(),
+    frac=st.floats(0.0, 0.8),
+    solver=st.sampled_from(["auto", "dp", "cbc"]),
+)
 def test_reported_bound_is_true_on_every_path(n: int, seed: int, dag: bool, frac: float, solver: str) -> None:
     trace = make_trace(n, seed, dag=dag)
     budget = budget_between(trace, frac)
@@ -167,16 +180,25 @@ def test_resnet50_at_25_percent_is_proven() -> None:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(2, 8), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.9),
-       serial=st.booleans(), latency=st.booleans())
-def test_future_bound_never_cuts_the_fluid_optimum(n: int, seed: int, dag: bool, frac: float, serial: bool,
-                                                   latency: bool) -> None:
+@given(
+    n=st.integers(2, 8),
+    seed=st.integers(0, 10**6),
+    dag=st.booleans(),
+    frac=st.floats(0.0, 0.9),
+    serial=st.booleans(),
+    latency=st.booleans(),
+)
+def test_future_bound_never_cuts_the_fluid_optimum(
+    n: int, seed: int, dag: bool, frac: float, serial: bool, latency: bool
+) -> None:
     """The future-cost table (optimizer/dp/future.py) is a lower bound: the empty plan's entry is below the
     exact optimum, and pruning by it changes neither the fluid optimum nor its proof."""
     trace = _random_trace(n, seed, dag, serial, latency)
     budget = budget_between(trace, frac)
     p = build_problem(trace, budget)
-    assert np.array_equal(np.maximum.accumulate(p.future, axis=1), p.future), "nondecreasing in retained bytes (the lookup rounds down)"
+    assert np.array_equal(np.maximum.accumulate(p.future, axis=1), p.future), (
+        "nondecreasing in retained bytes (the lookup rounds down)"
+    )
     opt = exact_optimum(trace, budget)
     assert p.future[0, 0] <= opt * (1 + 1e-9) + 1e-12
     pruned = run_sweep(p, SweepConfig(deadline=FAR))

@@ -131,7 +131,8 @@ def _check_queue_pair(rng: random.Random) -> None:
     a_tail = at[an - 1] if an else -np.inf
     b_tail = bt[bn - 1] if bn else -np.inf
     expected = a_tail <= max(b_tail, clock) and all(
-        _pending(list(at[:an]), list(ab[:an]), m) <= _pending(list(bt[:bn]), list(bb[:bn]), m) for m in moments)
+        _pending(list(at[:an]), list(ab[:an]), m) <= _pending(list(bt[:bn]), list(bb[:bn]), m) for m in moments
+    )
     assert _queue_no_worse(at, ab, an, bt, bb, bn, clock) == expected
 
 

@@ -20,8 +20,9 @@ def _labels(rng: np.random.Generator, m: int, held_groups: int) -> Labels:
     h2d = rng.integers(0, 200, m) * 3e6
     held = rng.integers(0, held_groups, m).astype(np.int64)
     zeros = np.zeros(m)
-    return Labels(retained, held, cost, d2h, h2d, zeros.astype(np.int32), zeros.astype(np.int32),
-                  zeros.astype(np.int16))
+    return Labels(
+        retained, held, cost, d2h, h2d, zeros.astype(np.int32), zeros.astype(np.int32), zeros.astype(np.int16)
+    )
 
 
 def _dominated_by(a: int, b: int, lab: Labels) -> bool:
@@ -38,8 +39,10 @@ def test_pareto_filter_drops_only_dominated_labels(seed: int) -> None:
     rng = np.random.default_rng(seed)
     lab = _labels(rng, 300, held_groups=1 + seed % 3)
     kept = pareto_filter(lab, BW, BW)
-    kept_keys = {(int(r), int(h), float(c), float(d), float(x))
-                 for r, h, c, d, x in zip(kept.retained, kept.held, kept.cost, kept.d2h, kept.h2d, strict=True)}
+    kept_keys = {
+        (int(r), int(h), float(c), float(d), float(x))
+        for r, h, c, d, x in zip(kept.retained, kept.held, kept.cost, kept.d2h, kept.h2d, strict=True)
+    }
     for a in range(len(lab)):
         key = (int(lab.retained[a]), int(lab.held[a]), float(lab.cost[a]), float(lab.d2h[a]), float(lab.h2d[a]))
         if key in kept_keys:
@@ -57,7 +60,8 @@ def test_the_least_retained_label_always_survives() -> None:
     d2h = np.array([0, 0, 3.94757792e8, 0, 0, 8.05799584e8, 4.11041792e8, 4.11041792e8, 3.94757792e8, 0, 0])
     h2d = np.array([0, 0, 3.92633792e8, 0, 0, 8.03675584e8, 4.11041792e8, 4.11041792e8, 3.76349792e8, 0, 0])
     z = np.zeros(11)
-    lab = Labels(retained, np.zeros(11, np.int64), cost, d2h, h2d, z.astype(np.int32), z.astype(np.int32),
-                 z.astype(np.int16))
+    lab = Labels(
+        retained, np.zeros(11, np.int64), cost, d2h, h2d, z.astype(np.int32), z.astype(np.int32), z.astype(np.int16)
+    )
     kept = pareto_filter(lab, BW, BW)
     assert 0 in kept.retained.tolist()

@@ -33,9 +33,14 @@ def test_large_trace_at_the_minimum_budget() -> None:
 def test_fix_prefetch_order_only_lowers() -> None:
     sizes = [[1], [2], [3], [4]]
     trace = make_trace(4, 1)
-    trace = trace.model_copy(update={"layers": [
-        layer.model_copy(update={"saved_bytes": sum(t), "saved_tensor_bytes": t}) for layer, t in zip(trace.layers, sizes)
-    ]})
+    trace = trace.model_copy(
+        update={
+            "layers": [
+                layer.model_copy(update={"saved_bytes": sum(t), "saved_tensor_bytes": t})
+                for layer, t in zip(trace.layers, sizes)
+            ]
+        }
+    )
     decisions = [offload_all(trace, i, done_by=i, prefetch_at=3) for i in range(4)]
     decisions[2] = offload_all(trace, 2, done_by=2, prefetch_at=2)
     fixed = fix_prefetch_order(decisions)

@@ -73,7 +73,10 @@ def test_partial_offload_moves_only_what_is_needed() -> None:
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    n=st.integers(2, 7), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.95),
+    n=st.integers(2, 7),
+    seed=st.integers(0, 10**6),
+    dag=st.booleans(),
+    frac=st.floats(0.0, 0.95),
     serial=st.booleans(),
 )
 def test_ilp_beats_every_whole_layer_assignment(n: int, seed: int, dag: bool, frac: float, serial: bool) -> None:

@@ -18,8 +18,13 @@ from memsched.optimizer.jit import _deferred_signals
 
 
 def _run(code: str, env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -36,7 +41,9 @@ def signatures():
 
 
 def test_prepare_kernels_compiles_every_signature_the_solver_uses() -> None:
-    out = _run(SIGNATURES + textwrap.dedent("""
+    out = _run(
+        SIGNATURES
+        + textwrap.dedent("""
         from memsched.optimizer.budget import budget_between
         from memsched.optimizer.jit import prepare_kernels
         from memsched.options import SolveOptions
@@ -54,7 +61,8 @@ def test_prepare_kernels_compiles_every_signature_the_solver_uses() -> None:
         after = signatures()
         print(sorted(k for k in after if after[k] - before[k]))
         print(sum(1 for k in before if before[k]))
-    """))
+    """)
+    )
     new, compiled = out.split("\n")[:2]
     assert new == "[]", f"the solver compiled kernels that prepare_kernels() does not: {new}"
     # segment_children, _pareto_sorted, future_table and fastsim's _evaluate (the others are inlined)
@@ -63,7 +71,8 @@ def test_prepare_kernels_compiles_every_signature_the_solver_uses() -> None:
 
 def test_time_limit_signal_mid_compile_waits_for_the_kernels(tmp_path: Path) -> None:
     # An empty numba cache: the kernels compile (seconds), and the alarm fires 0.3 s into that.
-    out = _run("""
+    out = _run(
+        """
         import signal, time
         from memsched.optimizer.jit import kernels_ready, prepare_kernels
 
@@ -90,7 +99,9 @@ def test_time_limit_signal_mid_compile_waits_for_the_kernels(tmp_path: Path) -> 
 
         trace = make_trace(12, 4, dag=True)
         print(solve(trace, budget_between(trace, 0.3), SolveOptions(solver="dp", time_limit_s=2)).solver.status)
-    """, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    """,
+        env={"NUMBA_CACHE_DIR": str(tmp_path)},
+    )
     first, status = out.split("\n")[:2]
     assert first.startswith("stopped after") and first.endswith("ready=True"), first
     assert float(first.split()[2]) > 0.3
@@ -119,7 +130,8 @@ def test_concurrent_first_compiles_with_time_limit_signals_leave_every_process_s
     # What broke CI: forked pool processes compiling on an empty cache at once, some stopped by their time
     # limit mid-compile; later solves in those processes raised "no compiled object yet" (without the lock and
     # the deferral this script failed in 2 of 6 runs).
-    out = _run("""
+    out = _run(
+        """
         import multiprocessing as mp, signal
 
         def job(alarm_s):
@@ -148,5 +160,7 @@ def test_concurrent_first_compiles_with_time_limit_signals_leave_every_process_s
         if __name__ == "__main__":
             with mp.get_context("fork").Pool(4) as pool:
                 print(pool.map(job, [0.5, 1.0, 2.0, 3.0]))
-    """, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    """,
+        env={"NUMBA_CACHE_DIR": str(tmp_path)},
+    )
     assert out.strip() == str(["sound"] * 4)

@@ -130,8 +130,12 @@ def test_brute_force_dp_and_milp_agree_with_tails(seed: int) -> None:
 def test_fifo_sweep_equals_the_milp_with_tails(seed: int) -> None:
     # Concurrent copies: the FIFO sweep is exact for the simulator's timing.
     rng = random.Random(seed)
-    tr = _with_tails(make_trace(rng.randint(2, 7), seed, dag=rng.random() < 0.5,
-                                copy_latency_s=20e-6 if rng.random() < 0.5 else 0.0), seed)
+    tr = _with_tails(
+        make_trace(
+            rng.randint(2, 7), seed, dag=rng.random() < 0.5, copy_latency_s=20e-6 if rng.random() < 0.5 else 0.0
+        ),
+        seed,
+    )
     budget = budget_between(tr, rng.uniform(0.0, 0.9))
     p = build_problem(tr, budget)
     res = fifo_sweep(p, FAR, np.inf)

@@ -120,8 +120,9 @@ def test_export_model(tmp_path: Path, solver: str, suffix: str) -> None:
 
 
 @pytest.mark.parametrize("exact", [False, True])
-def test_backend_without_incumbent_keeps_the_best_candidate_and_a_true_bound(monkeypatch: pytest.MonkeyPatch,
-                                                                            exact: bool) -> None:
+def test_backend_without_incumbent_keeps_the_best_candidate_and_a_true_bound(
+    monkeypatch: pytest.MonkeyPatch, exact: bool
+) -> None:
     from memsched.optimizer import solve as solve_mod
     from memsched.optimizer.ilp.outcome import Outcome
 
@@ -180,6 +181,8 @@ def test_the_message_is_one_plain_sentence_and_the_details_are_structured() -> N
     from memsched.optimizer.solve import plain_summary
 
     msg = plain_summary(SolverStatus.FEASIBLE, 0.2, 0.15, "dp", 0.25, 0.01, 10.0, 10.2)
-    assert msg == ("Not proven optimal: a better schedule could save at most 25% of this one's 0.2 s of overhead "
-                   "(the exact dynamic program proves at least 0.15 s), and the time limit of 10 s ran out before "
-                   "that gap closed to 1%.")
+    assert msg == (
+        "Not proven optimal: a better schedule could save at most 25% of this one's 0.2 s of overhead "
+        "(the exact dynamic program proves at least 0.15 s), and the time limit of 10 s ran out before "
+        "that gap closed to 1%."
+    )
