@@ -131,6 +131,26 @@ class Layer(_Strict):
     in ops that save nothing new (a GPT-2 block's c_proj + residual add) re-runs for less than forward_s.
     None means forward_s (a layer ending in a saving op re-runs whole). At most forward_s. A segment [a..b]
     re-runs for forward_s of a..b-1 plus this of b (docs/cost-model.md, 'What a re-run costs')."""
+    forward_workspace_bytes: Bytes | None = None
+    """Bytes F_i needs beyond the layer model (its forward stage's share of workspace_bytes, which is the larger
+    of the forward's and the backward's need). None means workspace_bytes (traces written before this field
+    price as before). At most workspace_bytes."""
+
+    @property
+    def forward_workspace(self) -> int:
+        """Workspace bytes charged at F_i: forward_workspace_bytes, or workspace_bytes where None."""
+        return self.workspace_bytes if self.forward_workspace_bytes is None else self.forward_workspace_bytes
+
+    @model_validator(mode="after")
+    def _forward_workspace_within(self) -> Layer:
+        fw = self.forward_workspace_bytes
+        if fw is not None and not 0 <= fw <= self.workspace_bytes:
+            raise ValueError(
+                f"forward_workspace_bytes = {fw} is outside 0..workspace_bytes = {self.workspace_bytes}; "
+                "workspace_bytes is the larger of the forward's and backward's need: set 0 <= "
+                "forward_workspace_bytes <= workspace_bytes, or leave it null (null means workspace_bytes)"
+            )
+        return self
 
     @property
     def rerun_s(self) -> float:
@@ -262,8 +282,9 @@ class Trace(_Strict):
         if doc["device"].get("concurrent_copies", True):
             doc["device"].pop("concurrent_copies", None)
         for layer in doc["layers"]:
-            if layer.get("recompute_s", 0.0) is None:
-                layer.pop("recompute_s")
+            for key in ("recompute_s", "forward_workspace_bytes"):
+                if layer.get(key, 0) is None:
+                    layer.pop(key)
         payload = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 

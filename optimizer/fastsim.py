@@ -39,7 +39,7 @@ class FastSim:
         self.rerun = np.array([x.rerun_s for x in layers], dtype=np.float64)  # as a segment's last layer
         self.bwd = np.array([x.backward_s for x in layers], dtype=np.float64)
         self.saved = np.array([x.saved_bytes for x in layers], dtype=np.int64)
-        self.fwd_transient = np.array([x.workspace_bytes + x.output_bytes for x in layers], dtype=np.int64)
+        self.fwd_transient = np.array([x.forward_workspace + x.output_bytes for x in layers], dtype=np.int64)
         self.bwd_transient = np.array(
             [x.workspace_bytes + x.output_bytes + x.input_bytes for x in layers], dtype=np.int64
         )

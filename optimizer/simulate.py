@@ -117,9 +117,10 @@ def copy_seconds(trace: Trace, nbytes: int, direction: str) -> float:
 
 
 def forward_transient(trace: Trace, i: int) -> int:
-    """Bytes that exist only during F_i: the layer's workspace and the output it produces."""
+    """Bytes that exist only during F_i: the layer's forward workspace (Layer.forward_workspace) and the output
+    it produces."""
     layer = trace.layers[i]
-    return layer.workspace_bytes + layer.output_bytes
+    return layer.forward_workspace + layer.output_bytes
 
 
 def backward_transient(trace: Trace, i: int) -> int:

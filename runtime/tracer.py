@@ -424,8 +424,10 @@ def static_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> S
     return StaticBytes(params=params, grads=grads, optimizer_state=state, other=buffers)
 
 
-def fit_workspace(layers: Sequence[_LayerStats], static_total: int, whole: StepMemory) -> list[int]:
-    """Per layer (forward order): the bytes its stages held beyond the layer model, never negative.
+def fit_workspace(layers: Sequence[_LayerStats], static_total: int, whole: StepMemory) -> tuple[list[int], list[int]]:
+    """Per layer (forward order): the bytes its stages held beyond the layer model, never negative, and the
+    bytes its forward stage alone held beyond it (the same terms without the backward's need: the forward
+    workspace, Layer.forward_workspace_bytes, at most the first).
 
     The layer model of keep-all stage memory (docs/cost-model.md, 'Memory') is static + the saved bytes of
     layers 0..i + the layer's output (F_i) and also its input gradient (B_i) + its workspace. The workspace is
@@ -449,7 +451,8 @@ def fit_workspace(layers: Sequence[_LayerStats], static_total: int, whole: StepM
     loss_peak = peaks.get(loss_key, 0)
     loss_apart = loss_peak > max((v for k, v in peaks.items() if k != loss_key), default=0)
     prefix = 0
-    out = []
+    out: list[int] = []
+    fwd_out: list[int] = []
     for i, st in enumerate(layers):
         prefix += sum(st.saved)
         fwd = [peaks.get(f"F{i}", 0)] + ([peaks.get(PRE, 0)] if i == 0 else [])
@@ -461,8 +464,9 @@ def fit_workspace(layers: Sequence[_LayerStats], static_total: int, whole: StepM
         # A storage an earlier layer saved first and this one saves too comes back at this layer's backward
         # if the earlier layer offloads it: held here on top, so an offload of it never under-counts B_i.
         out.append(max(0, need_f, need_b) + st.shared)
-    assert len(out) == n
-    return out
+        fwd_out.append(max(0, need_f) + st.shared)
+    assert len(out) == len(fwd_out) == n
+    return out, fwd_out
 
 
 def _time_layers(
@@ -600,8 +604,11 @@ def _memory_step(
     return mem, whole
 
 
-def _layers(stats: list[_LayerStats], order: list[int], workspace: list[int]) -> list[Layer]:
-    """The trace's layers in forward order, with registration-order deps renumbered."""
+def _layers(
+    stats: list[_LayerStats], order: list[int], workspace: list[int], forward_workspace: list[int]
+) -> list[Layer]:
+    """The trace's layers in forward order, with registration-order deps renumbered; forward_workspace_bytes
+    where the forward's need is below the workspace (else None: the workspace)."""
     pos = {orig: k for k, orig in enumerate(order)}  # registration index -> forward index
     out = []
     for k, orig in enumerate(order):
@@ -623,6 +630,7 @@ def _layers(stats: list[_LayerStats], order: list[int], workspace: list[int]) ->
                 input_bytes=st.input_bytes,
                 output_bytes=st.output_bytes,
                 workspace_bytes=workspace[k],
+                forward_workspace_bytes=forward_workspace[k] if forward_workspace[k] < workspace[k] else None,
                 deps=sorted(pos[d] for d in st.deps if pos[d] < pos[orig]),
             )
         )
@@ -838,8 +846,8 @@ def trace_with_report(
     for extra in optimizers[1:]:
         static.optimizer_state += static_bytes(model, extra).optimizer_state
     static.other += sum(nbytes for _, nbytes in mem.outside.values())
-    workspace = fit_workspace([stats[i] for i in mem.order], static.total, whole)
-    traced = _layers(stats, mem.order, workspace)
+    workspace, forward_workspace = fit_workspace([stats[i] for i in mem.order], static.total, whole)
+    traced = _layers(stats, mem.order, workspace, forward_workspace)
     _check_times(traced, step_s, report)
     _check_unowned(mem, stats, report)
     tr = Trace(

@@ -60,7 +60,7 @@ class DpProblem:
     bwd: np.ndarray
     """float64 backward seconds."""
     trans_f: np.ndarray
-    """int64 transient bytes during F_i (workspace + output)."""
+    """int64 transient bytes during F_i (forward workspace + output)."""
     trans_b: np.ndarray
     """int64 transient bytes during B_i (workspace + output gradient + input gradient; the loss at n-1)."""
     output: np.ndarray

@@ -73,7 +73,7 @@ def test_ledger_follows_the_cost_model_under_long_recompute_segments():
     # Copies priced out (as bench/peers' recompute-only variant), and only the saved part of memory kept in
     # the model (no workspace, no measured peak), so that 25% is feasible and the plan is recompute-heavy.
     slow = tr.device.model_copy(update={"h2d_bytes_per_s": 1.0, "d2h_bytes_per_s": 1.0})
-    layers = [x.model_copy(update={"workspace_bytes": 0}) for x in tr.layers]
+    layers = [x.model_copy(update={"workspace_bytes": 0, "forward_workspace_bytes": None}) for x in tr.layers]
     tr = tr.model_copy(
         update={"device": slow, "layers": layers, "baseline": tr.baseline.model_copy(update={"peak_bytes": 0})}
     )

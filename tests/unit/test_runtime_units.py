@@ -296,10 +296,11 @@ def test_fit_workspace_places_outside_memory_where_it_is_live():
     layers = [_LayerStats("a", "X", saved=[10], input_bytes=2, output_bytes=3) for _ in range(2)]
     static = 100
     peaks = {"pre": 150, "F0": 110, "F1": 140, "B1": 125, "B0": 100, "optimizer": 180}
-    ws = fit_workspace(layers, static, StepMemory("cpu-all-tensors", 180, 100, 100, stage_peak_bytes=peaks))
+    ws, fws = fit_workspace(layers, static, StepMemory("cpu-all-tensors", 180, 100, 100, stage_peak_bytes=peaks))
     # layer 0: F0 model 100+10+3 = 113 (pre needs 150: +37); B0 model 115 (optimizer needs 180: +65)
     # layer 1: F1 model 100+20+3 = 123 (the loss at 140: +17); B1 model 125 (+0)
     assert ws == [65, 17]
+    assert fws == [37, 17]  # the forward stages' own need: layer 0's F0 holds 37, not the optimizer's 65
 
 
 def test_the_runtime_never_imports_the_optimizer():
