@@ -6,30 +6,23 @@ identically, and brute force agrees."""
 from __future__ import annotations
 
 import random
-import time
 
-import numpy as np
 import pytest
 from pydantic import ValidationError
-from test_checkpoint_state import _cpu_trace, _keep_recompute_plans
 from test_fastsim import _random_plan
 
 from helpers import tiny_trace
-from memsched.optimizer.actions import dp_verdict
+from helpers.pricing import (
+    assert_brute_force_dp_and_milp_agree,
+    assert_fifo_sweep_equals_the_milp,
+    cpu_trace,
+)
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.decisions import KEEP, recompute
-from memsched.optimizer.dp import build_problem, exact_search
-from memsched.optimizer.dp.decode import decode
-from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.fastsim import FastSim
-from memsched.optimizer.ilp.model import build_model
-from memsched.optimizer.ilp.pulp_backend import solve_pulp
 from memsched.optimizer.simulate import default_timing, forward_transient, simulate
 from memsched.optimizer.synthetic import make_trace
-from memsched.schema import Action, Layer, SolverStatus, Trace
-
-FAR = time.perf_counter() + 10**6
-KEEP_RECOMPUTE = frozenset({Action.KEEP, Action.RECOMPUTE})
+from memsched.schema import Layer, Trace
 
 
 def _with_forward_workspace(trace: Trace, seed: int) -> Trace:
@@ -39,17 +32,6 @@ def _with_forward_workspace(trace: Trace, seed: int) -> Trace:
         if rng.random() < 2 / 3:
             layer.forward_workspace_bytes = rng.randint(0, layer.workspace_bytes)
     return trace
-
-
-def _milp_optimum(trace: Trace, budget: int) -> float | None:
-    out = solve_pulp(build_model(trace, budget, window=trace.n, max_segment=trace.n), "cbc", 120, 0.0, None)
-    if out.decisions is None:
-        assert out.status != SolverStatus.OPTIMAL
-        return None
-    assert out.status == SolverStatus.OPTIMAL
-    sim = simulate(trace, out.decisions, budget)
-    assert sim.feasible
-    return sim.overhead_s
 
 
 def _three() -> Trace:
@@ -114,27 +96,9 @@ def test_fastsim_equals_the_simulator_with_forward_workspace(serial: bool) -> No
 @pytest.mark.parametrize("seed", range(6))
 def test_brute_force_dp_and_milp_agree_with_forward_workspace(seed: int) -> None:
     n = 3 + seed % 3
-    tr = _with_forward_workspace(_cpu_trace(n, seed), seed)
+    tr = _with_forward_workspace(cpu_trace(n, seed), seed)
     assert any(x.forward_workspace < x.workspace_bytes for x in tr.layers)
-    plans = _keep_recompute_plans(n)
-    for frac in (0.05, 0.2, 0.35, 0.5, 0.7):
-        budget = budget_between(tr, frac)
-        sims = [simulate(tr, ds, budget, with_events=False) for ds in plans]
-        best = min((s.overhead_s for s in sims if s.feasible), default=None)
-        verdict = dp_verdict(tr, budget, KEEP_RECOMPUTE, FAR)
-        if best is None:
-            assert verdict.feasible is False
-        else:
-            assert verdict.sim is not None and verdict.sim.feasible
-            assert verdict.sim.overhead_s == pytest.approx(best, rel=1e-9, abs=1e-12)
-        out = exact_search(tr, budget, FAR, incumbent_s=None, gap=0.0)
-        milp = _milp_optimum(tr, budget)
-        if not out.schedules:
-            assert milp is None
-            continue
-        assert milp is not None
-        assert out.schedules[0].feasible
-        assert milp == pytest.approx(out.schedules[0].overhead_s, rel=1e-9, abs=1e-12)
+    assert_brute_force_dp_and_milp_agree(tr)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -147,10 +111,4 @@ def test_fifo_sweep_equals_the_milp_with_forward_workspace(seed: int) -> None:
         seed,
     )
     budget = budget_between(tr, rng.uniform(0.0, 0.9))
-    p = build_problem(tr, budget)
-    res = fifo_sweep(p, FAR, np.inf)
-    opt = _milp_optimum(tr, budget)
-    assert opt is not None and res.finished and res.finals and res.bound_s is not None
-    assert res.bound_s == pytest.approx(opt, rel=1e-5, abs=1e-12)
-    sim = simulate(tr, decode(tr, p, res, res.finals[0][1]), budget)
-    assert sim.feasible and sim.overhead_s == pytest.approx(res.finals[0][0], rel=1e-9, abs=1e-12)
+    assert_fifo_sweep_equals_the_milp(tr, budget)

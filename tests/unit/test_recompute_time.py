@@ -6,30 +6,29 @@ the DP (sweep and FIFO kernels, future bound) and the MILP price it identically,
 from __future__ import annotations
 
 import random
-import time
 
-import numpy as np
 import pytest
 from pydantic import ValidationError
-from test_checkpoint_state import _cpu_trace, _keep_recompute_plans
 from test_fastsim import _random_plan
 
 from helpers import tiny_trace
+from helpers.pricing import (
+    FAR,
+    KEEP_RECOMPUTE,
+    assert_brute_force_dp_and_milp_agree,
+    assert_fifo_sweep_equals_the_milp,
+    cpu_trace,
+    keep_recompute_plans,
+    milp_optimum,
+)
 from memsched.optimizer.actions import dp_verdict
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.decisions import KEEP, recompute
-from memsched.optimizer.dp import build_problem, exact_search
-from memsched.optimizer.dp.decode import decode
-from memsched.optimizer.dp.fifo import fifo_sweep
+from memsched.optimizer.dp import exact_search
 from memsched.optimizer.fastsim import FastSim
-from memsched.optimizer.ilp.model import build_model
-from memsched.optimizer.ilp.pulp_backend import solve_pulp
 from memsched.optimizer.simulate import default_timing, simulate
 from memsched.optimizer.synthetic import make_trace
-from memsched.schema import Action, Layer, SolverStatus, Trace
-
-FAR = time.perf_counter() + 10**6
-KEEP_RECOMPUTE = frozenset({Action.KEEP, Action.RECOMPUTE})
+from memsched.schema import Action, Layer, Trace
 
 
 def _with_tails(trace: Trace, seed: int) -> Trace:
@@ -39,17 +38,6 @@ def _with_tails(trace: Trace, seed: int) -> Trace:
         if rng.random() < 2 / 3:
             layer.recompute_s = layer.forward_s * rng.uniform(0.2, 0.95)
     return trace
-
-
-def _milp_optimum(trace: Trace, budget: int) -> float | None:
-    out = solve_pulp(build_model(trace, budget, window=trace.n, max_segment=trace.n), "cbc", 120, 0.0, None)
-    if out.decisions is None:
-        assert out.status != SolverStatus.OPTIMAL
-        return None
-    assert out.status == SolverStatus.OPTIMAL
-    sim = simulate(trace, out.decisions, budget)
-    assert sim.feasible
-    return sim.overhead_s
 
 
 def test_none_means_forward_and_keeps_every_hash() -> None:
@@ -86,7 +74,7 @@ def test_a_cheaper_tail_changes_the_optimum_as_brute_force_says() -> None:
     # layer 0 re-runs only 0.5 s of its 1.2 s up to the early stop.
     tr = tiny_trace([1.2, 0.8, 1.0, 0.1, 0.1], [1.0] * 5, [1000, 1000, 1000, 10, 10])
     budget = 2020
-    plans = _keep_recompute_plans(5)
+    plans = keep_recompute_plans(5)
     for rec, best_plan, best_s in ((None, 1, 0.8), (0.5, 0, 0.5)):
         tr.layers[0].recompute_s = rec
         sims = [simulate(tr, ds, budget, with_events=False) for ds in plans]
@@ -95,7 +83,7 @@ def test_a_cheaper_tail_changes_the_optimum_as_brute_force_says() -> None:
         assert verdict.sim is not None and verdict.sim.overhead_s == pytest.approx(best_s)
         actions = [d.action for d in verdict.sim.decisions]
         assert actions[best_plan] == Action.RECOMPUTE and actions.count(Action.RECOMPUTE) == 1
-        assert _milp_optimum(tr, budget) == pytest.approx(best_s, rel=1e-6)
+        assert milp_optimum(tr, budget) == pytest.approx(best_s, rel=1e-6)
         out = exact_search(tr, budget, FAR, incumbent_s=None, gap=0.0)
         assert out.schedules and out.schedules[0].overhead_s == pytest.approx(best_s)
 
@@ -103,27 +91,8 @@ def test_a_cheaper_tail_changes_the_optimum_as_brute_force_says() -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_brute_force_dp_and_milp_agree_with_tails(seed: int) -> None:
     n = 3 + seed % 3
-    tr = _with_tails(_cpu_trace(n, seed), seed)
-    plans = _keep_recompute_plans(n)
-    for frac in (0.05, 0.2, 0.35, 0.5, 0.7):
-        budget = budget_between(tr, frac)
-        sims = [simulate(tr, ds, budget, with_events=False) for ds in plans]
-        best = min((s.overhead_s for s in sims if s.feasible), default=None)
-        verdict = dp_verdict(tr, budget, KEEP_RECOMPUTE, FAR)
-        if best is None:
-            assert verdict.feasible is False
-        else:
-            assert verdict.sim is not None and verdict.sim.feasible
-            assert verdict.sim.overhead_s == pytest.approx(best, rel=1e-9, abs=1e-12)
-        # Every action (serial copies: the DP is exact) against the MILP.
-        out = exact_search(tr, budget, FAR, incumbent_s=None, gap=0.0)
-        milp = _milp_optimum(tr, budget)
-        if not out.schedules:
-            assert milp is None
-            continue
-        assert milp is not None
-        assert out.schedules[0].feasible
-        assert milp == pytest.approx(out.schedules[0].overhead_s, rel=1e-9, abs=1e-12)
+    tr = _with_tails(cpu_trace(n, seed), seed)
+    assert_brute_force_dp_and_milp_agree(tr)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -137,13 +106,7 @@ def test_fifo_sweep_equals_the_milp_with_tails(seed: int) -> None:
         seed,
     )
     budget = budget_between(tr, rng.uniform(0.0, 0.9))
-    p = build_problem(tr, budget)
-    res = fifo_sweep(p, FAR, np.inf)
-    opt = _milp_optimum(tr, budget)
-    assert opt is not None and res.finished and res.finals and res.bound_s is not None
-    assert res.bound_s == pytest.approx(opt, rel=1e-5, abs=1e-12)
-    sim = simulate(tr, decode(tr, p, res, res.finals[0][1]), budget)
-    assert sim.feasible and sim.overhead_s == pytest.approx(res.finals[0][0], rel=1e-9, abs=1e-12)
+    opt = assert_fifo_sweep_equals_the_milp(tr, budget)
     # The fluid sweep's bound stays below the optimum (its future bound uses the tails' rates).
     fluid = exact_search(tr, budget, FAR, incumbent_s=None, gap=0.0)
     assert fluid.bound_s is not None and fluid.bound_s <= opt * (1 + 1e-9) + 1e-12

@@ -1,0 +1,113 @@
+"""Checks that every pricer of a plan agrees: the simulator (by brute force over every keep / recompute plan),
+the exact DP, the MILP and the FIFO sweep. Each cost-model rule's tests run them on traces that exercise it."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import numpy as np
+import pytest
+
+from helpers import tiny_trace
+from memsched.optimizer.actions import dp_verdict
+from memsched.optimizer.budget import budget_between
+from memsched.optimizer.decisions import KEEP, Decision, recompute
+from memsched.optimizer.dp import build_problem, exact_search
+from memsched.optimizer.dp.decode import decode
+from memsched.optimizer.dp.fifo import fifo_sweep
+from memsched.optimizer.ilp.model import build_model
+from memsched.optimizer.ilp.pulp_backend import solve_pulp
+from memsched.optimizer.simulate import simulate
+from memsched.schema import Action, SolverStatus, Trace
+
+FAR = time.perf_counter() + 10**6
+"""A deadline no test reaches."""
+KEEP_RECOMPUTE = frozenset({Action.KEEP, Action.RECOMPUTE})
+
+
+def cpu_trace(n: int, seed: int) -> Trace:
+    """Bytes of the order of the CPU's RNG state, so that it decides plans; measured on the CPU (serial copies)."""
+    rng = random.Random(seed)
+    out = [rng.randint(500, 4000) for _ in range(n)]
+    tr = tiny_trace(
+        [rng.uniform(0.1, 1.0) for _ in range(n)],
+        [rng.uniform(0.1, 2.0) for _ in range(n)],
+        [rng.randint(2000, 20000) for _ in range(n)],
+        output=out,
+        inputs=[out[i - 1] if i else rng.randint(0, 3000) for i in range(n)],
+        workspace=[rng.randint(0, 3000) for _ in range(n)],
+        static=1000,
+        bandwidth=1e5,
+    )
+    tr.device.name = "cpu (test)"
+    tr.device.concurrent_copies = False
+    return tr
+
+
+def keep_recompute_plans(n: int) -> list[list[Decision]]:
+    """Every plan of keep and recompute over n layers (each layer: keep, start a segment, or continue one)."""
+    plans = []
+    for combo in itertools.product("KSC", repeat=n):
+        ds: list[Decision] = []
+        start = -1
+        for i, c in enumerate(combo):
+            if c == "K":
+                ds.append(KEEP)
+                start = -1
+            else:
+                start = i if c == "S" or start < 0 else start
+                ds.append(recompute(group=start))
+        plans.append(ds)
+    return plans
+
+
+def milp_optimum(trace: Trace, budget: int) -> float | None:
+    """The exact-window MILP's optimum at gap 0, re-simulated (None: no plan fits)."""
+    out = solve_pulp(build_model(trace, budget, window=trace.n, max_segment=trace.n), "cbc", 120, 0.0, None)
+    if out.decisions is None:
+        assert out.status != SolverStatus.OPTIMAL
+        return None
+    assert out.status == SolverStatus.OPTIMAL
+    sim = simulate(trace, out.decisions, budget)
+    assert sim.feasible
+    return sim.overhead_s
+
+
+def assert_brute_force_dp_and_milp_agree(
+    trace: Trace, fractions: tuple[float, ...] = (0.05, 0.2, 0.35, 0.5, 0.7)
+) -> None:
+    """On a serial-copy trace: keep / recompute plans, brute force against the DP; every action, the DP (exact
+    there) against the MILP; at each budget fraction."""
+    plans = keep_recompute_plans(trace.n)
+    for frac in fractions:
+        budget = budget_between(trace, frac)
+        sims = [simulate(trace, ds, budget, with_events=False) for ds in plans]
+        best = min((s.overhead_s for s in sims if s.feasible), default=None)
+        verdict = dp_verdict(trace, budget, KEEP_RECOMPUTE, FAR)
+        if best is None:
+            assert verdict.feasible is False
+        else:
+            assert verdict.sim is not None and verdict.sim.feasible
+            assert verdict.sim.overhead_s == pytest.approx(best, rel=1e-9, abs=1e-12)
+        out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+        milp = milp_optimum(trace, budget)
+        if not out.schedules:
+            assert milp is None
+            continue
+        assert milp is not None and out.schedules[0].feasible
+        assert milp == pytest.approx(out.schedules[0].overhead_s, rel=1e-9, abs=1e-12)
+
+
+def assert_fifo_sweep_equals_the_milp(trace: Trace, budget: int) -> float:
+    """Concurrent copies: the FIFO sweep is exact for the simulator's timing, so it equals the MILP, and its
+    plan simulates to its cost. Returns the optimum."""
+    p = build_problem(trace, budget)
+    res = fifo_sweep(p, FAR, np.inf)
+    opt = milp_optimum(trace, budget)
+    assert opt is not None and res.finished and res.finals and res.bound_s is not None
+    assert res.bound_s == pytest.approx(opt, rel=1e-5, abs=1e-12)
+    sim = simulate(trace, decode(trace, p, res, res.finals[0][1]), budget)
+    assert sim.feasible and sim.overhead_s == pytest.approx(res.finals[0][0], rel=1e-9, abs=1e-12)
+    return opt
