@@ -291,7 +291,7 @@ def measure_cmd(
     sched = load_schedule(schedule) if schedule is not None else None
     tr = load_trace(trace_path) if trace_path is not None else None
     # What the trace records (batch, sequence, dtype, the layers) is taken from it; a flag overrides, noted.
-    args, notes = workload_args(
+    args, overrides = workload_args(
         tr,
         sched,
         model=model,
@@ -314,7 +314,7 @@ def measure_cmd(
         baseline=baseline or keep_all,
         threads=threads,
         command=_measure_command(model, schedule, trace_path, args, keep_all, baseline, steps, warmup, threads),
-        notes=notes,
+        overrides=overrides,
     )
     doc = rep.to_json()
     if output is not None:

@@ -62,12 +62,23 @@ _FROM_TRACE = {"batch_size": "--batch-size", "seq_len": "--seq-len", "dtype": "-
 """Workload flags a trace records, by WorkloadArgs field."""
 
 
-def workload_args(trace: Trace | None, schedule: Schedule | None, **given: Any) -> tuple[WorkloadArgs, list[str]]:
+@dataclass(frozen=True)
+class Overrides:
+    """Flags that overrode what the trace records (`workload_args`)."""
+
+    fields: frozenset[str] = frozenset()
+    """The WorkloadArgs fields they set: not held against the trace."""
+    notes: tuple[str, ...] = ()
+    """One line per override, for the report."""
+
+
+def workload_args(trace: Trace | None, schedule: Schedule | None, **given: Any) -> tuple[WorkloadArgs, Overrides]:
     """The workload to measure: what the trace records (batch size, sequence length, dtype; the layers by their
     exact names, from the schedule or the trace) unless a flag was given (`given`, None where absent), which
-    wins with a note. Without a trace, the flags or WorkloadArgs' defaults. Returns the args and the notes."""
+    wins with a note. Without a trace, the flags or WorkloadArgs' defaults. Returns the args and the overrides."""
     fields = {k: v for k, v in given.items() if v is not None}
     notes: list[str] = []
+    overridden: set[str] = set()
     if trace is not None:
         for name, flag in _FROM_TRACE.items():
             recorded = getattr(trace, name)
@@ -76,6 +87,7 @@ def workload_args(trace: Trace | None, schedule: Schedule | None, **given: Any) 
             if name not in fields:
                 fields[name] = recorded
             elif fields[name] != recorded:
+                overridden.add(name)
                 notes.append(
                     f"{flag} {fields[name]} overrides the trace's {recorded}: the trace's predictions are for "
                     f"{recorded}, so compare with care (or re-trace at {fields[name]})"
@@ -84,7 +96,7 @@ def workload_args(trace: Trace | None, schedule: Schedule | None, **given: Any) 
     if "layer_pattern" not in fields and names:
         # The exact layers the plan was made for, whatever pattern selected them when tracing.
         fields["layer_pattern"] = [re.escape(n) for n in names]
-    return WorkloadArgs(**fields), notes
+    return WorkloadArgs(**fields), Overrides(frozenset(overridden), tuple(notes))
 
 
 @dataclass
@@ -594,7 +606,7 @@ def run_measure(
     threads: int | None = None,
     command: str = "",
     keep_all_memory: bool = True,
-    notes: Sequence[str] = (),
+    overrides: Overrides | None = None,
 ) -> MeasureReport:
     """Build the workload, check the schedule (and trace) against it, and measure keep-all and the schedule.
 
@@ -604,8 +616,8 @@ def run_measure(
     (memsched.runtime.measure.measure_side_by_side, the one function `memsched measure`, the demo and
     bench/fidelity.py share). threads: torch's CPU thread count for the run; None takes the trace's (its
     device names it), else keeps torch's current one. keep_all_memory False skips keep-all's memory step
-    (its measured peak is then 0: for a caller that measured it already). notes: workload_args' notes (a flag
-    that overrides the trace); what they override is not held against the trace, and they are reported.
+    (its measured peak is then 0: for a caller that measured it already). overrides: workload_args' (flags that
+    override the trace): what they set is not held against the trace, and their notes are reported.
     """
     from memsched.runtime.device import device_name, framework_versions
 
@@ -615,8 +627,8 @@ def run_measure(
         raise MemschedError("nothing to measure: give a SCHEDULE, or drop --no-baseline to measure keep-all")
     with fixed_threads(threads if threads is not None else trace_threads(trace)) as n_threads:
         w, dtype, dev = _build(args)
-        overridden = frozenset(k for k, flag in _FROM_TRACE.items() if any(n.startswith(flag + " ") for n in notes))
-        _check_inputs(args, w, dtype, dev, schedule, trace, overridden)
+        overrides = overrides or Overrides()
+        _check_inputs(args, w, dtype, dev, schedule, trace, overrides.fields)
         pred = predictions(trace, schedule)
         got = _measure(
             w,
@@ -665,7 +677,7 @@ def run_measure(
         paired_ratio=got.paired_ratio,
         step_order=got.order,
         prediction_note=pred.note,
-        notes=list(notes),
+        notes=list(overrides.notes),
     )
 
 
