@@ -24,8 +24,8 @@ log = logging.getLogger("memsched")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 MODELS_HELP = (
-    "gpt2, gpt2-medium, bert-base, bert-large, vit-base, vit-large, resnet50 (transformers configs, nothing "
-    "downloaded), or package.module:factory."
+    "gpt2, gpt2-medium, bert-base, bert-large, vit-base, vit-large, resnet50, llama, qwen2, mistral "
+    "(transformers configs, nothing downloaded), or package.module:factory."
 )
 DtypeOpt = Annotated[
     str, typer.Option("--dtype", help="Parameter/activation dtype of a built-in model: float32, bfloat16, float16.")
