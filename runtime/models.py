@@ -17,7 +17,18 @@ from memsched.errors import MemschedError
 
 log = logging.getLogger(__name__)
 
-BUILTIN_MODELS = ("gpt2", "gpt2-medium", "bert-base", "bert-large", "vit-base", "vit-large", "resnet50")
+BUILTIN_MODELS = (
+    "gpt2",
+    "gpt2-medium",
+    "bert-base",
+    "bert-large",
+    "vit-base",
+    "vit-large",
+    "resnet50",
+    "llama",
+    "qwen2",
+    "mistral",
+)
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The parameter dtypes a built-in workload can be built in (`--dtype`); the trace's `dtype` field names it."""
@@ -141,6 +152,137 @@ def _bert(
     return _Built(model, {"input_ids": ids, "labels": ids}, seq)
 
 
+@dataclass(frozen=True)
+class _DecoderShape:
+    """The full-size config of a built-in decoder, taken from the published model it is shaped like."""
+
+    like: str
+    """The published model whose config.json these numbers are (nothing is downloaded)."""
+    layers: int
+    """num_hidden_layers."""
+    width: int
+    """hidden_size."""
+    inter: int
+    """intermediate_size (the SwiGLU MLP's)."""
+    heads: int
+    """num_attention_heads."""
+    kv_heads: int
+    """num_key_value_heads (grouped-query attention)."""
+    vocab: int
+    """vocab_size."""
+    tied: bool
+    """tie_word_embeddings: the LM head shares the embedding matrix."""
+    rope: dict[str, Any]
+    """rope_parameters (theta, and Llama 3's frequency scaling)."""
+    max_positions: int
+    """max_position_embeddings."""
+    eps: float
+    """rms_norm_eps."""
+
+
+_DECODERS: dict[str, _DecoderShape] = {
+    "llama": _DecoderShape(
+        "meta-llama/Llama-3.2-1B",
+        16,
+        2048,
+        8192,
+        32,
+        8,
+        128256,
+        True,
+        {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        131072,
+        1e-5,
+    ),
+    "qwen2": _DecoderShape(
+        "Qwen/Qwen2.5-0.5B",
+        24,
+        896,
+        4864,
+        14,
+        2,
+        151936,
+        True,
+        {"rope_type": "default", "rope_theta": 1000000.0},
+        32768,
+        1e-6,
+    ),
+    "mistral": _DecoderShape(
+        "mistralai/Mistral-7B-v0.3",
+        32,
+        4096,
+        14336,
+        32,
+        8,
+        32768,
+        False,
+        {"rope_type": "default", "rope_theta": 1000000.0},
+        32768,
+        1e-5,
+    ),
+}
+"""llama, qwen2, mistral at full size. `--small` keeps each one's kind of config (grouped-query attention,
+tied or untied head, its RoPE parameters, use_cache=True) at hidden size 64."""
+
+
+def decoder_config(
+    name: str, small: bool = False, layers: int | None = None, seq: int = 128, p: float | None = None
+) -> Any:
+    """The transformers config of built-in decoder `name` (llama | qwen2 | mistral), as `builtin_workload` builds
+    it; `small` is the CPU size, `layers` overrides the depth, `p` the attention dropout."""
+    import transformers as tf
+
+    s = _DECODERS[name]
+    depth, width, inter, heads, kv, vocab = s.layers, s.width, s.inter, s.heads, s.kv_heads, s.vocab
+    if small:
+        depth, width, inter, heads, kv, vocab = 4, 64, 176, 4, 2, 1024
+    config_cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[name]
+    # Everything else is the config class's default, as a user's from_pretrained config would leave it:
+    # use_cache=True (the replay switches it off for training forwards, and says so), no dropout.
+    kw: dict[str, Any] = {} if p is None else {"attention_dropout": p}
+    return config_cls(
+        num_hidden_layers=layers or depth,
+        hidden_size=width,
+        intermediate_size=inter,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=vocab,
+        tie_word_embeddings=s.tied,
+        rope_parameters=dict(s.rope),
+        max_position_embeddings=max(seq, s.max_positions),
+        rms_norm_eps=s.eps,
+        **kw,
+    )
+
+
+def decoder_class(name: str) -> type[nn.Module]:
+    """The causal-LM class of built-in decoder `name`."""
+    import transformers as tf
+
+    cls: type[nn.Module] = {
+        "llama": tf.LlamaForCausalLM,
+        "qwen2": tf.Qwen2ForCausalLM,
+        "mistral": tf.MistralForCausalLM,
+    }[name]
+    return cls
+
+
+def _decoder(
+    name: str, small: bool, layers: int | None, batch: int, seq: int, p: float | None, gen: Any, dev: Any
+) -> _Built:
+    cfg = decoder_config(name, small, layers, seq, p)
+    model = decoder_class(name)(cfg)
+    ids = _tokens(gen, cfg.vocab_size, batch, seq, dev)
+    return _Built(model, {"input_ids": ids, "labels": ids}, seq)
+
+
 def _vit(
     name: str, small: bool, layers: int | None, batch: int, p: float | None, gen: Any, dev: Any, dt: torch.dtype
 ) -> _Built:
@@ -200,8 +342,10 @@ def builtin_workload(
     """A transformers model built from its config (random weights, no download).
 
     small: a narrow version (hidden size 64) for CPU tests and demos; num_layers overrides the depth
-    (for resnet50, the number of bottleneck layers, spread over the four stages). dropout None keeps the
-    config's default (0.1 for the transformers, which is what RNG-preserving recompute must survive).
+    (for resnet50, the number of bottleneck layers, spread over the four stages). llama, qwen2 and mistral are
+    shaped like Llama-3.2-1B, Qwen2.5-0.5B and Mistral-7B-v0.3 (`_DECODERS`), with their configs' defaults.
+    dropout None keeps the config's default (0.1 for the transformers, which is what RNG-preserving recompute
+    must survive; 0 for the decoders' attention).
     dtype: the parameters' (and image inputs') dtype, float32 | bfloat16 | float16. The whole model is cast
     (pure low-precision training, as memory-bound runs do; the optimizer state follows the parameters), so
     every saved activation has that dtype too and the trace's `dtype` field says it.
@@ -226,6 +370,8 @@ def builtin_workload(
         built = _vit(name, small, num_layers, batch_size, dropout, gen, dev, dt)
     elif name == "resnet50":
         built = _resnet(small, num_layers, batch_size, gen, dev, dt)
+    elif name in _DECODERS:
+        built = _decoder(name, small, num_layers, batch_size, seq_len, dropout, gen, dev)
     else:
         raise MemschedError(f"unknown model {name!r}; use one of {', '.join(BUILTIN_MODELS)} or package.module:factory")
     model = built.model
