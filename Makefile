@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch, pinned: any other request pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[runtime,api,highs,dev]'
+	$(BIN)/pip install -q -e '.[runtime,api,highs,dev,hf,lightning]'
 	# Compile the solver's kernels now (numba caches them), so that no first solve spends its time limit on it.
 	$(BIN)/python -m memsched.optimizer.jit
 	touch $(STAMP)
