@@ -131,7 +131,14 @@ _AREA = {
         "test_actions",
     ),
     "service": ("test_api_",),
-    "torch": ("test_runtime_", "test_tracer_", "test_costmodel_plans", "test_bench_peers", "test_layers"),
+    "torch": (
+        "test_runtime_",
+        "test_tracer_",
+        "test_costmodel_plans",
+        "test_bench_peers",
+        "test_layers",
+        "test_integrations_",
+    ),
 }
 """Module-name prefixes of each area's tests."""
 
