@@ -330,9 +330,9 @@ def _register_parts() -> None:
     """The commands of the runtime and the service live beside the main app, one module each.
     Each imports its part only inside its commands: a core install lists them all and answers one whose extra
     is missing with the pip line (see `main`)."""
-    from memsched.cli import api, export, runtime
+    from memsched.cli import api, export, runtime, sweep
 
-    for module in (runtime, api, export):
+    for module in (runtime, api, export, sweep):
         module.register(app)
 
 

@@ -1,0 +1,238 @@
+"""The memory/time curve of a trace (`memsched sweep` and POST /v1/sweeps): one service function, `sweep_trace`,
+that solves a set of budgets through `solve_trace` (the function `memsched solve` uses) and returns the curve
+with its bound band and knee points, as JSON, a PNG or an interactive page."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.optimizer.sweep_curve import MAX_POINTS, MIN_POINTS, SweepCurve, sweep
+from memsched.options import SolveOptions
+from memsched.schema import Schedule, SolverStatus, Trace
+from memsched.units import BudgetSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POINTS = 20
+"""Points a sweep solves unless told otherwise."""
+DEFAULT_POINT_TIME_LIMIT_S = 5.0
+"""Each point's solve limit unless told otherwise: a sweep is an overview, so each point gets less time than
+one `memsched solve`; the bound band shows where that left a gap."""
+
+
+class SweepPoint(BaseModel):
+    """One budget of the curve."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    budget_bytes: int
+    """The budget, bytes."""
+    overhead_s: float
+    """Predicted overhead of the best schedule found, seconds."""
+    overhead_pct: float
+    """The same, percent of the keep-all step."""
+    step_s: float
+    """Predicted step time, seconds."""
+    peak_bytes: int
+    """Predicted peak of the schedule, bytes."""
+    bound_s: float | None
+    """A true lower bound on any schedule's overhead at this budget, seconds (null: none proven)."""
+    gap: float | None
+    """(overhead - bound) / overhead (null without a bound)."""
+    status: SolverStatus
+    """optimal (within the requested gap), feasible (a larger gap) or heuristic (no bound)."""
+    reused_from: int | None = None
+    """The smaller budget whose schedule this point reuses (it beat this budget's own solve)."""
+    solve_s: float
+    """Wall seconds of this point's solve."""
+    actions: dict[str, int]
+    """How many layers keep, offload and recompute."""
+    schedule: Schedule
+    """The schedule itself."""
+
+
+class SweepKnee(BaseModel):
+    """A budget below which the cost rises steeply."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    budget_bytes: int
+    """The knee's budget, bytes."""
+    overhead_s: float
+    """Overhead there, seconds."""
+    slope_below_s_per_gib: float
+    """Seconds of overhead each GiB less costs just below the knee."""
+    slope_above_s_per_gib: float
+    """Seconds of overhead each GiB more saves just above it."""
+
+
+class SweepResult(BaseModel):
+    """The curve of step time against budget for one trace."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    trace_hash: str
+    """Trace.content_hash() of the trace swept."""
+    model: str
+    """The trace's model."""
+    static_bytes: int
+    """Static bytes (params, grads, optimizer state): no budget goes below them."""
+    lo_bytes: int
+    """The smallest budget swept."""
+    hi_bytes: int
+    """The largest budget swept (keep-all's peak unless a smaller end was asked for)."""
+    keepall_step_s: float
+    """The in-core step time the overheads are measured against, seconds."""
+    options: SolveOptions
+    """The options every point was solved with (time_limit_s is per point)."""
+    points: list[SweepPoint]
+    """The solved budgets, smallest first."""
+    knees: list[SweepKnee]
+    """The knee points, smallest budget first."""
+    zero_overhead_bytes: int | None
+    """The smallest swept budget with no overhead (null: every swept budget costs time)."""
+    wall_s: float
+    """Wall seconds of the sweep."""
+    workers: int
+    """Solver processes the sweep used."""
+    notes: list[str] = Field(default_factory=list)
+    """What the sweep adjusted (a start below the smallest feasible budget, ...)."""
+
+
+def _resolve(spec: BudgetSpec | str | int | None, trace: Trace, what: str) -> int | None:
+    from memsched.service import resolve_budget
+
+    if spec is None:
+        return None
+    try:
+        return resolve_budget(spec, trace)
+    except MemschedError as e:
+        raise MemschedError(f"{what}: {e}") from None
+
+
+def sweep_trace(
+    trace: Trace,
+    options: SolveOptions | None = None,
+    points: int = DEFAULT_POINTS,
+    lo: BudgetSpec | str | int | None = None,
+    hi: BudgetSpec | str | int | None = None,
+    workers: int = 1,
+) -> SweepResult:
+    """Solve `points` budgets from `lo` (default: the smallest feasible) to `hi` (default: keep-all's peak),
+    placed where the curve bends, each with `options` (its time limit per point), on `workers` processes.
+
+    Raises MemschedError for an empty range or a bad count, InfeasibleBudgetError (with the smallest feasible
+    budget) for a range wholly below it."""
+    options = options or SolveOptions(time_limit_s=DEFAULT_POINT_TIME_LIMIT_S)
+    if not MIN_POINTS <= points <= MAX_POINTS:
+        raise MemschedError(f"points: {points} is out of range; give {MIN_POINTS} to {MAX_POINTS}")
+    if workers < 1:
+        raise MemschedError(f"workers: {workers} is out of range; give 1 or more")
+    lo_b, hi_b = _resolve(lo, trace, "from"), _resolve(hi, trace, "to")
+    workers = min(workers, points)
+    if workers == 1:
+        curve = sweep(trace, lambda bs: [_solve(trace, b, options) for b in bs], points, lo_b, hi_b, options.gap)
+    else:
+        ctx = multiprocessing.get_context("spawn")  # the caller may hold threads (the service): never fork them
+        with ProcessPoolExecutor(
+            workers, mp_context=ctx, initializer=_init_worker, initargs=(trace.model_dump_json(), options)
+        ) as pool:
+
+            def many(bs: Sequence[int]) -> list[Schedule]:
+                return [_unwrap(b, r) for b, r in zip(bs, pool.map(_solve_in_worker, bs), strict=True)]
+
+            curve = sweep(trace, many, points, lo_b, hi_b, options.gap, batch=workers)
+    return _result(trace, options, curve, workers)
+
+
+def _solve(trace: Trace, budget: int, options: SolveOptions) -> Schedule:
+    from memsched.service import solve_trace
+
+    return solve_trace(trace, budget, options)
+
+
+_WORKER: dict[str, tuple[Trace, SolveOptions]] = {}
+"""In a pool process: the trace and options its initializer received (sent once, not with every budget)."""
+
+
+def _init_worker(trace_json: str, options: SolveOptions) -> None:
+    from memsched.service import prepare_solver
+
+    _WORKER["job"] = (Trace.model_validate_json(trace_json), options)
+    prepare_solver()
+
+
+def _solve_in_worker(budget: int) -> tuple[str, str | int]:
+    """A picklable answer: ('ok', schedule JSON) or ('infeasible', smallest feasible budget)."""
+    trace, options = _WORKER["job"]
+    try:
+        return "ok", _solve(trace, budget, options).model_dump_json()
+    except InfeasibleBudgetError as e:
+        return "infeasible", e.min_feasible_bytes if e.proven else -e.min_feasible_bytes
+
+
+def _unwrap(budget: int, r: tuple[str, str | int]) -> Schedule:
+    kind, value = r
+    if kind == "ok":
+        assert isinstance(value, str)
+        return Schedule.model_validate_json(value)
+    assert isinstance(value, int)
+    raise InfeasibleBudgetError(budget, abs(value), proven=value > 0)
+
+
+def _result(trace: Trace, options: SolveOptions, curve: SweepCurve, workers: int) -> SweepResult:
+    gib = float(2**30)
+    return SweepResult(
+        trace_hash=trace.content_hash(),
+        model=trace.model,
+        static_bytes=trace.static.total,
+        lo_bytes=curve.lo_bytes,
+        hi_bytes=curve.hi_bytes,
+        keepall_step_s=curve.keepall_step_s,
+        options=options,
+        points=[
+            SweepPoint(
+                budget_bytes=p.budget_bytes,
+                overhead_s=p.overhead_s,
+                overhead_pct=p.schedule.prediction.overhead_pct,
+                step_s=p.schedule.prediction.step_s,
+                peak_bytes=p.schedule.prediction.peak_bytes,
+                bound_s=p.bound_s,
+                gap=p.gap,
+                status=p.status,
+                reused_from=p.reused_from,
+                solve_s=round(p.solve_s, 4),
+                actions=p.schedule.action_counts(),
+                schedule=p.schedule,
+            )
+            for p in curve.points
+        ],
+        knees=[
+            SweepKnee(
+                budget_bytes=k.budget_bytes,
+                overhead_s=k.overhead_s,
+                slope_below_s_per_gib=k.slope_below_s_per_byte * gib,
+                slope_above_s_per_gib=k.slope_above_s_per_byte * gib,
+            )
+            for k in curve.knees
+        ],
+        zero_overhead_bytes=curve.zero_overhead_bytes,
+        wall_s=round(curve.wall_s, 3),
+        workers=workers,
+        notes=curve.notes,
+    )
+
+
+def default_workers() -> int:
+    """One solver process per core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)

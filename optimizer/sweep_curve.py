@@ -1,0 +1,341 @@
+"""The memory/time curve of one trace: a solved schedule at each of a set of budgets, from the smallest feasible
+one up to keep-all, with the budgets placed where the curve bends rather than on a fixed grid.
+
+Each budget is solved by `solve` (the one entry point `memsched solve` uses). What is reused across budgets is
+only what the cost model makes sound, because the optimal overhead OPT(B) never rises with the budget B:
+
+- a schedule whose peak fits a budget fits every larger one, so a point's answer is the best schedule found at
+  its own budget or at any smaller one (re-labelled with its own budget, its prediction unchanged);
+- a lower bound proven at a budget holds at every smaller one (OPT(B) >= OPT(B') >= bound(B') for B <= B'),
+  so a point's bound is the best bound proven at its own budget or at any larger one.
+
+After that exchange the curve is non-increasing and every bound is still a true bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
+from memsched.schema import Schedule, SolverStatus, Trace
+
+log = logging.getLogger(__name__)
+
+SolveMany = Callable[[Sequence[int]], list[Schedule]]
+"""Solves a batch of budgets (bytes), one schedule each in the same order; InfeasibleBudgetError where none
+fits. The caller decides how (one process, or a pool): the curve only decides which budgets."""
+
+MIN_POINTS = 2
+MAX_POINTS = 200
+"""The most points one sweep may ask for (each is a solve)."""
+_REL_TOL = 1e-9
+_KNEE_DEPTH = 0.05
+"""A knee lies at least this far below the chord of its stretch of the curve, in the unit square (budget range
+x overhead range): a smaller sag is a gentle curve or the solver's gap, not a bend."""
+_FLAT_S = 1e-12
+"""Overheads at or below this are zero (the simulator's rounding)."""
+
+
+@dataclass
+class CurvePoint:
+    """One budget of the curve and its answer."""
+
+    budget_bytes: int
+    """The budget, bytes (whole device peak)."""
+    schedule: Schedule
+    """The best schedule found at this budget or a smaller one, labelled with this budget."""
+    bound_s: float | None
+    """A true lower bound on the overhead of any schedule at this budget, seconds (None: none proven)."""
+    status: SolverStatus
+    """optimal (the bound proves the requested gap), feasible (a bound, a larger gap) or heuristic (no bound)."""
+    reused_from: int | None = None
+    """The smaller budget whose schedule this point reuses, where that beat the point's own solve."""
+    solve_s: float = 0.0
+    """Wall seconds of this point's own solve."""
+
+    @property
+    def overhead_s(self) -> float:
+        return self.schedule.prediction.overhead_s
+
+    @property
+    def gap(self) -> float | None:
+        """(overhead - bound) / overhead; 0 where the overhead is 0; None without a bound."""
+        if self.bound_s is None:
+            return None
+        if self.overhead_s <= _FLAT_S:
+            return 0.0
+        return max(0.0, (self.overhead_s - self.bound_s) / self.overhead_s)
+
+
+@dataclass
+class Knee:
+    """A budget below which the cost rises steeply."""
+
+    budget_bytes: int
+    """The knee's budget, bytes."""
+    overhead_s: float
+    """Overhead at the knee, seconds."""
+    slope_below_s_per_byte: float
+    """Seconds of overhead each byte less costs just below the knee."""
+    slope_above_s_per_byte: float
+    """Seconds of overhead each byte more saves just above it."""
+
+
+@dataclass
+class SweepCurve:
+    """The answer of a sweep."""
+
+    lo_bytes: int
+    """The smallest budget swept (the smallest feasible one unless a larger start was asked for)."""
+    hi_bytes: int
+    """The largest budget swept (keep-all's peak unless a smaller end was asked for)."""
+    keepall_step_s: float
+    """The in-core step time the overheads are measured against, seconds."""
+    points: list[CurvePoint]
+    """The solved budgets, smallest first."""
+    knees: list[Knee]
+    """The knee points, smallest budget first."""
+    zero_overhead_bytes: int | None
+    """The smallest swept budget with no overhead (None: every swept budget costs time)."""
+    wall_s: float
+    """Wall seconds of the whole sweep."""
+    notes: list[str] = field(default_factory=list)
+    """What the sweep adjusted (a start below the smallest feasible budget, points merged, ...)."""
+
+
+def budget_range(trace: Trace, lo: int | None, hi: int | None) -> tuple[int, int, list[str]]:
+    """The range to sweep: [lo, hi] clipped to [smallest feasible, keep-all peak], with notes on any clipping.
+    Raises MemschedError for an empty range and InfeasibleBudgetError for one wholly below the smallest
+    feasible budget (with that budget)."""
+    notes: list[str] = []
+    floor = min_feasible_budget(trace)
+    top = trace.static.total + keepall_activation_peak(trace)
+    if lo is not None and hi is not None and lo >= hi:
+        raise MemschedError(
+            f"budget range: the start ({lo} bytes) is not below the end ({hi} bytes); give --from below --to"
+        )
+    if hi is not None and hi < floor:
+        raise InfeasibleBudgetError(hi, floor, "the whole budget range lies below it")
+    start = floor if lo is None else lo
+    if start < floor:
+        notes.append(f"start raised from {start} to the smallest feasible budget, {floor} bytes")
+        start = floor
+    end = top if hi is None else hi
+    if end > top:
+        notes.append(f"end lowered from {end} to keep-all's peak, {top} bytes (more memory changes nothing)")
+        end = top
+    if start >= end:
+        raise MemschedError(
+            f"budget range: nothing to sweep between {start} and {end} bytes (keep-all already fits at the "
+            "start); give a start below keep-all's peak"
+        )
+    return start, end, notes
+
+
+def sweep(
+    trace: Trace,
+    solve_many: SolveMany,
+    n_points: int,
+    lo: int | None = None,
+    hi: int | None = None,
+    gap: float = 0.01,
+    batch: int = 1,
+) -> SweepCurve:
+    """Solve `n_points` budgets in [lo, hi] (default: smallest feasible to keep-all), `batch` at a time, each
+    new budget halving the interval where the curve bends most (see `_priority`)."""
+    if not MIN_POINTS <= n_points <= MAX_POINTS:
+        raise MemschedError(f"points: {n_points} is out of range; give {MIN_POINTS} to {MAX_POINTS}")
+    t0 = time.perf_counter()
+    start, end, notes = budget_range(trace, lo, hi)
+    points: dict[int, CurvePoint] = {}
+
+    def run(budgets: list[int]) -> None:
+        todo = [b for b in dict.fromkeys(budgets) if b not in points]
+        if not todo:
+            return
+        t = time.perf_counter()
+        for b, sc in zip(todo, solve_many(todo), strict=True):
+            points[b] = _point(sc, b)
+        per = (time.perf_counter() - t) / len(todo)
+        for b in todo:
+            points[b].solve_s = per
+
+    # With some actions left out the smallest feasible budget is higher than offload-all's: the solver finds it.
+    try:
+        run([start])
+    except InfeasibleBudgetError as e:
+        if hi is not None and e.min_feasible_bytes >= end:
+            raise
+        notes.append(f"start raised to {e.min_feasible_bytes} bytes, the smallest budget that fits these actions")
+        start = e.min_feasible_bytes
+        if start >= end:
+            raise MemschedError(f"budget range: nothing to sweep above {start} bytes with these actions") from None
+        run([start])
+    initial = min(n_points, max(3, batch + 2))
+    run([start + round((end - start) * i / (initial - 1)) for i in range(initial)])
+    min_step = max(1, (end - start) // (64 * MAX_POINTS))
+    while len(points) < n_points:
+        _exchange(points, gap)
+        want = min(batch, n_points - len(points))
+        picks = _next_budgets(sorted(points.values(), key=lambda p: p.budget_bytes), start, end, want, min_step)
+        if not picks:
+            notes.append(f"stopped at {len(points)} points: every interval is flat or narrower than {min_step} bytes")
+            break
+        run(picks)
+    _exchange(points, gap)
+    ordered = sorted(points.values(), key=lambda p: p.budget_bytes)
+    zero = next((p.budget_bytes for p in ordered if p.overhead_s <= _FLAT_S), None)
+    return SweepCurve(
+        lo_bytes=start,
+        hi_bytes=end,
+        keepall_step_s=ordered[0].schedule.prediction.keepall_step_s,
+        points=ordered,
+        knees=find_knees(ordered),
+        zero_overhead_bytes=zero,
+        wall_s=time.perf_counter() - t0,
+        notes=notes,
+    )
+
+
+def _point(sc: Schedule, budget: int) -> CurvePoint:
+    rec = sc.solver
+    return CurvePoint(budget_bytes=budget, schedule=sc, bound_s=rec.best_bound_s, status=rec.status)
+
+
+def _unit(points: Sequence[CurvePoint], start: int, end: int) -> list[tuple[float, float]]:
+    """The points in the unit square: budget over the range, overhead over the largest one."""
+    top = max((p.overhead_s for p in points), default=0.0) or 1.0
+    span = max(1, end - start)
+    return [((p.budget_bytes - start) / span, p.overhead_s / top) for p in points]
+
+
+def _turn(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]) -> float:
+    """The angle (radians, 0..pi) by which the path a -> b -> c changes direction at b."""
+    u = (b[0] - a[0], b[1] - a[1])
+    v = (c[0] - b[0], c[1] - b[1])
+    nu, nv = math.hypot(*u), math.hypot(*v)
+    if nu == 0 or nv == 0:
+        return 0.0
+    cos = max(-1.0, min(1.0, (u[0] * v[0] + u[1] * v[1]) / (nu * nv)))
+    return math.acos(cos)
+
+
+def _priority(xy: list[tuple[float, float]], i: int, flat: bool) -> float:
+    """How much the interval between points i and i+1 needs another point: its length in the unit square
+    (long where the overhead changes fast), doubled where the curve turns at either end. A flat interval
+    (both ends cost the same, so by monotonicity everything between does too) needs none."""
+    if flat:
+        return 0.0
+    (x0, y0), (x1, y1) = xy[i], xy[i + 1]
+    turn = max(
+        _turn(xy[i - 1], xy[i], xy[i + 1]) if i > 0 else 0.0,
+        _turn(xy[i], xy[i + 1], xy[i + 2]) if i + 2 < len(xy) else 0.0,
+    )
+    return math.hypot(x1 - x0, y1 - y0) * (1.0 + turn / math.pi)
+
+
+def _next_budgets(ordered: list[CurvePoint], start: int, end: int, want: int, min_step: int) -> list[int]:
+    """The midpoints of the `want` intervals that need a point most (see `_priority`)."""
+    xy = _unit(ordered, start, end)
+    scored = []
+    for i in range(len(ordered) - 1):
+        a, b = ordered[i], ordered[i + 1]
+        if b.budget_bytes - a.budget_bytes < 2 * min_step:
+            continue
+        flat = abs(a.overhead_s - b.overhead_s) <= _REL_TOL * max(a.overhead_s, b.overhead_s, _FLAT_S)
+        pr = _priority(xy, i, flat)
+        if pr > 0:
+            scored.append((pr, (a.budget_bytes + b.budget_bytes) // 2))
+    scored.sort(reverse=True)
+    return [b for _, b in scored[:want]]
+
+
+def _exchange(points: dict[int, CurvePoint], gap: float) -> None:
+    """Share answers between budgets where the cost model makes it sound (see the module's docstring)."""
+    ordered = sorted(points.values(), key=lambda p: p.budget_bytes)
+    best: CurvePoint | None = None
+    for p in ordered:  # the best schedule at this budget or below
+        if best is not None and best.overhead_s < p.overhead_s * (1 - _REL_TOL):
+            src = best.reused_from if best.reused_from is not None else best.budget_bytes
+            p.schedule = best.schedule.model_copy(update={"budget_bytes": p.budget_bytes}, deep=True)
+            p.reused_from = src
+        if best is None or p.overhead_s < best.overhead_s * (1 - _REL_TOL):
+            best = p
+    bound: float | None = None
+    for p in reversed(ordered):  # the best bound at this budget or above
+        if p.bound_s is not None and (bound is None or p.bound_s > bound):
+            bound = p.bound_s
+        p.bound_s = None if bound is None else min(bound, p.overhead_s)
+    for p in ordered:
+        g = p.gap
+        p.status = (
+            SolverStatus.HEURISTIC
+            if g is None
+            else SolverStatus.OPTIMAL
+            if g <= gap + _REL_TOL
+            else SolverStatus.FEASIBLE
+        )
+        _relabel(p)
+
+
+def _relabel(p: CurvePoint) -> None:
+    """Make the point's schedule say what the curve says of it (bound, gap, status, where it came from)."""
+    rec = p.schedule.solver
+    update: dict[str, object] = {"best_bound_s": p.bound_s, "gap": p.gap, "status": p.status}
+    details = list(rec.details)
+    if p.reused_from is not None:
+        note = f"sweep: the schedule solved at budget {p.reused_from} bytes, which also fits this larger budget"
+        if note not in details:
+            details.append(note)
+    if p.bound_s is not None and rec.best_bound_s is not None and p.bound_s > rec.best_bound_s * (1 + _REL_TOL):
+        note = "sweep: bound raised to one proven at a larger budget (a bound there holds at every smaller one)"
+        if note not in details:
+            details.append(note)
+    update["details"] = details
+    p.schedule.solver = rec.model_copy(update=update)
+
+
+def find_knees(ordered: Sequence[CurvePoint]) -> list[Knee]:
+    """The knees of a falling curve, found as Kneedle does (Satopaa et al., 2011): in the unit square (budget
+    over the range, overhead over the largest), the point farthest below the chord between a stretch's ends,
+    kept where that distance is at least _KNEE_DEPTH; then the same within the stretches on either side of it
+    (two levels), so a curve with a steep start and a second bend gets both."""
+    if len(ordered) < 3:
+        return []
+    xy = _unit(ordered, ordered[0].budget_bytes, ordered[-1].budget_bytes)
+    found: list[int] = []
+
+    def split(i0: int, i1: int, depth: int) -> None:
+        (x0, y0), (x1, y1) = xy[i0], xy[i1]
+        norm = math.hypot(x1 - x0, y1 - y0)
+        if i1 - i0 < 2 or norm == 0:
+            return
+        # Signed distance below the chord (positive where the curve sags under it, as a falling convex one does).
+        dist = [((x1 - x0) * (xy[i][1] - y0) - (y1 - y0) * (xy[i][0] - x0)) / -norm for i in range(i0 + 1, i1)]
+        best = max(range(len(dist)), key=dist.__getitem__)
+        if dist[best] < _KNEE_DEPTH:
+            return
+        k = i0 + 1 + best
+        found.append(k)
+        if depth < 2:
+            split(i0, k, depth + 1)
+            split(k, i1, depth + 1)
+
+    split(0, len(ordered) - 1, 0)
+    knees = []
+    for i in sorted(found):
+        a, b, c = ordered[i - 1], ordered[i], ordered[i + 1]
+        knees.append(
+            Knee(
+                budget_bytes=b.budget_bytes,
+                overhead_s=b.overhead_s,
+                slope_below_s_per_byte=(a.overhead_s - b.overhead_s) / max(1, b.budget_bytes - a.budget_bytes),
+                slope_above_s_per_byte=(b.overhead_s - c.overhead_s) / max(1, c.budget_bytes - b.budget_bytes),
+            )
+        )
+    return knees

@@ -1,0 +1,170 @@
+"""`memsched sweep`: the curve's points are real solves, judged by the simulator; answers exchanged between
+budgets stay sound (schedules fit, bounds bound); points go where the curve bends; knees; bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from helpers import tiny_trace
+from memsched.cli import main
+from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.io import save_model
+from memsched.optimizer.baselines import evaluate_baselines
+from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
+from memsched.optimizer.simulate import make_schedule, simulate
+from memsched.optimizer.solve import solve
+from memsched.optimizer.sweep_curve import CurvePoint, find_knees, sweep
+from memsched.optimizer.synthetic import make_trace
+from memsched.options import SolveOptions
+from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
+from memsched.service.sweep import sweep_trace
+
+OPTS = SolveOptions(time_limit_s=3.0, gap=0.0)
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    return make_trace(10, 4)
+
+
+@pytest.fixture(scope="module")
+def curve(trace: Trace):
+    return sweep_trace(trace, OPTS, points=9)
+
+
+def test_points_are_solved_schedules_that_fit(trace: Trace, curve) -> None:
+    pts = curve.points
+    assert len(pts) == 9
+    assert [p.budget_bytes for p in pts] == sorted({p.budget_bytes for p in pts})
+    assert pts[0].budget_bytes == min_feasible_budget(trace)
+    assert pts[-1].budget_bytes == trace.static.total + keepall_activation_peak(trace)
+    assert pts[-1].overhead_s == 0 and curve.zero_overhead_bytes is not None
+    for p in pts:
+        sim = simulate(trace, p.schedule)
+        assert sim.feasible and sim.peak_bytes <= p.budget_bytes == p.schedule.budget_bytes
+        assert sim.overhead_s == pytest.approx(p.overhead_s, rel=1e-9, abs=1e-12)
+        assert p.bound_s is not None and p.bound_s <= p.overhead_s * (1 + 1e-9)
+        assert p.schedule.solver.best_bound_s == p.bound_s and p.schedule.solver.status == p.status
+    # The curve never rises with the budget: a schedule that fits a budget fits every larger one.
+    assert all(a.overhead_s >= b.overhead_s for a, b in itertools.pairwise(pts))
+
+
+def test_bounds_are_true_bounds(trace: Trace, curve) -> None:
+    """Each point's bound (its own, or one raised from a larger budget) is below the exact optimum there."""
+    for p in curve.points[:5]:
+        exact = solve(trace, p.budget_bytes, SolveOptions(time_limit_s=10, gap=0.0))
+        assert exact.solver.status == SolverStatus.OPTIMAL
+        assert p.bound_s is not None and p.bound_s <= exact.prediction.overhead_s * (1 + 1e-9) + 1e-12
+        assert p.overhead_s <= exact.prediction.overhead_s * (1 + 1e-9) + 1e-12  # gap 0 asked: exact here
+
+
+def _worse(trace: Trace, budget: int) -> Schedule:
+    """A feasible but poor schedule (the costliest baseline that fits), with no bound."""
+    fits = [r for r in evaluate_baselines(trace, budget) if r.feasible]
+    r = max(fits, key=lambda r: r.sim.overhead_s)
+    rec = SolverRecord(backend=r.policy, status=SolverStatus.HEURISTIC, objective_s=r.sim.overhead_s)
+    return make_schedule(trace, r.sim.decisions, budget, r.policy, rec)
+
+
+def test_exchange_reuses_smaller_budgets_schedule_and_larger_budgets_bound(trace: Trace) -> None:
+    lo = min_feasible_budget(trace)
+    hi = trace.static.total + keepall_activation_peak(trace)
+    mid = (lo + hi) // 2
+    real = {b: solve(trace, b, OPTS) for b in (lo, hi)}
+
+    def solve_many(budgets):
+        # The middle budget gets a poor heuristic answer; its neighbours the real solves.
+        return [real[b] if b in real else _worse(trace, b) for b in budgets]
+
+    c = sweep(trace, solve_many, 3, lo, hi, gap=0.0)
+    assert [p.budget_bytes for p in c.points] == [lo, mid, hi]
+    low, middle, _ = c.points
+    if low.overhead_s < _worse(trace, mid).prediction.overhead_s:
+        assert middle.reused_from == lo and middle.overhead_s == low.overhead_s
+        assert middle.schedule.budget_bytes == mid and simulate(trace, middle.schedule).feasible
+        assert any("sweep: the schedule solved at budget" in d for d in middle.schedule.solver.details)
+    # No bound was proven at the middle budget; keep-all's (0) holds there, and it is reported as such.
+    assert middle.bound_s == 0.0 and middle.status in (SolverStatus.FEASIBLE, SolverStatus.OPTIMAL)
+
+
+def test_points_go_where_the_curve_bends(trace: Trace, curve) -> None:
+    """Refinement never splits an interval whose ends cost the same (monotone: all between does too), so
+    zero-overhead points are the first one and the starting grid's (start, middle, end)."""
+    pts = curve.points
+    lo, hi = pts[0].budget_bytes, pts[-1].budget_bytes
+    grid = {lo, lo + round((hi - lo) / 2), hi}
+    zeros = [p.budget_bytes for p in pts if p.overhead_s == 0]
+    assert set(zeros[1:]) <= grid
+    # The costly part, below the first zero, holds most of the points.
+    assert sum(1 for p in pts if p.overhead_s > 0) >= len(pts) - 3
+
+
+def _fake(points: list[tuple[int, float]], template: Schedule) -> list[CurvePoint]:
+    out = []
+    for b, ov in points:
+        pred = template.prediction.model_copy(update={"overhead_s": ov})
+        sc = template.model_copy(update={"prediction": pred, "budget_bytes": b})
+        out.append(CurvePoint(budget_bytes=b, schedule=sc, bound_s=ov, status=SolverStatus.OPTIMAL))
+    return out
+
+
+def test_knees(trace: Trace) -> None:
+    template = solve(trace, trace.static.total + keepall_activation_peak(trace), OPTS)
+    # Steep down to 40, then nearly flat: the corner is the knee.
+    corner = _fake([(0, 10.0), (10, 5.0), (20, 1.0), (40, 0.8), (60, 0.6), (80, 0.4), (100, 0.0)], template)
+    knees = find_knees(corner)
+    assert knees[0].budget_bytes == 20
+    assert knees[0].slope_below_s_per_byte == pytest.approx(0.4) and knees[0].slope_above_s_per_byte < 0.02
+    # A straight line has no knee.
+    assert find_knees(_fake([(x, 10.0 - x / 10) for x in range(0, 101, 10)], template)) == []
+
+
+def test_bad_ranges(trace: Trace) -> None:
+    floor = min_feasible_budget(trace)
+    with pytest.raises(MemschedError, match="not below the end"):
+        sweep_trace(trace, OPTS, points=3, lo=floor + 10, hi=floor + 10)
+    with pytest.raises(InfeasibleBudgetError) as e:
+        sweep_trace(trace, OPTS, points=3, lo=1, hi=floor - 1)
+    assert e.value.min_feasible_bytes == floor
+    with pytest.raises(MemschedError, match="points"):
+        sweep_trace(trace, OPTS, points=1)
+    # A start below the smallest feasible budget is raised to it, and the answer says so.
+    c = sweep_trace(trace, OPTS, points=3, lo=1)
+    assert c.points[0].budget_bytes == floor and any("start raised" in n for n in c.notes)
+
+
+def test_workers_give_the_same_curve(trace: Trace) -> None:
+    """Two solver processes solve two budgets at a time; each point is what one solve in this process gives."""
+    par = sweep_trace(trace, OPTS, points=5, workers=2)
+    assert par.workers == 2 and len(par.points) == 5
+    for p in par.points:
+        alone = solve(trace, p.budget_bytes, OPTS)
+        assert p.overhead_s == pytest.approx(alone.prediction.overhead_s, rel=1e-9, abs=1e-12)
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return e.value.code, cap.out, cap.err
+
+
+def test_cli(tmp_path, capsys) -> None:
+    tr = tiny_trace([0.01, 0.02, 0.03, 0.02], [0.02, 0.04, 0.06, 0.04], [1000, 2000, 3000, 2000], static=500)
+    path = tmp_path / "t.json"
+    save_model(tr, path)
+    args = ["sweep", path, "-n", 4, "--time-limit", 2, "--workers", 1, "--actions", "keep,offload,recompute"]
+    code, out, err = run([*args, "-o", tmp_path / "c.json", "--png", tmp_path / "c.png", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert len(doc["points"]) == 4 and "schedule" not in doc["points"][0]
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert Schedule.model_validate(saved["points"][0]["schedule"]).budget_bytes == saved["points"][0]["budget_bytes"]
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    code, out, _ = run(args, capsys)
+    assert code == 0 and "step time against budget" in out
+    code, _, err = run([*args, "--from", "5000", "--to", "4000"], capsys)
+    assert code == 2 and "not below the end" in err
