@@ -195,6 +195,9 @@ class Segment:
     """Per segment layer (start..end): its buffer slots; empty when no layer has buffers."""
     snapshots: dict[int, BufferSnapshot] = field(default_factory=dict)
     """Layer -> its buffers as this forward found them (layers that have buffers)."""
+    on_finish: Callable[[], None] | None = None
+    """Run once the checkpoint generator has finished (close) or been unwound (abort): leaves the hooks the
+    caller entered beneath the checkpoint's own."""
 
     def buffers_before(self, layer: int) -> None:
         if self.buffers and self.buffers[layer - self.start].slots:
@@ -268,20 +271,31 @@ class Segment:
     def close(self) -> None:
         gen, self.gen = self.gen, None
         self.forget_outputs()
-        if gen is None:
-            return
         try:
-            next(gen)
-        except StopIteration:
-            return
-        raise AssertionError("the checkpoint generator did not finish")
+            if gen is None:
+                return
+            try:
+                next(gen)
+            except StopIteration:
+                return
+            raise AssertionError("the checkpoint generator did not finish")
+        finally:
+            self._finish()
 
     def abort(self) -> None:
         """The forward raised inside the segment: unwind the checkpoint's hooks without finishing it."""
         gen, self.gen = self.gen, None
         self.forget_outputs()
-        if gen is not None:
-            gen.close()
+        try:
+            if gen is not None:
+                gen.close()
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        done, self.on_finish = self.on_finish, None
+        if done is not None:
+            done()
 
 
 def _map_links(obj: Any, fn: Callable[[Any], Any]) -> Any:

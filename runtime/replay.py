@@ -473,9 +473,19 @@ class ScheduledModel:
         def context_fn() -> tuple[Any, Any]:
             return _Observer(on_forward_save), _Observer(on_recompute_save)
 
-        # The checkpoint saves its inputs through whatever hooks are active: observe them for the ledger.
-        with _Observer(on_input_save):
+        # The checkpoint saves its inputs through whatever hooks are active: observe them for the ledger. The
+        # observer stays entered until the segment closes. Saved-tensor hooks are a stack and `open` leaves the
+        # checkpoint's hooks and the forward observer pushed above it: leaving the observer here would pop the
+        # forward observer instead, and the segment's saves would go unseen (unclaimed, so the next layer's
+        # save indices would shift off the trace's and its offload would move other tensors).
+        inputs = _Observer(on_input_save)
+        inputs.__enter__()
+        seg.on_finish = lambda: inputs.__exit__(None, None, None)
+        try:
             seg.open(args, kwargs, self._recompute_scope, context_fn)
+        except BaseException:
+            seg.abort()
+            raise
         self._segment = seg
         return seg
 
