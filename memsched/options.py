@@ -114,6 +114,9 @@ class SolveResources:
     """MILP solver threads; None = the backend's default (CP-SAT: 2). The server sets it, not the request."""
     export_model: Path | None = None
     """Where to write the MILP model (LP/MPS or CP-SAT proto) for reproduction, if anywhere (the CLI's)."""
+    started_at: float | None = None
+    """time.perf_counter() value from which the time limit counts (None: when the solve is called). The CLI
+    gives its process's start, so that the limit bounds what its user waits for, imports included."""
 
 
 _ADDED_LATER = ("actions",)
