@@ -706,7 +706,10 @@ def solve_report(
 def _solve_report(
     trace: Trace, budget_bytes: int, options: SolveOptions, resources: SolveResources | None
 ) -> SolveReport:
-    t0 = time.perf_counter()
+    now = time.perf_counter()
+    # The limit counts from the caller's start where it gives one (the CLI: its process's start).
+    started = resources.started_at if resources is not None else None
+    t0 = now if started is None else min(started, now)
     allowed = options.allowed_actions(trace)
     phases = plan_for(options.solver, trace.n, allowed)  # refuses a combination it cannot plan, up front
     # Without offload, a budget below the best baseline is settled by the exact DP (optimizer/actions.py),
