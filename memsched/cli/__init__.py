@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -23,6 +24,13 @@ from memsched.io import load_schedule, load_trace, save_model, write_text
 from memsched.options import SolveOptions, SolveResources, cli_flag, option_help
 from memsched.schema import json_schema
 from memsched.units import format_bytes, format_seconds, parse_budget
+
+_IMPORTED_AT = time.perf_counter()
+"""When this module had loaded: about 0.2 s after the process started (interpreter, typer, rich, the core)."""
+_PROCESS: dict[str, float] = {}
+"""'started': set by main(), the process's entry, so that `solve`'s time limit counts from the process's start
+and bounds the whole command. Unset where the app runs inside another process (tests): each solve counts
+from its own call there."""
 
 app = typer.Typer(
     name="memsched",
@@ -267,7 +275,7 @@ def solve(
         max_segment=max_segment,
         actions=[a.strip() for a in actions.split(",") if a.strip()] if actions is not None else None,
     )
-    resources = SolveResources(export_model=export_model)
+    resources = SolveResources(export_model=export_model, started_at=_PROCESS.get("started"))
     tr = load_trace(trace)
     spec = parse_budget(budget)
     if server:
@@ -363,6 +371,7 @@ def _fail(exit_code: int, code: str, message: str, as_json: bool, *, prefix: str
 
 
 def main(argv: list[str] | None = None) -> None:
+    _PROCESS["started"] = _IMPORTED_AT
     logging.basicConfig(level=os.environ.get("MEMSCHED_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     args = sys.argv[1:] if argv is None else argv
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
