@@ -8,7 +8,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema
 
 from memsched.api.examples import EXAMPLE_TRACE
-from memsched.options import SolveOptions
+from memsched.hardware import LinkPreset, parse_link
+from memsched.options import SolveOptions, option_help
 from memsched.schema import JobStatus, Schedule, Trace
 from memsched.service import CompareRow
 
@@ -154,6 +155,10 @@ class CompareRequest(_Strict):
     trace_id: TraceId | None = Field(default=None, description="id of a stored trace (give this or `trace`)")
     trace: StrictTrace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
     budget: Budget
+    link: Annotated[LinkPreset | float | None, BeforeValidator(lambda v: None if v is None else parse_link(v))] = Field(
+        default=None, description=option_help("link")
+    )
+    ranks_per_link: int | None = Field(default=None, ge=1, le=4096, description=option_help("ranks_per_link"))
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"trace": EXAMPLE_TRACE, "budget": "70%"}]})
 

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from memsched.errors import MemschedError
+from memsched.hardware import LinkPreset, parse_link
 from memsched.schema import Action, Trace
 
 
@@ -64,6 +65,19 @@ class SolveOptions(BaseModel):
     """Actions a plan may use, e.g. keep,recompute; keep is always among them. None: keep, offload and recompute,
     except on a trace measured on the CPU, where host memory is device memory and an offload lowers no peak:
     keep and recompute (give keep,offload,recompute to emulate offload there)."""
+
+    link: LinkPreset | float | None = None
+    """Host link the copies run over, for planning another machine without re-tracing: pcie3 | pcie4 | pcie5 |
+    gh200 (measured pinned-copy rates, docs/hardware.md) or a rate in bytes/s such as 25e9. None: the trace's
+    measured rates."""
+    ranks_per_link: int | None = Field(default=None, ge=1, le=4096)
+    """GPUs that share one host link (e.g. 8 behind one PCIe switch): each plans with 1/N of its rates.
+    None: 1."""
+
+    @field_validator("link", mode="before")
+    @classmethod
+    def _link(cls, v: object) -> LinkPreset | float | None:
+        return None if v is None else parse_link(v)
 
     @field_validator("actions")
     @classmethod
@@ -119,7 +133,7 @@ class SolveResources:
     gives its process's start, so that the limit bounds what its user waits for, imports included."""
 
 
-_ADDED_LATER = ("actions",)
+_ADDED_LATER = ("actions", "link", "ranks_per_link")
 """Options added after memsched 0.1's solver, time_limit_s, gap, window and max_segment (see job_fields)."""
 
 _FLAG = {name: "--" + name.removesuffix("_s").replace("_", "-") for name in SolveOptions.model_fields}

@@ -370,6 +370,22 @@ class LayerAction(_Strict):
         return self
 
 
+class PlannedDevice(_Strict):
+    """The device and host link a schedule was planned for (what `--link` and `--ranks-per-link` made of the
+    trace's device; memsched/hardware.py)."""
+
+    name: str
+    """The trace's device name."""
+    link: str
+    """'measured' (the trace's own copy rates), a preset (pcie3, pcie4, pcie5, gh200) or the rate given."""
+    ranks_per_link: int = Field(default=1, ge=1)
+    """GPUs sharing the link; the rates below are one GPU's share."""
+    h2d_bytes_per_s: PositiveRate
+    """Host -> device copy rate the plan assumed, bytes per second (one GPU's share)."""
+    d2h_bytes_per_s: PositiveRate
+    """Device -> host copy rate the plan assumed, bytes per second (one GPU's share)."""
+
+
 class Prediction(_Strict):
     """What the simulator predicts for the schedule."""
 
@@ -431,6 +447,9 @@ class Schedule(_Strict):
     """The simulator's prediction for this schedule."""
     solver: SolverRecord
     """How it was obtained."""
+    planned_for: PlannedDevice | None = None
+    """The device and link the plan assumed (None: the trace's device as measured, in schedules written before
+    this field existed or outside the service)."""
 
     @field_validator("schema_version")
     @classmethod

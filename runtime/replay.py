@@ -37,6 +37,7 @@ from memsched.errors import ScheduleMismatchError
 from memsched.runtime.checkpointing import LayerBuffers, Segment, flatten, glue_error
 from memsched.runtime.copier import Copier
 from memsched.runtime.ledger import SavedLedger
+from memsched.runtime.linkcheck import check_link
 from memsched.runtime.offload import OffloadRecord
 from memsched.runtime.plan import LayerPlan, RuntimePlan, build_plan
 from memsched.runtime.pool import HostBufferPool, PoolStats
@@ -188,6 +189,7 @@ class ScheduledModel:
         p = next(model.parameters(), None)
         self.device = p.device if p is not None else torch.device("cpu")
         self.copier = Copier(self.device)
+        self.link_warning = check_link(schedule, self.device)  # the plan's copy rates vs this link's, once
         self.pool = pool if pool is not None else HostBufferPool(pin_memory=self.device.type == "cuda")
         self.ledger = ledger
         self._tls = threading.local()

@@ -146,13 +146,20 @@ def simulate_cmd(
 
 @app.command()
 def compare(
-    trace: Annotated[Path, typer.Argument(help="Trace JSON.")], budget: BudgetOpt, as_json: JsonOpt = False
+    trace: Annotated[Path, typer.Argument(help="Trace JSON.")],
+    budget: BudgetOpt,
+    as_json: JsonOpt = False,
+    link: Annotated[str | None, typer.Option(cli_flag("link"), help=option_help("link"))] = None,
+    ranks_per_link: Annotated[
+        int | None, typer.Option(cli_flag("ranks_per_link"), help=option_help("ranks_per_link"))
+    ] = None,
 ) -> None:
     """Compare the baseline policies under a budget: feasible, predicted peak, step time, overhead."""
     from memsched.service import compare_policies
 
     tr = load_trace(trace)
-    cmp = compare_policies(tr, parse_budget(budget))
+    hw = SolveOptions.from_user(link=link, ranks_per_link=ranks_per_link)  # the same checks as solve's
+    cmp = compare_policies(tr, parse_budget(budget), hw.link, hw.ranks_per_link)
     if as_json:
         _print_json(cmp.to_json())
         return
@@ -256,6 +263,10 @@ def solve(
     window: Annotated[int | None, typer.Option(cli_flag("window"), help=option_help("window"))] = None,
     max_segment: Annotated[int | None, typer.Option(cli_flag("max_segment"), help=option_help("max_segment"))] = None,
     actions: Annotated[str | None, typer.Option(cli_flag("actions"), help=option_help("actions"))] = None,
+    link: Annotated[str | None, typer.Option(cli_flag("link"), help=option_help("link"))] = None,
+    ranks_per_link: Annotated[
+        int | None, typer.Option(cli_flag("ranks_per_link"), help=option_help("ranks_per_link"))
+    ] = None,
     export_model: Annotated[
         Path | None, typer.Option("--export-model", help="Write the MILP model here (LP, MPS or CP-SAT text).")
     ] = None,
@@ -274,6 +285,8 @@ def solve(
         window=window,
         max_segment=max_segment,
         actions=[a.strip() for a in actions.split(",") if a.strip()] if actions is not None else None,
+        link=link,
+        ranks_per_link=ranks_per_link,
     )
     resources = SolveResources(export_model=export_model, started_at=_PROCESS.get("started"))
     tr = load_trace(trace)

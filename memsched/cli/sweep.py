@@ -34,6 +34,10 @@ def sweep_cmd(
     ] = 5.0,
     gap: Annotated[float, typer.Option(cli_flag("gap"), help=option_help("gap"))] = 0.01,
     actions: Annotated[str | None, typer.Option(cli_flag("actions"), help=option_help("actions"))] = None,
+    link: Annotated[str | None, typer.Option(cli_flag("link"), help=option_help("link"))] = None,
+    ranks_per_link: Annotated[
+        int | None, typer.Option(cli_flag("ranks_per_link"), help=option_help("ranks_per_link"))
+    ] = None,
     workers: Annotated[
         int | None, typer.Option("--workers", help="Solver processes (default: one per core this process may use).")
     ] = None,
@@ -50,6 +54,8 @@ def sweep_cmd(
         time_limit_s=time_limit,
         gap=gap,
         actions=[a.strip() for a in actions.split(",") if a.strip()] if actions is not None else None,
+        link=link,
+        ranks_per_link=ranks_per_link,
     )
     tr = load_trace(trace)
     res = sweep_trace(

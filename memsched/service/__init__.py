@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from memsched.errors import MemschedError
+from memsched.hardware import LinkPreset, for_planned_trace, planned_trace, what_if_device
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import check_budget_feasible, keepall_activation_peak
 from memsched.optimizer.budget import resolve_budget as budget_bytes
@@ -86,9 +87,15 @@ def resolve_budget(budget: BudgetSpec | str | int, trace: Trace, check_feasible:
     return b
 
 
-def compare_policies(trace: Trace, budget: BudgetSpec | str | int) -> Comparison:
-    """Every baseline under one budget, judged by the simulator."""
+def compare_policies(
+    trace: Trace,
+    budget: BudgetSpec | str | int,
+    link: LinkPreset | float | None = None,
+    ranks_per_link: int | None = None,
+) -> Comparison:
+    """Every baseline under one budget, judged by the simulator (on another link, or a share of one, if asked)."""
     b = resolve_budget(budget, trace)
+    trace = planned_trace(trace, what_if_device(trace, link, ranks_per_link))
     rows = [
         CompareRow(
             policy=r.policy,
@@ -108,8 +115,13 @@ def solve_trace(
     options: SolveOptions | None = None,
     resources: SolveResources | None = None,
 ) -> Schedule:
-    """Resolve the budget and solve. Raises InfeasibleBudgetError with the smallest feasible budget."""
-    return solve(trace, resolve_budget(budget, trace), options, resources)
+    """Resolve the budget and solve, for the device and link the options name (what-if hardware: the trace's
+    copy rates replaced; the schedule records them in `planned_for` and still names the trace's own hash).
+    Raises InfeasibleBudgetError with the smallest feasible budget."""
+    options = options or SolveOptions()
+    planned = what_if_device(trace, options.link, options.ranks_per_link)
+    sched = solve(planned_trace(trace, planned), resolve_budget(budget, trace), options, resources)
+    return sched.model_copy(update={"trace_hash": trace.content_hash(), "planned_for": planned})
 
 
 def prepare_solver() -> float:
@@ -121,5 +133,6 @@ def prepare_solver() -> float:
 
 
 def simulate_schedule(trace: Trace, schedule: Schedule) -> SimResult:
-    """Check that the schedule belongs to the trace and simulate it under its own budget."""
-    return simulate(trace, schedule)
+    """Check that the schedule belongs to the trace and simulate it under its own budget, on the link it was
+    planned for."""
+    return simulate(*for_planned_trace(trace, schedule))

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from memsched.hardware import for_planned_trace
 from memsched.io import write_bytes
 from memsched.optimizer.simulate import COMPUTE, D2H, H2D, SimResult, simulate
 from memsched.schema import Schedule, Trace
@@ -45,7 +46,7 @@ def _short(name: str) -> str:
 
 def plot_timeline(trace: Trace, schedule: Schedule, out_path: str | Path, title: str | None = None) -> Path:
     """Draw the schedule's simulated step; returns the written path ('-' writes the PNG to stdout)."""
-    sim = simulate(trace, schedule)
+    sim = simulate(*for_planned_trace(trace, schedule))  # on the link it was planned for
     title = title or default_title(trace, sim, schedule.budget_bytes, schedule.policy)
     return plot_sim(trace, sim, out_path, schedule.budget_bytes, title)
 
