@@ -17,7 +17,7 @@ from memsched.api.docs import install_docs
 from memsched.api.errors import install_error_handlers
 from memsched.api.metrics import Metrics
 from memsched.api.middleware import BodySizeLimit
-from memsched.api.routes import compare, health, schedules, traces
+from memsched.api.routes import compare, health, schedules, sweeps, traces
 from memsched.api.runners import Runner
 from memsched.api.runners.celery_runner import CeleryRunner
 from memsched.api.runners.embedded import EmbeddedRunner
@@ -91,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             {"name": "traces", "description": "Layer-level cost traces, stored under their content hash"},
             {"name": "schedules", "description": "Asynchronous solve jobs and their schedules"},
             {"name": "compare", "description": "The baseline policies side by side"},
+            {"name": "sweeps", "description": "The curve of step time against budget, and the page that draws it"},
             {"name": "health", "description": "Probes and Prometheus metrics"},
         ],
     )
@@ -98,6 +99,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     install_docs(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    for r in (traces.router, schedules.router, compare.router, health.router):
+    for r in (traces.router, schedules.router, compare.router, sweeps.router, sweeps.ui, health.router):
         app.include_router(r)
     return app

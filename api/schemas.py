@@ -12,6 +12,7 @@ from memsched.hardware import LinkPreset, parse_link
 from memsched.options import SolveOptions, option_help
 from memsched.schema import JobStatus, Schedule, Trace
 from memsched.service import CompareRow
+from memsched.service.sweep import SweepResult
 
 TraceId = Annotated[
     str,
@@ -161,6 +162,35 @@ class CompareRequest(_Strict):
     ranks_per_link: int | None = Field(default=None, ge=1, le=4096, description=option_help("ranks_per_link"))
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"trace": EXAMPLE_TRACE, "budget": "70%"}]})
+
+
+class SweepRequest(SolveOptions):
+    """Solve a trace at `points` budgets, from `budget_from` (default: the smallest feasible) to `budget_to`
+    (default: keep-all's peak), placed where the curve bends. The solve options are SolveOptions' own fields;
+    `time_limit_s` is each point's limit (absent: 5 s)."""
+
+    trace_id: TraceId | None = Field(default=None, description="id of a stored trace (give this or `trace`)")
+    trace: StrictTrace | None = Field(default=None, description="an inline trace (give this or `trace_id`)")
+    points: int = Field(default=20, ge=2, le=200, description="how many budgets to solve (2-200)")
+    budget_from: Budget | None = Field(default=None, description="the smallest budget (default: the smallest feasible)")
+    budget_to: Budget | None = Field(default=None, description="the largest budget (default: keep-all's peak)")
+
+    def options(self) -> SolveOptions:
+        """The request's solve options alone."""
+        return SolveOptions.model_validate({name: getattr(self, name) for name in SolveOptions.model_fields})
+
+
+class SweepOut(SweepResult):
+    """The curve (memsched.service.sweep.SweepResult) and the stored trace it belongs to."""
+
+    trace_id: TraceId
+
+
+class TimelineRequest(_Strict):
+    """A schedule of a stored trace, to be drawn."""
+
+    trace_id: TraceId = Field(description="id of the stored trace the schedule was made for")
+    schedule: Schedule = Field(description="the schedule (a point of a sweep, or any schedule of this trace)")
 
 
 class CompareOut(BaseModel):

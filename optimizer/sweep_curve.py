@@ -117,7 +117,8 @@ def budget_range(trace: Trace, lo: int | None, hi: int | None) -> tuple[int, int
     top = trace.static.total + keepall_activation_peak(trace)
     if lo is not None and hi is not None and lo >= hi:
         raise MemschedError(
-            f"budget range: the start ({lo} bytes) is not below the end ({hi} bytes); give --from below --to"
+            f"budget range: the start ({lo} bytes) is not below the end ({hi} bytes); give a start below the end "
+            "(--from / --to, or budget_from / budget_to)"
         )
     if hi is not None and hi < floor:
         raise InfeasibleBudgetError(hi, floor, "the whole budget range lies below it")

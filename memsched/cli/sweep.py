@@ -43,6 +43,10 @@ def sweep_cmd(
     ] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the curve as JSON here.")] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Draw the curve as a PNG here.")] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option("--html", help="Write the interactive page here: one file, its script inside, no network needed."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the curve as JSON instead of a table.")] = False,
 ) -> None:
     """Solve budgets from the smallest feasible one to keep-all, placed where the curve bends: each point's
@@ -73,6 +77,10 @@ def sweep_cmd(
         from memsched.service.sweep_plot import plot_sweep
 
         plot_sweep(res, png)
+    if html is not None:
+        from memsched.service.sweep_page import standalone_page
+
+        write_text(html, standalone_page(tr, res))
     if as_json:
         sys.stdout.write(
             json.dumps({k: v for k, v in doc.items() if k != "points"} | {"points": _brief(doc)}, indent=2)
@@ -110,7 +118,7 @@ def sweep_cmd(
         )
     for n in res.notes:
         out.print(f"note: {n}")
-    for path in (output, png):
+    for path in (output, png, html):
         if path is not None:
             err.print(f"wrote {path}")
 
