@@ -133,6 +133,36 @@ def test_offload_timing_is_realised_stage_by_stage(gpt2):
     assert measured == predicted_saved_profile(tr, sched)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="not priced yet (2026-11-24; on the H100, ResNet-50 b256 at 50% went 11.8% over its predicted peak): "
+    "a recomputed block whose output the next, kept block saves too (ResNet's ReLU output, saved again as the "
+    "next block's convolution input) holds that output until the kept block's backward, but the trace gives "
+    "the storage to its producer only, so recomputing the producer drops it from the model. Measured here: "
+    "+65,536 B at F1, +32,768 B at F3, ... (the block outputs). Needs a Trace field (the bytes of its inputs a "
+    "layer saves) and a term in simulate, fastsim, the DP and the MILP, held from F_c to B_c when the producer "
+    "is recomputed and the consumer c is not",
+)
+def test_saved_bytes_never_exceed_the_model_after_a_recomputed_block():
+    """The ledger's live saved bytes at every stage are at most the cost model's (keep-all: equal), when every
+    other ResNet block is recomputed."""
+    w = tiny("resnet50", layers=8, batch=2)
+    tr = trace(w.model, w.step, steps=1, warmup=0, batch_size=2, seq_len=16, measure_bandwidth=False)
+    for plan in ([KEEP] * tr.n, [recompute() if i % 2 == 0 else KEEP for i in range(tr.n)]):
+        sched = schedule_of(tr, plan)
+        ledger = SavedLedger()
+        with apply_schedule(w.model, sched, trace=tr, ledger=ledger) as sm:
+            grads(w, sm)
+        st = ledger.stats()
+        stages = [f"F{i}" for i in range(tr.n)] + [f"B{i}" for i in reversed(range(tr.n))]
+        over = {
+            s: m - p
+            for s, p in zip(stages, predicted_saved_profile(tr, sched), strict=True)
+            if (m := st.stage_peak_bytes[s]) > p
+        }
+        assert not over, over
+
+
 def _rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
