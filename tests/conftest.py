@@ -138,6 +138,8 @@ _AREA = {
         "test_bench_peers",
         "test_layers",
         "test_integrations_",
+        "test_exports",
+        "test_builtin_decoders",
     ),
 }
 """Module-name prefixes of each area's tests."""

@@ -14,8 +14,6 @@ from memsched.optimizer.decisions import KEEP, recompute
 from memsched.runtime import apply_schedule, builtin_workload, trace
 from memsched.runtime.models import BUILTIN_MODELS, decoder_class, decoder_config
 
-pytestmark = pytest.mark.torch
-
 DECODERS = ("llama", "qwen2", "mistral")
 
 FULL_PARAMS = {"llama": 1_235_814_400, "qwen2": 494_032_768, "mistral": 7_248_023_552}

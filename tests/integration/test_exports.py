@@ -23,8 +23,6 @@ from memsched.runtime.memory import MemoryMeter
 from memsched.schema import Schedule, Trace
 from memsched.service.export import FORMATS, export_schedule
 
-pytestmark = pytest.mark.torch
-
 PEAK_WITHIN = 0.05
 
 
