@@ -18,6 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 from memsched.errors import InfeasibleBudgetError, MemschedError
@@ -26,9 +27,9 @@ from memsched.schema import Schedule, SolverStatus, Trace
 
 log = logging.getLogger(__name__)
 
-SolveMany = Callable[[Sequence[int]], list[Schedule]]
-"""Solves a batch of budgets (bytes), one schedule each in the same order; InfeasibleBudgetError where none
-fits. The caller decides how (one process, or a pool): the curve only decides which budgets."""
+Submit = Callable[[int], "Future[Schedule]"]
+"""Starts the solve of one budget (bytes); its future holds the schedule, or InfeasibleBudgetError where none
+fits. The caller decides where it runs (this process, or a pool): the curve only decides which budgets."""
 
 MIN_POINTS = 2
 MAX_POINTS = 200
@@ -140,55 +141,70 @@ def budget_range(trace: Trace, lo: int | None, hi: int | None) -> tuple[int, int
 
 def sweep(
     trace: Trace,
-    solve_many: SolveMany,
+    submit: Submit,
     n_points: int,
     lo: int | None = None,
     hi: int | None = None,
     gap: float = 0.01,
-    batch: int = 1,
+    parallel: int = 1,
 ) -> SweepCurve:
-    """Solve `n_points` budgets in [lo, hi] (default: smallest feasible to keep-all), `batch` at a time, each
-    new budget halving the interval where the curve bends most (see `_priority`)."""
+    """Solve `n_points` budgets in [lo, hi] (default: smallest feasible to keep-all), up to `parallel` at once:
+    first an even grid, then, each time a solve ends, the middle of the interval where the curve bends most
+    (see `_priority`) among those no running solve is splitting already."""
     if not MIN_POINTS <= n_points <= MAX_POINTS:
         raise MemschedError(f"points: {n_points} is out of range; give {MIN_POINTS} to {MAX_POINTS}")
     t0 = time.perf_counter()
     start, end, notes = budget_range(trace, lo, hi)
     points: dict[int, CurvePoint] = {}
-
-    def run(budgets: list[int]) -> None:
-        todo = [b for b in dict.fromkeys(budgets) if b not in points]
-        if not todo:
-            return
-        t = time.perf_counter()
-        for b, sc in zip(todo, solve_many(todo), strict=True):
-            points[b] = _point(sc, b)
-        per = (time.perf_counter() - t) / len(todo)
-        for b in todo:
-            points[b].solve_s = per
-
-    # With some actions left out the smallest feasible budget is higher than offload-all's: the solver finds it.
-    try:
-        run([start])
-    except InfeasibleBudgetError as e:
-        if hi is not None and e.min_feasible_bytes >= end:
-            raise
-        notes.append(f"start raised to {e.min_feasible_bytes} bytes, the smallest budget that fits these actions")
-        start = e.min_feasible_bytes
-        if start >= end:
-            raise MemschedError(f"budget range: nothing to sweep above {start} bytes with these actions") from None
-        run([start])
-    initial = min(n_points, max(3, batch + 2))
-    run([start + round((end - start) * i / (initial - 1)) for i in range(initial)])
+    running: dict[Future[Schedule], tuple[int, float]] = {}
     min_step = max(1, (end - start) // (64 * MAX_POINTS))
-    while len(points) < n_points:
-        _exchange(points, gap)
-        want = min(batch, n_points - len(points))
-        picks = _next_budgets(sorted(points.values(), key=lambda p: p.budget_bytes), start, end, want, min_step)
-        if not picks:
-            notes.append(f"stopped at {len(points)} points: every interval is flat or narrower than {min_step} bytes")
+
+    def grid(a: int) -> list[int]:
+        k = min(n_points, max(3, parallel + 2))
+        return list(dict.fromkeys(a + round((end - a) * i / (k - 1)) for i in range(k)))
+
+    queue = grid(start)
+    while True:
+        while len(running) < parallel and len(points) + len(running) < n_points:
+            busy = {b for b, _ in running.values()}
+            b = queue.pop(0) if queue else _next_budget(points, start, end, busy, min_step)
+            if b is None:
+                break
+            if b in points or b in busy:
+                continue
+            running[submit(b)] = (b, time.perf_counter())
+        if not running:
             break
-        run(picks)
-    _exchange(points, gap)
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for f in done:
+            b, since = running.pop(f)
+            try:
+                sc = f.result()
+            except InfeasibleBudgetError as e:
+                # Only with some actions left out: the smallest feasible budget is then above offload-all's,
+                # and the solver says where. Start there; budgets below it are dropped.
+                if e.min_feasible_bytes <= b:
+                    raise
+                if e.min_feasible_bytes >= end:
+                    if hi is not None:
+                        raise
+                    raise MemschedError(
+                        f"budget range: nothing to sweep above {e.min_feasible_bytes} bytes with these actions"
+                    ) from None
+                if e.min_feasible_bytes > start:
+                    start = e.min_feasible_bytes
+                    notes.append(f"start raised to {start} bytes, the smallest budget that fits these actions")
+                    for x in [x for x in points if x < start]:
+                        del points[x]
+                    queue = [x for x in grid(start) if x not in points]
+                continue
+            if b < start:
+                continue  # solved before the start was raised
+            points[b] = _point(sc, b)
+            points[b].solve_s = time.perf_counter() - since
+        _exchange(points, gap)
+    if len(points) < n_points:
+        notes.append(f"stopped at {len(points)} points: every interval is flat or narrower than {min_step} bytes")
     ordered = sorted(points.values(), key=lambda p: p.budget_bytes)
     zero = next((p.budget_bytes for p in ordered if p.overhead_s <= _FLAT_S), None)
     return SweepCurve(
@@ -201,6 +217,20 @@ def sweep(
         wall_s=time.perf_counter() - t0,
         notes=notes,
     )
+
+
+def solved_now(solve: Callable[[int], Schedule]) -> Submit:
+    """A Submit that solves in this process, at once (its futures are done when returned)."""
+
+    def submit(budget: int) -> Future[Schedule]:
+        f: Future[Schedule] = Future()
+        try:
+            f.set_result(solve(budget))
+        except MemschedError as e:
+            f.set_exception(e)
+        return f
+
+    return submit
 
 
 def _point(sc: Schedule, budget: int) -> CurvePoint:
@@ -240,20 +270,21 @@ def _priority(xy: list[tuple[float, float]], i: int, flat: bool) -> float:
     return math.hypot(x1 - x0, y1 - y0) * (1.0 + turn / math.pi)
 
 
-def _next_budgets(ordered: list[CurvePoint], start: int, end: int, want: int, min_step: int) -> list[int]:
-    """The midpoints of the `want` intervals that need a point most (see `_priority`)."""
+def _next_budget(points: dict[int, CurvePoint], start: int, end: int, busy: set[int], min_step: int) -> int | None:
+    """The middle of the interval that needs a point most (see `_priority`), skipping intervals that a running
+    solve is splitting already; None where none is left."""
+    ordered = sorted(points.values(), key=lambda p: p.budget_bytes)
     xy = _unit(ordered, start, end)
-    scored = []
+    best: tuple[float, int] | None = None
     for i in range(len(ordered) - 1):
         a, b = ordered[i], ordered[i + 1]
-        if b.budget_bytes - a.budget_bytes < 2 * min_step:
+        if b.budget_bytes - a.budget_bytes < 2 * min_step or any(a.budget_bytes < x < b.budget_bytes for x in busy):
             continue
         flat = abs(a.overhead_s - b.overhead_s) <= _REL_TOL * max(a.overhead_s, b.overhead_s, _FLAT_S)
         pr = _priority(xy, i, flat)
-        if pr > 0:
-            scored.append((pr, (a.budget_bytes + b.budget_bytes) // 2))
-    scored.sort(reverse=True)
-    return [b for _, b in scored[:want]]
+        if pr > 0 and (best is None or pr > best[0]):
+            best = (pr, (a.budget_bytes + b.budget_bytes) // 2)
+    return None if best is None else best[1]
 
 
 def _exchange(points: dict[int, CurvePoint], gap: float) -> None:

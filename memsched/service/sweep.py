@@ -7,13 +7,12 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from memsched.errors import InfeasibleBudgetError, MemschedError
-from memsched.optimizer.sweep_curve import MAX_POINTS, MIN_POINTS, SweepCurve, sweep
+from memsched.optimizer.sweep_curve import MAX_POINTS, MIN_POINTS, SweepCurve, solved_now, sweep
 from memsched.options import SolveOptions
 from memsched.schema import Schedule, SolverStatus, Trace
 from memsched.units import BudgetSpec
@@ -138,17 +137,32 @@ def sweep_trace(
     lo_b, hi_b = _resolve(lo, trace, "from"), _resolve(hi, trace, "to")
     workers = min(workers, points)
     if workers == 1:
-        curve = sweep(trace, lambda bs: [_solve(trace, b, options) for b in bs], points, lo_b, hi_b, options.gap)
+        submit = solved_now(lambda b: _solve(trace, b, options))
+        curve = sweep(trace, submit, points, lo_b, hi_b, options.gap)
     else:
         ctx = multiprocessing.get_context("spawn")  # the caller may hold threads (the service): never fork them
         with ProcessPoolExecutor(
             workers, mp_context=ctx, initializer=_init_worker, initargs=(trace.model_dump_json(), options)
         ) as pool:
 
-            def many(bs: Sequence[int]) -> list[Schedule]:
-                return [_unwrap(b, r) for b, r in zip(bs, pool.map(_solve_in_worker, bs), strict=True)]
+            def in_pool(budget: int) -> Future[Schedule]:
+                out: Future[Schedule] = Future()
 
-            curve = sweep(trace, many, points, lo_b, hi_b, options.gap, batch=workers)
+                def done(f: Future[tuple[str, str | int]]) -> None:
+                    # Whatever the worker raised goes to the waiting sweep, which raises it.
+                    exc = f.exception()
+                    if exc is not None:
+                        out.set_exception(exc)
+                        return
+                    try:
+                        out.set_result(_unwrap(budget, f.result()))
+                    except InfeasibleBudgetError as e:
+                        out.set_exception(e)
+
+                pool.submit(_solve_in_worker, budget).add_done_callback(done)
+                return out
+
+            curve = sweep(trace, in_pool, points, lo_b, hi_b, options.gap, parallel=workers)
     return _result(trace, options, curve, workers)
 
 

@@ -16,10 +16,10 @@ from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.simulate import make_schedule, simulate
 from memsched.optimizer.solve import solve
-from memsched.optimizer.sweep_curve import CurvePoint, find_knees, sweep
+from memsched.optimizer.sweep_curve import CurvePoint, find_knees, solved_now, sweep
 from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
-from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
+from memsched.schema import Action, Schedule, SolverRecord, SolverStatus, Trace
 from memsched.service.sweep import sweep_trace
 
 OPTS = SolveOptions(time_limit_s=3.0, gap=0.0)
@@ -75,11 +75,8 @@ def test_exchange_reuses_smaller_budgets_schedule_and_larger_budgets_bound(trace
     mid = (lo + hi) // 2
     real = {b: solve(trace, b, OPTS) for b in (lo, hi)}
 
-    def solve_many(budgets):
-        # The middle budget gets a poor heuristic answer; its neighbours the real solves.
-        return [real[b] if b in real else _worse(trace, b) for b in budgets]
-
-    c = sweep(trace, solve_many, 3, lo, hi, gap=0.0)
+    # The middle budget gets a poor heuristic answer; its neighbours the real solves.
+    c = sweep(trace, solved_now(lambda b: real[b] if b in real else _worse(trace, b)), 3, lo, hi, gap=0.0)
     assert [p.budget_bytes for p in c.points] == [lo, mid, hi]
     low, middle, _ = c.points
     if low.overhead_s < _worse(trace, mid).prediction.overhead_s:
@@ -168,3 +165,17 @@ def test_cli(tmp_path, capsys) -> None:
     assert code == 0 and "step time against budget" in out
     code, _, err = run([*args, "--from", "5000", "--to", "4000"], capsys)
     assert code == 2 and "not below the end" in err
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_without_offload_the_start_is_where_keep_and_recompute_fit(trace: Trace, workers: int) -> None:
+    """Offload-all's minimum is below what keep and recompute can reach: the solver names the smallest budget
+    that fits them, the sweep starts there and says so (with two workers, grid budgets below it are dropped)."""
+    opts = SolveOptions(time_limit_s=3.0, gap=0.0, actions=[Action.KEEP, Action.RECOMPUTE])
+    c = sweep_trace(trace, opts, points=4, workers=workers)
+    assert len(c.points) == 4
+    first = c.points[0]
+    assert first.budget_bytes > min_feasible_budget(trace) and any("start raised to" in n for n in c.notes)
+    assert simulate(trace, first.schedule).feasible and first.schedule.action_counts()["offload"] == 0
+    with pytest.raises(InfeasibleBudgetError):
+        solve(trace, first.budget_bytes - 1, opts)  # the start is the smallest budget that fits
