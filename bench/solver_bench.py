@@ -17,6 +17,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -39,13 +40,16 @@ def pct_budget(trace: Trace, pct: float) -> int:
     return max(b, min_feasible_budget(trace))
 
 
-def run_one(name: str, trace: Trace, budget: int, backend: str, limit: float) -> dict[str, object]:
+def run_one(
+    name: str, trace: Trace, budget: int, backend: str, limit: float, actions: list[str] | None = None
+) -> dict[str, object]:
     t0 = time.perf_counter()
     h = heuristic(trace, budget)
     heur_s = time.perf_counter() - t0
     base = min((r.sim.overhead_s for r in evaluate_baselines(trace, budget) if r.feasible), default=None)
     t0 = time.perf_counter()
-    sched = solve(trace, budget, SolveOptions(solver=backend, time_limit_s=limit, gap=0.01))
+    options = SolveOptions.from_user(solver=backend, time_limit_s=limit, gap=0.01, actions=actions)
+    sched = solve(trace, budget, options)
     wall = time.perf_counter() - t0
     rec = sched.solver
     row = {
@@ -167,25 +171,80 @@ def _previous_overheads() -> dict[str, float]:
     return best
 
 
-def targets_bench(pipedream: Path) -> None:
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+DECODER_GPU_TRACES = ("gpt2-medium-bf16-b20-s1024-h100.json", "bert-large-bf16-b32-s512-h100.json")
+"""Real GPU traces of transformer blocks in traces/ (19-22 saved tensors per block)."""
+DECODER_CPU_MODELS = (("llama", 4), ("llama", 16), ("llama", 48), ("gpt2", 4), ("gpt2", 16))
+"""(model, blocks) traced here on the CPU with `memsched trace MODEL --small --layers N` (17-22 saved tensors
+per block); solved with offload emulated (--actions keep,offload,recompute), since on the CPU an offload
+lowers no peak and the default plans leave it out."""
+_EMULATED = ["keep", "offload", "recompute"]
+DECODER_LIMIT_S = 10.0
+
+
+def trace_cpu_decoder(model: str, layers: int, out_dir: Path) -> Path:
+    """Record a small CPU trace with the tracer (one torch thread; about 5-40 s each)."""
+    path = out_dir / f"{model}-small{layers}-b8-s128-cpu.json"
+    if not path.exists():
+        cmd = ["memsched", "trace", model, "--small", "--layers", str(layers), "--batch-size", "8"]
+        cmd += ["--seq-len", "128", "--steps", "3", "--warmup", "1", "--threads", "1", "-o", str(path)]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return path
+
+
+def decoder_jobs(trace_dir: Path) -> list[tuple[str, Trace, int, float, list[str] | None]]:
+    """Issue 22's row 'tracer traces of transformers decoders, 75/50/25%': the GPU traces in traces/ and
+    small CPU traces recorded now (offload emulated)."""
+    jobs: list[tuple[str, Trace, int, float, list[str] | None]] = []
+    for name in DECODER_GPU_TRACES:
+        t = Trace.model_validate_json((TRACES / name).read_text())
+        jobs += [(f"traces/{name}@{pct}%", t, pct_budget(t, pct), DECODER_LIMIT_S, None) for pct in (75, 50, 25)]
+    for model, layers in DECODER_CPU_MODELS:
+        path = trace_cpu_decoder(model, layers, trace_dir)
+        t = Trace.model_validate_json(path.read_text())
+        jobs += [
+            (f"{model}-small{layers} (cpu, offload emulated)@{pct}%", t, pct_budget(t, pct), DECODER_LIMIT_S, _EMULATED)
+            for pct in (75, 50, 25)
+        ]
+    return jobs
+
+
+def decoders_bench(trace_dir: Path) -> None:
+    """Only the decoder rows, into solver_bench_decoders.{md,json} (the targets' other rows take ~20 min)."""
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    jobs = decoder_jobs(trace_dir)
+    meta = _meta()
+    solve(make_trace(8, 1), budget_between(make_trace(8, 1), 0.2))  # compile the DP's kernels outside the rows
+    rows = []
+    for name, trace, budget, limit, actions in jobs:
+        row = run_one(name, trace, budget, "auto", limit, actions)
+        row["within_limit"] = float(row["wall_s"]) <= limit * 1.1 + 0.5  # type: ignore[arg-type]
+        rows.append(row)
+    meta["load_avg_at_end"] = os.getloadavg()
+    write_results(meta, rows, previous=True, stem="solver_bench_decoders")
+
+
+def targets_bench(pipedream: Path, trace_dir: Path) -> None:
     """The default flow (auto) on the rows the exact search is measured by."""
     rows: list[dict[str, object]] = []
-    jobs: list[tuple[str, Trace, int, float]] = []
+    jobs: list[tuple[str, Trace, int, float, list[str] | None]] = []
     if pipedream.is_dir():
         rn = import_pipedream(pipedream / "resnet50.graph.txt", 128)
         for pct in (25, 50):
-            jobs.append((f"pipedream/resnet50@{pct}%", rn, pct_budget(rn, pct), 10.0))
+            jobs.append((f"pipedream/resnet50@{pct}%", rn, pct_budget(rn, pct), 10.0, None))
         for model in sorted(_BATCH):
             t = import_pipedream(pipedream / f"{model}.graph.txt", _BATCH[model])
-            jobs += [(f"pipedream/{model}@{pct}%", t, pct_budget(t, pct), 30.0) for pct in (75, 50, 25)]
+            jobs += [(f"pipedream/{model}@{pct}%", t, pct_budget(t, pct), 30.0, None) for pct in (75, 50, 25)]
     for dag in (False, True):
         t = make_trace(1000, 1, dag=dag)
-        jobs.append((f"synthetic/{'dag' if dag else 'chain'}-1000@20%", t, pct_budget(t, 20), 60.0))
+        jobs.append((f"synthetic/{'dag' if dag else 'chain'}-1000@20%", t, pct_budget(t, 20), 60.0, None))
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    jobs += decoder_jobs(trace_dir)
     previous = _previous_overheads()
     meta = _meta()  # the commit and load at the start: the code that runs is the code loaded now
     solve(make_trace(8, 1), budget_between(make_trace(8, 1), 0.2))  # compile the DP's kernels outside the rows
-    for name, trace, budget, limit in jobs:
-        row = run_one(name, trace, budget, "auto", limit)
+    for name, trace, budget, limit, actions in jobs:
+        row = run_one(name, trace, budget, "auto", limit, actions)
         row["previous_overhead_s"] = previous.get(name)
         row["within_limit"] = float(row["wall_s"]) <= limit * 1.1 + 0.5  # type: ignore[arg-type]
         rows.append(row)
@@ -218,13 +277,27 @@ def main() -> None:
         help="re-run only the PipeDream ResNet-50 rows (50%%, 25%%; 10 s) and replace them in the "
         "existing results, keeping every other row and the notes below the table",
     )
+    ap.add_argument(
+        "--decoders",
+        action="store_true",
+        help="only the transformer rows of issue 22 (traces/ GPU traces and small CPU decoders traced now, "
+        "75/50/25%%, 10 s): writes solver_bench_decoders.{md,json}",
+    )
+    ap.add_argument(
+        "--trace-dir",
+        default=str(Path(tempfile.gettempdir()) / "memsched-bench-traces"),
+        help="where the CPU decoder traces are recorded (reused when present)",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.heuristic:
         heuristic_bench()
         return
+    if args.decoders:
+        decoders_bench(Path(args.trace_dir))
+        return
     if args.targets:
-        targets_bench(Path(args.shared) / "data" / "pipedream")
+        targets_bench(Path(args.shared) / "data" / "pipedream", Path(args.trace_dir))
         return
     if args.rerun_resnet50:
         old = json.loads((RESULTS / "solver_bench.json").read_text())
@@ -278,15 +351,17 @@ def main() -> None:
     write_results(meta, rows)
 
 
-def write_results(meta: dict[str, object], rows: list[dict[str, object]], previous: bool = False) -> None:
+def write_results(
+    meta: dict[str, object], rows: list[dict[str, object]], previous: bool = False, stem: str = "solver_bench"
+) -> None:
     """Write the JSON and the markdown table; hand-written notes below the table (from the first '## '
     heading of the existing markdown on) are kept. `previous`: add the previous run's overhead and the
     time-limit check (limit x 1.1 + 0.5 s) as columns."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    md = RESULTS / "solver_bench.md"
+    md = RESULTS / f"{stem}.md"
     old_md = md.read_text() if md.exists() else ""
     notes = old_md[old_md.index("\n## ") :] if "\n## " in old_md else ""
-    (RESULTS / "solver_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [
         "# Solver benchmark",
         "",

@@ -21,7 +21,7 @@ import numpy as np
 from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import DEFAULT_MAX_LABELS as FIFO_MAX_LABELS
 from memsched.optimizer.dp.fifo import fifo_sweep
-from memsched.optimizer.dp.problem import DpProblem, build_problem
+from memsched.optimizer.dp.problem import DpProblem, build_problem, relaxed_problem
 from memsched.optimizer.dp.sweep import SweepConfig, SweepResult, run_sweep
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Trace
@@ -81,6 +81,11 @@ def _approximation_notes(p: DpProblem) -> list[str]:
     notes = []
     if not p.offload_complete:
         notes.append("a layer has too many saved tensors to try every offload subset: no DP bound claimed")
+    if p.relaxed:
+        notes.append(
+            "layers with many saved tensors offload byte ranges in the bound (a relaxation: the bound holds, "
+            "its plans are rounded to real tensor subsets)"
+        )
     if not p.held_complete:
         notes.append("over 62 checkpoint producers cross one boundary: the extra ones count as held (optimistic)")
     return notes
@@ -152,7 +157,7 @@ def exact_search(
             break
         if res.finals and res.finals[0][0] < threshold:
             # Nothing below the threshold was pruned, so the cheapest plan found is the fluid optimum.
-            out.fluid_optimum = out.quantum_bytes == 1
+            out.fluid_optimum = out.quantum_bytes == 1 and not p.relaxed
             out.schedules = _decode_finals(trace, p, res, budget_bytes)
             break
     out.bound_s = max(best_bound, root_bound) if p.offload_complete else root_bound
@@ -213,4 +218,4 @@ def _sweep_with_cap(p: DpProblem, out: DpOutcome, deadline: float, threshold: fl
         quantum = coarser
 
 
-__all__ = ["DpOutcome", "DpProblem", "beam_search", "build_problem", "exact_search", "fifo_search"]
+__all__ = ["DpOutcome", "DpProblem", "beam_search", "build_problem", "exact_search", "fifo_search", "relaxed_problem"]

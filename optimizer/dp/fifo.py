@@ -185,6 +185,7 @@ def fifo_sweep(
     st.pending[0].append(_root(queue))
     res = SweepResult(finished=False, bound_s=None)
     offload_bytes = [np.array([o.nbytes for o in opts], dtype=np.int64) for opts in p.offload]
+    copy_bytes = [np.array([o.copy_bytes for o in opts], dtype=np.int64) for opts in p.offload]
     k = 0
     current_min = np.inf
     try:
@@ -202,7 +203,7 @@ def fifo_sweep(
             res.peak_labels = max(res.peak_labels, len(lab))
             st.stored += len(lab)
             current_min = float((lab.cost + p.future_bound(k, lab.retained)).min())
-            _expand(p, st, k, lab, threshold, deadline, offload_bytes[k], max_labels)
+            _expand(p, st, k, lab, threshold, deadline, offload_bytes[k], copy_bytes[k], max_labels)
         k = p.n
         parts = st.pending[p.n]
         st.pending[p.n] = []
@@ -244,6 +245,7 @@ def _expand(
     threshold: float,
     deadline: float,
     offload_bytes: np.ndarray,
+    copy_bytes: np.ndarray,
     max_labels: int,
 ) -> None:
     bits_at, out_bytes_bit = p.segment_inputs(k)
@@ -277,6 +279,7 @@ def _expand(
             bits_at,
             out_bytes_bit,
             offload_bytes,
+            copy_bytes,
             lab.retained,
             lab.held,
             lab.cf,

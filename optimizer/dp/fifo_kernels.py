@@ -105,6 +105,7 @@ def expand_fifo(
     bits_at: np.ndarray,
     out_bytes_bit: np.ndarray,
     offload_bytes: np.ndarray,
+    copy_bytes: np.ndarray,
     retained: np.ndarray,
     held: np.ndarray,
     cf: np.ndarray,
@@ -195,14 +196,15 @@ def expand_fifo(
         # ---- keep, and each offload option (both queues gain the copy)
         for o in range(-1, len(offload_bytes)):
             x = 0 if o < 0 else offload_bytes[o]
+            c = 0 if o < 0 else copy_bytes[o]  # what the copies carry: x, or less on a relaxed option
             child_ret = r + saved[k] - x
             if child_ret > limit - row_floor[k + 1]:
                 continue
             _copy_queues(o_dqt[w], o_dqb[w], o_hqt[w], o_hqb[w], bdt, bdb, bht, bhb)
             m_d, m_h = nd, nh
             if x > 0:
-                m_d = _enqueue(o_dqt[w], o_dqb[w], nd, tf, latency + x / d2h_bw, x)
-                m_h = _enqueue(o_hqt[w], o_hqb[w], nh, tr, latency + x / h2d_bw, x)
+                m_d = _enqueue(o_dqt[w], o_dqb[w], nd, tf, latency + c / d2h_bw, c)
+                m_h = _enqueue(o_hqt[w], o_hqb[w], nh, tr, latency + c / h2d_bw, c)
             # The cost to come includes at least the wait for these copies at the end of each pass.
             floor = max(_tail_wait(o_dqt[w], m_d, tf) - (fwd_prefix[n] - fwd_prefix[k + 1]), 0.0) + max(
                 _tail_wait(o_hqt[w], m_h, tr) - (bwd_prefix[n] - bwd_prefix[k + 1]), 0.0

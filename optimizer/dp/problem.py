@@ -6,6 +6,8 @@ simulator's own functions, so a change to the cost model's per-stage terms reach
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -37,9 +39,20 @@ class OffloadOption:
     """One way to offload part of a layer: the bytes moved and which tensors carry them."""
 
     nbytes: int
-    """Bytes offloaded (a distinct subset sum of the layer's saved tensors)."""
+    """Bytes offloaded: a distinct subset sum of the layer's saved tensors; on a relaxed option, the largest
+    sum of its range (the bytes it frees)."""
     tensors: tuple[int, ...]
-    """Indices of the tensors offloaded (the subset with the fewest tensors that sums to `nbytes`)."""
+    """Indices of the tensors offloaded (the subset with the fewest tensors that sums to `nbytes`; on a
+    relaxed option, a subset reaching the top of its range: what a decoded plan offloads)."""
+    copied: int | None = None
+    """Relaxed options only (relaxed_problem): the least sum of the range of subset sums the option stands for.
+    It frees `nbytes` but its copies carry only `copied` bytes, so it is at least as good as every subset in
+    its range (docs/formulation.md, 'Many saved tensors: relaxed offload ranges'). None: an exact option."""
+
+    @property
+    def copy_bytes(self) -> int:
+        """Bytes the option's copies carry (its device->host and host->device backlogs grow by this)."""
+        return self.nbytes if self.copied is None else self.copied
 
 
 @dataclass
@@ -111,6 +124,10 @@ class DpProblem:
     ckpt_state: int = 0
     """Bytes each recompute segment [k..b] holds from F_k through B_k beyond its inputs: the RNG state its
     checkpoint stashes (simulate.checkpoint_state_bytes; nonzero on a trace measured on the CPU)."""
+    relaxed: bool = False
+    """Some layer's offload options are relaxed ranges (OffloadOption.copied; relaxed_problem): a problem for
+    bounds. Its sweeps' bounds hold for every schedule, but a plan they decode is rounded to real subsets
+    (the simulator judges it), so its optimum is not claimed as the fluid optimum."""
 
     def remap_held(self, held: np.ndarray, src: int, dst: int) -> np.ndarray:
         """Held masks re-expressed from crossing[src] bit order in crossing[dst] bit order (producers that no
@@ -141,7 +158,8 @@ class DpProblem:
         return self.future[k][np.maximum(g, 0)]
 
 
-def _offload_options(tensors: list[int]) -> tuple[list[OffloadOption], bool]:
+@functools.lru_cache(maxsize=256)
+def _offload_options(tensors: tuple[int, ...]) -> tuple[list[OffloadOption], bool]:
     """Every distinct subset sum of the positive tensors, with the smallest subset reaching it; and whether
     the list is exhaustive (it is cut to the MAX_OFFLOAD_OPTIONS largest amounts otherwise)."""
     positive = [(q, t) for q, t in enumerate(tensors) if t > 0]
@@ -180,8 +198,8 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         if i == n - 1 or layer.saved_bytes <= 0:
             offload.append([])  # the last layer's interior is empty: offloading it lowers no stage
             continue
-        opts, ok = _offload_options(layer.tensors)
-        offload.append(opts)
+        opts, ok = _offload_options(tuple(layer.tensors))  # cached: a model repeats its blocks
+        offload.append(list(opts))
         complete &= ok
     last_use = [-1] * n
     consumers: list[list[int]] = [[] for _ in range(n)]
@@ -280,3 +298,56 @@ def _future_rows(n: int) -> tuple[int, int]:
     if n <= 300:
         return n, 1
     return 96, max(1, n // 100)
+
+
+RELAXED_CELLS = 12
+"""Byte ranges a layer's offload amounts are relaxed into (relaxed_problem): each range's option frees its
+largest subset sum and copies its least, so the error per option is at most about 1/RELAXED_CELLS of the
+layer's saved bytes. Fewer ranges make fewer labels; more make a tighter bound (docs/formulation.md)."""
+_EXACT_TENSORS = 16
+"""The largest tensors whose subset sums are enumerated (2^16 sums); smaller ones form a continuous tail."""
+
+
+@functools.lru_cache(maxsize=256)
+def relaxed_options(tensors: tuple[int, ...], cells: int = RELAXED_CELLS) -> list[OffloadOption]:
+    """At most `cells` relaxed options (plus one for the tail alone) that together dominate every nonempty
+    subset of `tensors`: each subset's sum lies in some option's [copied, nbytes]. The `_EXACT_TENSORS`
+    largest tensors' subset sums are enumerated and grouped into equal byte ranges of the layer's total; the
+    others (the smallest) may be added to any subset, so each range's top grows by their sum."""
+    positive = sorted(((t, q) for q, t in enumerate(tensors) if t > 0), reverse=True)
+    exact, tail = positive[:_EXACT_TENSORS], positive[_EXACT_TENSORS:]
+    tail_bytes = sum(t for t, _ in tail)
+    total = sum(t for t, _ in positive)
+    if total <= 0:
+        return []
+    sizes = np.array([t for t, _ in exact], dtype=np.int64)
+    sums = np.zeros(1, dtype=np.int64)
+    for t in sizes:  # index bit j of a sum's position <=> exact tensor j is in its subset
+        sums = np.concatenate([sums, sums + t])
+    cell = ((sums - 1) * cells) // total  # range j holds the sums in (j, j + 1] x total / cells
+    options: list[OffloadOption] = []
+    tail_idx = tuple(q for _, q in tail)
+    for c in np.unique(cell[1:]):  # the empty exact part is the tail-only option below
+        members = np.flatnonzero(cell == c)
+        members = members[members > 0]
+        lo = int(sums[members].min())
+        top = int(members[np.argmax(sums[members])])
+        subset = tuple(q for j, (_, q) in enumerate(exact) if (top >> j) & 1) + tail_idx
+        options.append(OffloadOption(int(sums[top]) + tail_bytes, tuple(sorted(subset)), copied=lo))
+    if tail:  # subsets of the tail alone
+        options.append(OffloadOption(tail_bytes, tuple(sorted(tail_idx)), copied=min(t for t, _ in tail)))
+    return sorted(options, key=lambda o: (o.nbytes, o.copy_bytes))
+
+
+def relaxed_problem(p: DpProblem, trace: Trace, cells: int = RELAXED_CELLS) -> DpProblem:
+    """`p` with the offload options of every layer that has more subset sums than MAX_OFFLOAD_OPTIONS
+    relaxed into `cells` byte ranges (relaxed_options): its sweeps then cover every subset, so their bounds
+    hold (offload_complete), at the price of a little optimism per relaxed layer. `p` itself where nothing
+    needs relaxing. The arrays are shared with `p` (read-only)."""
+    if p.offload_complete:
+        return p
+    offload: list[list[OffloadOption]] = []
+    for i, opts in enumerate(p.offload):
+        complete = not opts or _offload_options(tuple(trace.layers[i].tensors))[1]
+        offload.append(opts if complete else list(relaxed_options(tuple(trace.layers[i].tensors), cells)))
+    return dataclasses.replace(p, offload=offload, offload_complete=True, relaxed=True, _remaps={})

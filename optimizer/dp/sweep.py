@@ -223,16 +223,17 @@ class _Sweep:
             raise _Stop("deadline")
         # keep
         self._emit(k + 1, retained + p.saved[k], held_next, cost, d2h, h2d, idx, k, ACTION_KEEP)
-        # offload option o: x bytes leave; the fluid backlogs of both links grow by x
+        # offload option o: x bytes leave; the fluid backlogs of both links grow by what its copies carry
         for o, opt in enumerate(p.offload[k]):
             if self.clock.expired():
                 raise _Stop("deadline")
-            x = opt.nbytes
+            # x bytes leave the device; the copies carry c (= x, or less on a relaxed option: OffloadOption)
+            x, c = opt.nbytes, opt.copy_bytes
             if p.serial:
-                extra = 2 * p.latency + x / p.d2h_bw + x / p.h2d_bw
+                extra = 2 * p.latency + c / p.d2h_bw + c / p.h2d_bw
                 self._emit(k + 1, retained + (p.saved[k] - x), held_next, cost + extra, d2h, h2d, idx, k, o + 1)
             else:
-                self._emit(k + 1, retained + (p.saved[k] - x), held_next, cost, d2h + x, h2d + x, idx, k, o + 1)
+                self._emit(k + 1, retained + (p.saved[k] - x), held_next, cost, d2h + c, h2d + c, idx, k, o + 1)
         if p.recompute:
             self._segments(k, idx, retained, held, cost, d2h, h2d)
 

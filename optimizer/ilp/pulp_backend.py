@@ -155,6 +155,18 @@ def _float(text: str | None) -> float | None:
         return None
 
 
+def _printed_bound(text: str | None) -> float | None:
+    """A bound CBC printed, made safe: it rounds to the digits it prints (e.g. 2.078 for 2.0775951), which can
+    lift a bound above the optimum, so half a unit of the last printed digit is taken off."""
+    value = _float(text)
+    if value is None or text is None:
+        return None
+    mantissa = text.lower().split("e")[0]
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    exponent = int(text.lower().split("e")[1]) if "e" in text.lower() else 0
+    return value - 0.5 * 10.0 ** (exponent - decimals)
+
+
 def _seconds(scaled: float | None, m: MilpModel) -> float | None:
     return None if scaled is None else scaled / TIME_SCALE
 
@@ -206,7 +218,7 @@ def _solve_pulp(
         message = f"cbc: {result.group(1).strip() if result else pulp.LpStatus[prob.status]}"
         if run.retried:
             message += " (cbc 2.10.3 crashed processing the warm start; re-run once without it)"
-        bound = _seconds(_float(m_.group(1)) if (m_ := _CBC_BOUND.search(text)) else None, m)
+        bound = _seconds(_printed_bound(m_.group(1)) if (m_ := _CBC_BOUND.search(text)) else None, m)
     else:
         raise SolverError(f"unknown PuLP backend {backend!r}")
     wall = time.perf_counter() - t0
