@@ -136,6 +136,18 @@ class Layer(_Strict):
     of the forward's and the backward's need). None means workspace_bytes (traces written before this field
     price as before). At most workspace_bytes."""
 
+    shared_input_bytes: Bytes | None = None
+    """Bytes of storages this layer saves that an earlier layer saved first, so the trace counts them with that
+    layer (a ResNet block's last ReLU output, saved again as the next block's convolution input). When a
+    producer among `deps` is recomputed and this layer is not, this layer alone keeps them alive, from F_i
+    through B_i (docs/cost-model.md, 'Saved twice'). None means 0 (traces written before this field price as
+    before). The tracer also adds them to this layer's workspace, for F_i and B_i."""
+
+    @property
+    def shared_input(self) -> int:
+        """shared_input_bytes, or 0 where None."""
+        return self.shared_input_bytes or 0
+
     @property
     def forward_workspace(self) -> int:
         """Workspace bytes charged at F_i: forward_workspace_bytes, or workspace_bytes where None."""
@@ -282,7 +294,7 @@ class Trace(_Strict):
         if doc["device"].get("concurrent_copies", True):
             doc["device"].pop("concurrent_copies", None)
         for layer in doc["layers"]:
-            for key in ("recompute_s", "forward_workspace_bytes"):
+            for key in ("recompute_s", "forward_workspace_bytes", "shared_input_bytes"):
                 if layer.get(key, 0) is None:
                     layer.pop(key)
         payload = json.dumps(doc, sort_keys=True, separators=(",", ":"))

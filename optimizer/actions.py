@@ -68,8 +68,11 @@ def dp_verdict(trace: Trace, budget_bytes: int, allowed: frozenset[Action], dead
     if out.schedules:
         return Verdict(True, out.schedules[0])
     # A finished sweep at byte resolution with no final label proves that nothing fits; one cut by the clock,
-    # or coarsened by the label cap (whose finals may not decode within the budget), proves nothing.
-    return Verdict(False if not (out.timed_out or out.cap_hit) else None)
+    # or coarsened by the label cap (whose finals may not decode within the budget), proves nothing; nor do
+    # finals that the simulator finds over the budget (the DP leaves out bytes a layer holds for a recomputed
+    # producer, simulate.shared_input_holders: its memory is a relaxation there). With no incumbent, a sweep
+    # that ended with finals marks its optimum fluid_optimum.
+    return Verdict(False if not (out.timed_out or out.cap_hit or out.fluid_optimum) else None)
 
 
 def recompute_baselines(trace: Trace, allowed: frozenset[Action]) -> list[SimResult]:

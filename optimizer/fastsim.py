@@ -48,6 +48,7 @@ class FastSim:
         self.dep_ptr = np.zeros(trace.n + 1, dtype=np.int64)
         self.dep_ptr[1:] = np.cumsum([len(x.deps) for x in layers])
         self.deps = np.array([j for x in layers for j in x.deps], dtype=np.int64)
+        self.shared = np.array([x.shared_input for x in layers], dtype=np.int64)
         dev = trace.device
         self.d2h_bw, self.h2d_bw, self.latency = dev.d2h_bytes_per_s, dev.h2d_bytes_per_s, dev.copy_latency_s
         self.serial = not dev.concurrent_copies
@@ -71,6 +72,7 @@ class FastSim:
             self.external,
             self.dep_ptr,
             self.deps,
+            self.shared,
             self.d2h_bw,
             self.h2d_bw,
             self.latency,
@@ -111,6 +113,7 @@ def _stage_memory(
     external: np.ndarray,
     dep_ptr: np.ndarray,
     deps: np.ndarray,
+    shared: np.ndarray,
     loss_transient: int,
     ckpt_state: int,
 ) -> np.ndarray:  # pragma: no cover
@@ -154,6 +157,16 @@ def _stage_memory(
             held += ckpt_state
             for c in range(a, seg_end[a] + 1):
                 held += external[c]
+    # Saved twice (simulate.shared_input_holders): a layer not recomputed that reads a recomputed producer holds
+    # what both saved, strictly between F_c and B_c (its workspace carries it at those two stages).
+    for c in range(n):
+        if shared[c] == 0 or seg_start[c] >= 0:
+            continue
+        for q in range(dep_ptr[c], dep_ptr[c + 1]):
+            if seg_start[deps[q]] >= 0:
+                _add(diff, c + 1, last - c - 1, shared[c])
+                held += shared[c]
+                break
     for j in range(n):
         if earliest[j] < n:
             a = earliest[j]
@@ -209,6 +222,7 @@ def _evaluate(
     external: np.ndarray,
     dep_ptr: np.ndarray,
     deps: np.ndarray,
+    shared: np.ndarray,
     d2h_bw: float,
     h2d_bw: float,
     latency: float,
@@ -276,6 +290,7 @@ def _evaluate(
                 external,
                 dep_ptr,
                 deps,
+                shared,
                 loss_transient,
                 ckpt_state,
             )
@@ -320,6 +335,7 @@ def _evaluate(
         external,
         dep_ptr,
         deps,
+        shared,
         loss_transient,
         ckpt_state,
     )

@@ -198,6 +198,20 @@ def checkpoint_inputs(trace: Trace, decisions: list[Decision], ends: dict[int, i
     return earliest
 
 
+def shared_input_holders(trace: Trace, decisions: list[Decision]) -> list[int]:
+    """The layers that alone keep storages an earlier layer saved first (Layer.shared_input_bytes): those not
+    recomputed that read a recomputed producer. The trace counts such a storage with its producer, whose
+    saved bytes a recompute drops; the consumer still holds it from F_c through B_c (docs/cost-model.md,
+    'Saved twice'). A recomputed consumer holds it as a checkpoint input, or inside its producer's segment."""
+    return [
+        c
+        for c, (layer, d) in enumerate(zip(trace.layers, decisions, strict=True))
+        if layer.shared_input
+        and d.action != Action.RECOMPUTE
+        and any(decisions[j].action == Action.RECOMPUTE for j in layer.deps)
+    ]
+
+
 def stage_memory(trace: Trace, decisions: list[Decision]) -> list[int]:
     """Non-static bytes at each global stage 0..2n-1 (see docs/cost-model.md, 'Memory'). Stage n-1 (F_{n-1})
     is the larger of the last layer's forward and the loss point after it (`loss_point_bytes`)."""
@@ -228,6 +242,8 @@ def loss_point_held(trace: Trace, decisions: list[Decision], ends: dict[int, int
         held += trace.layers[j].output_bytes
     for a, b in group_end.items():
         held += segment_external_bytes(trace, a, b)
+    for c in shared_input_holders(trace, decisions):
+        held += trace.layers[c].shared_input
     return held
 
 
@@ -269,6 +285,12 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transient
         add(a + 1, last - a - 1, trace.layers[j].output_bytes)
     for a, b in group_end.items():
         add(a + 1, last - a - 1, segment_external_bytes(trace, a, b))
+    # Saved twice: at F_c and B_c the consumer's workspace carries these bytes already (the tracer adds them
+    # there), so stage memory adds them strictly between; the saved part, which has no workspace, from F_c
+    # through B_c.
+    edge = 1 if transients else 0
+    for c in shared_input_holders(trace, decisions):
+        add(c + edge, last - c - edge, trace.layers[c].shared_input)
     state = checkpoint_state_bytes(trace) if transients else 0
     for a in group_end:
         add(a, last - a, state)  # stashed at the segment's entry, dropped when its backward is done

@@ -632,6 +632,7 @@ def _layers(
                 workspace_bytes=workspace[k],
                 forward_workspace_bytes=forward_workspace[k] if forward_workspace[k] < workspace[k] else None,
                 deps=sorted(pos[d] for d in st.deps if pos[d] < pos[orig]),
+                shared_input_bytes=st.shared or None,
             )
         )
     return out

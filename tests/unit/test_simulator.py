@@ -272,6 +272,7 @@ def test_new_default_fields_keep_old_hashes():
     for layer in doc["layers"]:
         del layer["recompute_s"]
         del layer["forward_workspace_bytes"]
+        del layer["shared_input_bytes"]
     import hashlib
     import json
 
