@@ -129,10 +129,12 @@ def exact_search(
     gap: float,
     max_labels: int = DEFAULT_MAX_LABELS,
     problem: DpProblem | None = None,
+    quantum_bytes: int = 1,
 ) -> DpOutcome:
     """Exact sweeps under rising thresholds up to incumbent x (1 - gap) (iterative deepening, see
     _DEEPENING); a sweep that hits the label cap is retried at a coarser resolution. The bound it returns
-    holds for every schedule (see DpOutcome.bound_s)."""
+    holds for every schedule (see DpOutcome.bound_s). `quantum_bytes` > 1: retained bytes and backlogs
+    rounded down to its multiples from the start (a relaxation: fewer labels, a lower bound)."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     out = DpOutcome(notes=_approximation_notes(p))
@@ -145,7 +147,7 @@ def exact_search(
     for threshold in thresholds:
         if threshold <= best_bound:
             continue
-        res = _sweep_with_cap(p, out, deadline, threshold, max_labels)
+        res = _sweep_with_cap(p, out, deadline, threshold, max_labels, quantum_bytes)
         if res.bound_s is not None and np.isfinite(res.bound_s):
             best_bound = max(best_bound, res.bound_s)
         if not res.finished:
@@ -197,9 +199,10 @@ def fifo_search(
     return out
 
 
-def _sweep_with_cap(p: DpProblem, out: DpOutcome, deadline: float, threshold: float, max_labels: int) -> SweepResult:
+def _sweep_with_cap(
+    p: DpProblem, out: DpOutcome, deadline: float, threshold: float, max_labels: int, quantum: int = 1
+) -> SweepResult:
     """One exact sweep; where the label cap stops it, again at coarser byte quanta (each still a relaxation)."""
-    quantum = 1
     while True:
         res = run_sweep(
             p, SweepConfig(deadline=deadline, threshold=threshold, quantum_bytes=quantum, max_labels=max_labels)

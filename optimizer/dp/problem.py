@@ -163,6 +163,9 @@ def _offload_options(tensors: tuple[int, ...]) -> tuple[list[OffloadOption], boo
     """Every distinct subset sum of the positive tensors, with the smallest subset reaching it; and whether
     the list is exhaustive (it is cut to the MAX_OFFLOAD_OPTIONS largest amounts otherwise)."""
     positive = [(q, t) for q, t in enumerate(tensors) if t > 0]
+    few = _few_sums(positive)
+    if few is not None:
+        return [OffloadOption(nbytes, subset) for nbytes, subset in sorted(few.items())], True
     by_sum: dict[int, tuple[int, ...]] = {}
     exhausted = True
     for r in range(1, len(positive) + 1):
@@ -178,6 +181,22 @@ def _offload_options(tensors: tuple[int, ...]) -> tuple[list[OffloadOption], boo
     if len(options) > MAX_OFFLOAD_OPTIONS:
         options = options[-MAX_OFFLOAD_OPTIONS:]  # the largest amounts free the most memory
     return options, complete
+
+
+def _few_sums(positive: list[tuple[int, int]]) -> dict[int, tuple[int, ...]] | None:
+    """Every distinct subset sum with a subset of fewest tensors reaching it, where there are at most
+    MAX_OFFLOAD_OPTIONS (None otherwise). A sum-by-sum dynamic program: a layer of 22 tensors in a few sizes
+    (GPT-2's blocks: 53 distinct sums) has too many subsets to list but few sums."""
+    by_sum: dict[int, tuple[int, ...]] = {0: ()}
+    for q, t in positive:
+        for total, subset in list(by_sum.items()):
+            have = by_sum.get(total + t)
+            if have is None or len(have) > len(subset) + 1:
+                by_sum[total + t] = (*subset, q)
+        if len(by_sum) > MAX_OFFLOAD_OPTIONS + 1:
+            return None
+    del by_sum[0]
+    return {total: tuple(sorted(subset)) for total, subset in by_sum.items()}
 
 
 def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None) -> DpProblem:
@@ -304,36 +323,46 @@ RELAXED_CELLS = 12
 """Byte ranges a layer's offload amounts are relaxed into (relaxed_problem): each range's option frees its
 largest subset sum and copies its least, so the error per option is at most about 1/RELAXED_CELLS of the
 layer's saved bytes. Fewer ranges make fewer labels; more make a tighter bound (docs/formulation.md)."""
-_EXACT_TENSORS = 16
-"""The largest tensors whose subset sums are enumerated (2^16 sums); smaller ones form a continuous tail."""
+_MAX_SUMS = 1 << 17
+"""Distinct subset sums enumerated per layer by relaxed_options (the largest tensors first); the smaller
+tensors left over form a continuous tail."""
 
 
 @functools.lru_cache(maxsize=256)
 def relaxed_options(tensors: tuple[int, ...], cells: int = RELAXED_CELLS) -> list[OffloadOption]:
     """At most `cells` relaxed options (plus one for the tail alone) that together dominate every nonempty
-    subset of `tensors`: each subset's sum lies in some option's [copied, nbytes]. The `_EXACT_TENSORS`
-    largest tensors' subset sums are enumerated and grouped into equal byte ranges of the layer's total; the
-    others (the smallest) may be added to any subset, so each range's top grows by their sum."""
+    subset of `tensors`: each subset's sum lies in some option's [copied, nbytes]. The distinct subset sums
+    of the largest tensors (up to _MAX_SUMS of them: repeated sizes keep them few) are enumerated and grouped
+    into equal byte ranges of the layer's total; the tensors left over (the smallest) may be added to any
+    subset, so each range's top grows by their sum."""
     positive = sorted(((t, q) for q, t in enumerate(tensors) if t > 0), reverse=True)
-    exact, tail = positive[:_EXACT_TENSORS], positive[_EXACT_TENSORS:]
-    tail_bytes = sum(t for t, _ in tail)
     total = sum(t for t, _ in positive)
     if total <= 0:
         return []
-    sizes = np.array([t for t, _ in exact], dtype=np.int64)
     sums = np.zeros(1, dtype=np.int64)
-    for t in sizes:  # index bit j of a sum's position <=> exact tensor j is in its subset
-        sums = np.concatenate([sums, sums + t])
-    cell = ((sums - 1) * cells) // total  # range j holds the sums in (j, j + 1] x total / cells
-    options: list[OffloadOption] = []
+    masks = [0]  # a subset reaching each sum, as a bit set of positions in `positive` (Python ints: any width)
+    used = 0
+    for j, (t, _) in enumerate(positive):
+        both = np.concatenate([sums, sums + t])
+        distinct, first = np.unique(both, return_index=True)  # sorted; the first subset found is kept
+        if len(distinct) > _MAX_SUMS and j > 0:
+            break
+        masks = [masks[i] if i < len(sums) else masks[i - len(sums)] | (1 << j) for i in first.tolist()]
+        sums, used = distinct, j + 1
+    tail = positive[used:]
+    tail_bytes = sum(t for t, _ in tail)
     tail_idx = tuple(q for _, q in tail)
-    for c in np.unique(cell[1:]):  # the empty exact part is the tail-only option below
-        members = np.flatnonzero(cell == c)
-        members = members[members > 0]
-        lo = int(sums[members].min())
-        top = int(members[np.argmax(sums[members])])
-        subset = tuple(q for j, (_, q) in enumerate(exact) if (top >> j) & 1) + tail_idx
-        options.append(OffloadOption(int(sums[top]) + tail_bytes, tuple(sorted(subset)), copied=lo))
+    # Range c holds the sums in (c, c + 1] x total / cells; sums are sorted, so each range's members are a run
+    # whose first is its least sum and last its largest (sums[0] = 0 is the tail-only option below).
+    cell = ((sums[1:] - 1) * cells) // total
+    starts = np.flatnonzero(np.diff(cell, prepend=-1))
+    ends = np.append(starts[1:], len(cell)) - 1
+    options: list[OffloadOption] = []
+    for first_i, last_i in zip(starts.tolist(), ends.tolist(), strict=True):
+        mask = masks[last_i + 1]
+        subset = tuple(q for j, (_, q) in enumerate(positive[:used]) if (mask >> j) & 1) + tail_idx
+        lo, hi = int(sums[first_i + 1]), int(sums[last_i + 1]) + tail_bytes
+        options.append(OffloadOption(hi, tuple(sorted(subset)), copied=lo))
     if tail:  # subsets of the tail alone
         options.append(OffloadOption(tail_bytes, tuple(sorted(tail_idx)), copied=min(t for t, _ in tail)))
     return sorted(options, key=lambda o: (o.nbytes, o.copy_bytes))

@@ -108,6 +108,9 @@ def test_relaxed_bounds_never_exceed_the_exact_optimum(seed: int) -> None:
         assert out.bound_s <= opt * (1 + 1e-9) + 1e-12, (cells, out.bound_s, opt)
         for sim in out.schedules:  # plans rounded to real subsets: feasible, never below the optimum
             assert sim.feasible and sim.overhead_s >= opt * (1 - 1e-9) - 1e-12
+        # solve()'s coarse sweeps: bytes rounded down to a quantum as well (limit / 2^6 here: coarse indeed)
+        coarse = exact_search(trace, budget, FAR, None, 0.0, problem=rp, quantum_bytes=max(1, rp.limit >> 6))
+        assert coarse.bound_s is not None and coarse.bound_s <= opt * (1 + 1e-9) + 1e-12, (cells, coarse.bound_s)
         if not serial:
             fifo = fifo_search(trace, budget, FAR, opt * 1.5 + 1e-6, 0.0, problem=rp)
             assert fifo.bound_s is not None and fifo.bound_s <= opt * (1 + 1e-9) + 1e-12, (cells, fifo.bound_s, opt)
