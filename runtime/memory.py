@@ -224,11 +224,15 @@ def live_tensor_bytes(device: torch.device, exclude: set[int] | None = None) -> 
     tracks, and parameters' gradients), each storage once; storages whose data pointer is in `exclude` are
     left out. At a step boundary this is everything the step starts with: no autograd graph holds tensors
     that Python cannot reach."""
+    from torch._subclasses.fake_tensor import is_fake
+
     skip = exclude or set()
     seen: dict[int, int] = {}
 
     def add(t: torch.Tensor) -> None:
         if t.device != device or t.is_sparse or t.is_meta:
+            return
+        if is_fake(t):  # torch.compile keeps fake tensors alive in its caches: a storage without data
             return
         try:
             s = t.untyped_storage()
