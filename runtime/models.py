@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,65 @@ BUILTIN_MODELS = (
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The parameter dtypes a built-in workload can be built in (`--dtype`); the trace's `dtype` field names it."""
+
+
+AUTOCAST: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""The autocast dtypes a workload's forward can run under (`--autocast`)."""
+
+
+def parse_autocast(name: str, device: str | torch.device = "cpu") -> torch.dtype:
+    """'bf16' | 'fp16' (also 'bfloat16', 'float16') -> the autocast dtype on `device`; MemschedError for another
+    name, and for fp16 on the CPU: most CPUs have no float16 arithmetic (it is emulated, slower than float32),
+    and a float16 step needs a loss scaler the built-in step does not run."""
+    key = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}.get(name, name)
+    if key not in AUTOCAST:
+        raise MemschedError(f"--autocast {name!r} is not supported; use one of {', '.join(AUTOCAST)}")
+    if key == "fp16" and torch.device(device).type == "cpu":
+        raise MemschedError(
+            "--autocast fp16 on the CPU is not supported: CPUs have no fast float16 arithmetic and a float16 step "
+            "needs loss scaling; use --autocast bf16 on the CPU (fp16 is for --device cuda)"
+        )
+    return AUTOCAST[key]
+
+
+def compile_blocks(model: nn.Module, layers: Sequence[str] | None = None) -> int:
+    """Compile each traced layer on its own (`block.compile()`, the torchtitan pattern: the model's own code
+    calls the compiled blocks eagerly, so the tracer and the replay see each block's saved tensors as they are
+    saved). `layers`: the layer patterns (default: the repeated blocks). Returns how many were compiled.
+    MemschedError, with the fix, when torch cannot compile on this machine (checked on a one-line function
+    first, so the failure is one line and not a traceback at the first step)."""
+    from memsched.runtime.layers import find_layers
+
+    check_compiler()
+    found = find_layers(model, layers)
+    for _, m in found:
+        m.compile()
+    return len(found)
+
+
+def check_compiler() -> None:
+    """MemschedError naming the cause and the fix when `torch.compile` cannot build kernels here (a Python
+    Dynamo does not support, no C++ compiler for Inductor's CPU kernels)."""
+    import torch._dynamo
+
+    try:
+        torch._dynamo.is_dynamo_supported()  # raises on a Python version it does not support
+    except RuntimeError as e:
+        raise MemschedError(f"--compile: torch.compile does not run here ({e}); drop --compile") from None
+
+    def probe(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * 2 + 1)
+
+    try:
+        torch.compile(probe)(torch.ones(8))
+    except Exception as e:  # noqa: BLE001 - any failure of the compiler stack means the same thing here
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise MemschedError(
+            f"--compile: torch.compile cannot build kernels on this machine ({type(e).__name__}: {first}); install "
+            "a C++ compiler (g++) for Inductor, or drop --compile"
+        ) from None
+    finally:
+        torch._dynamo.reset()  # the probe's compiled code is of no use later
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -60,10 +119,19 @@ class Workload:
     """The optimizer the step uses (its state is static memory)."""
     loss_fn: Callable[[Any], torch.Tensor] = field(default=lambda out: out.loss)
     """Turns the model's output into the scalar loss."""
+    autocast: torch.dtype | None = None
+    """The forward runs under `torch.autocast(device, dtype=autocast)` (mixed precision: float32 parameters,
+    low-precision copies of weights and activations saved for the backward); None: no autocast."""
 
     def loss(self, model: Callable[..., Any] | None = None) -> torch.Tensor:
-        """Forward one batch through `model` (default: the workload's model) and return the loss."""
-        return self.loss_fn((model or self.model)(**self.batch))
+        """Forward one batch through `model` (default: the workload's model) and return the loss (the forward
+        under autocast when `autocast` is set; the loss is computed as the model computes it, inside)."""
+        if self.autocast is None:
+            return self.loss_fn((model or self.model)(**self.batch))
+        p = next(self.model.parameters(), None)
+        device = p.device.type if p is not None else "cpu"
+        with torch.autocast(device, dtype=self.autocast):
+            return self.loss_fn((model or self.model)(**self.batch))
 
     def backward(self, model: Callable[..., Any] | None = None) -> torch.Tensor:
         """Forward and backward without the optimizer step (what gradient comparisons need)."""
@@ -338,6 +406,8 @@ def builtin_workload(
     seed: int = 0,
     optimizer: str = "adamw",
     dtype: str | torch.dtype = "float32",
+    compile: bool = False,
+    autocast: str | None = None,
 ) -> Workload:
     """A transformers model built from its config (random weights, no download).
 
@@ -349,6 +419,9 @@ def builtin_workload(
     dtype: the parameters' (and image inputs') dtype, float32 | bfloat16 | float16. The whole model is cast
     (pure low-precision training, as memory-bound runs do; the optimizer state follows the parameters), so
     every saved activation has that dtype too and the trace's `dtype` field says it.
+    compile: each block compiled on its own (`compile_blocks`). autocast: 'bf16' | 'fp16', the forward under
+    autocast (`Workload.autocast`; fp16 only on CUDA). Both are part of the model id (`+compile`,
+    `+autocast-bf16`), so a trace taken one way is not replayed the other way unnoticed.
     """
     try:
         import transformers  # noqa: F401
@@ -360,6 +433,7 @@ def builtin_workload(
         raise MemschedError(f"--layers must be >= 1, got {num_layers}")
     dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype)
     dev = torch.device(device)
+    amp = parse_autocast(autocast, dev) if autocast is not None else None
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     if name in ("gpt2", "gpt2-medium"):
@@ -377,8 +451,13 @@ def builtin_workload(
     model = built.model
     nn.Module.to(model, dev, dt).train()
     suffix = f"-small{num_layers or ''}" if small else (f"-{num_layers}l" if num_layers else "")
+    if compile:
+        compile_blocks(model)
+        suffix += "+compile"
+    if amp is not None:
+        suffix += "+autocast-" + {torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]
     opt = _optimizer(model, optimizer)
-    return Workload(model, f"{name}{suffix}", built.batch, batch_size, built.seq_len, opt)
+    return Workload(model, f"{name}{suffix}", built.batch, batch_size, built.seq_len, opt, autocast=amp)
 
 
 def _optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer | None:
@@ -400,6 +479,8 @@ FACTORY_FLAGS: dict[str, str] = {
     "dropout": "--dropout",
     "optimizer": "--optimizer",
     "dtype": "--dtype",
+    "compile": "--compile",
+    "autocast": "--autocast",
 }
 """The factory arguments the CLI can pass, and the flag that sets each (for the errors)."""
 
@@ -409,7 +490,7 @@ def _given(name: str, value: Any) -> bool:
     `small=False` and float32 ask for nothing either: a factory that takes neither builds what it builds."""
     if value is None:
         return False
-    if name == "small":
+    if name in ("small", "compile"):
         return bool(value)
     if name == "dtype":
         return value not in ("float32", torch.float32)
@@ -418,8 +499,8 @@ def _given(name: str, value: Any) -> bool:
 
 def load_factory(spec: str, *, strict: bool = False, **kwargs: Any) -> Workload:
     """Call `package.module:factory` (the contract: docs/factory.md). It returns a Workload; of the keyword
-    arguments (batch_size, seq_len, num_layers, small, device, dropout, optimizer, dtype), those given (not
-    None) are passed on. One the factory does not declare is an error naming the flag (`strict`, what
+    arguments (batch_size, seq_len, num_layers, small, device, dropout, optimizer, dtype, compile, autocast),
+    those given (not None) are passed on. One the factory does not declare is an error naming the flag (`strict`, what
     `memsched trace` does), else a warning: never silently dropped. Arguments not given are not passed, so
     the factory's own defaults win."""
     mod_name, sep, attr = spec.partition(":")
@@ -441,7 +522,9 @@ def load_factory(spec: str, *, strict: bool = False, **kwargs: Any) -> Workload:
     given = {k: v for k, v in kwargs.items() if _given(k, v)}
     refused = [k for k in given if k not in params and not takes_any]
     if refused:
-        flags = ", ".join(FACTORY_FLAGS.get(k, k) + ("" if k == "small" else f" {given[k]}") for k in refused)
+        flags = ", ".join(
+            FACTORY_FLAGS.get(k, k) + ("" if k in ("small", "compile") else f" {given[k]}") for k in refused
+        )
         args = ", ".join(f"`{k}`" for k in refused)
         msg = (
             f"model {spec!r}: {attr}() takes no {args} argument, so {flags} would be ignored; drop the flag, "

@@ -42,7 +42,7 @@ from memsched.runtime.offload import OffloadRecord
 from memsched.runtime.plan import LayerPlan, RuntimePlan, build_plan
 from memsched.runtime.pool import HostBufferPool, PoolStats
 from memsched.runtime.storage import StaticStorages, storage_key, tensor_nbytes
-from memsched.runtime.wrapping import CopySafeHook, LayerHooks, is_wrapped
+from memsched.runtime.wrapping import CopySafeHook, LayerHooks, check_compiled, is_wrapped
 from memsched.schema import Action, Schedule, Trace
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,9 @@ class ScheduledModel:
         self.model = model
         self.schedule = schedule
         self.trace = trace
+        check_compiled(model)
         self.plan: RuntimePlan = build_plan(model, schedule, trace, layers)
+        check_compiled(model, self.plan.modules)
         p = next(model.parameters(), None)
         self.device = p.device if p is not None else torch.device("cpu")
         self.copier = Copier(self.device)

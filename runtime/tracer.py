@@ -43,7 +43,7 @@ from memsched.runtime.hostalloc import steady_host_allocator
 from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
 from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
-from memsched.runtime.wrapping import CopySafeHook, wrapped
+from memsched.runtime.wrapping import CopySafeHook, check_compiled, wrapped
 from memsched.schema import STEP_BELOW_LAYERS_FACTOR, Baseline, DeviceInfo, Layer, StaticBytes, Trace
 from memsched.units import format_bytes, format_seconds
 
@@ -497,32 +497,25 @@ the checkpoint's early stop. Else recompute_s stays None (the layer re-runs whol
 
 class _RerunProbe:
     """Times each traced layer's forward when it runs inside the backward: the re-run of a layer that is its
-    own checkpointed segment's last layer, from its forward pre-hook to its always-call forward hook (the
-    checkpoint's early stop ends the re-run by an exception raised through the forward, which that hook sees)."""
+    own checkpointed segment's last layer, from `enter` to `leave` or `fail` (the checkpoint's early stop ends
+    the re-run by an exception raised through the forward). LayerCalls (memsched.runtime.wrapping), installed
+    over the replay's own."""
 
-    def __init__(self, modules: Sequence[nn.Module], stats: list[_LayerStats], clock: Clock) -> None:
+    def __init__(self, stats: list[_LayerStats], clock: Clock) -> None:
         self.stats = stats
         self.clock = clock
-        self.open: dict[int, Any] = {}
         self.marks: list[tuple[int, Any, Any]] = []
-        self.handles = []
-        for i, m in enumerate(modules):
-            self.handles.append(m.register_forward_pre_hook(self._pre(i), with_kwargs=True))
-            self.handles.append(m.register_forward_hook(self._post(i), with_kwargs=True, always_call=True))
 
-    def _pre(self, i: int) -> Callable[..., None]:
-        def pre(_m: nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any]) -> None:
-            if torch._C._current_graph_task_id() >= 0:  # inside the backward: the checkpoint's re-run
-                self.open[i] = self.clock.mark()
+    def enter(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # Inside the backward: the checkpoint's re-run; else nothing to time.
+        return self.clock.mark() if torch._C._current_graph_task_id() >= 0 else None
 
-        return pre
+    def leave(self, i: int, token: Any, out: Any) -> None:
+        self.fail(i, token)
 
-    def _post(self, i: int) -> Callable[..., None]:
-        def post(_m: nn.Module, _a: Any, _k: Any, _out: Any) -> None:
-            if i in self.open:
-                self.marks.append((i, self.open.pop(i), self.clock.mark()))
-
-        return post
+    def fail(self, i: int, token: Any) -> None:
+        if token is not None:
+            self.marks.append((i, token, self.clock.mark()))
 
     def collect(self) -> None:
         self.clock.finish()
@@ -532,12 +525,6 @@ class _RerunProbe:
         for i, t in total.items():
             self.stats[i].rerun_s.append(t)
         self.marks.clear()
-        self.open.clear()
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
 
 
 def _time_reruns(
@@ -559,9 +546,9 @@ def _time_reruns(
     ckpt = keep.model_copy(
         update={"policy": "checkpoint-all", "actions": [LayerAction(layer=x, action=Action.RECOMPUTE) for x in names]}
     )
-    probe = _RerunProbe(modules, stats, clock)
+    probe = _RerunProbe(stats, clock)
     try:
-        with ScheduledModel(model, ckpt):
+        with ScheduledModel(model, ckpt), wrapped(modules, probe):
             for _ in range(RERUN_STEPS):
                 step_fn()
                 probe.collect()
@@ -569,8 +556,6 @@ def _time_reruns(
         report.warn(f"re-run times not measured (recompute_s left null: priced as forward_s): {e}")
         for st in stats:
             st.rerun_s.clear()
-    finally:
-        probe.remove()
 
 
 def _memory_step(
@@ -814,7 +799,9 @@ def trace_with_report(
     counted, the warnings it logged)."""
     if steps < 1 or warmup < 0:
         raise MemschedError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
+    check_compiled(model)
     found = find_layers(model, layers)
+    check_compiled(model, [m for _, m in found])
     p0 = next(model.parameters(), None)
     device = p0.device if p0 is not None else torch.device("cpu")
     modules = [m for _, m in found]

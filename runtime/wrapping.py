@@ -10,19 +10,31 @@ at them) and made `torch.save(model)` fail (a local function cannot be pickled).
 instances of module-level classes that deep-copy and pickle as an inert hook: a copy of a model taken while
 it is wrapped is an independent, plain model that runs its own weights (its layers are not wrapped; apply a
 schedule to it to schedule it), and a pickled model loads without memsched state. `state_dict` is untouched.
+
+A block compiled on its own with `block.compile()` (the torchtitan pattern) runs its hooks inside the compiled
+`_call_impl`: Dynamo would trace ours, break the graph at each of them and recompile whenever they are added or
+removed (the tracer installs four sets, the replay one more), past its recompile limit, after which the block
+runs eagerly and saves other tensors than the ones traced. So for such a block the calls wrap the compiled
+call itself (`_CompiledCall` in its `_compiled_call_impl`, put back on removal): they run eagerly around the
+unchanged compiled graph, whose saved tensors reach the active saved-tensor hooks like an eager layer's. A block
+wrapped as `torch.compile(block)` (an OptimizedModule in the container) needs nothing: its own hooks run outside
+the compiled region.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+
+from memsched.errors import MemschedError
 
 
 class LayerCalls(Protocol):
@@ -109,6 +121,83 @@ class _PostHook(_Hook):
             self.hooks.calls.leave(self.index, frame.token, out)
 
 
+def _passthrough(obj: Any) -> Any:
+    """What a pickled `_CompiledCall` loads as: the compiled call it wrapped."""
+    return obj
+
+
+class _CompiledCall:
+    """In a `block.compile()`d module's `_compiled_call_impl`: the layer calls around the compiled call (see the
+    module docstring). A deep copy or a pickle of it is the compiled call it wraps, as it was before."""
+
+    __slots__ = ("hooks", "index", "inner", "module")
+
+    def __init__(self, hooks: LayerHooks, index: int, module: nn.Module, inner: Callable[..., Any]) -> None:
+        self.hooks = hooks
+        self.index = index
+        self.module = module
+        self.inner = inner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        frames = self.hooks.frames()
+        frame = _Frame(self.module, self.index, exc=sys.exc_info()[1])
+        frames.append(frame)
+        calls = self.hooks.calls
+        try:
+            frame.token = calls.enter(self.index, args, kwargs)
+            frame.entered = True
+            out = self.inner(*args, **kwargs)
+        except BaseException:
+            if frames and frames[-1] is frame:
+                frames.pop()
+                if frame.entered:
+                    calls.fail(self.index, frame.token)
+            raise
+        if frames and frames[-1] is frame:
+            frames.pop()
+            calls.leave(self.index, frame.token, out)
+        return out
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(self.inner, memo)
+
+    def __reduce__(self) -> tuple[Callable[[Any], Any], tuple[Any]]:
+        return (_passthrough, (self.inner,))
+
+
+def is_compiled_block(module: nn.Module) -> bool:
+    """Whether the module was compiled on its own with `module.compile()`."""
+    return module.__dict__.get("_compiled_call_impl") is not None
+
+
+def _compiled_whole(module: nn.Module) -> bool:
+    """Whether calling the module runs its code under torch.compile: `module.compile()`, or the OptimizedModule
+    that `torch.compile(module)` returns."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return is_compiled_block(module) or isinstance(module, OptimizedModule)
+
+
+def check_compiled(model: nn.Module, modules: Sequence[nn.Module] = ()) -> None:
+    """MemschedError when a layer runs inside a module compiled as a whole (the model, or a block enclosing the
+    layers): the layer hooks would be traced into the compiled graph, which breaks it at each of them and
+    recompiles whenever they change, and the graph Dynamo ends with saves other tensors than the traced ones.
+    With no `modules`, only the model itself is checked."""
+    layers = {id(m) for m in modules}
+    for name, m in model.named_modules():
+        if id(m) in layers or not _compiled_whole(m):
+            continue
+        inside = [n for n, sub in m.named_modules(prefix=name) if id(sub) in layers and sub is not m]
+        if inside or (not modules and m is model):
+            what = f"{name!r}" if name else f"the model ({type(model).__name__})"
+            which = f"layer {inside[0]!r}" if inside else "its layers"
+            raise MemschedError(
+                f"{which} runs inside {what}, which is compiled as a whole: memsched needs the layers called from "
+                "eager code; compile each layer on its own instead (`for block in blocks: block.compile()`, what "
+                "--compile does) and leave the code around them uncompiled"
+            )
+
+
 class LayerHooks:
     """The hooks of one installation over a list of modules; `remove()` takes them all off."""
 
@@ -116,8 +205,14 @@ class LayerHooks:
         self.calls = calls
         self._tls = threading.local()
         self._handles: list[RemovableHandle] = []
+        self._compiled: list[tuple[nn.Module, _CompiledCall]] = []
         try:
             for i, m in enumerate(modules):
+                if is_compiled_block(m):
+                    wrap = _CompiledCall(self, i, m, m.__dict__["_compiled_call_impl"])
+                    m.__dict__["_compiled_call_impl"] = wrap
+                    self._compiled.append((m, wrap))
+                    continue
                 self._handles.append(m.register_forward_pre_hook(_PreHook(self, i), with_kwargs=True))
                 self._handles.append(
                     m.register_forward_hook(_PostHook(self, i), with_kwargs=True, prepend=True, always_call=True)
@@ -151,11 +246,31 @@ class LayerHooks:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for m, wrap in reversed(self._compiled):
+            _unlink(m, wrap)
+        self._compiled.clear()
+
+
+def _unlink(module: nn.Module, wrap: _CompiledCall) -> None:
+    """Take `wrap` out of the module's chain of compiled-call wrappers (installations over the same block, such
+    as the tracer's re-run probe inside a replay, may be removed in any order)."""
+    cur = module.__dict__.get("_compiled_call_impl")
+    if cur is wrap:
+        module.__dict__["_compiled_call_impl"] = wrap.inner
+        return
+    while isinstance(cur, _CompiledCall):
+        if cur.inner is wrap:
+            cur.inner = wrap.inner
+            return
+        cur = cur.inner
+    # Not found: the user compiled the block again since; theirs stays.
 
 
 def is_wrapped(module: nn.Module) -> bool:
     """Whether a live installation (of the tracer or a replay) wraps this module."""
-    return any(isinstance(h, _PreHook) for h in module._forward_pre_hooks.values())
+    return isinstance(module.__dict__.get("_compiled_call_impl"), _CompiledCall) or any(
+        isinstance(h, _PreHook) for h in module._forward_pre_hooks.values()
+    )
 
 
 @contextlib.contextmanager

@@ -37,6 +37,17 @@ BatchOpt = Annotated[int, typer.Option("--batch-size", "--batch", help="Batch si
 SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Sequence length (text models).")]
 LayersOpt = Annotated[int | None, typer.Option("--layers", help="Number of blocks (overrides the config's depth).")]
 SmallOpt = Annotated[bool, typer.Option("--small", help="A narrow version (hidden size 64) for CPU runs.")]
+CompileOpt = Annotated[
+    bool,
+    typer.Option(
+        "--compile",
+        help="Compile each block on its own (block.compile(), the torchtitan pattern) [a factory: if it takes it].",
+    ),
+]
+AutocastOpt = Annotated[
+    str | None,
+    typer.Option("--autocast", help="Run the forward under autocast: bf16, or fp16 on CUDA [default: none]."),
+]
 LayerPatternOpt = Annotated[
     list[str] | None,
     typer.Option("--layer-pattern", help="Regex over module names selecting the layers (repeatable)."),
@@ -99,6 +110,8 @@ def trace_cmd(
     threads: Annotated[
         int | None, typer.Option("--threads", help="CPU threads for torch [default: torch's own choice].")
     ] = None,
+    compile_blocks: CompileOpt = False,
+    autocast: AutocastOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Trace a model: run real training steps and write its layer-level cost trace (JSON).
@@ -124,6 +137,8 @@ def trace_cmd(
         dropout=dropout,
         optimizer=optimizer,
         dtype=dtype,
+        compile=compile_blocks,
+        autocast=autocast,
     )
     tr = run.trace
     path = output or Path(f"{run.model_id}.trace.json")
@@ -270,6 +285,8 @@ def measure_cmd(
         int | None,
         typer.Option("--threads", help="CPU threads for torch [default: the trace's, else torch's own choice]."),
     ] = None,
+    compile_blocks: CompileOpt = False,
+    autocast: AutocastOpt = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON result here.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -304,6 +321,8 @@ def measure_cmd(
         dropout=dropout,
         optimizer=optimizer,
         layer_pattern=layer_pattern,
+        compile=compile_blocks or None,
+        autocast=autocast,
     )
     rep = run_measure(
         args,
@@ -365,6 +384,10 @@ def _measure_command(
         argv.append("--small")
     if a.dropout is not None:
         argv += ["--dropout", str(a.dropout)]
+    if a.compile:
+        argv.append("--compile")
+    if a.autocast is not None:
+        argv += ["--autocast", a.autocast]
     for pat in a.layer_pattern or []:
         argv += ["--layer-pattern", pat]
     if not baseline and not keep_all:

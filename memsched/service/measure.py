@@ -56,6 +56,10 @@ class WorkloadArgs:
     dropout: float | None = None
     optimizer: str | None = None
     layer_pattern: list[str] | None = None
+    compile: bool | None = None
+    """Each block compiled on its own (--compile; None: not asked for)."""
+    autocast: str | None = None
+    """The forward under autocast, bf16 | fp16 (--autocast)."""
 
 
 _FROM_TRACE = {"batch_size": "--batch-size", "seq_len": "--seq-len", "dtype": "--dtype"}
@@ -364,7 +368,7 @@ def check_trace_matches(
         if theirs[key] != value and key not in overridden:
             raise ScheduleMismatchError(
                 f"--trace: the trace's {key} is {theirs[key]!r} but this run builds {value!r}; pass the flags the "
-                "trace was recorded with (--batch-size, --seq-len, --layers, --small, --dtype)"
+                "trace was recorded with (--batch-size, --seq-len, --layers, --small, --dtype, --compile, --autocast)"
             )
     traced_on_cpu = trace.device.name.lower().startswith("cpu")
     if traced_on_cpu != (device_type == "cpu"):
@@ -492,6 +496,8 @@ def _build(args: WorkloadArgs) -> tuple[Workload, str, Any]:
         dropout=args.dropout,
         optimizer=args.optimizer,
         dtype=dtype,
+        compile=args.compile,
+        autocast=args.autocast,
     )
     first = next(w.model.parameters(), None)
     if dtype is None:  # the model's own: what its parameters are
