@@ -82,6 +82,7 @@ def check_compiler() -> None:
         return torch.relu(x * 2 + 1)
 
     try:
+        # (Not reset afterwards: torch._dynamo.reset() would drop every compiled graph in the process.)
         torch.compile(probe)(torch.ones(8))
     except Exception as e:  # noqa: BLE001 - any failure of the compiler stack means the same thing here
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
@@ -89,8 +90,6 @@ def check_compiler() -> None:
             f"--compile: torch.compile cannot build kernels on this machine ({type(e).__name__}: {first}); install "
             "a C++ compiler (g++) for Inductor, or drop --compile"
         ) from None
-    finally:
-        torch._dynamo.reset()  # the probe's compiled code is of no use later
 
 
 def parse_dtype(name: str) -> torch.dtype:
