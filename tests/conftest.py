@@ -152,6 +152,7 @@ _SLOW = (
     "test_runtime_ddp.py",
     "test_runtime_fsdp.py",
     "test_runtime_measure_cli.py",
+    "test_runtime_compile_autocast.py",
     "test_costmodel_plans.py",
     "test_bench_peers.py",
     "test_jit.py",
