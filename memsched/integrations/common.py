@@ -284,3 +284,29 @@ def batch_shape(batch: Any) -> tuple[int, int | None]:
         if t.dim() >= 1:
             return int(t.shape[0]), None
     return 1, None
+
+
+class PlanAccess:
+    """What both callbacks show of their plan (a mixin over the stack's own callback class): `_plan` is the
+    callback's PlanHolder."""
+
+    _plan: PlanHolder
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """The plan (given, or solved when training first starts)."""
+        return self._plan.schedule
+
+    @property
+    def trace(self) -> Trace | None:
+        """The trace the plan was solved from, if any."""
+        return self._plan.trace
+
+    @property
+    def scheduled(self) -> ScheduledModel | None:
+        """The runtime's handle on the applied schedule while training; None outside."""
+        return self._plan.applied
+
+    def remove(self) -> None:
+        """Take the schedule off the model now (training's end does it; this is for a run that raised)."""
+        self._plan.remove()

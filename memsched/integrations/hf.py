@@ -33,6 +33,7 @@ from torch import nn
 
 from memsched.errors import MemschedError
 from memsched.integrations.common import (
+    PlanAccess,
     PlanHolder,
     RunStep,
     ScheduleArg,
@@ -42,13 +43,12 @@ from memsched.integrations.common import (
     first_batch,
 )
 from memsched.options import SolveOptions
-from memsched.runtime import HostBufferPool, SavedLedger, ScheduledModel
-from memsched.schema import Schedule, Trace
+from memsched.runtime import HostBufferPool, SavedLedger
 
 _OWNER = "MemschedCallback"
 
 
-class MemschedCallback(TrainerCallback):
+class MemschedCallback(PlanAccess, TrainerCallback):
     """A `transformers.TrainerCallback` that trains under a memsched schedule.
 
     schedule: a solved Schedule (or the path of its JSON file), as `memsched solve` writes it.
@@ -91,25 +91,6 @@ class MemschedCallback(TrainerCallback):
             ledger=ledger,
             pool=pool,
         )
-
-    @property
-    def schedule(self) -> Schedule | None:
-        """The plan (given, or solved on the first train begin)."""
-        return self._plan.schedule
-
-    @property
-    def trace(self) -> Trace | None:
-        """The trace the plan was solved from, if any."""
-        return self._plan.trace
-
-    @property
-    def scheduled(self) -> ScheduledModel | None:
-        """The runtime's handle on the applied schedule while training; None outside."""
-        return self._plan.applied
-
-    def remove(self) -> None:
-        """Take the schedule off the model now (train end does it; this is for a run that raised)."""
-        self._plan.remove()
 
     def on_train_begin(
         self,

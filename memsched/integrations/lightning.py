@@ -29,6 +29,7 @@ from torch import nn
 
 from memsched.errors import MemschedError
 from memsched.integrations.common import (
+    PlanAccess,
     PlanHolder,
     RunStep,
     ScheduleArg,
@@ -38,13 +39,12 @@ from memsched.integrations.common import (
     first_batch,
 )
 from memsched.options import SolveOptions
-from memsched.runtime import HostBufferPool, SavedLedger, ScheduledModel
-from memsched.schema import Schedule, Trace
+from memsched.runtime import HostBufferPool, SavedLedger
 
 _OWNER = "MemschedCallback"
 
 
-class MemschedCallback(pl.Callback):
+class MemschedCallback(PlanAccess, pl.Callback):
     """A `lightning.pytorch.Callback` that trains under a memsched schedule.
 
     schedule: a solved Schedule (or the path of its JSON file), as `memsched solve` writes it.
@@ -90,25 +90,6 @@ class MemschedCallback(pl.Callback):
             pool=pool,
         )
         self.module = module
-
-    @property
-    def schedule(self) -> Schedule | None:
-        """The plan (given, or solved when training first starts)."""
-        return self._plan.schedule
-
-    @property
-    def trace(self) -> Trace | None:
-        """The trace the plan was solved from, if any."""
-        return self._plan.trace
-
-    @property
-    def scheduled(self) -> ScheduledModel | None:
-        """The runtime's handle on the applied schedule while training; None outside."""
-        return self._plan.applied
-
-    def remove(self) -> None:
-        """Take the schedule off the model now (training's end or an exception does it)."""
-        self._plan.remove()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         target = self._target(pl_module)

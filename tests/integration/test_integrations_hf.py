@@ -164,13 +164,14 @@ def test_given_schedule_with_accumulation_eval_and_saves(plain, traced, tmp_path
     # by the next ones) and lends none out after the run.
     planned = sum(a.offload.bytes for a in sched.actions if a.action == Action.OFFLOAD)
     assert planned > 0 and pool.stats().allocated_bytes == planned and pool.stats().in_use_buffers == 0
-    # Recompute: in the forward of the segment's last layer the ledger's live saved bytes lack what layers 2
-    # and 3 would have saved (the checkpoint holds only the segment's input), and the peak is the plan's
-    # predicted one (within 5%, the runtime tests' tolerance), not keep-all's.
+    # Recompute: in the forward of the segment's last layer the ledger's live saved bytes lack what layer 2
+    # would have saved, and the peak is the plan's predicted one (within 5%, the runtime tests' tolerance),
+    # not keep-all's.
     stats = ledger.stats()
     keep_all = predicted_saved_profile(tr, schedule_of(tr, [KEEP] * tr.n, "keep-all"))
-    saved_23 = tr.layers[2].saved_bytes + tr.layers[3].saved_bytes
-    assert stats.stage_peak_bytes["F3"] <= keep_all[3] - saved_23 + tr.layers[2].input_bytes
+    # At F3 layer 2's saved bytes are gone (the checkpoint holds its input); layer 3's exist while its own
+    # forward runs, as the cost model has them (docs/cost-model.md, 'Actions').
+    assert stats.stage_peak_bytes["F3"] <= keep_all[3] - tr.layers[2].saved_bytes + tr.layers[2].input_bytes
     predicted = max(predicted_saved_profile(tr, sched))
     assert abs(stats.peak_bytes - predicted) <= 0.05 * predicted, (stats.peak_bytes, predicted)
     assert cb.schedule is sched and cb.scheduled is None  # removed at train end

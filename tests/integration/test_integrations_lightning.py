@@ -191,8 +191,9 @@ def test_given_schedule_for_the_inner_model(plain, traced, tmp_path):
     assert planned > 0 and pool.stats().allocated_bytes == planned and pool.stats().in_use_buffers == 0
     stats = ledger.stats()
     keep_all = predicted_saved_profile(tr, schedule_of(tr, [KEEP] * tr.n, "keep-all"))
-    saved_23 = tr.layers[2].saved_bytes + tr.layers[3].saved_bytes
-    assert stats.stage_peak_bytes["F3"] <= keep_all[3] - saved_23 + tr.layers[2].input_bytes
+    # At F3 layer 2's saved bytes are gone (the checkpoint holds its input); layer 3's exist while its own
+    # forward runs, as the cost model has them (docs/cost-model.md, 'Actions').
+    assert stats.stage_peak_bytes["F3"] <= keep_all[3] - tr.layers[2].saved_bytes + tr.layers[2].input_bytes
     predicted = max(predicted_saved_profile(tr, sched))
     assert abs(stats.peak_bytes - predicted) <= 0.05 * predicted, (stats.peak_bytes, predicted)
     assert cb.scheduled is None

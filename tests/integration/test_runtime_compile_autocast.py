@@ -54,6 +54,17 @@ def _planned(sched: Schedule) -> int:
     return sum(a.offload.bytes for a in sched.actions if a.offload)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forget_compiled_code():
+    """Dynamo's caches keep the compiled blocks' constants alive after the tests: reset them, so that later
+    tests which count every live CPU tensor (tests/unit/test_runtime_memory.py) see none of ours."""
+    yield
+    import gc
+
+    torch._dynamo.reset()
+    gc.collect()
+
+
 @pytest.fixture(scope="module")
 def compiled():
     w = tiny("gpt2", layers=3)  # dropout 0.1: the recomputation must replay the compiled RNG too
