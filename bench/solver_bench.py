@@ -93,7 +93,9 @@ def _commit() -> str:
     return sha + ("-dirty" if dirty else "")
 
 
-def _meta() -> dict[str, object]:
+def _meta(packages: tuple[str, ...] = ("memsched", "pulp", "ortools", "highspy")) -> dict[str, object]:
+    """What a results file names: the command, the commit, the machine and the versions of `packages`
+    (bench/sweep_bench.py uses it too)."""
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "commit": _commit(),
@@ -104,7 +106,7 @@ def _meta() -> dict[str, object]:
             "processor": platform.processor(),
             "load_avg_at_start": os.getloadavg(),
         },
-        "versions": {p: version(p) for p in ("memsched", "pulp", "ortools", "highspy")},
+        "versions": {p: version(p) for p in packages},
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
-import sys
 import time
-from importlib.metadata import version
 from pathlib import Path
+
+from solver_bench import _meta as bench_meta  # run by path (python bench/sweep_bench.py): bench/ is on sys.path
 
 from memsched.options import SolveOptions
 from memsched.service.importers import import_pipedream
@@ -27,29 +24,8 @@ from memsched.service.sweep import SweepResult, default_workers, sweep_trace
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=RESULTS.parent
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _meta() -> dict[str, object]:
-    return {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "commit": _commit(),
-        "machine": {
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "python": platform.python_version(),
-            "processor": platform.processor(),
-            "load_avg_at_start": os.getloadavg(),
-        },
-        "versions": {p: version(p) for p in ("memsched", "numpy", "numba", "pulp")},
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    return bench_meta(("memsched", "numpy", "numba", "pulp"))
 
 
 def _summary(limit: float, res: SweepResult) -> dict[str, object]:
