@@ -55,34 +55,25 @@ def get_trace(spec: ModelSpec) -> Any:
     return tr
 
 
-NO_COPY_BYTES_PER_S = 1.0
-"""Copy bandwidth written into the recompute-only variant's trace: any offload then costs more than any
-recompute, so the solver only offloads where nothing else fits (and the prediction says so)."""
-
-
-def recompute_only(tr: Any) -> Any:
-    """The trace with copies made prohibitively slow. On a CPU-only machine host memory *is* the device memory,
-    so offloading frees nothing; this variant shows what memsched does with recomputation alone."""
-    out = tr.model_copy(deep=True)
-    out.device.h2d_bytes_per_s = NO_COPY_BYTES_PER_S
-    out.device.d2h_bytes_per_s = NO_COPY_BYTES_PER_S
-    return out
-
-
 @contextlib.contextmanager
 def prepare_memsched(spec: ModelSpec, fraction: float, no_offload: bool = False) -> Iterator[Prepared]:
+    """Solve at `fraction` and yield the replayed step. `no_offload`: plan with keep and recompute only
+    (SolveOptions.actions), the recompute side of memsched's trade. On a CPU trace that is already the
+    default (host memory is device memory), so the variant is not run twice there."""
     rt = _runtime()
     from memsched.optimizer.budget import resolve_budget
     from memsched.optimizer.simulate import simulate
     from memsched.optimizer.solve import solve
     from memsched.options import SolveOptions
+    from memsched.schema import Action
 
     tr = get_trace(spec)
-    if no_offload:
-        tr = spec.cache.setdefault("memsched_trace_recompute_only", recompute_only(tr))
+    if no_offload and tr.device.is_host:
+        raise NotAvailable("on a CPU trace memsched's default already plans keep + recompute only: see 'memsched'")
+    actions = [Action.KEEP, Action.RECOMPUTE] if no_offload else None
     budget = resolve_budget(f"{round(fraction * 100)}%", tr)
     t0 = time.perf_counter()
-    schedule = solve(tr, budget, SolveOptions(time_limit_s=spec.cache.get("solve_time_limit_s", 60.0)))
+    schedule = solve(tr, budget, SolveOptions(time_limit_s=spec.cache.get("solve_time_limit_s", 60.0), actions=actions))
     solve_s = time.perf_counter() - t0
     key = "memsched_schedules_recompute_only" if no_offload else "memsched_schedules"
     spec.cache.setdefault(key, {})[fraction] = schedule
@@ -108,8 +99,10 @@ def prepare_memsched(spec: ModelSpec, fraction: float, no_offload: bool = False)
     with rt.apply_schedule(spec.model, schedule, trace=tr, ledger=ledger) as sm:
 
         def step() -> None:
-            out: Any = sm(**spec.batch)
-            backward(out.loss)
+            # The same step the trace timed (get_trace) and the peers run (approaches._plain_step): the model's
+            # output object is dropped once the loss is out. Holding it (`out = sm(...)`) would keep the logits
+            # alive through the backward, bytes the trace never saw (GPT-2's head: +77 MiB at b1 x 512).
+            backward(sm(**spec.batch).loss)
 
         def after() -> dict[str, Any]:
             st = ledger.stats()

@@ -108,16 +108,14 @@ def pareto_plot(res: dict[str, Any], path: Path) -> Path:
 
 
 def timeline_plots(res: dict[str, Any], out_dir: Path) -> list[tuple[str, Path]]:
-    """memsched's schedules at the middle budget (or the nearest feasible one), simulated on their own traces.
-    On CPU the recompute-only variant comes first: it is the configuration that can lower memory there."""
+    """memsched's schedules at the middle budget (or the nearest feasible one), simulated on the trace. (On the
+    CPU the recompute-only variant is not run: memsched's default plans keep + recompute there.)"""
     from memsched.io import load_schedule, load_trace
     from memsched.service.plot import plot_timeline
 
     budgets = sorted(res["settings"]["budgets"])
     mid = budgets[len(budgets) // 2]
-    variants = [("memsched-recompute", "trace-recompute-only", "recompute only"), ("memsched", "trace", "as traced")]
-    if res["settings"]["device"] != "cpu":
-        variants.reverse()
+    variants = [("memsched", "trace", "as traced"), ("memsched-recompute", "trace", "recompute only")]
     out: list[tuple[str, Path]] = []
     for tag, trace_name, label in variants:
         tp = out_dir / f"peers-{res['model']}.{trace_name}.json"

@@ -236,6 +236,3 @@ def _save_memsched_artifacts(spec: ModelSpec, out_dir: Path) -> None:
             (out_dir / f"peers-{spec.name}-{tag}-{round(frac * 100)}.schedule.json").write_text(
                 sc.model_dump_json(indent=1) + "\n"
             )
-    ro = spec.cache.get("memsched_trace_recompute_only")
-    if ro is not None:
-        (out_dir / f"peers-{spec.name}.trace-recompute-only.json").write_text(ro.model_dump_json(indent=1) + "\n")
