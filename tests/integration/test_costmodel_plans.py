@@ -6,35 +6,27 @@ a shared CPU are not asserted; bench/costmodel_validation.py measures them)."""
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # bench/ is a folder of the checkout, not an installed package
+    sys.path.insert(0, str(REPO))
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from bench.costmodel_validation import random_recompute_plan  # noqa: E402
 from memsched.optimizer.baselines import checkpoint_all, keep_all  # noqa: E402
-from memsched.optimizer.decisions import KEEP, Decision, recompute  # noqa: E402
+from memsched.optimizer.decisions import KEEP  # noqa: E402
 from memsched.optimizer.simulate import make_schedule, simulate  # noqa: E402
 from memsched.runtime import trace, workload  # noqa: E402
 from memsched.runtime.measure import measure_side_by_side  # noqa: E402
 from memsched.schema import SolverRecord, SolverStatus  # noqa: E402
 
 PEAK_WITHIN = 0.05
-
-
-def random_recompute_plan(n: int, rng: random.Random) -> list[Decision]:
-    """Each layer kept or recomputed; recomputed runs split into segments at random."""
-    out: list[Decision] = []
-    start = -1
-    for i in range(n):
-        if rng.random() < 0.5:
-            out.append(KEEP)
-            start = -1
-            continue
-        if start < 0 or rng.random() < 0.5:
-            start = i
-        out.append(recompute(group=start))
-    return out
 
 
 def test_measured_peak_within_5pct_of_predicted_on_plans_not_chosen() -> None:
