@@ -143,6 +143,18 @@ class Layer(_Strict):
     through B_i (docs/cost-model.md, 'Saved twice'). None means 0 (traces written before this field price as
     before). The tracer also adds them to this layer's workspace, for F_i and B_i."""
 
+    side_input_bytes: Bytes | None = None
+    """Bytes of the tensors this layer reads that need no gradient and that neither a traced layer nor the
+    process before the step made: the step's own masks, rotary tables and position ids, created before the
+    layers (deduplicated by storage within the layer). A recompute segment's checkpoint keeps its layers' inputs
+    until its backward is done, so after the forward these live on while any segment holds them (docs/
+    cost-model.md, 'Side inputs'). None means 0 (traces written before this field price as before)."""
+
+    @property
+    def side_input(self) -> int:
+        """side_input_bytes, or 0 where None."""
+        return self.side_input_bytes or 0
+
     @property
     def shared_input(self) -> int:
         """shared_input_bytes, or 0 where None."""
@@ -294,7 +306,7 @@ class Trace(_Strict):
         if doc["device"].get("concurrent_copies", True):
             doc["device"].pop("concurrent_copies", None)
         for layer in doc["layers"]:
-            for key in ("recompute_s", "forward_workspace_bytes", "shared_input_bytes"):
+            for key in ("recompute_s", "forward_workspace_bytes", "shared_input_bytes", "side_input_bytes"):
                 if layer.get(key, 0) is None:
                     layer.pop(key)
         payload = json.dumps(doc, sort_keys=True, separators=(",", ":"))

@@ -49,6 +49,7 @@ class FastSim:
         self.dep_ptr[1:] = np.cumsum([len(x.deps) for x in layers])
         self.deps = np.array([j for x in layers for j in x.deps], dtype=np.int64)
         self.shared = np.array([x.shared_input for x in layers], dtype=np.int64)
+        self.side = np.array([x.side_input for x in layers], dtype=np.int64)
         dev = trace.device
         self.d2h_bw, self.h2d_bw, self.latency = dev.d2h_bytes_per_s, dev.h2d_bytes_per_s, dev.copy_latency_s
         self.serial = not dev.concurrent_copies
@@ -73,6 +74,7 @@ class FastSim:
             self.dep_ptr,
             self.deps,
             self.shared,
+            self.side,
             self.d2h_bw,
             self.h2d_bw,
             self.latency,
@@ -114,6 +116,7 @@ def _stage_memory(
     dep_ptr: np.ndarray,
     deps: np.ndarray,
     shared: np.ndarray,
+    side: np.ndarray,
     loss_transient: int,
     ckpt_state: int,
 ) -> np.ndarray:  # pragma: no cover
@@ -138,6 +141,8 @@ def _stage_memory(
             _add(diff, last - seg_end[seg_start[i]], last - i, s)
     # Checkpoint inputs: each outside producer once, at the earliest segment that holds it.
     earliest = np.full(n, n, dtype=np.int64)
+    side_held = 0
+    side_start = n
     for a in range(n):
         b = seg_end[a]
         if b < 0:
@@ -151,7 +156,14 @@ def _stage_memory(
                     earliest[j] = a
         _add(diff, a + 1, last - a - 1, ext)
         _add(diff, a, last - a, ckpt_state)
-    held = loss_transient  # the loss point: what is held across it, plus its own bytes
+        for c in range(a, b + 1):
+            if side[c] > 0:
+                side_held = max(side_held, side[c])
+                side_start = min(side_start, a)
+    # Side inputs (simulate.side_input_hold): one set, from the loss point through the earliest holder's B_a.
+    if side_held > 0:
+        _add(diff, n, last - side_start, side_held)
+    held = loss_transient + side_held  # the loss point: what is held across it, plus its own bytes
     for a in range(n):
         if seg_end[a] >= 0:
             held += ckpt_state
@@ -223,6 +235,7 @@ def _evaluate(
     dep_ptr: np.ndarray,
     deps: np.ndarray,
     shared: np.ndarray,
+    side: np.ndarray,
     d2h_bw: float,
     h2d_bw: float,
     latency: float,
@@ -291,6 +304,7 @@ def _evaluate(
                 dep_ptr,
                 deps,
                 shared,
+                side,
                 loss_transient,
                 ckpt_state,
             )
@@ -336,6 +350,7 @@ def _evaluate(
         dep_ptr,
         deps,
         shared,
+        side,
         loss_transient,
         ckpt_state,
     )

@@ -198,6 +198,21 @@ def checkpoint_inputs(trace: Trace, decisions: list[Decision], ends: dict[int, i
     return earliest
 
 
+def side_input_hold(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> tuple[int, int]:
+    """(a, bytes): what the recompute segments' checkpoints keep of their layers' side inputs after the
+    forward (Layer.side_input_bytes: masks, rotary tables, position ids), held from the loss point through
+    B_a, a being the earliest segment start that holds any. Their retention intervals are nested, and a step
+    makes these tensors once and hands them to every layer, so they are one set: the largest layer's bytes,
+    over the earliest segment's span (docs/cost-model.md, 'Side inputs'). (-1, 0) without such a segment."""
+    start, held = -1, 0
+    for a, b in (segment_ends(decisions) if ends is None else ends).items():
+        side = max(trace.layers[c].side_input for c in range(a, b + 1))
+        if side:
+            held = max(held, side)
+            start = a if start < 0 else min(start, a)
+    return start, held
+
+
 def shared_input_holders(trace: Trace, decisions: list[Decision]) -> list[int]:
     """The layers that alone keep storages an earlier layer saved first (Layer.shared_input_bytes): those not
     recomputed that read a recomputed producer. The trace counts such a storage with its producer, whose
@@ -224,7 +239,8 @@ def loss_point_bytes(trace: Trace, decisions: list[Decision], ends: dict[int, in
     `loss_point_transient`. `ends`: `segment_ends(decisions)`, when the caller has it."""
     group_end = segment_ends(decisions) if ends is None else ends
     state = checkpoint_state_bytes(trace) * len(group_end)
-    return loss_point_held(trace, decisions, group_end) + state + loss_point_transient(trace)
+    side = side_input_hold(trace, decisions, group_end)[1]
+    return loss_point_held(trace, decisions, group_end) + state + side + loss_point_transient(trace)
 
 
 def loss_point_held(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> int:
@@ -294,6 +310,12 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transient
     state = checkpoint_state_bytes(trace) if transients else 0
     for a in group_end:
         add(a, last - a, state)  # stashed at the segment's entry, dropped when its backward is done
+    if transients:
+        # Side inputs: in the forward the model's code holds them (keep-all's fitted stages carry them); from
+        # the loss point on, only checkpoints (and layers that saved them) do. Not saved tensors: the ledger
+        # does not see what a checkpoint holds as its inputs, so the saved profile leaves them out.
+        a, side = side_input_hold(trace, decisions, group_end)
+        add(n, last - a, side)
     for i in range(n if transients else 0):
         add(i, i, forward_transient(trace, i))
         add(last - i, last - i, backward_transient(trace, i))

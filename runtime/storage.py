@@ -43,6 +43,14 @@ class StaticStorages:
             self._refs[id(s)] = weakref.ref(s)
         return self
 
+    def add_tensor(self, t: torch.Tensor) -> None:
+        """One more tensor's storage (a tensor without one, such as a functional wrapper, is left out)."""
+        try:
+            s = local_tensor(t).untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        self._refs[id(s)] = weakref.ref(s)
+
     def __contains__(self, t: object) -> bool:
         if not isinstance(t, torch.Tensor):
             return False

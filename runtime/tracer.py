@@ -24,6 +24,7 @@ traced layers, which no layer owns, are named with what they cost the smallest f
 
 from __future__ import annotations
 
+import gc
 import logging
 import statistics
 import weakref
@@ -87,10 +88,25 @@ class _LayerStats:
     """Re-run time inside the backward per re-run step (every layer checkpointed on its own)."""
     shared: int = 0
     """Bytes of storages it saved that an earlier layer saved first (attributed there)."""
+    side_input_bytes: int = 0
+    """Bytes of its inputs that need no gradient and that the step made outside the traced layers (masks,
+    rotary tables, position ids): a recompute checkpoint holds them (Layer.side_input_bytes)."""
 
 
 def _input_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     return [t for _, t in flatten((args, kwargs))]
+
+
+def _unique_storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    """Bytes of the distinct storages (what stays allocated while any view of each is held)."""
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    for t in tensors:
+        k = storage_key(t)
+        if k not in seen:
+            seen.add(k)
+            total += storage_nbytes(t)
+    return total
 
 
 def _unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -136,6 +152,16 @@ class _MemoryStep:
         # and the nodes an earlier layer's walk already went through. Held for the one step only.
         self.out_nodes: dict[Any, int] = {}
         self.walked: set[Any] = set()
+        # Storages alive before the step (the batch, what the process keeps): never side inputs of a layer.
+        self.resident = StaticStorages()
+
+    def note_resident(self) -> None:
+        """Remember every tensor alive now, at the start of the step (one walk over the garbage collector's
+        objects, before any layer runs)."""
+        for obj in gc.get_objects():
+            # type() rather than isinstance: isinstance would ask lazy module proxies for __class__.
+            if issubclass(type(obj), torch.Tensor):
+                self.resident.add_tensor(obj)
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and x not in self.static:
@@ -189,10 +215,15 @@ class _MemoryStep:
         self.static.add_module(self.modules[i])  # parameters gathered just in time (FSDP)
         inputs = _input_tensors(args, kwargs)
         st.input_bytes = _unique_bytes([t for t in inputs if t.requires_grad])
+        side = []
         for t in inputs:
             hit = self.producers.get(id(t.untyped_storage()))
-            if hit is not None and hit[1]() is t.untyped_storage() and hit[0] != i:
-                st.deps.add(hit[0])
+            if hit is not None and hit[1]() is t.untyped_storage():
+                if hit[0] != i:
+                    st.deps.add(hit[0])
+            elif not t.requires_grad and t not in self.static and t not in self.resident:
+                side.append(t)
+        st.side_input_bytes = _unique_storage_bytes(side)
         st.deps |= self._upstream([t.grad_fn for t in inputs if t.grad_fn is not None], i)
         self.stack.append(i)
 
@@ -596,6 +627,7 @@ def _memory_step(
     handles = [o.register_step_pre_hook(lambda *_a: meter.mark("optimizer")) for o in optimizers]
 
     def instrumented() -> None:
+        mem.note_resident()
         with wrapped(modules, mem), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
             step_fn()
 
@@ -642,6 +674,7 @@ def _layers(
                 forward_workspace_bytes=forward_workspace[k] if forward_workspace[k] < workspace[k] else None,
                 deps=sorted(pos[d] for d in st.deps if pos[d] < pos[orig]),
                 shared_input_bytes=st.shared or None,
+                side_input_bytes=st.side_input_bytes or None,
             )
         )
     return out

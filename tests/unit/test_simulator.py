@@ -10,7 +10,7 @@ import pytest
 from helpers import tiny_trace
 from memsched.optimizer.decisions import KEEP, Decision, offload_all, recompute
 from memsched.optimizer.simulate import simulate
-from memsched.schema import Action
+from memsched.schema import Action, Trace
 
 
 def spans(sim, stream):
@@ -237,6 +237,41 @@ def test_loss_point_holds_every_checkpoint_input_and_no_recomputed_bytes():
     assert simulate(tr, ds).stage_bytes[2] == 36
 
 
+def test_checkpoints_hold_side_inputs_from_the_loss_point_to_the_earliest_holders_backward():
+    # A rotary table or mask of 7 bytes, made by the step before the layers and read by layers 1 and 2 (no
+    # gradient, no traced producer). The forward's stages are keep-all's fit (the model's code holds it then);
+    # after the forward only checkpoints hold it: one set, over the earliest holding segment's span.
+    from memsched.optimizer.simulate import loss_point_bytes, side_input_hold
+
+    tr = tiny_trace([1, 1, 1, 1], [1, 1, 1, 1], [10, 20, 30, 40])
+    tr.layers[1].side_input_bytes = 7
+    tr.layers[2].side_input_bytes = 7
+    keep = [KEEP] * 4
+    assert side_input_hold(tr, keep) == (-1, 0)
+    assert simulate(tr, keep).stage_bytes == simulate(replace_side(tr, 0), keep).stage_bytes
+    # Segments [1] and [2, 3]: the earliest holder is segment 1; held at the loss point and
+    # from B3 (stage 4) through B1 (stage 6), not in B0.
+    plan = [KEEP, recompute(), recompute(), recompute(group=2)]
+    assert side_input_hold(tr, plan) == (1, 7)
+    without = replace_side(tr, 0)
+    base = simulate(without, plan).stage_bytes
+    got = simulate(tr, plan).stage_bytes
+    # F3's stage is the larger of its forward (the larger here) and the loss point, which holds the 7 too.
+    assert [g - b for g, b in zip(got, base, strict=True)] == [0, 0, 0, 0, 7, 7, 7, 0]
+    assert loss_point_bytes(tr, plan) == loss_point_bytes(without, plan) + 7
+    # Only layer 0 reads it and only layer 3 is recomputed: no checkpoint holds it.
+    tr.layers[1].side_input_bytes = tr.layers[2].side_input_bytes = None
+    tr.layers[0].side_input_bytes = 7
+    assert side_input_hold(tr, [KEEP, KEEP, KEEP, recompute()]) == (-1, 0)
+
+
+def replace_side(tr: Trace, nbytes: int) -> Trace:
+    out = tr.model_copy(deep=True)
+    for layer in out.layers:
+        layer.side_input_bytes = nbytes or None
+    return out
+
+
 def test_ilp_counts_the_unattributed_transient_too():
     from memsched.optimizer.solve import solve
     from memsched.options import SolveOptions
@@ -273,6 +308,7 @@ def test_new_default_fields_keep_old_hashes():
         del layer["recompute_s"]
         del layer["forward_workspace_bytes"]
         del layer["shared_input_bytes"]
+        del layer["side_input_bytes"]
     import hashlib
     import json
 
