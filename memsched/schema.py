@@ -80,10 +80,21 @@ class StaticBytes(_Strict):
     """Optimizer state bytes (e.g. 2x params for Adam)."""
     other: Bytes = 0
     """Bytes of anything else resident for the whole step (input batch, buffers, allocator reserve)."""
+    saved_before_layers: Bytes = 0
+    """Bytes the step itself saves outside every traced layer before the first one runs (an embedding's, a CNN
+    stem's saved tensors). They live to the end of the backward and no schedule moves them, so the planner
+    treats them as static; but the step allocates them, so to the user they are activations, and a percentage
+    budget counts them as such (optimizer/budget.py). 0 in traces written before this field (there they are
+    in `other`)."""
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer_state + self.other
+        return self.params + self.grads + self.optimizer_state + self.other + self.saved_before_layers
+
+    @property
+    def resident(self) -> int:
+        """What the device holds when the step begins (total without saved_before_layers)."""
+        return self.total - self.saved_before_layers
 
 
 # How far below the sum of its layers' forward + backward times a trace's measured step may be (see
@@ -149,6 +160,18 @@ class Layer(_Strict):
     layers (deduplicated by storage within the layer). A recompute segment's checkpoint keeps its layers' inputs
     until its backward is done, so after the forward these live on while any segment holds them (docs/
     cost-model.md, 'Side inputs'). None means 0 (traces written before this field price as before)."""
+
+    changed_buffer_bytes: Bytes | None = None
+    """Bytes of the buffers this layer's forward changes (BatchNorm's running statistics and its batch count).
+    Recomputing it keeps a snapshot of them from F_i until its segment's backward is done, so the re-run reads
+    what the forward read, and re-runs on private copies of them, which the layer's backward may keep as saved
+    tensors (BatchNorm does) from the re-run in B_b through B_i (docs/cost-model.md, 'What a recomputation
+    holds'). None means 0 (traces written before this field price as before)."""
+
+    @property
+    def changed_buffers(self) -> int:
+        """changed_buffer_bytes, or 0 where None."""
+        return self.changed_buffer_bytes or 0
 
     @property
     def side_input(self) -> int:
@@ -305,8 +328,16 @@ class Trace(_Strict):
         doc = self.model_dump(mode="json")
         if doc["device"].get("concurrent_copies", True):
             doc["device"].pop("concurrent_copies", None)
+        if not doc["static"].get("saved_before_layers"):
+            doc["static"].pop("saved_before_layers", None)
         for layer in doc["layers"]:
-            for key in ("recompute_s", "forward_workspace_bytes", "shared_input_bytes", "side_input_bytes"):
+            for key in (
+                "recompute_s",
+                "forward_workspace_bytes",
+                "shared_input_bytes",
+                "side_input_bytes",
+                "changed_buffer_bytes",
+            ):
                 if layer.get(key, 0) is None:
                     layer.pop(key)
         payload = json.dumps(doc, sort_keys=True, separators=(",", ":"))

@@ -10,18 +10,26 @@ from memsched.units import BudgetSpec, format_bytes, parse_budget
 
 
 def keepall_activation_peak(trace: Trace) -> int:
-    """Peak non-static bytes of the in-core step: the '100%' of a percentage budget."""
+    """Peak non-static bytes of the in-core step (what a schedule can act on)."""
     return max(stage_memory(trace, [KEEP] * trace.n))
 
 
+def keepall_step_activations(trace: Trace) -> int:
+    """What the in-core step allocates at its peak beyond what the device held when it began: the '100%' of a
+    percentage budget, as a user measures it (peak minus the memory at the step's start). It includes what the
+    step saves before the first traced layer (StaticBytes.saved_before_layers), which no schedule moves."""
+    return keepall_activation_peak(trace) + trace.static.saved_before_layers
+
+
 def resolve_budget(spec: BudgetSpec | str | int, trace: Trace) -> int:
-    """Budget in bytes: absolute as given, or static + N% of the keep-all peak activation bytes."""
+    """Budget in bytes: absolute as given, or what the device holds at the step's start + N% of the keep-all
+    step's activations (`keepall_step_activations`)."""
     if not isinstance(spec, BudgetSpec):
         spec = parse_budget(spec)
     if spec.percent is None:
         assert spec.bytes is not None
         return spec.bytes
-    value = trace.static.total + round(keepall_activation_peak(trace) * spec.percent / 100.0)
+    value = trace.static.resident + round(keepall_step_activations(trace) * spec.percent / 100.0)
     if value <= 0:
         raise MemschedError(f"budget: {spec.describe()} of this trace is 0 bytes; give a larger percentage")
     return value

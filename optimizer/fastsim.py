@@ -50,6 +50,7 @@ class FastSim:
         self.deps = np.array([j for x in layers for j in x.deps], dtype=np.int64)
         self.shared = np.array([x.shared_input for x in layers], dtype=np.int64)
         self.side = np.array([x.side_input for x in layers], dtype=np.int64)
+        self.changed = np.array([x.changed_buffers for x in layers], dtype=np.int64)
         dev = trace.device
         self.d2h_bw, self.h2d_bw, self.latency = dev.d2h_bytes_per_s, dev.h2d_bytes_per_s, dev.copy_latency_s
         self.serial = not dev.concurrent_copies
@@ -75,6 +76,7 @@ class FastSim:
             self.deps,
             self.shared,
             self.side,
+            self.changed,
             self.d2h_bw,
             self.h2d_bw,
             self.latency,
@@ -117,6 +119,7 @@ def _stage_memory(
     deps: np.ndarray,
     shared: np.ndarray,
     side: np.ndarray,
+    changed: np.ndarray,
     loss_transient: int,
     ckpt_state: int,
 ) -> np.ndarray:  # pragma: no cover
@@ -137,8 +140,10 @@ def _stage_memory(
             _add(diff, i, done_by[i], x)
             _add(diff, last - prefetch_at[i], last - i, x)
         else:
+            a = seg_start[i]
             _add(diff, i, i, s)
-            _add(diff, last - seg_end[seg_start[i]], last - i, s)
+            _add(diff, last - seg_end[a], last - i, s + changed[i])  # with the re-run's buffer copies
+            _add(diff, i, last - a, changed[i])  # the snapshot (simulate._stage_memory)
     # Checkpoint inputs: each outside producer once, at the earliest segment that holds it.
     earliest = np.full(n, n, dtype=np.int64)
     side_held = 0
@@ -168,7 +173,7 @@ def _stage_memory(
         if seg_end[a] >= 0:
             held += ckpt_state
             for c in range(a, seg_end[a] + 1):
-                held += external[c]
+                held += external[c] + changed[c]
     # Saved twice (simulate.shared_input_holders): a layer not recomputed that reads a recomputed producer holds
     # what both saved, strictly between F_c and B_c (its workspace carries it at those two stages).
     for c in range(n):
@@ -236,6 +241,7 @@ def _evaluate(
     deps: np.ndarray,
     shared: np.ndarray,
     side: np.ndarray,
+    changed: np.ndarray,
     d2h_bw: float,
     h2d_bw: float,
     latency: float,
@@ -305,6 +311,7 @@ def _evaluate(
                 deps,
                 shared,
                 side,
+                changed,
                 loss_transient,
                 ckpt_state,
             )
@@ -351,6 +358,7 @@ def _evaluate(
         deps,
         shared,
         side,
+        changed,
         loss_transient,
         ckpt_state,
     )

@@ -240,7 +240,11 @@ def loss_point_bytes(trace: Trace, decisions: list[Decision], ends: dict[int, in
     group_end = segment_ends(decisions) if ends is None else ends
     state = checkpoint_state_bytes(trace) * len(group_end)
     side = side_input_hold(trace, decisions, group_end)[1]
-    return loss_point_held(trace, decisions, group_end) + state + side + loss_point_transient(trace)
+    snapshots = sum(
+        x.changed_buffers for x, d in zip(trace.layers, decisions, strict=True) if d.action == Action.RECOMPUTE
+    )
+    held = loss_point_held(trace, decisions, group_end)
+    return held + state + side + snapshots + loss_point_transient(trace)
 
 
 def loss_point_held(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> int:
@@ -295,8 +299,15 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transient
             add(last - d.prefetch_at, bwd, x)  # prefetch destination allocated when it is issued
         else:
             add(fwd, fwd, s)  # produced during its own forward, then dropped
-            b = group_end[group_start(decisions, i)]
+            a = group_start(decisions, i)
+            b = group_end[a]
             add(last - b, bwd, s)  # rematerialised when the segment's backward starts
+            # Changed buffers: the re-run's private copies, saved for the layer's backward (BatchNorm's running
+            # statistics); in the transients, the snapshot kept from F_i until the segment's backward is done.
+            m = layer.changed_buffers
+            add(last - b, bwd, m)
+            if transients:
+                add(fwd, last - a, m)
     for j, a in checkpoint_inputs(trace, decisions, group_end).items():
         add(a + 1, last - a - 1, trace.layers[j].output_bytes)
     for a, b in group_end.items():

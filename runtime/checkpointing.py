@@ -108,6 +108,15 @@ class LayerBuffers:
         """Slots a forward of this layer changed so far; None before its first forward."""
         self._warned: set[int] = set()
 
+    def changing_bytes(self) -> int:
+        """Bytes of the slots its forwards were seen to change (0 before its first forward)."""
+        total = 0
+        for k in sorted(self.changing or ()):
+            t = self._current(k)
+            if t is not None:
+                total += int(t.untyped_storage().nbytes())
+        return total
+
     def _current(self, k: int) -> torch.Tensor | None:
         m, b = self.slots[k]
         return m._buffers.get(b)

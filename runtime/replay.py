@@ -212,6 +212,11 @@ class ScheduledModel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
 
+    def changed_buffer_bytes(self) -> list[int]:
+        """Per layer of the plan: bytes of the buffers its forwards were seen to change, learned where it is
+        recomputed (the snapshots a recompute keeps); 0 for the other layers."""
+        return [0 if b is None else b.changing_bytes() for b in self._buffers]
+
     def __getattr__(self, name: str) -> Any:
         if name == "model":  # not yet set: avoid recursing during construction
             raise AttributeError(name)

@@ -88,6 +88,8 @@ class _LayerStats:
     """Re-run time inside the backward per re-run step (every layer checkpointed on its own)."""
     shared: int = 0
     """Bytes of storages it saved that an earlier layer saved first (attributed there)."""
+    changed_buffer_bytes: int = 0
+    """Bytes of the buffers its forward changes, learned by the re-run steps (Layer.changed_buffer_bytes)."""
     side_input_bytes: int = 0
     """Bytes of its inputs that need no gradient and that the step made outside the traced layers (masks,
     rotary tables, position ids): a recompute checkpoint holds them (Layer.side_input_bytes)."""
@@ -173,7 +175,7 @@ class _MemoryStep:
         s = x.untyped_storage()
         if not self.stack:
             # Saved outside every traced layer, before the first one runs (embeddings): no schedule moves it
-            # and it lives until the end of the backward, so it is static memory (StaticBytes.other), once
+            # and it lives until the end of the backward, so it is static memory (StaticBytes.saved_before_layers), once
             # per storage. What is saved outside the layers later (the head, the loss) lives only around
             # the loss: the whole-step fit places it there (`fit_workspace`).
             if self.order:
@@ -579,10 +581,13 @@ def _time_reruns(
     )
     probe = _RerunProbe(stats, clock)
     try:
-        with ScheduledModel(model, ckpt), wrapped(modules, probe):
+        with ScheduledModel(model, ckpt) as sm, wrapped(modules, probe):
             for _ in range(RERUN_STEPS):
                 step_fn()
                 probe.collect()
+            # What the replay learned while recomputing every layer: the buffers each forward changes.
+            for st, nbytes in zip(stats, sm.changed_buffer_bytes(), strict=True):
+                st.changed_buffer_bytes = nbytes
     except MemschedError as e:  # e.g. the framework's own gradient checkpointing is on
         report.warn(f"re-run times not measured (recompute_s left null: priced as forward_s): {e}")
         for st in stats:
@@ -675,6 +680,7 @@ def _layers(
                 deps=sorted(pos[d] for d in st.deps if pos[d] < pos[orig]),
                 shared_input_bytes=st.shared or None,
                 side_input_bytes=st.side_input_bytes or None,
+                changed_buffer_bytes=st.changed_buffer_bytes or None,
             )
         )
     return out
@@ -891,7 +897,7 @@ def trace_with_report(
     for extra in optimizers[1:]:
         static.optimizer_state += static_bytes(model, extra).optimizer_state
     static.other += resident_beyond_static(model, static, whole)
-    static.other += sum(nbytes for _, nbytes in mem.outside.values())
+    static.saved_before_layers = sum(nbytes for _, nbytes in mem.outside.values())
     workspace, forward_workspace = fit_workspace([stats[i] for i in mem.order], static.total, whole)
     traced = _layers(stats, mem.order, workspace, forward_workspace)
     _check_times(traced, step_s, report)

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict
 from memsched.errors import MemschedError
 from memsched.hardware import LinkPreset, for_planned_trace, planned_trace, what_if_device
 from memsched.optimizer.baselines import evaluate_baselines
-from memsched.optimizer.budget import check_budget_feasible, keepall_activation_peak
+from memsched.optimizer.budget import check_budget_feasible, keepall_step_activations
+from memsched.optimizer.budget import keepall_activation_peak as keepall_activation_peak  # api.examples
 from memsched.optimizer.budget import resolve_budget as budget_bytes
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.optimizer.solve import solve
@@ -45,9 +46,10 @@ class Comparison:
     budget_bytes: int
     """Resolved budget in bytes."""
     static_bytes: int
-    """Static bytes of the trace."""
+    """What the device holds when the step begins (StaticBytes.resident: static bytes without those the step
+    saves before its layers)."""
     keepall_activation_bytes: int
-    """Keep-all peak activation bytes (what 100% means)."""
+    """Keep-all peak bytes beyond static_bytes (what 100% means: budget.keepall_step_activations)."""
     rows: list[CompareRow]
     """One row per policy."""
 
@@ -106,7 +108,7 @@ def compare_policies(
         )
         for r in evaluate_baselines(trace, b)
     ]
-    return Comparison(b, trace.static.total, keepall_activation_peak(trace), rows)
+    return Comparison(b, trace.static.resident, keepall_step_activations(trace), rows)
 
 
 def solve_trace(

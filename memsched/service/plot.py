@@ -77,9 +77,9 @@ def static_parts(trace: Trace) -> list[tuple[str, int]]:
         ("params", s.params),
         ("grads", s.grads),
         ("optimizer state", s.optimizer_state),
-        # The tracer puts buffers and the activations saved outside every traced layer (before the first one,
-        # e.g. embeddings) here; an importer puts the input batch here.
-        ("other: buffers, activations saved outside the traced layers", s.other),
+        # The tracer puts buffers and what the process holds at the step's start here; an importer the batch.
+        ("other: buffers, the batch, what the process holds", s.other),
+        ("saved before the traced layers (embeddings, stem)", s.saved_before_layers),
     ]
     return [(name, b) for name, b in parts if b > 0]
 

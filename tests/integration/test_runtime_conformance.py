@@ -482,22 +482,21 @@ def test_solved_plans_leave_the_training_state_of_keep_all(name, frac, caplog):
 
 
 _UNDER_PRICED = {
-    # Each excess is accounted for to the byte (docs/cost-model.md, 'Not priced yet'); pricing it needs per-layer
-    # numbers that Trace schema 1 does not carry (a schema change), so these stay expected failures.
-    ("bn-cnn", 0.40): "not priced, needs a Trace field (2026-11-25): BatchNormCNN, blocks.0-2 recomputed as three "
-    "segments, budget = predicted 216,280 B: measured 216,712 B at B3, over budget by 3 x 144 B = the "
-    "recomputed blocks' BatchNorm buffer snapshots (runtime/checkpointing.py), live F_i..B_a; the trace has no "
-    "per-layer changed-buffer bytes",
+    # Each excess is accounted for to the byte (docs/cost-model.md, 'Not priced yet'): a skip the model's code
+    # keeps (a per-output liveness the trace does not carry) and the re-run's RNG fork (a re-run moment the
+    # three pricers do not have), so these stay expected failures. BatchNormCNN's snapshots are priced since
+    # Layer.changed_buffer_bytes (its 40% plan fits).
     ("unet", 0.40): "not priced, needs a Trace field (2026-11-25): UNet, downs.0-1 recomputed, budget = predicted "
     "208,168 B (the smallest feasible): measured 209,400 B at F3; F2 and F3 are +6,352 B = the two skips the "
     "model's code keeps alive (4,096 + 2,048 B, saved bytes of the recomputed layers) + 208 B of BatchNorm "
     "buffer snapshots",
-    ("shared", 0.75): "not priced, needs a Trace field (2026-11-25): SharedNet, blocks.0-1 recomputed, budget = "
-    "predicted 88,436 B (the smallest feasible): measured 90,904 B (+2,468 B) at B1, inside the re-run: the "
-    "forked RNG state (5,056 B), the shared BatchNorm's snapshots and copies; the re-run moment needs the "
-    "forward's own workspace and the changed-buffer bytes per layer",
-    ("shared", 0.40): "not priced, needs a Trace field (2026-11-25): SharedNet, the plan and numbers of shared-75 "
-    "(both fractions fall to the smallest feasible budget): measured 90,904 B > 88,436 B at B1 (the re-run)",
+    ("shared", 0.75): "not priced (2026-11-24): SharedNet, blocks.0-1 recomputed as one segment, budget = "
+    "predicted 88,980 B (the smallest feasible; the snapshots and the re-run's copies of the shared BatchNorm's "
+    "statistics are priced since Layer.changed_buffer_bytes): measured 90,904 B (+1,924 B) at B1, inside the "
+    "re-run: torch.random.fork_rng's second RNG state (5,056 B), live only while the segment re-runs; the DP and "
+    "the MILP price the stashed state exactly, so the fork needs a re-run moment in all three pricers",
+    ("shared", 0.40): "not priced (2026-11-24): SharedNet, the plan and numbers of shared-75 (both fractions "
+    "fall to the smallest feasible budget): measured 90,904 B > 88,980 B at B1 (the re-run's RNG fork)",
 }
 
 

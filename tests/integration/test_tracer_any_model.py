@@ -265,3 +265,46 @@ def test_tensors_the_process_holds_before_the_step_are_static_not_workspace():
     above = [simulate(t, checkpoint_all(t)).peak_bytes - t.static.total for t in (plain, kept)]
     assert above[0] == above[1]
     del held
+
+
+class MaskedBlock(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x)) * mask
+
+
+class MaskedNet(nn.Module):
+    """Three blocks that read one mask the forward makes (no gradient, no traced producer), like a causal mask
+    or a Llama's rotary tables."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(MaskedBlock(d) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = (torch.arange(x.shape[-1]) % 2).to(x.dtype).expand(x.shape[0], -1).contiguous()
+        for b in self.blocks:
+            x = b(x, mask)
+        return x.sum()
+
+
+def test_side_inputs_and_changed_buffers_are_recorded_per_layer():
+    """What a recompute checkpoint holds beyond its layers' gradient inputs (Layer.side_input_bytes: the mask
+    the forward made, not the batch alive before the step) and what its buffer snapshots hold
+    (Layer.changed_buffer_bytes: a BatchNorm2d(C)'s running mean and variance, 4 * C bytes each, and its
+    batch count, 8)."""
+    torch.manual_seed(0)
+    model = MaskedNet().train()
+    x = torch.randn(4, 16, requires_grad=False)
+    tr = trace(model, lambda: model(x).backward(), layers=[r"blocks\.\d+"], steps=1, warmup=1)
+    assert [layer.side_input_bytes for layer in tr.layers] == [4 * 16 * 4] * 3
+    assert [layer.changed_buffer_bytes for layer in tr.layers] == [None] * 3
+
+    w = unet_workload()
+    tr = trace(w.model, w.step, layers=["enc1", "enc2", "dec1"], steps=1, warmup=1, optimizer=w.optimizer)
+    assert [layer.changed_buffer_bytes for layer in tr.layers] == [2 * 4 * c + 8 for c in (4, 8, 4)]
+    # enc1 reads the batch (alive before the step: static), the others read traced outputs.
+    assert [layer.side_input_bytes for layer in tr.layers] == [None] * 3

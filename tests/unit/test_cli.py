@@ -223,12 +223,14 @@ def test_trace_prints_every_static_part(tmp_path, capsys):
     code, out, err = run([*args, "-o", path], capsys)
     assert code == 0, err
     s = load_trace(path).static
-    assert s.other > 0  # the embeddings' saved activations and buffers: the part the line used to leave out
+    assert s.other > 0  # buffers and the batch: the part the line used to leave out
+    assert s.saved_before_layers > 0  # the embeddings' saved activations
     text = " ".join(out.split())
     parts = (
         f"static {format_bytes(s.total)} (params {format_bytes(s.params)}, grads {format_bytes(s.grads)}, "
-        f"optimizer {format_bytes(s.optimizer_state)}, other {format_bytes(s.other)}: buffers and activations "
-        "saved outside the traced layers)"
+        f"optimizer {format_bytes(s.optimizer_state)}, other {format_bytes(s.other)}: buffers and what the process "
+        f"holds at the step's start, saved before the layers {format_bytes(s.saved_before_layers)}: activations no "
+        "schedule moves)"
     )
     assert parts in text
-    assert s.params + s.grads + s.optimizer_state + s.other == s.total
+    assert s.params + s.grads + s.optimizer_state + s.other + s.saved_before_layers == s.total

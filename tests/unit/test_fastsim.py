@@ -60,6 +60,7 @@ def test_fastsim_equals_the_simulator(dag: bool, serial: bool) -> None:
             for layer in trace.layers:
                 layer.side_input_bytes = rng.choice([None, 0, 4096, 2**20])
                 layer.shared_input_bytes = rng.choice([None, 0, 2**16])
+                layer.changed_buffer_bytes = rng.choice([None, 0, 144, 2**12])
         for frac in (0.0, 0.1, 0.4, 1.0):
             budget = budget_between(trace, frac)
             fast = FastSim(trace, budget)

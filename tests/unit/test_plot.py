@@ -50,7 +50,7 @@ def test_mib_model_is_labelled_in_mib_and_static_parts_are_named() -> None:
             "static params (460.00 KiB)",
             "static grads (460.00 KiB)",
             "static optimizer state (920.00 KiB)",
-            "static other: buffers, activations saved outside the traced layers (4.70 MiB)",
+            "static other: buffers, the batch, what the process holds (4.70 MiB)",
         ]
         assert "budget 20.00 MiB" in legend
     finally:

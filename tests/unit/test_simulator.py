@@ -265,6 +265,26 @@ def test_checkpoints_hold_side_inputs_from_the_loss_point_to_the_earliest_holder
     assert side_input_hold(tr, [KEEP, KEEP, KEEP, recompute()]) == (-1, 0)
 
 
+def test_recomputed_layers_hold_their_buffer_snapshots_and_the_reruns_copies():
+    # Layer 1 changes 5 bytes of buffers (BatchNorm's statistics). Recomputed in segment [1..2]: the snapshot
+    # from F1 through B1 (its segment's start), across the loss point; the re-run's copies, saved for its
+    # backward, from the re-run in B2 through B1. Kept, nothing.
+    from memsched.optimizer.saved_profile import saved_profile
+    from memsched.optimizer.simulate import loss_point_bytes
+
+    tr = tiny_trace([1, 1, 1, 1], [1, 1, 1, 1], [10, 20, 30, 40])
+    plain = tr.model_copy(deep=True)
+    tr.layers[1].changed_buffer_bytes = 5
+    plan = [KEEP, recompute(), recompute(group=1), KEEP]
+    got, base = simulate(tr, plan).stage_bytes, simulate(plain, plan).stage_bytes
+    # Stages F0 F1 F2 F3 | B3 B2 B1 B0: snapshot F1..B1; copies B2..B1.
+    assert [g - b for g, b in zip(got, base, strict=True)] == [0, 5, 5, 5, 5, 10, 10, 0]
+    assert loss_point_bytes(tr, plan) == loss_point_bytes(plain, plan) + 5
+    saved = [g - b for g, b in zip(saved_profile(tr, plan), saved_profile(plain, plan), strict=True)]
+    assert saved == [0, 0, 0, 0, 0, 5, 5, 0]  # the copies are saved tensors; the snapshot is not
+    assert simulate(tr, [KEEP] * 4).stage_bytes == simulate(plain, [KEEP] * 4).stage_bytes
+
+
 def replace_side(tr: Trace, nbytes: int) -> Trace:
     out = tr.model_copy(deep=True)
     for layer in out.layers:
@@ -304,11 +324,13 @@ def test_new_default_fields_keep_old_hashes():
     doc = tr.model_dump(mode="json")
     # The trace as version 1 wrote it: without the fields added since (at their defaults).
     del doc["device"]["concurrent_copies"]
+    del doc["static"]["saved_before_layers"]
     for layer in doc["layers"]:
         del layer["recompute_s"]
         del layer["forward_workspace_bytes"]
         del layer["shared_input_bytes"]
         del layer["side_input_bytes"]
+        del layer["changed_buffer_bytes"]
     import hashlib
     import json
 
