@@ -35,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small batch / sequence and few steps")
     p.add_argument("--batch-size", type=int, help="batch size (default: per model, see --quick)")
     p.add_argument("--size", type=int, help="sequence length (text) or image side (vision)")
-    p.add_argument("--steps", type=int, help="timed steps per run (median is reported); default 2 quick, 5 full")
+    p.add_argument("--steps", type=int, help="timed steps per run (median is reported); default 3 quick, 5 full")
     p.add_argument("--warmup", type=int, default=1, help="warm-up steps per run (compilation happens here)")
     p.add_argument(
         "--budgets",
@@ -71,7 +71,7 @@ def _settings(a: argparse.Namespace, model: str, command: str) -> Settings:
         model=model,
         batch_size=a.batch_size or preset[0],
         size=a.size or preset[1] or default_size(model),
-        steps=a.steps or (2 if a.quick else 5),
+        steps=a.steps or (3 if a.quick else 5),
         warmup=a.warmup,
         budgets=tuple(float(b) for b in a.budgets.split(",")),
         approaches=approaches,
