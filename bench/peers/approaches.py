@@ -223,5 +223,5 @@ LABELS = {
     "torch.compile-budget": "torch.compile activation_memory_budget",
     "sac-milp": "PyTorch SAC MILP (sac_ilp)",
     "memsched": "memsched",
-    "memsched-recompute": "memsched, recompute only (copies priced out)",
+    "memsched-recompute": "memsched, recompute only (actions keep,recompute)",
 }
