@@ -96,7 +96,10 @@ def prepare_memsched(spec: ModelSpec, fraction: float, no_offload: bool = False)
         f"{schedule.policy} via {schedule.solver.backend} ({schedule.solver.status.value}): "
         + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     ]
-    with rt.apply_schedule(spec.model, schedule, trace=tr, ledger=ledger) as sm:
+    # No ledger on the measured steps: its per-tensor bookkeeping (a weakref finalizer per saved storage) is the
+    # measurement's, not the user's loop's, and would slow memsched's steps alone (memsched.runtime.measure
+    # keeps it off the timed steps for the same reason). One extra step with it attached reads the saved peak.
+    with rt.apply_schedule(spec.model, schedule, trace=tr) as sm:
 
         def step() -> None:
             # The same step the trace timed (get_trace) and the peers run (approaches._plain_step): the model's
@@ -105,6 +108,12 @@ def prepare_memsched(spec: ModelSpec, fraction: float, no_offload: bool = False)
             backward(sm(**spec.batch).loss)
 
         def after() -> dict[str, Any]:
+            sm.ledger = ledger
+            try:
+                ledger.reset()
+                step()
+            finally:
+                sm.ledger = None
             st = ledger.stats()
             pool = sm.pool_stats()
             # On the CPU, the host buffer pool is the same RAM the step uses: its buffers outlive the step (so
