@@ -34,13 +34,16 @@ def recompute(group: int = -1) -> Decision:
 
 
 def offload_all(trace: Trace, i: int, done_by: int = -1, prefetch_at: int = -1) -> Decision:
-    """Offload every saved tensor of layer i (or keep it, if it saves nothing)."""
+    """Offload every saved tensor of layer i (or keep it, if it saves nothing). A 0-byte entry is not offloaded:
+    it stands for a storage that code outside the layers also holds (the tracer's placeholder), which an offload
+    would copy without freeing."""
     tensors = trace.layers[i].tensors
-    if not tensors:
+    movable = tuple(t for t, b in enumerate(tensors) if b > 0)
+    if not movable:
         return KEEP
     return Decision(
         action=Action.OFFLOAD,
-        offload_tensors=tuple(range(len(tensors))),
+        offload_tensors=movable,
         offload_bytes=sum(tensors),
         done_by=done_by,
         prefetch_at=prefetch_at,
@@ -53,7 +56,7 @@ def offload_subset(
     sizes = trace.layers[i].tensors
     return Decision(
         action=Action.OFFLOAD,
-        offload_tensors=tuple(tensors),
+        offload_tensors=tuple(t for t in tensors if sizes[t] > 0),  # not the placeholders (offload_all)
         offload_bytes=sum(sizes[t] for t in tensors),
         done_by=done_by,
         prefetch_at=prefetch_at,

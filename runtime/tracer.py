@@ -183,12 +183,18 @@ class _MemoryStep:
                 if (claim is None or claim() is not s) and (late is None or late[0]() is not s):
                     self.between[id(s)] = (weakref.ref(s), storage_nbytes(x), len(self.order))
                 return
+            if x in self.resident:
+                return  # alive before the step (the batch a stem's first op saves): static already
             claim, hit = self.claims.get(id(s)), self.outside.get(id(s))
             if (claim is None or claim() is not s) and (hit is None or hit[0]() is not s):
                 self.outside[id(s)] = (weakref.ref(s), storage_nbytes(x))
             return
+        hit = self.outside.get(id(s))
+        pinned = hit is not None and hit[0]() is s
         ref = self.claims.get(id(s))
         if ref is not None and ref() is s:
+            if pinned:
+                return  # static (below): no layer holds it alone
             # Counted once, for the layer that saved it first. A later layer saving it too (ResNet: a block's
             # last ReLU output is the next block's input) needs it back at its own backward, before the first
             # layer's: if that layer offloads it, it returns early. Noted for the workspace (`fit_workspace`).
@@ -197,9 +203,18 @@ class _MemoryStep:
                 self.shared_seen.add((id(s), me))
                 self.stats[me].shared += storage_nbytes(x)
             return
-        hit = self.outside.pop(id(s), None)
-        if hit is not None and hit[0]() is not s:
-            self.outside[id(s)] = hit  # another (dead) storage had this id: keep its entry
+        if pinned:
+            # Code before the first layer saved it too (a CNN stem's last ReLU output, read by block 0): that
+            # autograd node holds it to the end of the backward whatever this layer does, so it stays static
+            # (saved_before_layers). It keeps its place in the layer's save order, with 0 bytes, because the
+            # replay numbers a layer's saved storages in the order it claims them; no plan offloads a 0-byte
+            # entry (decisions.offload_all).
+            self.claims[id(s)] = weakref.ref(s)
+            self.owner[id(s)] = self.stack[-1]
+            self.stats[self.stack[-1]].saved.append(0)
+            return
+        if hit is not None:
+            del self.outside[id(s)]  # another (dead) storage had this id
         late = self.between.pop(id(s), None)
         if late is not None and late[0]() is not s:
             self.between[id(s)] = late
@@ -216,7 +231,10 @@ class _MemoryStep:
         self.meter.mark(f"F{i}")
         self.static.add_module(self.modules[i])  # parameters gathered just in time (FSDP)
         inputs = _input_tensors(args, kwargs)
-        st.input_bytes = _unique_bytes([t for t in inputs if t.requires_grad])
+        # An input that code before the first layer saved (a stem's last ReLU output) is static: a checkpoint of
+        # this layer holds nothing more by keeping it, so it is not a checkpoint input (nor, then, counted as
+        # the input gradient: the whole-step fit carries that at B_i).
+        st.input_bytes = _unique_bytes([t for t in inputs if t.requires_grad and not self._pinned(t)])
         side = []
         for t in inputs:
             hit = self.producers.get(id(t.untyped_storage()))
@@ -228,6 +246,12 @@ class _MemoryStep:
         st.side_input_bytes = _unique_storage_bytes(side)
         st.deps |= self._upstream([t.grad_fn for t in inputs if t.grad_fn is not None], i)
         self.stack.append(i)
+
+    def _pinned(self, t: torch.Tensor) -> bool:
+        """Whether code before the first layer saved this tensor's storage (StaticBytes.saved_before_layers)."""
+        s = t.untyped_storage()
+        hit = self.outside.get(id(s))
+        return hit is not None and hit[0]() is s
 
     def _upstream(self, nodes: list[Any], i: int) -> set[int]:
         """The traced layers whose outputs reach layer i's inputs through untraced ops (a pool, a concat, a
