@@ -253,7 +253,7 @@ def build(name: str, small: bool) -> Workload:
 
 def run_model(name: str, small: bool, n_random: int, n_offload: int, seed: int, steps: int, warmup: int) -> list[Row]:
     from memsched.optimizer.simulate import make_schedule, simulate
-    from memsched.runtime import trace
+    from memsched.runtime import trace_workload
     from memsched.runtime.measure import measure_side_by_side
     from memsched.schema import SolverRecord, SolverStatus
     from memsched.service.measure import measured_stage_peaks, predicted_stage_peaks, worst_stage
@@ -261,16 +261,7 @@ def run_model(name: str, small: bool, n_random: int, n_offload: int, seed: int, 
     gc.collect()
     w = build(name, small)
     t0 = time.perf_counter()
-    tr = trace(
-        w.model,
-        w.step,
-        steps=steps,
-        warmup=warmup,
-        model_id=w.model_id,
-        batch_size=w.batch_size,
-        seq_len=w.seq_len,
-        optimizer=w.optimizer,
-    )
+    tr, _ = trace_workload(w, steps=steps, warmup=warmup)
     log.info("%s: traced in %.0f s, %d layers", tr.model, time.perf_counter() - t0, tr.n)
     record = SolverRecord(backend="validation", status=SolverStatus.HEURISTIC)
     rows: list[Row] = []

@@ -108,23 +108,14 @@ def run_model(
     from memsched.errors import InfeasibleBudgetError
     from memsched.optimizer.budget import min_feasible_budget
     from memsched.options import SolveOptions
-    from memsched.runtime import builtin_workload, trace
+    from memsched.runtime import builtin_workload, trace_workload
     from memsched.service import solve_trace
     from memsched.service.measure import WorkloadArgs, run_measure
 
     batch, seq = (2, 128) if small else SHAPES[name]
     w = builtin_workload(name, batch_size=batch, seq_len=seq, small=small, dropout=0.0)
     log.info("%s: tracing (batch %d, seq %d)", w.model_id, batch, seq)
-    tr = trace(
-        w.model,
-        w.step,
-        steps=steps,
-        warmup=warmup,
-        model_id=w.model_id,
-        batch_size=batch,
-        seq_len=w.seq_len,
-        optimizer=w.optimizer,
-    )
+    tr, _ = trace_workload(w, steps=steps, warmup=warmup)
     del w
     args = WorkloadArgs(name, batch_size=batch, seq_len=seq, small=small, dropout=0.0)
     rows: list[Row] = []

@@ -236,7 +236,7 @@ def _shape(w: Workload) -> str:
 def run_model(name: str, steps: int, warmup: int, time_limit: float) -> list[Row]:
     from memsched.errors import InfeasibleBudgetError
     from memsched.options import SolveOptions
-    from memsched.runtime import trace
+    from memsched.runtime import trace_workload
     from memsched.service import solve_trace
     from memsched.service.measure import WorkloadArgs, run_measure
 
@@ -245,17 +245,7 @@ def run_model(name: str, steps: int, warmup: int, time_limit: float) -> list[Row
     shape = _shape(w)
     log.info("%s: tracing (%s)", name, shape)
     t0 = time.perf_counter()
-    tr = trace(
-        w.model,
-        w.step,
-        steps=steps,
-        warmup=warmup,
-        model_id=w.model_id,
-        batch_size=w.batch_size,
-        seq_len=w.seq_len,
-        optimizer=w.optimizer,
-        measure_bandwidth=False,
-    )
+    tr, _ = trace_workload(w, steps=steps, warmup=warmup, measure_bandwidth=False)
     log.info(
         "%s: traced in %.0f s, %d layers, keep-all peak %d B",
         name,

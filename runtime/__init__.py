@@ -10,7 +10,7 @@ from memsched.runtime.memory import MemoryMeter, StepMemory, measure_step_memory
 from memsched.runtime.models import BUILTIN_MODELS, Workload, builtin_workload, load_factory, workload
 from memsched.runtime.pool import HostBufferPool, PoolStats
 from memsched.runtime.replay import ScheduledModel, apply_schedule
-from memsched.runtime.tracer import static_bytes, trace
+from memsched.runtime.tracer import static_bytes, trace, trace_workload
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -33,5 +33,6 @@ __all__ = [
     "measure_step_memory",
     "static_bytes",
     "trace",
+    "trace_workload",
     "workload",
 ]

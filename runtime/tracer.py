@@ -30,7 +30,7 @@ import statistics
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -47,6 +47,9 @@ from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, 
 from memsched.runtime.wrapping import CopySafeHook, check_compiled, wrapped
 from memsched.schema import STEP_BELOW_LAYERS_FACTOR, Baseline, DeviceInfo, Layer, StaticBytes, Trace
 from memsched.units import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    from memsched.runtime.models import Workload
 
 log = logging.getLogger(__name__)
 
@@ -99,26 +102,16 @@ def _input_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.
     return [t for _, t in flatten((args, kwargs))]
 
 
-def _unique_storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
-    """Bytes of the distinct storages (what stays allocated while any view of each is held)."""
+def _unique_bytes(tensors: Sequence[torch.Tensor], whole_storage: bool = False) -> int:
+    """Bytes of the tensors, each storage once: the tensors' own bytes, or with `whole_storage` their storages'
+    (what stays allocated while any view of each is held)."""
     seen: set[tuple[str, int]] = set()
     total = 0
     for t in tensors:
         k = storage_key(t)
         if k not in seen:
             seen.add(k)
-            total += storage_nbytes(t)
-    return total
-
-
-def _unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
-    seen: set[tuple[str, int]] = set()
-    total = 0
-    for t in tensors:
-        k = storage_key(t)
-        if k not in seen:
-            seen.add(k)
-            total += tensor_nbytes(t)
+            total += storage_nbytes(t) if whole_storage else tensor_nbytes(t)
     return total
 
 
@@ -243,7 +236,7 @@ class _MemoryStep:
                     st.deps.add(hit[0])
             elif not t.requires_grad and t not in self.static and t not in self.resident:
                 side.append(t)
-        st.side_input_bytes = _unique_storage_bytes(side)
+        st.side_input_bytes = _unique_bytes(side, whole_storage=True)
         st.deps |= self._upstream([t.grad_fn for t in inputs if t.grad_fn is not None], i)
         self.stack.append(i)
 
@@ -867,6 +860,20 @@ def trace(
         optimizer=optimizer,
         measure_bandwidth=measure_bandwidth,
     )[0]
+
+
+def trace_workload(w: Workload, **options: Any) -> tuple[Trace, TraceReport]:
+    """`trace_with_report` of a Workload: its model and step, and its identity, shape and optimizer (the
+    keyword `options` are trace_with_report's others: layers, steps, warmup, measure_bandwidth)."""
+    return trace_with_report(
+        w.model,
+        w.step,
+        model_id=w.model_id,
+        batch_size=w.batch_size,
+        seq_len=w.seq_len,
+        optimizer=w.optimizer,
+        **options,
+    )
 
 
 def trace_with_report(

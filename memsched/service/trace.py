@@ -41,7 +41,7 @@ def trace_model(
     import torch
 
     from memsched.runtime import workload
-    from memsched.runtime.tracer import trace_with_report
+    from memsched.runtime.tracer import trace_workload
 
     if steps < 1 or warmup < 0:
         raise MemschedError(f"--steps must be >= 1 and --warmup >= 0 (got {steps}, {warmup})")
@@ -56,17 +56,7 @@ def trace_model(
     except RuntimeError:
         raise MemschedError(f"--device {device!r} is not a device; use cpu or cuda[:N]") from None
     w = workload(model, strict=True, device=device, **workload_flags)
-    tr, report = trace_with_report(
-        w.model,
-        w.step,
-        layers=layer_pattern,
-        steps=steps,
-        warmup=warmup,
-        model_id=w.model_id,
-        batch_size=w.batch_size,
-        seq_len=w.seq_len,
-        optimizer=w.optimizer,
-    )
+    tr, report = trace_workload(w, layers=layer_pattern, steps=steps, warmup=warmup)
     return TraceRun(tr, w.model_id, list(report.warnings), report.unowned_bytes)
 
 
