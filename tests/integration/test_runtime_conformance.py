@@ -486,10 +486,10 @@ _UNDER_PRICED = {
     # keeps (a per-output liveness the trace does not carry) and the re-run's RNG fork (a re-run moment the
     # three pricers do not have), so these stay expected failures. BatchNormCNN's snapshots are priced since
     # Layer.changed_buffer_bytes (its 40% plan fits).
-    ("unet", 0.40): "not priced, needs a Trace field (2026-11-25): UNet, downs.0-1 recomputed, budget = predicted "
-    "208,168 B (the smallest feasible): measured 209,400 B at F3; F2 and F3 are +6,352 B = the two skips the "
-    "model's code keeps alive (4,096 + 2,048 B, saved bytes of the recomputed layers) + 208 B of BatchNorm "
-    "buffer snapshots",
+    ("unet", 0.40): "not priced (2026-11-24): UNet, downs.0-1 recomputed, budget = predicted 208,376 B (the "
+    "smallest feasible; its BatchNorm snapshots are priced since Layer.changed_buffer_bytes): measured 209,400 B "
+    "(+1,024 B) at F3; F2 and F3 hold +6,144 B = the two skips the model's code keeps alive (4,096 + 2,048 B, "
+    "saved bytes of the recomputed layers), which a per-output liveness in the trace would price",
     ("shared", 0.75): "not priced (2026-11-24): SharedNet, blocks.0-1 recomputed as one segment, budget = "
     "predicted 88,980 B (the smallest feasible; the snapshots and the re-run's copies of the shared BatchNorm's "
     "statistics are priced since Layer.changed_buffer_bytes): measured 90,904 B (+1,924 B) at B1, inside the "
