@@ -161,6 +161,7 @@ def _stage_memory(
                     earliest[j] = a
         _add(diff, a + 1, last - a - 1, ext)
         _add(diff, a, last - a, ckpt_state)
+        _add(diff, last - b, last - b, ckpt_state)  # the re-run's fork of it, in B_b
         for c in range(a, b + 1):
             if side[c] > 0:
                 side_held = max(side_held, side[c])

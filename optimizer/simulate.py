@@ -319,8 +319,9 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transient
     for c in shared_input_holders(trace, decisions):
         add(c + edge, last - c - edge, trace.layers[c].shared_input)
     state = checkpoint_state_bytes(trace) if transients else 0
-    for a in group_end:
+    for a, b in group_end.items():
         add(a, last - a, state)  # stashed at the segment's entry, dropped when its backward is done
+        add(last - b, last - b, state)  # and forked while the segment re-runs, in B_b (torch.random.fork_rng)
     if transients:
         # Side inputs: in the forward the model's code holds them (keep-all's fitted stages carry them); from
         # the loss point on, only checkpoints (and layers that saved them) do. Not saved tensors: the ledger

@@ -121,6 +121,11 @@ def segment_children(
             if dead:
                 break
             replay_from = b + 1
+            # Row B_b holds the re-run's fork of the state too. B_k holds no checkpoint inputs (the simulator's
+            # rule: they are held strictly between F_k and B_k), only the stashed state the caller checked.
+            held_b = saved[k] + state if b == k else saved_prefix[b + 1] - saved_prefix[k] + ckpt
+            if state > 0 and limit - held_b - trans_b[b] - r < state:
+                continue  # (a longer segment's row B_b has no fork: it may still fit)
             recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
             child_cost = c + recompute_s
             child_ret = r + ckpt

@@ -398,12 +398,15 @@ def _add_memory_rows(
             nbytes = float(sum(sizes[a:k]))
             if nbytes:
                 remat[k].append((v, nbytes))
-    # A segment [a, b]'s checkpoint stashes the RNG state at entry: rows F_a and B_a hold it too.
+    # A segment [a, b]'s checkpoint stashes the RNG state at entry: rows F_a and B_a hold it too; its re-run
+    # forks it (torch.random.fork_rng), a second copy in row B_b.
     state = float(checkpoint_state_bytes(trace))
     state_at: dict[int, Terms] = {k: [] for k in range(n)}
+    fork_at: dict[int, Terms] = {k: [] for k in range(n)}
     if state:
-        for (a, _b), v in m.seg.items():
+        for (a, b), v in m.seg.items():
             state_at[a].append((v, state))
+            fork_at[b].append((v, state))
     for k in range(n):
         prefix += sizes[k]
         common = ([(acc[k], -1.0), (held[k], 1.0)] if k >= 1 else []) + state_at[k]
@@ -414,7 +417,7 @@ def _add_memory_rows(
             (
                 "B",
                 max(backward_transient(trace, k), loss_point_transient(trace) if k == n - 1 else 0),
-                pend_b[k] + remat[k],
+                pend_b[k] + remat[k] + fork_at[k],
             ),
         ):
             m.add_row(Row(f"mem_{stage}{k}", common + pend, float(transient + prefix - limit), "<=", BYTE_UNIT))
