@@ -182,8 +182,7 @@ class _MemoryStep:
             if (claim is None or claim() is not s) and (hit is None or hit[0]() is not s):
                 self.outside[id(s)] = (weakref.ref(s), storage_nbytes(x))
             return
-        hit = self.outside.get(id(s))
-        pinned = hit is not None and hit[0]() is s
+        pinned = self._pinned(x)
         ref = self.claims.get(id(s))
         if ref is not None and ref() is s:
             if pinned:
@@ -206,8 +205,7 @@ class _MemoryStep:
             self.owner[id(s)] = self.stack[-1]
             self.stats[self.stack[-1]].saved.append(0)
             return
-        if hit is not None:
-            del self.outside[id(s)]  # another (dead) storage had this id
+        self.outside.pop(id(s), None)  # a dead storage's entry under this id (a live one is pinned, above)
         late = self.between.pop(id(s), None)
         if late is not None and late[0]() is not s:
             self.between[id(s)] = late
