@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError
 from memsched.io import describe_validation_error
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,8 @@ class ApiError(Exception):
         min_feasible_bytes: int | None = None,
         budget_bytes: int | None = None,
         headers: dict[str, str] | None = None,
+        min_feasible_host_bytes: int | None = None,
+        host_budget_bytes: int | None = None,
     ) -> None:
         super().__init__(detail)
         self.status = status
@@ -39,6 +41,8 @@ class ApiError(Exception):
         self.min_feasible_bytes = min_feasible_bytes
         self.budget_bytes = budget_bytes
         self.headers = headers
+        self.min_feasible_host_bytes = min_feasible_host_bytes
+        self.host_budget_bytes = host_budget_bytes
 
 
 class BrokerUnavailable(Exception):
@@ -49,6 +53,9 @@ class BrokerUnavailable(Exception):
 # The core's messages name the CLI's flags; over HTTP the same fix is a request field.
 _CLI_FIXES = {
     "Raise --budget to at least that": "Raise the request's `budget` field to at least that",
+    "Raise --host-budget to at least that, or raise --budget": (
+        "Raise the request's `host_budget` field to at least that, or its `budget`"
+    ),
 }
 
 
@@ -69,6 +76,15 @@ def from_memsched_error(err: MemschedError, field: str | None = None) -> ApiErro
             field or "budget",
             min_feasible_bytes=err.min_feasible_bytes,
             budget_bytes=err.budget_bytes,
+        )
+    if isinstance(err, InfeasibleHostBudgetError):
+        return ApiError(
+            422,
+            api_message(err),
+            field or "host_budget",
+            budget_bytes=err.budget_bytes,
+            min_feasible_host_bytes=err.min_host_bytes,
+            host_budget_bytes=err.host_budget_bytes,
         )
     return ApiError(422, api_message(err), field)
 
@@ -105,6 +121,10 @@ async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
         body["min_feasible_bytes"] = e.min_feasible_bytes
     if e.budget_bytes is not None:
         body["budget_bytes"] = e.budget_bytes
+    if e.min_feasible_host_bytes is not None:
+        body["min_feasible_host_bytes"] = e.min_feasible_host_bytes
+    if e.host_budget_bytes is not None:
+        body["host_budget_bytes"] = e.host_budget_bytes
     return JSONResponse(status_code=e.status, content=body, headers=e.headers)
 
 

@@ -9,10 +9,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidat
 
 from memsched.api.examples import EXAMPLE_TRACE
 from memsched.hardware import LinkPreset, parse_link
-from memsched.options import SolveOptions, option_help
+from memsched.options import SolveOptions, option_help, parse_host_budget
 from memsched.schema import JobStatus, Schedule, Trace
 from memsched.service import CompareRow
 from memsched.service.sweep import SweepResult
+from memsched.units import MAX_BYTES
 
 TraceId = Annotated[
     str,
@@ -83,6 +84,12 @@ class ErrorBody(BaseModel):
         default=None, description="for an infeasible budget: the smallest budget that is feasible, in bytes"
     )
     budget_bytes: int | None = Field(default=None, description="for an infeasible budget: the budget asked for")
+    min_feasible_host_bytes: int | None = Field(
+        default=None,
+        description="for a host budget that no plan fits at this device budget: the smallest host budget that "
+        "works, in bytes (see `detail` where it is an upper estimate: the search for a smaller one ran out of time)",
+    )
+    host_budget_bytes: int | None = Field(default=None, description="for an infeasible host budget: the one asked for")
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -160,6 +167,9 @@ class CompareRequest(_Strict):
         default=None, description=option_help("link")
     )
     ranks_per_link: int | None = Field(default=None, ge=1, le=4096, description=option_help("ranks_per_link"))
+    host_budget: Annotated[int | None, BeforeValidator(lambda v: None if v is None else parse_host_budget(v))] = Field(
+        default=None, ge=0, le=MAX_BYTES, description=option_help("host_budget")
+    )
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"trace": EXAMPLE_TRACE, "budget": "70%"}]})
 

@@ -43,5 +43,34 @@ class InfeasibleBudgetError(MemschedError):
         super().__init__(msg)
 
 
+class InfeasibleHostBudgetError(MemschedError):
+    """A device budget that some plan fits, but none within the host budget (SolveOptions.host_budget).
+    Carries the smallest host budget that works at this device budget, computed, not guessed."""
+
+    def __init__(
+        self, host_budget_bytes: int, budget_bytes: int, min_host_bytes: int, proven: bool = True, detail: str = ""
+    ) -> None:
+        self.host_budget_bytes = host_budget_bytes
+        self.budget_bytes = budget_bytes
+        self.min_host_bytes = min_host_bytes
+        self.detail = detail
+        """How the smallest host budget was established (part of the message)."""
+        self.proven = proven
+        """False when `min_host_bytes` is a host budget known to work (a plan holds that much), but the search
+        for a smaller one was cut short: the smallest lies at or below it."""
+        from memsched.units import format_bytes
+
+        smallest = "the smallest host budget that works" if proven else "a host budget that works (at most this)"
+        msg = (
+            f"host_budget: {format_bytes(host_budget_bytes)} ({host_budget_bytes} bytes) holds too little: no plan "
+            f"fits the device budget of {format_bytes(budget_bytes)} with its offloaded copies within it; "
+            f"{smallest} at this device budget is {format_bytes(min_host_bytes)} ({min_host_bytes} bytes). "
+            "Raise --host-budget to at least that, or raise --budget"
+        )
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+
 class SolverError(RuntimeError):
     """A solver backend failed (crashed, missing binary, bad status). Reported, never silently replaced."""

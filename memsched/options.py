@@ -8,6 +8,7 @@ the CLI's `solve` command has a flag for every field.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from memsched.errors import MemschedError
 from memsched.hardware import LinkPreset, parse_link
 from memsched.schema import Action, Trace
+from memsched.units import MAX_BYTES, parse_bytes
 
 
 class SolverName(StrEnum):
@@ -73,11 +75,20 @@ class SolveOptions(BaseModel):
     ranks_per_link: int | None = Field(default=None, ge=1, le=4096)
     """GPUs that share one host link (e.g. 8 behind one PCIe switch): each plans with 1/N of its rates.
     None: 1."""
+    host_budget: int | None = Field(default=None, ge=0, le=MAX_BYTES)
+    """Host-memory budget, bytes (or a size such as 64GiB): the most pinned host bytes a plan's offloaded
+    copies may hold at once; the replay's pinned pool refuses to grow past it. 0 allows no offload (keep and
+    recompute only). None: no limit."""
 
     @field_validator("link", mode="before")
     @classmethod
     def _link(cls, v: object) -> LinkPreset | float | None:
         return None if v is None else parse_link(v)
+
+    @field_validator("host_budget", mode="before")
+    @classmethod
+    def _host_budget(cls, v: object) -> object:
+        return None if v is None else parse_host_budget(v)
 
     @field_validator("actions")
     @classmethod
@@ -90,6 +101,10 @@ class SolveOptions(BaseModel):
 
     def allowed_actions(self, trace: Trace) -> frozenset[Action]:
         """The actions a plan for `trace` may use (see `actions`)."""
+        if self.host_budget == 0:
+            # No host bytes at all: no offload, whatever else was asked (docs/formulation.md, 'Host budget').
+            base = frozenset(self.actions) if self.actions is not None else frozenset(Action)
+            return base - {Action.OFFLOAD}
         if self.actions is not None:
             return frozenset(self.actions)
         if trace.device.is_host:
@@ -133,7 +148,35 @@ class SolveResources:
     gives its process's start, so that the limit bounds what its user waits for, imports included."""
 
 
-_ADDED_LATER = ("actions", "link", "ranks_per_link")
+_HOST_HELP = "write it like 64GiB, 500MB or 1073741824 (bytes; 0 allows no offload)"
+_ZERO_SIZE = re.compile(r"^\s*0*(\.0*)?\s*[a-zA-Z]*\s*$")
+
+
+def parse_host_budget(value: object) -> int:
+    """A host budget as a user gave it: bytes (an integer) or a size such as 64GiB (the one size parser,
+    units.parse_bytes); 0 is allowed (no offload). Raises ValueError naming what is accepted."""
+    if isinstance(value, bool):
+        raise ValueError(f"a host budget is a size, not {value!r}; {_HOST_HELP}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"must be >= 0 bytes, got {value}; {_HOST_HELP}")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"cannot read {value!r} as a size; {_HOST_HELP}")
+    text = value.strip()
+    if text.endswith("%"):
+        raise ValueError(f"a host budget is a size, not a share ({value!r}); {_HOST_HELP}")
+    if _ZERO_SIZE.match(text) and any(c.isdigit() for c in text):
+        return 0
+    try:
+        return parse_bytes(text, "host_budget")
+    except MemschedError:
+        raise ValueError(f"cannot read {value!r} as a size; {_HOST_HELP}") from None
+
+
+_ADDED_LATER = ("actions", "link", "ranks_per_link", "host_budget")
 """Options added after memsched 0.1's solver, time_limit_s, gap, window and max_segment (see job_fields)."""
 
 _FLAG = {name: "--" + name.removesuffix("_s").replace("_", "-") for name in SolveOptions.model_fields}

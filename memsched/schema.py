@@ -168,6 +168,41 @@ class Layer(_Strict):
     tensors (BatchNorm does) from the re-run in B_b through B_i (docs/cost-model.md, 'What a recomputation
     holds'). None means 0 (traces written before this field price as before)."""
 
+    output_saved_bytes: Bytes | None = None
+    """Bytes of this layer's outputs that its own saved tensors hold (ResNet: a bottleneck's last ReLU saves its
+    result). While the layer is kept they stay on the device in its saved bytes, so a recompute segment reading
+    that output holds only the rest as its checkpoint input (docs/cost-model.md, 'Checkpoint inputs'). At most
+    output_bytes. None means 0 (traces written before this field price as before)."""
+
+    checkpointed_forward_bytes: Bytes | None = None
+    """Device bytes above static memory at the peak of this layer's forward stage F_i (its forward and the code
+    after it up to the next layer) in the tracer's checkpoint-all step, where every layer is recomputed on its own.
+    The cost model fits what a recomputed layer's forward holds to it (simulate.forward_cuts; docs/cost-model.md,
+    'A recomputed layer's forward'). None: not measured (priced as a kept forward, as before this field)."""
+
+    output_saved_readers: list[int] | None = None
+    """Forward indices of the later layers that read the outputs counted in output_saved_bytes (a UNet down block
+    saves its skip and hands its pooled map to the next block: the skip's reader is the up block). The model's
+    code keeps such an output in the forward until its last reader, and a recompute segment of a reader holds it
+    through its own backward (docs/cost-model.md, 'Outputs the model keeps'). None: the layers that read any of
+    its outputs (deps)."""
+
+    @property
+    def output_saved(self) -> int:
+        """output_saved_bytes, or 0 where None."""
+        return self.output_saved_bytes or 0
+
+    @model_validator(mode="after")
+    def _output_saved_within(self) -> Layer:
+        v = self.output_saved_bytes
+        if v is not None and not v <= min(self.output_bytes, self.saved_bytes):
+            raise ValueError(
+                f"output_saved_bytes = {v} exceeds output_bytes = {self.output_bytes} or saved_bytes = "
+                f"{self.saved_bytes}; it counts the outputs the layer's own saved tensors hold: set it at most "
+                "the smaller of the two, or leave it null (null means 0)"
+            )
+        return self
+
     @property
     def changed_buffers(self) -> int:
         """changed_buffer_bytes, or 0 where None."""
@@ -284,6 +319,12 @@ class Trace(_Strict):
                     )
             if len(set(layer.deps)) != len(layer.deps):
                 raise ValueError(f"layers[{i}].deps {layer.deps} repeats an index; list each producer once")
+            for k, r in enumerate(layer.output_saved_readers or []):
+                if not i < r < len(layers):
+                    raise ValueError(
+                        f"layers[{i}].output_saved_readers[{k}] = {r} is not a later layer; list indices of the "
+                        f"layers that read its outputs ({i + 1}..{len(layers) - 1}), or leave it null"
+                    )
         return layers
 
     @model_validator(mode="after")
@@ -337,6 +378,9 @@ class Trace(_Strict):
                 "shared_input_bytes",
                 "side_input_bytes",
                 "changed_buffer_bytes",
+                "output_saved_bytes",
+                "checkpointed_forward_bytes",
+                "output_saved_readers",
             ):
                 if layer.get(key, 0) is None:
                     layer.pop(key)
@@ -458,6 +502,10 @@ class Prediction(_Strict):
     """Time compute waits for copies, seconds."""
     recompute_s: Seconds
     """Time spent re-running forwards, seconds."""
+    host_peak_bytes: Bytes | None = None
+    """Predicted host-memory peak, bytes: the most offloaded copies the plan holds on the host at once (pinned
+    buffers; each from its layer's forward through its backward, so every offloaded byte at the loss point).
+    None in schedules written before this field existed."""
 
 
 class SolverRecord(_Strict):
@@ -494,6 +542,9 @@ class Schedule(_Strict):
     """The trace's layer names, in forward order."""
     budget_bytes: PositiveBytes
     """The device-memory budget (whole peak) in bytes."""
+    host_budget_bytes: Bytes | None = None
+    """The host-memory budget the plan was made under (SolveOptions.host_budget), bytes: the replay's pinned
+    pool refuses to grow past it. None: no limit."""
     policy: str = "ilp"
     """Which policy produced it: 'ilp', 'heuristic', 'keep-all', 'checkpoint-all', ..."""
     actions: list[LayerAction]

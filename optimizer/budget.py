@@ -39,8 +39,11 @@ def min_feasible_decisions(trace: Trace) -> list[Decision]:
     """The schedule that minimises every stage's memory at once: offload every saved tensor and copy it
     synchronously (done by the end of its own forward, prefetched at the start of its own backward).
     In the cost model every layer then holds its saved bytes only during its own two stages, the pointwise
-    minimum over all actions, and transients do not depend on the schedule; so its peak is the exact
-    smallest feasible budget."""
+    minimum over all actions at every backward stage and at the loss point, and transients do not depend on
+    the schedule. At F_i a recomputed layer holds less (simulate.forward_cuts), but here F_i is
+    never above B_i (same saved bytes; the forward's transient, forward workspace + output, is at most the
+    backward's, workspace + output + input gradient), and every plan holds at least this B_i: so its peak
+    is still the exact smallest feasible budget."""
     out = []
     for i in range(trace.n):
         d = offload_all(trace, i, done_by=i, prefetch_at=i)

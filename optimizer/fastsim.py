@@ -20,10 +20,13 @@ from numba import njit
 
 from memsched.optimizer.simulate import (
     checkpoint_state_bytes,
+    code_hold_until,
     external_input_bytes,
+    forward_cuts,
     keepall_step_s,
     loss_point_transient,
     other_step_s,
+    saved_output_readers,
 )
 from memsched.schema import Trace
 
@@ -44,6 +47,13 @@ class FastSim:
             [x.workspace_bytes + x.output_bytes + x.input_bytes for x in layers], dtype=np.int64
         )
         self.out_bytes = np.array([x.output_bytes for x in layers], dtype=np.int64)
+        self.out_saved = np.array([x.output_saved for x in layers], dtype=np.int64)
+        self.cut = np.array(forward_cuts(trace), dtype=np.int64)
+        self.skip_until = np.array(code_hold_until(trace), dtype=np.int64)  # simulate.skip_holds
+        readers = saved_output_readers(trace)
+        self.reader_ptr = np.zeros(trace.n + 1, dtype=np.int64)
+        self.reader_ptr[1:] = np.cumsum([len(r) for r in readers])
+        self.readers = np.array([c for r in readers for c in r], dtype=np.int64)
         self.external = np.array([external_input_bytes(trace, i) for i in range(trace.n)], dtype=np.int64)
         self.dep_ptr = np.zeros(trace.n + 1, dtype=np.int64)
         self.dep_ptr[1:] = np.cumsum([len(x.deps) for x in layers])
@@ -71,6 +81,11 @@ class FastSim:
             self.fwd_transient,
             self.bwd_transient,
             self.out_bytes,
+            self.out_saved,
+            self.cut,
+            self.skip_until,
+            self.reader_ptr,
+            self.readers,
             self.external,
             self.dep_ptr,
             self.deps,
@@ -114,6 +129,11 @@ def _stage_memory(
     fwd_transient: np.ndarray,
     bwd_transient: np.ndarray,
     out_bytes: np.ndarray,
+    out_saved: np.ndarray,
+    cut: np.ndarray,
+    skip_until: np.ndarray,
+    reader_ptr: np.ndarray,
+    readers: np.ndarray,
     external: np.ndarray,
     dep_ptr: np.ndarray,
     deps: np.ndarray,
@@ -141,11 +161,14 @@ def _stage_memory(
             _add(diff, last - prefetch_at[i], last - i, x)
         else:
             a = seg_start[i]
-            _add(diff, i, i, s)
+            _add(diff, i, i, s - cut[i])  # its forward under the checkpoint (simulate._stage_memory)
             _add(diff, last - seg_end[a], last - i, s + changed[i])  # with the re-run's buffer copies
             _add(diff, i, last - a, changed[i])  # the snapshot (simulate._stage_memory)
-    # Checkpoint inputs: each outside producer once, at the earliest segment that holds it.
+    # Checkpoint inputs: each outside producer once, at the earliest segment that holds it; the part it saved
+    # itself, where it is not kept, at the earliest segment with a reader of that part (simulate.
+    # checkpoint_own_inputs).
     earliest = np.full(n, n, dtype=np.int64)
+    earliest_own = np.full(n, n, dtype=np.int64)
     side_held = 0
     side_start = n
     for a in range(n):
@@ -159,6 +182,11 @@ def _stage_memory(
                 j = deps[q]
                 if j < a < earliest[j]:
                     earliest[j] = a
+                if j < a < earliest_own[j] and out_saved[j] > 0 and kind[j] != KIND_KEEP:
+                    for p in range(reader_ptr[j], reader_ptr[j + 1]):
+                        if a <= readers[p] <= b:
+                            earliest_own[j] = a
+                            break
         _add(diff, a + 1, last - a - 1, ext)
         _add(diff, a, last - a, ckpt_state)
         _add(diff, last - b, last - b, ckpt_state)  # the re-run's fork of it, in B_b
@@ -188,8 +216,31 @@ def _stage_memory(
     for j in range(n):
         if earliest[j] < n:
             a = earliest[j]
-            _add(diff, a + 1, last - a - 1, out_bytes[j])
-            held += out_bytes[j]
+            _add(diff, a + 1, last - a - 1, out_bytes[j] - out_saved[j])  # simulate.checkpoint_input_bytes
+            held += out_bytes[j] - out_saved[j]
+        if earliest_own[j] < n:
+            a = earliest_own[j]
+            _add(diff, a + 1, last - a - 1, out_saved[j])
+            held += out_saved[j]
+    # Checkpoint inputs a segment still holds at its own B_a (simulate.checkpoint_backward_holds).
+    room = shared.copy()
+    for j in range(n):
+        a = earliest_own[j]
+        if a >= n:
+            continue
+        reads_a = False
+        for q in range(reader_ptr[j], reader_ptr[j + 1]):
+            if readers[q] == a:
+                reads_a = True
+        covered = min(room[a], out_saved[j]) if reads_a else 0
+        room[a] -= covered
+        _add(diff, last - a, last - a, out_saved[j] - covered)
+    # Skips the model's code keeps until a later reader, where their layer does not (simulate.skip_holds).
+    for j in range(n):
+        if skip_until[j] < 0 or kind[j] == KIND_KEEP:
+            continue
+        lo = done_by[j] + 1 if kind[j] == KIND_OFFLOAD else j + 1
+        _add(diff, lo, min(skip_until[j], earliest_own[j]), out_saved[j])
     for i in range(n):
         _add(diff, i, i, fwd_transient[i])
         _add(diff, last - i, last - i, bwd_transient[i])
@@ -237,6 +288,11 @@ def _evaluate(
     fwd_transient: np.ndarray,
     bwd_transient: np.ndarray,
     out_bytes: np.ndarray,
+    out_saved: np.ndarray,
+    cut: np.ndarray,
+    skip_until: np.ndarray,
+    reader_ptr: np.ndarray,
+    readers: np.ndarray,
     external: np.ndarray,
     dep_ptr: np.ndarray,
     deps: np.ndarray,
@@ -307,6 +363,11 @@ def _evaluate(
                 fwd_transient,
                 bwd_transient,
                 out_bytes,
+                out_saved,
+                cut,
+                skip_until,
+                reader_ptr,
+                readers,
                 external,
                 dep_ptr,
                 deps,
@@ -354,6 +415,11 @@ def _evaluate(
         fwd_transient,
         bwd_transient,
         out_bytes,
+        out_saved,
+        cut,
+        skip_until,
+        reader_ptr,
+        readers,
         external,
         dep_ptr,
         deps,

@@ -33,6 +33,7 @@ from memsched.optimizer.simulate import (
     checkpoint_state_bytes,
     copy_seconds,
     default_timing,
+    host_peak_bytes,
     segment_external_bytes,
     segment_outside_deps,
     simulate,
@@ -73,9 +74,12 @@ def _checkpoint_delta(
     return out
 
 
-def greedy_decisions(trace: Trace, budget_bytes: int, allowed: frozenset[Action] = ALL_ACTIONS) -> list[Decision]:
-    """Action choice of the greedy among the `allowed` actions (timing unset). May leave the budget exceeded;
-    see `heuristic`."""
+def greedy_decisions(
+    trace: Trace, budget_bytes: int, allowed: frozenset[Action] = ALL_ACTIONS, host_budget: int | None = None
+) -> list[Decision]:
+    """Action choice of the greedy among the `allowed` actions (timing unset), offloading at most `host_budget`
+    bytes in all (None: no limit; an offload past it is skipped, and a recompute segment frees the memory
+    instead). May leave the budget exceeded; see `heuristic`."""
     n = trace.n
     last = 2 * n - 1
     limit = budget_bytes - trace.static.total
@@ -121,6 +125,7 @@ def greedy_decisions(trace: Trace, budget_bytes: int, allowed: frozenset[Action]
                 heapq.heappush(heap, (-net / (cost + _EPS_S), a, "recompute", b))
     held_from: dict[int, int] = {}
     applied: list[tuple[float, int]] = []  # (cost, layer) of the offloads, in application order
+    host_left = host_budget  # bytes the host may still take (None: no limit)
     while heap and mem.max() > limit:
         _neg, a, kind, b = heapq.heappop(heap)
         if any(decisions[i].action != Action.KEEP for i in range(a, b + 1)):
@@ -129,12 +134,16 @@ def greedy_decisions(trace: Trace, budget_bytes: int, allowed: frozenset[Action]
         if lo > hi or mem[lo : hi + 1].max() <= limit:
             continue  # frees nothing where memory is short
         if kind == "offload":
+            if host_left is not None and sizes[a] > host_left:
+                continue  # past the host budget: the recompute candidates free the memory instead
             cost = offload_cost(a)
             score = -sizes[a] / (cost + _EPS_S)
             if heap and score > heap[0][0] + 1e-12:  # stale: the channels filled up since it was pushed
                 heapq.heappush(heap, (score, a, kind, b))
                 continue
             decisions[a] = offload_all(trace, a)
+            if host_left is not None:
+                host_left -= decisions[a].offload_bytes
             for ch in (D2H, H2D):
                 load[ch] += copy_seconds(trace, sizes[a], ch)
             mem[lo : hi + 1] -= sizes[a]
@@ -178,11 +187,14 @@ def fix_prefetch_order(decisions: list[Decision]) -> list[Decision]:
     return out
 
 
-def heuristic(trace: Trace, budget_bytes: int, allowed: frozenset[Action] = ALL_ACTIONS) -> HeuristicResult:
-    """A feasible schedule for any feasible budget (callers check feasibility first), of the `allowed` actions.
-    Without offload the tightening below is not available: the schedule may then be over budget, and the
-    caller judges it by its simulation."""
-    decisions = default_timing(trace, greedy_decisions(trace, budget_bytes, allowed), budget_bytes)
+def heuristic(
+    trace: Trace, budget_bytes: int, allowed: frozenset[Action] = ALL_ACTIONS, host_budget: int | None = None
+) -> HeuristicResult:
+    """A feasible schedule for any feasible budget (callers check feasibility first), of the `allowed` actions,
+    offloading at most `host_budget` bytes (None: no limit). Without offload, or where the host budget stops the
+    tightening below, the schedule may be over budget, and the caller judges it by its simulation; it never
+    offloads past the host budget."""
+    decisions = default_timing(trace, greedy_decisions(trace, budget_bytes, allowed, host_budget), budget_bytes)
     sim = simulate(trace, decisions, budget_bytes, with_events=False)
     if not sim.feasible and Action.OFFLOAD in allowed:
         # The greedy's recomputes can hold more inputs than they free; make every layer whose
@@ -206,8 +218,11 @@ def heuristic(trace: Trace, budget_bytes: int, allowed: frozenset[Action] = ALL_
             else:  # then everything below the last one: bounded rounds, each one O(n)
                 todo = [i for i in range(max(layer_of) - 1, -1, -1) if decisions[i] != sync[i]]
             if not todo:
-                decisions = sync  # cannot happen for a feasible budget; sync is the memory minimum
+                if host_budget is None or host_peak_bytes(sync) <= host_budget:
+                    decisions = sync  # cannot happen for a feasible budget; sync is the memory minimum
                 break
+            before = decisions
+            decisions = list(decisions)
             for i in todo:
                 if decisions[i].action == Action.RECOMPUTE:  # dissolve its whole segment
                     a = group_start(decisions, i)
@@ -221,6 +236,9 @@ def heuristic(trace: Trace, budget_bytes: int, allowed: frozenset[Action] = ALL_
                     for j in range(a, b + 1):
                         decisions[j] = sync[j]
                 decisions[i] = sync[i]
+            if host_budget is not None and host_peak_bytes(decisions) > host_budget:
+                decisions = before  # no more offload fits the host: stop, over budget (the caller judges it)
+                break
             decisions = fix_prefetch_order(decisions)
             batch *= 2  # doubling keeps the number of memory evaluations logarithmic
             mem = stage_memory(trace, decisions)  # timing is set: memory alone decides feasibility

@@ -27,6 +27,7 @@ import numpy as np
 from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, group_start, offload_subset, recompute
 from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, KIND_START, FastSim
 from memsched.optimizer.heuristic import fix_prefetch_order
+from memsched.optimizer.host import fits_host
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Action, Trace
 
@@ -126,8 +127,10 @@ class _Evaluator:
     """Scores one-layer changes of the current genes with the compiled simulator (optimizer/fastsim.py):
     (overhead seconds, bytes over budget summed over the stages). Keeps the best feasible genes seen."""
 
-    def __init__(self, trace: Trace, budget_bytes: int, genes: list[Gene]) -> None:
+    def __init__(self, trace: Trace, budget_bytes: int, genes: list[Gene], host_budget: int | None = None) -> None:
         self.fast = FastSim(trace, budget_bytes)
+        self.host_budget = host_budget
+        """Offloaded bytes past it count as bytes over budget (None: no host limit)."""
         self.tensors = [layer.tensors for layer in trace.layers]
         # Each layer's genes as FastSim codes, (kind, offloaded bytes), coded when first seen (a start may hold
         # a gene outside the options: an offload subset of a layer with many tensors).
@@ -167,6 +170,9 @@ class _Evaluator:
     def _score(self, genes: list[Gene], i: int, g: Gene | None) -> tuple[float, int]:
         self.evaluations += 1
         overhead, excess = self.fast(self.kind, self.nbytes)
+        if self.host_budget is not None:
+            # The host holds every offloaded byte at the loss point (simulate.host_stage_bytes).
+            excess += max(0, int(self.nbytes[self.kind == KIND_OFFLOAD].sum()) - self.host_budget)
         if excess == 0 and overhead < self.best_overhead_s:
             self.best_overhead_s = overhead
             self.best_genes = list(genes) if g is None else [*genes[:i], g, *genes[i + 1 :]]
@@ -231,23 +237,25 @@ def polish(
     time_limit_s: float,
     seed: int = 0,
     allowed: frozenset[Action] = ALL_ACTIONS,
+    host_budget: int | None = None,
 ) -> PolishResult:
     """Improve a feasible schedule by one-layer changes within `time_limit_s` (see the module docstring).
     `start` keeps its own timing as the reference; the search re-times every candidate with
     `default_timing`. Deterministic for a given seed, up to where the time limit cuts it. Moves use only the
-    `allowed` actions (the start must too)."""
+    `allowed` actions (the start must too); with a `host_budget`, only plans that offload at most that many bytes
+    count as feasible (the start must too)."""
     t0 = time.perf_counter()
     end = t0 + max(0.0, time_limit_s)
     ref = simulate(trace, start, budget_bytes, with_events=False)
-    if not ref.feasible:
-        raise ValueError("polish needs a feasible start schedule")
+    if not ref.feasible or not fits_host(ref, host_budget):
+        raise ValueError("polish needs a feasible start schedule (within the budget and the host budget)")
     # The loop checks the clock between evaluations; what follows it simulates twice with the Python
     # simulator (timed just now on the start: ~16 ms on a 1,000-layer trace), so stop early enough for that.
     deadline = end - 3 * (time.perf_counter() - t0)
     options = _options(trace, allowed)
     rng = random.Random(seed)
     genes = _genes(start)
-    evaluate = _Evaluator(trace, budget_bytes, genes)
+    evaluate = _Evaluator(trace, budget_bytes, genes, host_budget)
     lam0 = _lambda0(trace)
     stale = 0
     while time.perf_counter() < deadline:
@@ -289,7 +297,7 @@ def polish(
                 evaluate.best_overhead_s,
                 found.overhead_s,
             )
-        if not found.feasible:
+        if not found.feasible or not fits_host(found, host_budget):
             found = None
     if found is not None and time.perf_counter() < deadline:
         found = _retime(trace, budget_bytes, found, deadline)

@@ -16,7 +16,14 @@ import numpy as np
 
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.decisions import KEEP as _KEEP
-from memsched.optimizer.decisions import Decision, decisions_from_schedule, group_start, segment_ends, to_actions
+from memsched.optimizer.decisions import (
+    Decision,
+    decisions_from_schedule,
+    group_start,
+    recompute,
+    segment_ends,
+    to_actions,
+)
 from memsched.schema import Action, Prediction, Schedule, SolverRecord, Trace, check_schedule, validate_actions
 
 COMPUTE, D2H, H2D = "compute", "d2h", "h2d"
@@ -80,6 +87,11 @@ class SimResult:
         return self.stall_s + self.recompute_s
 
     @property
+    def host_peak_bytes(self) -> int:
+        """Most offloaded bytes on the host at once (`host_stage_bytes`)."""
+        return host_peak_bytes(self.decisions)
+
+    @property
     def overhead_pct(self) -> float:
         return 100.0 * self.overhead_s / self.keepall_step_s if self.keepall_step_s > 0 else 0.0
 
@@ -96,7 +108,33 @@ class SimResult:
             overhead_pct=self.overhead_pct,
             stall_s=self.stall_s,
             recompute_s=self.recompute_s,
+            host_peak_bytes=self.host_peak_bytes,
         )
+
+
+def host_stage_bytes(decisions: list[Decision]) -> list[int]:
+    """Offloaded bytes on the host at each global stage 0..2n-1. The runtime takes a layer's host buffers from
+    its pool as the forward F_i saves the tensors (runtime/offload.py, OffloadRecord) and gives them back when
+    autograd drops the last handle, after the backward B_i has used them: the host holds them from F_i through
+    B_i, whatever the copies' timing. Every such interval spans the loss point, so the peak (stages n-1 and n)
+    is every offloaded byte."""
+    n = len(decisions)
+    diff = [0] * (2 * n + 1)
+    for i, d in enumerate(decisions):
+        if d.action == Action.OFFLOAD and d.offload_bytes:
+            diff[i] += d.offload_bytes
+            diff[2 * n - i] -= d.offload_bytes
+    out, run = [], 0
+    for t in range(2 * n):
+        run += diff[t]
+        out.append(run)
+    return out
+
+
+def host_peak_bytes(decisions: list[Decision]) -> int:
+    """The host-memory peak of a plan: max(host_stage_bytes), which is the sum of its offloaded bytes (every
+    host interval spans the loss point); O(n) without the per-stage list."""
+    return sum(d.offload_bytes for d in decisions if d.action == Action.OFFLOAD)
 
 
 def other_step_s(trace: Trace) -> float:
@@ -198,6 +236,37 @@ def checkpoint_inputs(trace: Trace, decisions: list[Decision], ends: dict[int, i
     return earliest
 
 
+def checkpoint_input_bytes(trace: Trace, j: int) -> int:
+    """Bytes of producer j's output that a recompute segment reading it from outside holds as its checkpoint
+    input (`checkpoint_inputs`): all of it but the part j saved itself (Layer.output_saved_bytes), which is
+    charged apart (`checkpoint_own_inputs`)."""
+    layer = trace.layers[j]
+    return layer.output_bytes - layer.output_saved
+
+
+def checkpoint_own_inputs(
+    trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None
+) -> dict[int, int]:
+    """For each producer j that is not kept and whose self-saved output (Layer.output_saved_bytes) some recompute
+    segment reads from outside, by the readers of that output (Layer.output_saved_readers: a UNet's skip is read
+    by an up block, not by the next down block): the earliest such segment start, whose checkpoint holds it
+    strictly between F_a and B_a. A kept j holds it F_j..B_j in its own saved bytes, which covers every later
+    segment's hold (ResNet's block output, which the block's last ReLU saves). An offloaded j is charged: the
+    checkpoint keeps the storage on the device whatever the copy does (an over-count only where j offloads a
+    subset without it)."""
+    readers = saved_output_readers(trace)
+    earliest: dict[int, int] = {}
+    for a, b in (segment_ends(decisions) if ends is None else ends).items():
+        for j in segment_outside_deps(trace, a, b):
+            if (
+                trace.layers[j].output_saved
+                and decisions[j].action != Action.KEEP
+                and any(a <= r <= b for r in readers[j])
+            ):
+                earliest[j] = min(earliest.get(j, a), a)
+    return earliest
+
+
 def side_input_hold(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> tuple[int, int]:
     """(a, bytes): what the recompute segments' checkpoints keep of their layers' side inputs after the
     forward (Layer.side_input_bytes: masks, rotary tables, position ids), held from the loss point through
@@ -211,6 +280,92 @@ def side_input_hold(trace: Trace, decisions: list[Decision], ends: dict[int, int
             held = max(held, side)
             start = a if start < 0 else min(start, a)
     return start, held
+
+
+def saved_output_readers(trace: Trace) -> list[list[int]]:
+    """Per layer, the later layers that read the outputs it saved itself (Layer.output_saved_readers), or where
+    the trace does not say, every layer that reads any of its outputs (deps)."""
+    readers: list[list[int]] = [[] for _ in range(trace.n)]
+    for c, layer in enumerate(trace.layers):
+        for j in layer.deps:
+            readers[j].append(c)
+    return [r if (r := x.output_saved_readers) is not None else readers[j] for j, x in enumerate(trace.layers)]
+
+
+def own_output_read_by_all(trace: Trace) -> list[bool]:
+    """Per layer, whether every layer that reads its outputs reads the part it saved itself (so a checkpoint
+    holding its outputs holds that part too: `checkpoint_own_inputs` starts with `checkpoint_inputs`). The DP
+    and the MILP price the two parts together only there."""
+    readers: list[set[int]] = [set() for _ in range(trace.n)]
+    for c, layer in enumerate(trace.layers):
+        for j in layer.deps:
+            readers[j].add(c)
+    return [set(r) == readers[j] for j, r in enumerate(saved_output_readers(trace))]
+
+
+def skip_holds(
+    trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None
+) -> list[tuple[int, int, int]]:
+    """(first stage, last stage, bytes): outputs a layer saved itself (Layer.output_saved_bytes) that the
+    model's code keeps in the forward until a later layer reads them (a UNet's skips), where that layer does not
+    keep them: autograd no longer holds them, the code does, through F_c of their last reader c. From F_{j+1}
+    (an offloaded layer's: after its copy is done), up to F_a of the earliest recompute segment that holds it
+    as a checkpoint input (`checkpoint_own_inputs`: that charge starts at F_{a+1}). Not where the only reader is
+    the next layer and it saves the output again: its workspace holds it there (`code_holds`; docs/cost-model.md,
+    'Outputs the model keeps')."""
+    until = code_hold_until(trace)
+    earliest = checkpoint_own_inputs(trace, decisions, ends)
+    out = []
+    for j, (layer, d) in enumerate(zip(trace.layers, decisions, strict=True)):
+        if until[j] < 0 or d.action == Action.KEEP:
+            continue
+        lo = d.done_by + 1 if d.action == Action.OFFLOAD else j + 1
+        hi = min(until[j], earliest.get(j, trace.n))
+        if lo <= hi:
+            out.append((lo, hi, layer.output_saved))
+    return out
+
+
+def code_hold_until(trace: Trace) -> list[int]:
+    """Per layer, the last reader of the output it saved itself where the model's code holds that output in the
+    forward once the layer does not keep it (`skip_holds`, `code_holds`); -1 where the code never does."""
+    out = []
+    for j, readers in enumerate(saved_output_readers(trace)):
+        held = trace.layers[j].output_saved and any(code_holds(trace, j, r) for r in readers)
+        out.append(max(readers) if held else -1)
+    return out
+
+
+def code_holds(trace: Trace, j: int, r: int) -> bool:
+    """Whether layer j's reader r leaves the output j saved itself to the model's code in the forward (see
+    `skip_holds`): r lies past the next layer, or it is the next layer and does not save it again (a storage its
+    producer saved first is in the reader's workspace at F_r: Layer.shared_input_bytes)."""
+    return r > j + 1 or trace.layers[r].shared_input < trace.layers[j].output_saved
+
+
+def checkpoint_backward_holds(
+    trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None
+) -> dict[int, int]:
+    """{a: bytes}: checkpoint inputs the segment [a..b] still holds in its own backward stage B_a, beyond what
+    its layers' charges there carry. A checkpoint keeps its inputs until its backward is done; checkpoint inputs
+    are charged strictly between F_a and B_a because where layer a saves an input (a ResNet block's first
+    convolution, a transformer block's first norm) its rematerialised bytes or its workspace (for a storage its
+    producer saved first, Layer.shared_input_bytes) hold it at B_a. An output its producer saved itself
+    (Layer.output_saved_bytes) that a later layer of the segment reads (a UNet's skip, concatenated by the up
+    block) is on the device at B_a besides: counted for the earliest segment that holds it
+    (`checkpoint_own_inputs`; a later segment's B_a lies inside that one's hold) (docs/cost-model.md,
+    'Checkpoint inputs')."""
+    group_end = segment_ends(decisions) if ends is None else ends
+    readers = saved_output_readers(trace)
+    shared = {a: trace.layers[a].shared_input for a in group_end}
+    out: dict[int, int] = {}
+    for j, a in checkpoint_own_inputs(trace, decisions, group_end).items():
+        own = trace.layers[j].output_saved
+        covered = min(shared[a], own) if a in readers[j] else 0  # in a's workspace at B_a
+        shared[a] -= covered
+        if own > covered:
+            out[a] = out.get(a, 0) + own - covered
+    return out
 
 
 def shared_input_holders(trace: Trace, decisions: list[Decision]) -> list[int]:
@@ -259,12 +414,37 @@ def loss_point_held(trace: Trace, decisions: list[Decision], ends: dict[int, int
         elif d.action == Action.OFFLOAD:
             held += layer.saved_bytes - d.offload_bytes  # done-by <= n-1: every copy is done by now
     for j in checkpoint_inputs(trace, decisions, group_end):
-        held += trace.layers[j].output_bytes
+        held += checkpoint_input_bytes(trace, j)
+    for j in checkpoint_own_inputs(trace, decisions, group_end):
+        held += trace.layers[j].output_saved
     for a, b in group_end.items():
         held += segment_external_bytes(trace, a, b)
     for c in shared_input_holders(trace, decisions):
         held += trace.layers[c].shared_input
     return held
+
+
+def forward_stage_memory(trace: Trace, decisions: list[Decision], cuts: list[int] | None = None) -> list[int]:
+    """Non-static bytes at F_0..F_{n-1}, the last without the loss point folded in (`stage_memory`'s are the
+    larger of the two); `cuts`: the recomputed forwards' cuts to use (None: `forward_cuts`)."""
+    return _stage_memory(trace, decisions, loss=False, cuts=cuts)[: trace.n]
+
+
+def forward_cuts(trace: Trace) -> list[int]:
+    """Per layer, how much less its forward stage F_i holds when it is recomputed than when it is kept: it runs
+    under the checkpoint, which saves nothing for the backward (docs/cost-model.md, 'A recomputed layer's
+    forward'). Fitted to the tracer's checkpoint-all step (Layer.checkpointed_forward_bytes): what this model
+    charges F_i in that plan without the cut, less what the step measured there, clamped to 0..saved_bytes. So
+    every other term the model charges there (checkpoint inputs, stashed RNG states, snapshots) is counted once,
+    and checkpoint-all's forward stages come out as measured. 0 where the trace has no measurement."""
+    measured = [x.checkpointed_forward_bytes for x in trace.layers]
+    if all(m is None for m in measured):
+        return [0] * trace.n
+    uncut = forward_stage_memory(trace, [recompute() for _ in range(trace.n)], cuts=[0] * trace.n)
+    return [
+        0 if m is None else min(max(0, charged - m), x.saved_bytes)
+        for x, m, charged in zip(trace.layers, measured, uncut, strict=True)
+    ]
 
 
 def stage_saved_bytes(trace: Trace, decisions: list[Decision]) -> list[int]:
@@ -277,7 +457,9 @@ def stage_saved_bytes(trace: Trace, decisions: list[Decision]) -> list[int]:
     return _stage_memory(trace, decisions, loss=True, transients=False)
 
 
-def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transients: bool = True) -> list[int]:
+def _stage_memory(
+    trace: Trace, decisions: list[Decision], loss: bool, transients: bool = True, cuts: list[int] | None = None
+) -> list[int]:
     n = trace.n
     last = 2 * n - 1
     diff = [0] * (2 * n + 1)
@@ -288,6 +470,8 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transient
             diff[hi + 1] -= nbytes
 
     group_end = segment_ends(decisions)
+    if transients and cuts is None and any(d.action == Action.RECOMPUTE for d in decisions):
+        cuts = forward_cuts(trace)
     for i, (layer, d) in enumerate(zip(trace.layers, decisions, strict=True)):
         s, fwd, bwd = layer.saved_bytes, i, last - i
         if d.action == Action.KEEP:
@@ -298,7 +482,10 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transient
             add(fwd, d.done_by, x)  # still on device until the copy is done, at the end of F_done_by
             add(last - d.prefetch_at, bwd, x)  # prefetch destination allocated when it is issued
         else:
-            add(fwd, fwd, s)  # produced during its own forward, then dropped
+            # Its forward runs under the checkpoint, which saves nothing: F_i holds its saved bytes less its cut
+            # (`forward_cuts`), then they are dropped. (The saved profile keeps them whole: the ledger sees the
+            # forward's saved tensors pass through the checkpoint.)
+            add(fwd, fwd, s - (cuts[i] if transients and cuts else 0))
             a = group_start(decisions, i)
             b = group_end[a]
             add(last - b, bwd, s)  # rematerialised when the segment's backward starts
@@ -309,7 +496,9 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transient
             if transients:
                 add(fwd, last - a, m)
     for j, a in checkpoint_inputs(trace, decisions, group_end).items():
-        add(a + 1, last - a - 1, trace.layers[j].output_bytes)
+        add(a + 1, last - a - 1, checkpoint_input_bytes(trace, j))
+    for j, a in checkpoint_own_inputs(trace, decisions, group_end).items():
+        add(a + 1, last - a - 1, trace.layers[j].output_saved)
     for a, b in group_end.items():
         add(a + 1, last - a - 1, segment_external_bytes(trace, a, b))
     # Saved twice: at F_c and B_c the consumer's workspace carries these bytes already (the tracer adds them
@@ -328,6 +517,10 @@ def _stage_memory(trace: Trace, decisions: list[Decision], loss: bool, transient
         # does not see what a checkpoint holds as its inputs, so the saved profile leaves them out.
         a, side = side_input_hold(trace, decisions, group_end)
         add(n, last - a, side)
+        for lo, hi, nbytes in skip_holds(trace, decisions, group_end):
+            add(lo, hi, nbytes)
+        for a, nbytes in checkpoint_backward_holds(trace, decisions, group_end).items():
+            add(last - a, last - a, nbytes)
     for i in range(n if transients else 0):
         add(i, i, forward_transient(trace, i))
         add(last - i, last - i, backward_transient(trace, i))

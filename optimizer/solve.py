@@ -21,6 +21,7 @@ bound). `optimal` means that bound proves the requested gap. The time limit boun
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -29,11 +30,22 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memsched.errors import MemschedError, SolverError
+from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError, SolverError
 from memsched.optimizer.actions import check_feasible, restrict
 from memsched.optimizer.baselines import evaluate_baselines
+from memsched.optimizer.budget import min_feasible_budget, min_feasible_decisions
 from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, uses_only
 from memsched.optimizer.heuristic import heuristic
+from memsched.optimizer.host import (
+    MAX_PRICES,
+    HostNeed,
+    fits_host,
+    host_binds,
+    min_host_bytes,
+    next_price,
+    price_scale,
+    priced_sweep,
+)
 from memsched.optimizer.ilp.cbc import grace_s
 from memsched.optimizer.ilp.model import MilpModel, build_model
 from memsched.optimizer.ilp.outcome import Outcome
@@ -153,6 +165,7 @@ def _record(
 _BOUND_SOURCES = {
     "dp": "the exact dynamic program",
     "dp-fifo": "the exact dynamic program with FIFO copies",
+    "dp-lagrangian": "the exact dynamic program with the host budget priced (a Lagrangian bound)",
     "cbc": "the CBC MILP",
     "highs": "the HiGHS MILP",
     "cpsat": "the CP-SAT model",
@@ -208,11 +221,14 @@ def plain_summary(
     return sentence
 
 
-def _candidates(trace: Trace, budget_bytes: int, allowed: frozenset[Action]) -> list[Candidate]:
-    """The heuristic's and the baselines' schedules that fit and use only the `allowed` actions."""
-    out = [Candidate("heuristic", heuristic(trace, budget_bytes, allowed).sim)]
+def _candidates(
+    trace: Trace, budget_bytes: int, allowed: frozenset[Action], host_budget: int | None = None
+) -> list[Candidate]:
+    """The heuristic's and the baselines' schedules that fit (the device budget and the host budget) and use
+    only the `allowed` actions."""
+    out = [Candidate("heuristic", heuristic(trace, budget_bytes, allowed, host_budget).sim)]
     out += [Candidate(r.policy, r.sim) for r in evaluate_baselines(trace, budget_bytes) if r.feasible]
-    ok = (c for c in out if c.sim.feasible and uses_only(c.sim.decisions, allowed))
+    ok = (c for c in out if c.sim.feasible and uses_only(c.sim.decisions, allowed) and fits_host(c.sim, host_budget))
     return sorted(ok, key=lambda c: c.sim.overhead_s)
 
 
@@ -298,7 +314,9 @@ def _run_backend(
     """One MILP run (windows from `options`; `offload=False`: the recompute-only model) that ends by `deadline`
     (perf_counter), model building included; returns its outcome and whether its model is exact (windows
     cover everything)."""
-    m = build_model(trace, budget_bytes, options.window, options.max_segment, offload=offload)
+    m = build_model(
+        trace, budget_bytes, options.window, options.max_segment, offload=offload, host_budget=options.host_budget
+    )
     warm = _best_start(m, starts)
     time_limit_s = backend_limit(deadline - time.perf_counter())
     entry = BACKENDS[backend]
@@ -319,14 +337,17 @@ class _Flow:
         t0: float,
         allowed: frozenset[Action],
         found: SimResult | None = None,
+        cands: list[Candidate] | None = None,
     ) -> None:
         self.trace, self.budget, self.options, self.resources, self.t0 = trace, budget_bytes, options, resources, t0
         self.allowed = allowed
         """The actions plans may use (SolveOptions.allowed_actions)."""
         self.deadline = t0 + options.time_limit_s
         self.reserve = _RESERVE_S + _RESERVE_PER_LAYER_S * trace.n
-        self.cands = _candidates(trace, budget_bytes, allowed)
-        if found is not None:  # the DP's plan from the feasibility check (keep / recompute plans)
+        self.host = options.host_budget
+        """The host budget (SolveOptions.host_budget): every candidate fits it (`add`)."""
+        self.cands = _candidates(trace, budget_bytes, allowed, self.host) if cands is None else cands
+        if found is not None:  # the DP's plan from the feasibility check (keep / recompute plans), or the host one
             self.add("dp", found)
         assert self.cands, "a feasible budget admits the heuristic's schedule, a baseline or the DP's"
         self.bound = 0.0
@@ -342,6 +363,10 @@ class _Flow:
         """Where the last FIFO sweep stopped, said in the answer only if the gap stays open."""
         self.kernels_s = 0.0
         """Seconds spent loading (or, the first time, compiling) the compiled kernels."""
+        self.host_binds = host_binds(trace, self.host, allowed)
+        """Whether the host budget excludes some plan (else nothing below looks at it)."""
+        self.price_scale = price_scale(trace)
+        """The first Lagrangian price of the host budget, seconds per byte."""
         self.dp_until: float | None = None
         """Where the exact DP's time ended (the FIFO sweep's second run gets the same)."""
         self._problem: DpProblem | None = None
@@ -379,7 +404,8 @@ class _Flow:
         return min(time.perf_counter() + share * self.options.time_limit_s, self.deadline - self.reserve)
 
     def add(self, name: str, sim: SimResult) -> None:
-        if sim.feasible:
+        # A plan over the host budget is never a candidate (the DP's relaxation and its priced sweeps decode them).
+        if sim.feasible and fits_host(sim, self.host):
             self.cands.append(Candidate(name, sim))
             self.cands.sort(key=lambda c: c.sim.overhead_s)
 
@@ -411,14 +437,22 @@ class _Flow:
         from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
 
         width = 24
+        price = 0.0  # the host budget's price per offloaded byte (host.py), raised while no plan fits the host
         while time.perf_counter() < until:
+            p = self.problem() if not price else dataclasses.replace(self.problem(), host_price=price, _remaps={})
+            # A plan within the host budget costs at most its overhead + price x H in the priced sweep.
+            shift = price * self.host if price and self.host is not None else 0.0
             out = beam_search(
-                self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s, problem=self.problem()
+                self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s + shift, problem=p
             )
-            if out.schedules:
-                self.add("dp-beam", out.schedules[0])
+            fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
+            if fitted:
+                self.add("dp-beam", fitted[0])
             if out.timed_out:
                 break
+            if out.schedules and not fitted and self.host_binds and price < 1e6 * self.price_scale:
+                price = next_price(price, None, self.price_scale)  # the same width again, offloads dearer
+                continue
             width *= 4
             if width > _MAX_BEAM_WIDTH:
                 break
@@ -427,7 +461,9 @@ class _Flow:
         limit = until - time.perf_counter()
         if limit <= 0.05:
             return
-        res = polish(self.trace, self.budget, self.best.sim.decisions, limit, allowed=self.allowed)
+        res = polish(
+            self.trace, self.budget, self.best.sim.decisions, limit, allowed=self.allowed, host_budget=self.host
+        )
         if res.improved:
             self.add("local-search", res.sim)
 
@@ -507,6 +543,45 @@ class _Flow:
                 self.notes.append(out.message)
             if not self.bound_problem(cells).relaxed or out.timed_out or out.cap_hit:
                 break
+        if self.host_binds and not self.proven() and self.dp is not None and not self.dp.timed_out:
+            self.lagrangian(until, cells)
+
+    def lagrangian(self, until: float, cells: int) -> None:
+        """The host budget priced into the exact DP (optimizer/host.py): each price lambda gives the bound
+        DP(lambda) - lambda x H on every plan within the host budget, and its minimiser, a candidate where it fits.
+        The price is bisected on the sign of (minimiser's host bytes - H), the subgradient of that concave bound."""
+        assert self.host is not None
+        lo, hi = 0.0, None
+        over: tuple[float, int] | None = None  # (overhead, host bytes) of the last minimiser over H, and within
+        within: tuple[float, int] | None = None
+        tried: set[float] = set()
+        for _ in range(MAX_PRICES):
+            if self.proven() or until - time.perf_counter() < 0.05:
+                return
+            price = next_price(lo, hi, self.price_scale, over, within)
+            if price in tried:
+                return  # the cutting plane repeats itself: this bound is the best these plans give
+            tried.add(price)
+            res = priced_sweep(
+                self.trace,
+                self.budget,
+                self.bound_problem(cells),
+                self.host,
+                price,
+                self.best.sim.overhead_s,
+                self.options.gap,
+                until,
+            )
+            self.prove(res.bound_s, "dp-lagrangian")
+            for sim in res.dp.schedules:
+                self.add("dp-lagrangian", sim)
+            if res.dp.timed_out or res.dp.cap_hit or not res.dp.schedules:
+                return  # the clock, or nothing left below the threshold: its bound closes the gap then
+            chosen = min(res.dp.schedules, key=lambda sim: sim.overhead_s + price * sim.host_peak_bytes)
+            if chosen.host_peak_bytes > self.host:
+                lo, over = price, (chosen.overhead_s, chosen.host_peak_bytes)
+            else:
+                hi, within = price, (chosen.overhead_s, chosen.host_peak_bytes)
 
     def _coarse_dp(self, until: float) -> None:
         """Coarse relaxed sweeps first (_COARSE_LADDER), each with a third of the time left at most: where
@@ -563,7 +638,10 @@ class _Flow:
             self.notes.append(f"{backend} found no schedule ({outcome.message})")
         else:
             sim = simulate(self.trace, outcome.decisions, self.budget, with_events=False)
-            if not sim.feasible:
+            if sim.feasible and not fits_host(sim, self.host):
+                # The MILP's host row holds its solution within the budget up to the solver's tolerance.
+                self.notes.append(f"{backend} returned a schedule over the host budget (discarded)")
+            elif not sim.feasible:
                 # Expected where the trace has Layer.shared_input_bytes: the MILP leaves out what a layer holds
                 # for a recomputed producer (docs/cost-model.md, 'Saved twice'); else the solver's tolerance.
                 log.info(
@@ -607,6 +685,13 @@ class _Flow:
         details = [f"best schedule from {best.name}"]
         if self.bound_source != "none":
             details.append(f"lower bound {self.bound:.6g} s from {self.bound_source}")
+        if self.host_binds:
+            note = f"host budget {self.host} bytes: plans over it discarded"
+            if self.bound_source in ("dp", "dp-fifo"):
+                note += "; the bound leaves it out (a relaxation: still a true bound)"
+            elif self.bound_source != "none":
+                note += "; the bound accounts for it"
+            details.append(note)
         notes = [*self.notes, self.fifo_note] if self.fifo_note and status != SolverStatus.OPTIMAL else self.notes
         details += notes
         gap = (obj - min(self.bound, obj)) / obj if obj > 0 else 0.0
@@ -768,7 +853,10 @@ def solve_report(
 ) -> SolveReport:
     """solve(), with the phases' raw results kept."""
     options = options or SolveOptions()
-    return _with_host_note(_solve_report(trace, budget_bytes, options, resources), options, trace)
+    report = _with_host_note(_solve_report(trace, budget_bytes, options, resources), options, trace)
+    if options.host_budget is not None:  # the replay's pinned pool reads its limit from here
+        report.schedule = report.schedule.model_copy(update={"host_budget_bytes": options.host_budget})
+    return report
 
 
 def _solve_report(
@@ -782,7 +870,12 @@ def _solve_report(
     phases = plan_for(options.solver, trace.n, allowed)  # refuses a combination it cannot plan, up front
     # Without offload, a budget below the best baseline is settled by the exact DP (optimizer/actions.py),
     # whose plan, where one fits, joins the candidates.
-    found = check_feasible(trace, budget_bytes, allowed, t0 + _FEASIBILITY_SHARE * options.time_limit_s)
+    feasibility_deadline = t0 + _FEASIBILITY_SHARE * options.time_limit_s
+    try:
+        found = check_feasible(trace, budget_bytes, allowed, feasibility_deadline)
+    except InfeasibleBudgetError as e:
+        _host_zero_answer(trace, budget_bytes, options, e, feasibility_deadline)
+        raise
     if max(stage_memory(trace, [KEEP] * trace.n)) + trace.static.total <= budget_bytes:
         rec = _record(
             "keep-all",
@@ -793,7 +886,10 @@ def _solve_report(
             bound=0.0,
         )
         return SolveReport(make_schedule(trace, [KEEP] * trace.n, budget_bytes, "keep-all", rec), None, None)
-    flow = _Flow(trace, budget_bytes, options, resources or SolveResources(), t0, allowed, found)
+    cands = _candidates(trace, budget_bytes, allowed, options.host_budget)
+    if not cands and found is None and options.host_budget is not None:
+        found = _host_feasible_plan(trace, budget_bytes, allowed, options.host_budget, feasibility_deadline)
+    flow = _Flow(trace, budget_bytes, options, resources or SolveResources(), t0, allowed, found, cands)
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     if not phases:
@@ -806,6 +902,51 @@ def _solve_report(
         if flow.best.sim.overhead_s <= 0.0:
             return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     return flow.report()
+
+
+def _host_feasible_plan(
+    trace: Trace, budget_bytes: int, allowed: frozenset[Action], host_budget: int, deadline: float
+) -> SimResult:
+    """A plan within both budgets where no heuristic or baseline plan is: the least-host plan (host.py), or
+    InfeasibleHostBudgetError with the smallest host budget that works at this device budget."""
+    known = [heuristic(trace, budget_bytes, allowed).sim]
+    known += [r.sim for r in evaluate_baselines(trace, budget_bytes) if uses_only(r.sim.decisions, allowed)]
+    need = min_host_bytes(trace, budget_bytes, allowed, deadline, known)
+    if need.upper <= host_budget and need.sim is not None:
+        return need.sim
+    raise InfeasibleHostBudgetError(host_budget, budget_bytes, need.upper, need.proven, _need_detail(need))
+
+
+def _need_detail(need: HostNeed) -> str:
+    """How the smallest host budget was established, in words."""
+    if need.proven:
+        return "the exact DP over every plan proved it"
+    return (
+        f"the search for it was cut short: the least lies between {need.lower} bytes and that; a longer "
+        "--time-limit narrows it"
+    )
+
+
+def _host_zero_answer(
+    trace: Trace, budget_bytes: int, options: SolveOptions, e: InfeasibleBudgetError, deadline: float
+) -> None:
+    """A host budget of 0 left offload out and no keep / recompute plan fits: where an offload plan would fit,
+    the answer is the host budget it needs (raised here); else the caller re-raises `e`."""
+    if options.host_budget != 0:
+        return
+    base = options.model_copy(update={"host_budget": None}).allowed_actions(trace)
+    if Action.OFFLOAD not in base or budget_bytes < min_feasible_budget(trace):
+        return
+    known = [simulate(trace, min_feasible_decisions(trace), budget_bytes, with_events=False)]
+    need = min_host_bytes(trace, budget_bytes, base, max(deadline, time.perf_counter() + 1.0), known)
+    raise InfeasibleHostBudgetError(
+        0,
+        budget_bytes,
+        need.upper,
+        need.proven,
+        f"{_need_detail(need)}; keep and recompute alone need a budget of at least "
+        f"{e.min_feasible_bytes} bytes" + ("" if e.proven else " (or a little less: that search ran out of time)"),
+    )
 
 
 def _with_host_note(report: SolveReport, options: SolveOptions, trace: Trace) -> SolveReport:

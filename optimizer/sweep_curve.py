@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
-from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError
 from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
 from memsched.schema import Schedule, SolverStatus, Trace
 
@@ -35,6 +35,8 @@ MIN_POINTS = 2
 MAX_POINTS = 200
 """The most points one sweep may ask for (each is a solve)."""
 _REL_TOL = 1e-9
+_HOST_BISECTIONS = 6
+"""Solves a sweep spends at most on finding where a host budget starts to fit (each halves the interval)."""
 _KNEE_DEPTH = 0.05
 """A knee lies at least this far below the chord of its stretch of the curve, in the unit square (budget range
 x overhead range): a smaller sag is a gentle curve or the solver's gap, not a bend."""
@@ -164,6 +166,8 @@ def sweep(
         return list(dict.fromkeys(a + round((end - a) * i / (k - 1)) for i in range(k)))
 
     queue = grid(start)
+    host_floor = -1  # the largest budget at which no plan fits the host budget (SolveOptions.host_budget)
+    host_steps = 0
     while True:
         while len(running) < parallel and len(points) + len(running) < n_points:
             busy = {b for b, _ in running.values()}
@@ -198,11 +202,29 @@ def sweep(
                         del points[x]
                     queue = [x for x in grid(start) if x not in points]
                 continue
+            except InfeasibleHostBudgetError:
+                # The host budget needs fewer offloaded bytes the larger the budget (OPT's plans nest the same
+                # way): bisect for the smallest budget where it fits, a few steps, then start at a point that fits.
+                if b >= end:
+                    raise  # not even at the top: its smallest host budget is the least over the range
+                host_floor = max(host_floor, b)
+                good = min((x for x in points if x > host_floor), default=end)
+                host_steps += 1
+                start = (host_floor + good) // 2 if host_steps <= _HOST_BISECTIONS and good - host_floor > 1 else good
+                for x in [x for x in points if x < start]:
+                    del points[x]
+                queue = [x for x in grid(start) if x not in points]
+                continue
             if b < start:
                 continue  # solved before the start was raised
             points[b] = _point(sc, b)
             points[b].solve_s = time.perf_counter() - since
         _exchange(points, gap)
+    if host_floor >= 0:
+        notes.append(
+            f"start raised to {start} bytes: at {host_floor} bytes and below no plan fits the host budget "
+            "(between the two, not searched)"
+        )
     if len(points) < n_points:
         notes.append(f"stopped at {len(points)} points: every interval is flat or narrower than {min_step} bytes")
     ordered = sorted(points.values(), key=lambda p: p.budget_bytes)

@@ -8,12 +8,13 @@ from memsched.runtime.ledger import LedgerStats, SavedLedger
 from memsched.runtime.measure import Measurement, keep_all_schedule, measure
 from memsched.runtime.memory import MemoryMeter, StepMemory, measure_step_memory
 from memsched.runtime.models import BUILTIN_MODELS, Workload, builtin_workload, load_factory, workload
-from memsched.runtime.pool import HostBufferPool, PoolStats
+from memsched.runtime.pool import HostBudgetExceeded, HostBufferPool, PoolStats
 from memsched.runtime.replay import ScheduledModel, apply_schedule
 from memsched.runtime.tracer import static_bytes, trace, trace_workload
 
 __all__ = [
     "BUILTIN_MODELS",
+    "HostBudgetExceeded",
     "HostBufferPool",
     "LedgerStats",
     "Measurement",

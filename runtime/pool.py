@@ -3,6 +3,10 @@
 Pinned (page-locked) memory is expensive to allocate and to free, and a training loop offloads the same
 sizes every step, so buffers are kept in free lists keyed by exact byte size. After the first step the pool
 hands out only buffers it already has: host memory does not grow with the number of steps.
+
+With a limit (the schedule's host budget, SolveOptions.host_budget) the pool never holds more than that many
+bytes: a request it cannot serve within the limit first drops free buffers of other sizes, and if the buffers
+lent out leave no room, raises HostBudgetExceeded naming the budget, the request, what is in use and the fix.
 """
 
 from __future__ import annotations
@@ -13,6 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from memsched.errors import MemschedError
+from memsched.units import format_bytes
+
+
+class HostBudgetExceeded(MemschedError):
+    """The pinned pool was asked for more host bytes than its limit (the schedule's host budget) allows."""
 
 
 @dataclass(frozen=True)
@@ -29,13 +40,21 @@ class PoolStats:
     """Buffers currently lent out."""
     reuses: int
     """Requests served from the free lists instead of a new allocation."""
+    peak_in_use_bytes: int = 0
+    """Most bytes lent out at once since the pool was made (the plan's host peak, as measured)."""
+    limit_bytes: int | None = None
+    """The most bytes the pool may hold (None: no limit)."""
 
 
 class HostBufferPool:
     """Exact-size free lists of uint8 host buffers; pinned when the device is CUDA."""
 
-    def __init__(self, pin_memory: bool) -> None:
+    def __init__(self, pin_memory: bool, limit_bytes: int | None = None) -> None:
+        if limit_bytes is not None and limit_bytes < 0:
+            raise ValueError(f"host budget: must be >= 0 bytes, got {limit_bytes}")
         self.pin_memory = pin_memory
+        self.limit_bytes = limit_bytes
+        """The most bytes of host buffers the pool holds at once, free or lent out (None: no limit)."""
         self._free: dict[int, list[torch.Tensor]] = {}
         # Buffers given back while a copy may still read or write them (CUDA), with that copy's event.
         # Returning them without blocking keeps the host from waiting on the GPU inside backward.
@@ -46,6 +65,7 @@ class HostBufferPool:
         self._in_use_bytes = 0
         self._in_use_buffers = 0
         self._reuses = 0
+        self._peak_in_use_bytes = 0
         # Every buffer created and still alive (free or lent out): the host bytes a measurement leaves out.
         self._created: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
@@ -63,13 +83,38 @@ class HostBufferPool:
                 buf = free.pop()
                 self._reuses += 1
             else:
+                if self.limit_bytes is not None and self._allocated_bytes + nbytes > self.limit_bytes:
+                    self._make_room(nbytes)
                 buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
                 self._created[id(buf)] = buf
                 self._allocated_bytes += nbytes
                 self._allocated_buffers += 1
             self._in_use_bytes += nbytes
             self._in_use_buffers += 1
+            self._peak_in_use_bytes = max(self._peak_in_use_bytes, self._in_use_bytes)
             return buf
+
+    def _make_room(self, nbytes: int) -> None:
+        """Within the limit: drop free buffers (waiting for the copies of pending ones) until `nbytes` more fit,
+        or raise HostBudgetExceeded when what is lent out leaves no room. Called with the lock held."""
+        assert self.limit_bytes is not None
+        for buf, ev in self._pending:
+            ev.synchronize()
+            self._free.setdefault(buf.numel(), []).append(buf)
+        self._pending.clear()
+        for size in sorted(self._free, reverse=True):
+            while self._free[size] and self._allocated_bytes + nbytes > self.limit_bytes:
+                self._free[size].pop()
+                self._allocated_bytes -= size
+                self._allocated_buffers -= 1
+        if self._allocated_bytes + nbytes > self.limit_bytes:
+            raise HostBudgetExceeded(
+                f"host budget: the pinned pool needs {format_bytes(nbytes)} ({nbytes} bytes) more for an offloaded "
+                f"activation, but {format_bytes(self._in_use_bytes)} ({self._in_use_bytes} bytes) of its limit of "
+                f"{format_bytes(self.limit_bytes)} ({self.limit_bytes} bytes) are in use. Raise the host budget "
+                "(apply_schedule(..., host_budget=BYTES)), or re-solve with --host-budget for this host; a plan "
+                "solved under it predicts its host peak (prediction.host_peak_bytes)"
+            )
 
     def release(self, buf: torch.Tensor, event: Any = None) -> None:
         """Give a buffer back; `event` (a CUDA event) marks the end of the last copy that uses it, and the
@@ -124,4 +169,6 @@ class HostBufferPool:
                 self._in_use_bytes,
                 self._in_use_buffers,
                 self._reuses,
+                self._peak_in_use_bytes,
+                self.limit_bytes,
             )

@@ -27,7 +27,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -181,6 +181,7 @@ class ScheduledModel:
         layers: Sequence[str] | None = None,
         ledger: SavedLedger | None = None,
         pool: HostBufferPool | None = None,
+        host_budget: int | Literal["schedule"] | None = "schedule",
     ) -> None:
         self.model = model
         self.schedule = schedule
@@ -192,7 +193,12 @@ class ScheduledModel:
         self.device = p.device if p is not None else torch.device("cpu")
         self.copier = Copier(self.device)
         self.link_warning = check_link(schedule, self.device)  # the plan's copy rates vs this link's, once
-        self.pool = pool if pool is not None else HostBufferPool(pin_memory=self.device.type == "cuda")
+        limit = schedule.host_budget_bytes if host_budget == "schedule" else host_budget
+        if pool is None:
+            pool = HostBufferPool(pin_memory=self.device.type == "cuda", limit_bytes=limit)
+        elif host_budget != "schedule" or pool.limit_bytes is None:
+            pool.limit_bytes = limit  # a shared pool takes the limit given here, or the schedule's if it has none
+        self.pool = pool
         self.ledger = ledger
         self._tls = threading.local()
         self._pass: _Pass | None = None
@@ -579,6 +585,7 @@ def apply_schedule(
     layers: Sequence[str] | None = None,
     ledger: SavedLedger | None = None,
     pool: HostBufferPool | None = None,
+    host_budget: int | Literal["schedule"] | None = "schedule",
 ) -> ScheduledModel:
     """Apply a schedule to the model, now; returns a ScheduledModel usable as the model and as a context
     manager (`with apply_schedule(model, schedule): train()` restores the model on exit).
@@ -587,6 +594,10 @@ def apply_schedule(
     layers: the layer patterns the trace was made with, if not the default repeated blocks.
     ledger: a SavedLedger to count live saved bytes (the CPU measurement; see `measure`).
     pool: a host buffer pool to share between schedules (default: one per ScheduledModel).
+    host_budget: the most bytes the pinned pool may hold ("schedule": the schedule's `host_budget_bytes`, the
+        budget it was solved under; None: no limit). Past it an offload raises HostBudgetExceeded, naming why.
     Raises ScheduleMismatchError naming the first mismatch between schedule and model.
     """
-    return ScheduledModel(model, schedule, trace=trace, layers=layers, ledger=ledger, pool=pool)
+    return ScheduledModel(
+        model, schedule, trace=trace, layers=layers, ledger=ledger, pool=pool, host_budget=host_budget
+    )

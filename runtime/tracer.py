@@ -81,6 +81,10 @@ class _LayerStats:
     """Bytes of its tensor inputs that require grad (their gradients are produced in backward)."""
     output_bytes: int = 0
     """Bytes of its tensor outputs."""
+    output_saved_bytes: int = 0
+    """Bytes of its tensor outputs whose storages it saved itself, first (Layer.output_saved_bytes)."""
+    saved_output_readers: set[int] = field(default_factory=set)
+    """Call-order indices of the layers that read those outputs (Layer.output_saved_readers)."""
     deps: set[int] = field(default_factory=set)
     """Call-order indices of the layers whose outputs it consumed."""
     forward_s: list[float] = field(default_factory=list)
@@ -146,6 +150,8 @@ class _MemoryStep:
         # Data flow through untraced ops (`_upstream`): the autograd nodes of the traced layers' outputs
         # and the nodes an earlier layer's walk already went through. Held for the one step only.
         self.out_nodes: dict[Any, int] = {}
+        # Those of them whose layer saved the output itself (Layer.output_saved_readers).
+        self.saved_out_nodes: set[Any] = set()
         self.walked: set[Any] = set()
         # Storages alive before the step (the batch, what the process keeps): never side inputs of a layer.
         self.resident = StaticStorages()
@@ -232,6 +238,8 @@ class _MemoryStep:
             if hit is not None and hit[1]() is t.untyped_storage():
                 if hit[0] != i:
                     st.deps.add(hit[0])
+                    if self._claimed_by(t, hit[0]):
+                        self.stats[hit[0]].saved_output_readers.add(i)
             elif not t.requires_grad and t not in self.static and t not in self.resident:
                 side.append(t)
         st.side_input_bytes = _unique_bytes(side, whole_storage=True)
@@ -257,6 +265,8 @@ class _MemoryStep:
             if producer is not None:
                 if producer != i:
                     found.add(producer)
+                    if node in self.saved_out_nodes:
+                        self.stats[producer].saved_output_readers.add(i)
                 continue
             if node in self.walked:
                 continue
@@ -267,6 +277,7 @@ class _MemoryStep:
     def forget_graph(self) -> None:
         """Drop the references to the step's autograd nodes."""
         self.out_nodes.clear()
+        self.saved_out_nodes.clear()
         self.walked.clear()
 
     def between_bytes(self) -> dict[int, int]:
@@ -284,16 +295,25 @@ class _MemoryStep:
         self.meter.mark(f"F{i}:end")  # after the last layer: the loss's stage, apart (`fit_workspace`)
         outs = [t for _, t in flatten(out)]
         self.stats[i].output_bytes = _unique_bytes(outs)
+        self.stats[i].output_saved_bytes = _unique_bytes([t for t in outs if self._claimed_by(t, i)])
         for t in outs:
             s = t.untyped_storage()
             self.producers[id(s)] = (i, weakref.ref(s))
             if t.grad_fn is not None:
                 self.out_nodes[t.grad_fn] = i
+                if self._claimed_by(t, i):
+                    self.saved_out_nodes.add(t.grad_fn)
             if t.requires_grad:
                 t.register_hook(self._backward_mark(i))
 
     def fail(self, i: int, token: None) -> None:
         self.stack.pop()
+
+    def _claimed_by(self, t: torch.Tensor, i: int) -> bool:
+        """Whether layer i saved this tensor's storage first, with its bytes (not a 0-byte static placeholder)."""
+        s = t.untyped_storage()
+        ref = self.claims.get(id(s))
+        return ref is not None and ref() is s and self.owner.get(id(s)) == i and not self._pinned(t)
 
     def _backward_mark(self, i: int) -> Callable[[torch.Tensor], None]:
         def on_grad(_g: torch.Tensor) -> None:
@@ -575,6 +595,42 @@ class _RerunProbe:
         self.marks.clear()
 
 
+class _ForwardMarks:
+    """Marks each traced layer's forward (outside the backward) as stage F{i} of a measured step, ending at
+    F{i}:end: the memory a layer's forward grows by under a checkpoint. LayerCalls (memsched.runtime.wrapping)."""
+
+    def __init__(self, meter: MemoryMeter) -> None:
+        self.meter = meter
+
+    def enter(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if torch._C._current_graph_task_id() >= 0:
+            return None  # a re-run inside the backward
+        self.meter.mark(f"F{i}")
+        return i
+
+    def leave(self, i: int, token: Any, out: Any) -> None:
+        self.fail(i, token)
+
+    def fail(self, i: int, token: Any) -> None:
+        if token is not None:
+            self.meter.mark(f"F{i}:end")
+
+
+def with_checkpointed_forwards(tr: Trace, checkpointed: StepMemory) -> Trace:
+    """`tr` with Layer.checkpointed_forward_bytes from the checkpoint-all step (`_time_reruns`): the peak of each
+    layer's forward stage above static memory, F{i} and the stage after it up to the next layer, as the workspace
+    fit reads keep-all's (the loss's stage after the last layer is left out). The cost model fits a recomputed
+    layer's forward to it (optimizer: simulate.forward_cuts)."""
+    n = tr.n
+    peaks = checkpointed.stage_peak_bytes
+    layers = []
+    for i, layer in enumerate(tr.layers):
+        seen = [peaks[k] for k in (f"F{i}", f"F{i}:end") if k in peaks and k != f"F{n - 1}:end"]
+        measured = max(0, max(seen) - tr.static.total) if seen else None
+        layers.append(layer.model_copy(update={"checkpointed_forward_bytes": measured}))
+    return tr.model_copy(update={"layers": layers})
+
+
 def _time_reruns(
     model: nn.Module,
     step_fn: StepFn,
@@ -583,9 +639,11 @@ def _time_reruns(
     stats: list[_LayerStats],
     clock: Clock,
     report: TraceReport,
-) -> None:
+) -> StepMemory | None:
     """RERUN_STEPS steps with every traced layer checkpointed on its own, as the runtime replays a recompute
-    (torch.utils.checkpoint, non-reentrant, early stop): each layer's re-run time into `stats`."""
+    (torch.utils.checkpoint, non-reentrant, early stop): each layer's re-run time into `stats`. Then one such
+    step measured, with each layer's forward marked: returned, for what a forward holds under a checkpoint
+    (Layer.checkpointed_forward_bytes); None where the re-run steps could not run."""
     from memsched.runtime.measure import keep_all_schedule
     from memsched.runtime.replay import ScheduledModel
     from memsched.schema import Action, LayerAction
@@ -603,10 +661,14 @@ def _time_reruns(
             # What the replay learned while recomputing every layer: the buffers each forward changes.
             for st, nbytes in zip(stats, sm.changed_buffer_bytes(), strict=True):
                 st.changed_buffer_bytes = nbytes
+            meter = MemoryMeter(clock.device)
+            with wrapped(modules, _ForwardMarks(meter)):
+                return meter.measure(step_fn)
     except MemschedError as e:  # e.g. the framework's own gradient checkpointing is on
         report.warn(f"re-run times not measured (recompute_s left null: priced as forward_s): {e}")
         for st in stats:
             st.rerun_s.clear()
+    return None
 
 
 def resident_beyond_static(model: nn.Module, static: StaticBytes, whole: StepMemory) -> int:
@@ -696,6 +758,10 @@ def _layers(
                 shared_input_bytes=st.shared or None,
                 side_input_bytes=st.side_input_bytes or None,
                 changed_buffer_bytes=st.changed_buffer_bytes or None,
+                output_saved_bytes=min(st.output_saved_bytes, st.output_bytes, sum(st.saved)) or None,
+                output_saved_readers=sorted(pos[r] for r in st.saved_output_readers if pos[r] > pos[orig])
+                if st.output_saved_bytes
+                else None,
             )
         )
     return out
@@ -920,7 +986,7 @@ def trace_with_report(
         hook.remove()
     optimizers = _check_optimizers(model, optimizer, stepped, report)
     _time_layers(step_fn, modules, stats, Clock(device), steps)
-    _time_reruns(model, step_fn, [name for name, _ in found], modules, stats, Clock(device), report)
+    checkpointed = _time_reruns(model, step_fn, [name for name, _ in found], modules, stats, Clock(device), report)
     mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizers)
     static = static_bytes(model, optimizers[0] if optimizers else None)
     for extra in optimizers[1:]:
@@ -943,4 +1009,6 @@ def trace_with_report(
         baseline=Baseline(step_s=step_s, peak_bytes=int(whole.peak_bytes)),
         layers=traced,
     )
+    if checkpointed is not None:
+        tr = with_checkpointed_forwards(tr, checkpointed)
     return tr, report

@@ -31,7 +31,7 @@ async def compare(req: CompareRequest, db: DatabaseDep, owner: OwnerDep, setting
             row, trace = resolve_trace(s, owner, settings, req.trace_id, req.trace)
         budget = request_budget(req.budget, trace, check_feasible=False)
         try:
-            c = compare_policies(trace, budget, req.link, req.ranks_per_link)
+            c = compare_policies(trace, budget, req.link, req.ranks_per_link, req.host_budget)
         except MemschedError as e:
             raise ApiError(422, str(e), "budget") from None
         except ArithmeticError as e:

@@ -75,9 +75,14 @@ async def create_sweep(req: SweepRequest, db: DatabaseDep, owner: OwnerDep, sett
 def _field_of(message: str) -> str:
     """The request field a sweep's error names (its message starts with it)."""
     head = message.split(":", 1)[0]
-    return {"from": "budget_from", "to": "budget_to", "budget range": "budget_from", "points": "points"}.get(
-        head, "budget_from"
-    )
+    fields = {
+        "from": "budget_from",
+        "to": "budget_to",
+        "budget range": "budget_from",
+        "points": "points",
+        "host_budget": "host_budget",
+    }
+    return fields.get(head, "budget_from")
 
 
 @router.post(

@@ -169,7 +169,9 @@ def solve_with_fallback(
 
         return SolveOutcome(None, api_message(e), e.min_feasible_bytes, time.perf_counter() - t0)
     except MemschedError as e:
-        return SolveOutcome(None, str(e), wall_s=time.perf_counter() - t0)
+        from memsched.api.errors import api_message  # the request's field names, not the CLI's flags
+
+        return SolveOutcome(None, api_message(e), wall_s=time.perf_counter() - t0)
     except Exception as e:
         # A solver bug or a backend failure (SolverError): the job fails with the reason, the worker lives on.
         log.exception("solve failed")

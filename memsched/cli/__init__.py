@@ -135,6 +135,7 @@ def simulate_cmd(
     t.add_column("value", justify="right")
     t.add_row("budget", format_bytes(sc.budget_bytes))
     t.add_row("predicted peak", format_bytes(sim.peak_bytes))
+    t.add_row("predicted host peak", format_bytes(sim.host_peak_bytes))
     t.add_row("feasible", "yes" if sim.feasible else "[red]NO[/]")
     t.add_row("step time", format_seconds(sim.step_s))
     t.add_row("keep-all step time", format_seconds(sim.keepall_step_s))
@@ -153,13 +154,15 @@ def compare(
     ranks_per_link: Annotated[
         int | None, typer.Option(cli_flag("ranks_per_link"), help=option_help("ranks_per_link"))
     ] = None,
+    host_budget: Annotated[str | None, typer.Option(cli_flag("host_budget"), help=option_help("host_budget"))] = None,
 ) -> None:
     """Compare the baseline policies under a budget: feasible, predicted peak, step time, overhead."""
     from memsched.service import compare_policies
 
     tr = load_trace(trace)
-    hw = SolveOptions.from_user(link=link, ranks_per_link=ranks_per_link)  # the same checks as solve's
-    cmp = compare_policies(tr, parse_budget(budget), hw.link, hw.ranks_per_link)
+    # The same checks as solve's.
+    hw = SolveOptions.from_user(link=link, ranks_per_link=ranks_per_link, host_budget=host_budget)
+    cmp = compare_policies(tr, parse_budget(budget), hw.link, hw.ranks_per_link, hw.host_budget)
     if as_json:
         _print_json(cmp.to_json())
         return
@@ -170,10 +173,12 @@ def compare(
             f"keep-all activations {format_bytes(cmp.keepall_activation_bytes)}"
         ),
     )
+    host = hw.host_budget is not None  # the host peak column where a host budget asks about it (--json has it)
     for col, just in (
         ("policy", "left"),
         ("feasible", "center"),
         ("predicted peak", "right"),
+        *([("host peak", "right")] if host else []),
         ("step time", "right"),
         ("overhead", "right"),
     ):
@@ -183,6 +188,7 @@ def compare(
             r.policy,
             "[green]yes[/]" if r.feasible else "[red]no[/]",
             format_bytes(r.peak_bytes),
+            *([format_bytes(r.host_peak_bytes)] if host else []),
             format_seconds(r.step_s),
             f"{r.overhead_pct:+.1f}%",
         )
@@ -267,6 +273,7 @@ def solve(
     ranks_per_link: Annotated[
         int | None, typer.Option(cli_flag("ranks_per_link"), help=option_help("ranks_per_link"))
     ] = None,
+    host_budget: Annotated[str | None, typer.Option(cli_flag("host_budget"), help=option_help("host_budget"))] = None,
     export_model: Annotated[
         Path | None, typer.Option("--export-model", help="Write the MILP model here (LP, MPS or CP-SAT text).")
     ] = None,
@@ -287,6 +294,7 @@ def solve(
         actions=[a.strip() for a in actions.split(",") if a.strip()] if actions is not None else None,
         link=link,
         ranks_per_link=ranks_per_link,
+        host_budget=host_budget,
     )
     resources = SolveResources(export_model=export_model, started_at=_PROCESS.get("started"))
     tr = load_trace(trace)
@@ -325,6 +333,9 @@ def solve(
     t.add_row("status", r.status.value)
     t.add_row("layers keep / offload / recompute", f"{counts['keep']} / {counts['offload']} / {counts['recompute']}")
     t.add_row("predicted peak", format_bytes(p.peak_bytes))
+    if p.host_peak_bytes is not None:
+        limit = f" (host budget {format_bytes(sc.host_budget_bytes)})" if sc.host_budget_bytes is not None else ""
+        t.add_row("predicted host peak", format_bytes(p.host_peak_bytes) + limit)
     t.add_row("predicted step", f"{format_seconds(p.step_s)} ({p.overhead_pct:+.2f}% vs keep-all)")
     if r.best_bound_s is not None:
         t.add_row("best bound / gap", f"{format_seconds(r.best_bound_s)} / {100 * (r.gap or 0):.2f}%")
@@ -362,10 +373,17 @@ _register_parts()
 
 def _error_code(e: MemschedError) -> str:
     """A stable, machine-readable name for a user error, for scripts that asked for --json."""
-    from memsched.errors import InfeasibleBudgetError, ScheduleMismatchError, TraceFormatError
+    from memsched.errors import (
+        InfeasibleBudgetError,
+        InfeasibleHostBudgetError,
+        ScheduleMismatchError,
+        TraceFormatError,
+    )
 
     if isinstance(e, InfeasibleBudgetError):
         return "infeasible_budget"
+    if isinstance(e, InfeasibleHostBudgetError):
+        return "infeasible_host_budget"
     if isinstance(e, TraceFormatError):
         return "bad_file"
     if isinstance(e, ScheduleMismatchError):
@@ -401,6 +419,7 @@ def main(argv: list[str] | None = None) -> None:
             as_json,
             min_feasible_bytes=getattr(e, "min_feasible_bytes", None),
             budget_bytes=getattr(e, "budget_bytes", None),
+            min_host_bytes=getattr(e, "min_host_bytes", None),
         )
     except ModuleNotFoundError as e:
         extra = _EXTRA_OF.get((e.name or "").split(".")[0])
@@ -413,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
             as_json,
             min_feasible_bytes=None,
             budget_bytes=None,
+            min_host_bytes=None,
         )
     except Exception as e:
         if os.environ.get("MEMSCHED_DEBUG"):
@@ -425,4 +445,5 @@ def main(argv: list[str] | None = None) -> None:
             prefix="internal error",
             min_feasible_bytes=None,
             budget_bytes=None,
+            min_host_bytes=None,
         )

@@ -422,9 +422,12 @@ def _print_measure(doc: dict[str, Any]) -> None:
             t.add_row(
                 label.replace("_", "-"), q, "-" if p is None else fmt(p), fmt(m), "-" if r is None else f"{r:.3f}"
             )
-        if side["host_bytes"]:
+        predicted_host = side.get("predicted_host_peak_bytes")
+        if side["host_bytes"] or predicted_host:
             host = format_bytes(side["host_bytes"])
-            t.add_row(label.replace("_", "-"), "host copies (beside the peak)", "-", host, "-")
+            p_host = "-" if predicted_host is None else format_bytes(predicted_host)
+            r_host = f"{side['host_bytes'] / predicted_host:.3f}" if predicted_host else "-"
+            t.add_row(label.replace("_", "-"), "host copies (beside the peak)", p_host, host, r_host)
     out.print(t)
     if doc.get("offload_emulated"):
         out.print(

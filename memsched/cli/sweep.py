@@ -38,6 +38,7 @@ def sweep_cmd(
     ranks_per_link: Annotated[
         int | None, typer.Option(cli_flag("ranks_per_link"), help=option_help("ranks_per_link"))
     ] = None,
+    host_budget: Annotated[str | None, typer.Option(cli_flag("host_budget"), help=option_help("host_budget"))] = None,
     workers: Annotated[
         int | None, typer.Option("--workers", help="Solver processes (default: one per core this process may use).")
     ] = None,
@@ -60,6 +61,7 @@ def sweep_cmd(
         actions=[a.strip() for a in actions.split(",") if a.strip()] if actions is not None else None,
         link=link,
         ranks_per_link=ranks_per_link,
+        host_budget=host_budget,
     )
     tr = load_trace(trace)
     res = sweep_trace(

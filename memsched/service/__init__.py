@@ -27,9 +27,11 @@ class CompareRow(BaseModel):
     policy: str
     """Policy name."""
     feasible: bool
-    """Whether its predicted peak fits the budget."""
+    """Whether its predicted peak fits the budget (and its host peak the host budget, where one is given)."""
     peak_bytes: int
     """Predicted peak bytes."""
+    host_peak_bytes: int = 0
+    """Predicted host peak: the offloaded bytes the host holds at once."""
     step_s: float
     """Predicted step time, seconds."""
     overhead_pct: float
@@ -94,15 +96,18 @@ def compare_policies(
     budget: BudgetSpec | str | int,
     link: LinkPreset | float | None = None,
     ranks_per_link: int | None = None,
+    host_budget: int | None = None,
 ) -> Comparison:
-    """Every baseline under one budget, judged by the simulator (on another link, or a share of one, if asked)."""
+    """Every baseline under one budget, judged by the simulator (on another link, or a share of one, if asked;
+    within a host budget, if given)."""
     b = resolve_budget(budget, trace)
     trace = planned_trace(trace, what_if_device(trace, link, ranks_per_link))
     rows = [
         CompareRow(
             policy=r.policy,
-            feasible=r.feasible,
+            feasible=r.feasible and (host_budget is None or r.sim.host_peak_bytes <= host_budget),
             peak_bytes=r.sim.peak_bytes,
+            host_peak_bytes=r.sim.host_peak_bytes,
             step_s=r.sim.step_s,
             overhead_pct=r.sim.overhead_pct,
         )

@@ -211,6 +211,8 @@ class Side:
     """The simulator's counterpart of the ledger (memsched.optimizer.saved_profile), when a trace is given."""
     host_bytes: int = 0
     """Host copies made by offloading (not device bytes; not in the peak)."""
+    predicted_host_peak_bytes: int | None = None
+    """The schedule's predicted host peak (Prediction.host_peak_bytes), where it records one."""
     stage_peak_bytes: dict[str, int] = field(default_factory=dict)
     """The whole-step peak per stage, of the run with the highest peak."""
     predicted_stage_peak_bytes: dict[str, int] = field(default_factory=dict)
@@ -237,6 +239,7 @@ class Side:
             "saved_peak_bytes": self.saved_peak_bytes,
             "predicted_saved_peak_bytes": self.predicted_saved_peak_bytes,
             "host_bytes": self.host_bytes,
+            "predicted_host_peak_bytes": self.predicted_host_peak_bytes,
             "stage_peak_bytes": self.stage_peak_bytes,
             "predicted_stage_peak_bytes": self.predicted_stage_peak_bytes,
             "worst_stage": None if self.worst_stage is None else self.worst_stage.to_json(),
@@ -601,6 +604,13 @@ def _side(
     )
 
 
+def _with_host_prediction(side: Side | None, schedule: Schedule | None) -> Side | None:
+    """The scheduled side with its schedule's predicted host peak."""
+    if side is not None and schedule is not None:
+        side.predicted_host_peak_bytes = schedule.prediction.host_peak_bytes
+    return side
+
+
 def run_measure(
     args: WorkloadArgs,
     schedule: Schedule | None,
@@ -666,8 +676,11 @@ def run_measure(
         actions=_counts(schedule),
         budget_bytes=schedule.budget_bytes if schedule is not None else None,
         static_bytes=trace.static.total if trace is not None else first.static_bytes,
-        scheduled=_side(
-            got.scheduled, pred.sched_peak, pred.sched_step, pred.sched_saved, pred.sched_stages, pred.layer_names
+        scheduled=_with_host_prediction(
+            _side(
+                got.scheduled, pred.sched_peak, pred.sched_step, pred.sched_saved, pred.sched_stages, pred.layer_names
+            ),
+            schedule,
         ),
         keep_all=_side(
             got.keep_all,

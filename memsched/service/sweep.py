@@ -4,6 +4,7 @@ with its bound band and knee points, as JSON, a PNG or an interactive page."""
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
@@ -11,7 +12,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError
 from memsched.optimizer.sweep_curve import MAX_POINTS, MIN_POINTS, SweepCurve, solved_now, sweep
 from memsched.options import SolveOptions
 from memsched.schema import Schedule, SolverStatus, Trace
@@ -156,7 +157,7 @@ def sweep_trace(
                         return
                     try:
                         out.set_result(_unwrap(budget, f.result()))
-                    except InfeasibleBudgetError as e:
+                    except (InfeasibleBudgetError, InfeasibleHostBudgetError) as e:
                         out.set_exception(e)
 
                 pool.submit(_solve_in_worker, budget).add_done_callback(done)
@@ -184,12 +185,15 @@ def _init_worker(trace_json: str, options: SolveOptions) -> None:
 
 
 def _solve_in_worker(budget: int) -> tuple[str, str | int]:
-    """A picklable answer: ('ok', schedule JSON) or ('infeasible', smallest feasible budget)."""
+    """A picklable answer: ('ok', schedule JSON), ('infeasible', smallest feasible budget) or ('host', the
+    InfeasibleHostBudgetError's numbers as JSON)."""
     trace, options = _WORKER["job"]
     try:
         return "ok", _solve(trace, budget, options).model_dump_json()
     except InfeasibleBudgetError as e:
         return "infeasible", e.min_feasible_bytes if e.proven else -e.min_feasible_bytes
+    except InfeasibleHostBudgetError as e:
+        return "host", json.dumps([e.host_budget_bytes, e.budget_bytes, e.min_host_bytes, e.proven, e.detail])
 
 
 def _unwrap(budget: int, r: tuple[str, str | int]) -> Schedule:
@@ -197,6 +201,10 @@ def _unwrap(budget: int, r: tuple[str, str | int]) -> Schedule:
     if kind == "ok":
         assert isinstance(value, str)
         return Schedule.model_validate_json(value)
+    if kind == "host":
+        assert isinstance(value, str)
+        host, at, least, proven, detail = json.loads(value)
+        raise InfeasibleHostBudgetError(host, at, least, proven, detail)
     assert isinstance(value, int)
     raise InfeasibleBudgetError(budget, abs(value), proven=value > 0)
 

@@ -63,6 +63,8 @@ def timeline_doc(trace: Trace, schedule: Schedule) -> dict[str, Any]:
         "overhead_s": sim.overhead_s,
         "stall_s": sim.stall_s,
         "recompute_s": sim.recompute_s,
+        "host_peak_bytes": sim.host_peak_bytes,
+        "host_budget_bytes": schedule.host_budget_bytes,
         "counts": schedule.action_counts(),
         "link": planned.link if planned else "measured",
         "h2d_bytes_per_s": planned.h2d_bytes_per_s if planned else trace.device.h2d_bytes_per_s,
@@ -144,6 +146,7 @@ h1 { font-size: 18px; margin: 0 0 4px; }
     <option value="custom">custom bytes/s…</option></select></label>
   <label>custom rate (bytes/s)<input id="rate" type="text" placeholder="25e9" size="10"></label>
   <label>ranks per link<input id="ranks" type="number" min="1" value="1" style="width:5em"></label>
+  <label>host budget<input id="host" type="text" placeholder="none, e.g. 64GiB" size="12"></label>
   <label>points<input id="points" type="number" min="2" max="200" style="width:5em"></label>
   <label>seconds per point<input id="limit" type="number" min="0.1" step="0.5" value="2" style="width:5em"></label>
   <label>API key<input id="key" type="password" size="14" placeholder="if the server needs one"></label>
@@ -183,7 +186,8 @@ async function api(path, body) {
   const r = await fetch(path, {method: "POST", headers: headers(), body: JSON.stringify(body)});
   const doc = await r.json().catch(() => ({detail: r.statusText}));
   if (!r.ok) {
-    const min = doc.min_feasible_bytes ? " (smallest feasible: " + fmtBytes(doc.min_feasible_bytes) + ")" : "";
+    const min = doc.min_feasible_bytes ? " (smallest feasible: " + fmtBytes(doc.min_feasible_bytes) + ")" :
+      doc.min_feasible_host_bytes ? " (smallest host budget: " + fmtBytes(doc.min_feasible_host_bytes) + ")" : "";
     throw new Error((doc.field ? doc.field + ": " : "") + (doc.detail || r.status) + min);
   }
   return doc;
@@ -222,7 +226,9 @@ function renderCurve() {
   const o = sweep.options;
   $("summary").textContent = sweep.points.length + " budgets from " + fmtBytes(sweep.lo_bytes) + " to " +
     fmtBytes(sweep.hi_bytes) + " in " + sweep.wall_s.toFixed(1) + " s; link " + (o.link === null ? "measured" :
-    o.link) + (o.ranks_per_link ? ", " + o.ranks_per_link + " ranks per link" : "") + "; knees at " +
+    o.link) + (o.ranks_per_link ? ", " + o.ranks_per_link + " ranks per link" : "") +
+    (o.host_budget === null || o.host_budget === undefined ? "" : "; host budget " + fmtBytes(o.host_budget)) +
+    "; knees at " +
     (sweep.knees.map((k) => fmtBytes(k.budget_bytes)).join(", ") || "none") +
     (sweep.zero_overhead_bytes === null ? "" : "; no overhead from " + fmtBytes(sweep.zero_overhead_bytes));
   document.body.dataset.curve = "ready";
@@ -244,7 +250,10 @@ function renderTimeline(tl) {
   const c = tl.counts;
   $("point-info").textContent = "budget " + fmtBytes(tl.budget_bytes) + ": peak " + fmtBytes(tl.peak_bytes) +
     ", step " + ms(tl.step_s) + " (stall " + ms(tl.stall_s) + ", recompute " + ms(tl.recompute_s) + "); keep " +
-    c.keep + ", offload " + c.offload + ", recompute " + c.recompute + "; link " + tl.link;
+    c.keep + ", offload " + c.offload + ", recompute " + c.recompute + "; link " + tl.link +
+    "; host peak " + fmtBytes(tl.host_peak_bytes || 0) +
+    (tl.host_budget_bytes === null || tl.host_budget_bytes === undefined ? "" :
+      " (host budget " + fmtBytes(tl.host_budget_bytes) + ")");
   const xs = [], ys = [], hv = [];
   for (const s of tl.stages) {
     const text = s.phase + " of " + s.layer + " (" + s.action + ")<br>" + fmtBytes(s.bytes);
@@ -285,6 +294,8 @@ async function resolve() {
   else if (link) body.link = link;
   const ranks = Number($("ranks").value);
   if (ranks !== 1) body.ranks_per_link = ranks;
+  const host = $("host").value.trim();
+  if (host) body.host_budget = /^[0-9]+$/.test(host) ? Number(host) : host;
   status("solving " + body.points + " budgets…");
   $("resolve").disabled = true;
   try {

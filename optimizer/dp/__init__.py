@@ -86,6 +86,11 @@ def _approximation_notes(p: DpProblem) -> list[str]:
             "layers with many saved tensors offload byte ranges in the bound (a relaxation: the bound holds, "
             "its plans are rounded to real tensor subsets)"
         )
+    if p.output_relaxed:
+        notes.append(
+            "a layer saves part of its own output, or one a later layer than the next reads: the bound prices it as "
+            "if kept (a relaxation: the bound holds, its plans are simulated)"
+        )
     if not p.held_complete:
         notes.append("over 62 checkpoint producers cross one boundary: the extra ones count as held (optimistic)")
     return notes
@@ -159,7 +164,7 @@ def exact_search(
             break
         if res.finals and res.finals[0][0] < threshold:
             # Nothing below the threshold was pruned, so the cheapest plan found is the fluid optimum.
-            out.fluid_optimum = out.quantum_bytes == 1 and not p.relaxed
+            out.fluid_optimum = out.quantum_bytes == 1 and not p.relaxed and not p.output_relaxed
             out.schedules = _decode_finals(trace, p, res, budget_bytes)
             break
     out.bound_s = max(best_bound, root_bound) if p.offload_complete else root_bound

@@ -19,6 +19,7 @@ import numpy as np
 
 from memsched.optimizer.dp.clock import SweepClock
 from memsched.optimizer.dp.fifo_kernels import QUEUE, dominance_fifo, expand_fifo
+from memsched.optimizer.dp.labels import ACTION_KEEP
 from memsched.optimizer.dp.problem import DpProblem
 from memsched.optimizer.dp.sweep import SweepResult
 
@@ -270,6 +271,7 @@ def _expand(
             p.bwd,
             p.bwd_prefix,
             p.trans_f,
+            p.trans_f_rec,
             p.trans_b,
             p.row_floor,
             p.future,
@@ -301,9 +303,13 @@ def _expand(
         for lo, hi in itertools.pairwise(cuts):
             sel = order[lo:hi]
             b1 = int(dst[lo])
+            held_part = p.remap_held(held[sel], k, b1)
+            bit = p.keep_bit(k) if b1 == k + 1 else 0
+            if bit:  # a kept layer whose saved tensors hold its whole output: no checkpoint charges it again
+                held_part = np.where(action[sel] == ACTION_KEEP, held_part | bit, held_part)
             part = FifoLabels(
                 ret[sel],
-                p.remap_held(held[sel], k, b1),
+                held_part,
                 cf[sel],
                 cr[sel],
                 dqt[sel],

@@ -96,6 +96,7 @@ def expand_fifo(
     bwd: np.ndarray,
     bwd_prefix: np.ndarray,
     trans_f: np.ndarray,
+    trans_f_rec: np.ndarray,
     trans_b: np.ndarray,
     row_floor: np.ndarray,
     future: np.ndarray,
@@ -168,6 +169,8 @@ def expand_fifo(
     bhb = np.empty(q, np.int64)
     wdt = np.empty(q)
     wdb = np.empty(q, np.int64)
+    rdt = np.empty(q)  # the label's D2H queue past row F_k of a recomputed layer k
+    rdb = np.empty(q, np.int64)
     wht = np.empty(q)
     whb = np.empty(q, np.int64)
     per_label = 1 + len(offload_bytes) + (n - k)
@@ -178,23 +181,36 @@ def expand_fifo(
             break
         r = retained[i]
         _copy_queues(bdt, bdb, bht, bhb, dq_t[i], dq_b[i], hq_t[i], hq_b[i])
-        # ---- rows F_k and B_k, common to every action of layer k
+        # ---- rows F_k and B_k: B_k is common to every action of layer k; F_k holds less where k is recomputed
+        # (trans_f_rec: its forward under the checkpoint), so the segments settle the D2H queue apart (rdt, rdb).
         cap_f = limit - saved[k] - trans_f[k] - r
+        cap_fr = limit - saved[k] - trans_f_rec[k] - r
         cap_b = limit - saved[k] - trans_b[k] - r
         i += 1
-        if cap_f < 0 or cap_b < 0:
-            continue
-        nd, tf = _settle(bdt, bdb, dq_n[i - 1], fwd_prefix[k] + cf[i - 1], cap_f)
-        nh, tr = _settle(bht, bhb, hq_n[i - 1], bwd_prefix[k] + cr[i - 1], cap_b)
-        tf += fwd[k]
-        tr += bwd[k]
-        c_f = tf - fwd_prefix[k + 1]
-        c_r = tr - bwd_prefix[k + 1]
-        if c_f + c_r + future[k, min(int(r / future_step), g_last)] >= threshold:
+        if cap_fr < 0 or cap_b < 0:
             continue
         parent = i - 1
+        fut_k = future[k, min(int(r / future_step), g_last)]
+        nh, tr = _settle(bht, bhb, hq_n[parent], bwd_prefix[k] + cr[parent], cap_b)
+        tr += bwd[k]
+        c_r = tr - bwd_prefix[k + 1]
+        rdt[:] = bdt
+        rdb[:] = bdb
+        nd_r, tf_r = _settle(rdt, rdb, dq_n[parent], fwd_prefix[k] + cf[parent], cap_fr)
+        tf_r += fwd[k]
+        nd, tf = nd_r, tf_r
+        kept_rows = cap_f >= 0
+        if kept_rows and cap_f != cap_fr:
+            nd, tf = _settle(bdt, bdb, dq_n[parent], fwd_prefix[k] + cf[parent], cap_f)
+            tf += fwd[k]
+        elif kept_rows:
+            bdt[:] = rdt
+            bdb[:] = rdb
+        c_f = tf - fwd_prefix[k + 1]
+        if not kept_rows or c_f + c_r + fut_k >= threshold:
+            kept_rows = False
         # ---- keep, and each offload option (both queues gain the copy)
-        for o in range(-1, len(offload_bytes)):
+        for o in range(-1, len(offload_bytes) if kept_rows else -1):
             x = 0 if o < 0 else offload_bytes[o]
             c = 0 if o < 0 else copy_bytes[o]  # what the copies carry: x, or less on a relaxed option
             child_ret = r + saved[k] - x
@@ -222,14 +238,16 @@ def expand_fifo(
             o_dqn[w] = m_d
             o_hqn[w] = m_h
             w += 1
-        # ---- recompute segments [k, b]
-        if state > 0 and (cap_f < state or cap_b < state):
+        # ---- recompute segments [k, b], from the queues past row F_k of a recomputed layer
+        if tf_r - fwd_prefix[k + 1] + c_r + fut_k >= threshold:
+            continue
+        if state > 0 and (cap_fr < state or cap_b < state):
             continue
         seg = np.int64(0)
         ext = np.int64(0)
         ckpt = np.int64(0)
         replay_from = k + 1
-        sd, sh, stf, stream = nd, nh, tf, tr
+        sd, sh, stf, stream = nd_r, nh, tf_r, tr
         for b in range(k, n):
             new_bits = bits_at[b - k] & ~seg
             if new_bits != 0 or external[b] > 0 or b == k:
@@ -237,12 +255,12 @@ def expand_fifo(
                 seg |= new_bits
                 ext += external[b]
                 ckpt = checkpoint_bytes(seg, held[parent], ext, out_bytes_bit) + state
-                _copy_queues(wdt, wdb, wht, whb, bdt, bdb, bht, bhb)
-                sd, sh, stf, stream = nd, nh, tf, tr
+                _copy_queues(wdt, wdb, wht, whb, rdt, rdb, bht, bhb)
+                sd, sh, stf, stream = nd_r, nh, tf_r, tr
                 replay_from = k + 1
             dead = False
             for m in range(replay_from, b + 1):
-                cf_m = limit - saved[m] - trans_f[m] - r - ckpt
+                cf_m = limit - saved[m] - trans_f_rec[m] - r - ckpt
                 cb_m = limit - (saved_prefix[m + 1] - saved_prefix[k]) - trans_b[m] - r - ckpt
                 if cf_m < 0 or cb_m < 0:
                     dead = True  # and for every longer segment: the checkpoint only grows

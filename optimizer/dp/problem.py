@@ -19,9 +19,12 @@ from memsched.optimizer.dp.future import GRID_POINTS, future_table
 from memsched.optimizer.simulate import (
     backward_transient,
     checkpoint_state_bytes,
+    code_hold_until,
     external_input_bytes,
+    forward_cuts,
     forward_transient,
     loss_point_transient,
+    own_output_read_by_all,
 )
 from memsched.schema import Trace
 
@@ -74,10 +77,19 @@ class DpProblem:
     """float64 backward seconds."""
     trans_f: np.ndarray
     """int64 transient bytes during F_i (forward workspace + output)."""
+    trans_f_rec: np.ndarray
+    """int64 trans_f less the forward cut (simulate.forward_cuts): row F_i of a recomputed layer is
+    saved + trans_f_rec, its forward under the checkpoint (may be negative; the sum is not)."""
     trans_b: np.ndarray
     """int64 transient bytes during B_i (workspace + output gradient + input gradient; the loss at n-1)."""
     output: np.ndarray
-    """int64 output bytes of each layer (what a checkpoint holds when a later segment consumes it)."""
+    """int64 output bytes of each layer that a checkpoint holds when a later segment consumes it
+    (simulate.checkpoint_input_bytes and checkpoint_own_inputs): all of them, less, where the layer's own saved
+    tensors hold only part of its output (Layer.output_saved_bytes) or not every reader reads that part
+    (Layer.output_saved_readers), that part whatever the layer does (a relaxation: see `output_relaxed`)."""
+    keep_holds_output: np.ndarray
+    """bool per layer: its own saved tensors hold all its output, so keeping it holds what a later segment's
+    checkpoint would: the keep transition marks it held (`keep_bit`) and no segment charges it again."""
     external: np.ndarray
     """int64 bytes each layer reads that no traced layer produced (held per segment)."""
     deps: list[list[int]]
@@ -116,6 +128,7 @@ class DpProblem:
     future_step: float
     """Bytes between grid points of `future`."""
     _remaps: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict, repr=False)
+    _keep_bits: dict[int, np.int64] = field(default_factory=dict, repr=False)
     """Cache of remap_held's bit pairs."""
     recompute: bool = True
     """Whether plans may recompute (the solve options' actions); False: the sweeps emit no segments. (Without
@@ -124,6 +137,17 @@ class DpProblem:
     ckpt_state: int = 0
     """Bytes each recompute segment [k..b] holds from F_k through B_k beyond its inputs: the RNG state its
     checkpoint stashes (simulate.checkpoint_state_bytes; nonzero on a trace measured on the CPU)."""
+    output_relaxed: bool = False
+    """Some layer's saved tensors hold part of its output: `output` leaves that part out even where the layer is
+    not kept (the simulator charges it there); or some layer saves an output that a layer past the next reads,
+    which the model's code keeps in the forward where the layer does not (simulate.skip_holds), or that a
+    reader does not save again, which its checkpoint holds in its own backward (simulate.
+    checkpoint_backward_holds): the DP leaves those out. Bounds hold, but the decoded optimum is not claimed
+    exact."""
+    host_price: float = 0.0
+    """Seconds charged per offloaded byte (each offload option adds host_price x its copied bytes to a label's
+    cost): the Lagrangian price of the host budget (optimizer/host.py). Prices are >= 0 and only add to costs,
+    so the future-cost table stays a lower bound; 0: the plain problem."""
     relaxed: bool = False
     """Some layer's offload options are relaxed ranges (OffloadOption.copied; relaxed_problem): a problem for
     bounds. Its sweeps' bounds hold for every schedule, but a plan they decode is rounded to real subsets
@@ -141,6 +165,18 @@ class DpProblem:
         for b, q in pairs:
             out |= ((held >> b) & 1) << q
         return out
+
+    def keep_bit(self, k: int) -> np.int64:
+        """The held-mask bit (crossing[k + 1] order) that keeping layer k sets: its own saved tensors hold its
+        whole output from F_k through B_k, which covers every later checkpoint's hold of it (0: none)."""
+        if not self.keep_holds_output[k]:
+            return np.int64(0)
+        bits = self._keep_bits.get(k)
+        if bits is None:
+            row = self.crossing[k + 1]
+            bits = np.int64(1) << np.int64(row.index(k)) if k in row else np.int64(0)
+            self._keep_bits[k] = bits
+        return bits
 
     def segment_inputs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """For segments starting at k: per layer b >= k, the held-mask bits (crossing[k] order) of the
@@ -233,7 +269,14 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         crossing.append([j for j in crossing[k] if last_use[j] >= k + 1] + ([k] if last_use[k] >= k + 1 else []))
     held_complete = all(len(c) <= MAX_HELD_BITS for c in crossing)
     crossing = [c[:MAX_HELD_BITS] for c in crossing]
-    need = saved + np.maximum(trans_f, trans_b)
+    # Layers whose checkpoint inputs the DP prices exactly: the output they save themselves is all or none of
+    # it, and every reader of their outputs reads it. Elsewhere `output` leaves that part out (a relaxation).
+    by_all = own_output_read_by_all(trace)
+    whole = [x.output_saved in (0, x.output_bytes) and by_all[j] for j, x in enumerate(layers)]
+    # Row F_i of a recomputed layer holds its forward under the checkpoint, less than a kept one's.
+    trans_f_rec = trans_f - np.array(forward_cuts(trace), dtype=np.int64)
+    # The least any action of layer i needs (row_floor and the future bound are lower bounds over actions).
+    need = saved + np.maximum(trans_f_rec, trans_b)
     row_floor = np.zeros(n + 1, dtype=np.int64)
     # Boundary n is the loss point: what a label retains there is what is held across it (simulate's
     # loss_point_bytes), and every label retains at least as much at n as at any earlier boundary.
@@ -249,7 +292,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
             fwd,
             rerun,
             bwd,
-            trans_f,
+            trans_f_rec,
             trans_b,
             limit,
             not trace.device.concurrent_copies,
@@ -270,8 +313,13 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         rerun=rerun,
         bwd=bwd,
         trans_f=trans_f,
+        trans_f_rec=trans_f_rec,
         trans_b=trans_b,
-        output=np.array([x.output_bytes for x in layers], dtype=np.int64),
+        output=np.array(
+            [x.output_bytes - (0 if whole[j] else x.output_saved) for j, x in enumerate(layers)], dtype=np.int64
+        ),
+        keep_holds_output=np.array([whole[j] and x.output_saved > 0 for j, x in enumerate(layers)], dtype=np.bool_),
+        output_relaxed=not all(whole) or _unpriced_holds_possible(trace),
         external=np.array([external_input_bytes(trace, i) for i in range(n)], dtype=np.int64),
         deps=[list(x.deps) for x in layers],
         consumers=consumers,
@@ -291,6 +339,12 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         future_step=future_step,
         ckpt_state=checkpoint_state_bytes(trace),
     )
+
+
+def _unpriced_holds_possible(trace: Trace) -> bool:
+    """Whether some plan meets simulate.skip_holds or simulate.checkpoint_backward_holds, which the DP leaves out:
+    both need an output the model's code holds once its layer lets go of it (simulate.code_hold_until)."""
+    return any(until >= 0 for until in code_hold_until(trace))
 
 
 FUTURE_MAX_LAYERS = 2000

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -192,14 +193,16 @@ class _Sweep:
             labels = beam_select(labels, self.cfg.beam, score)
         return labels
 
-    def expand(self, k: int, lab: Labels) -> None:
+    def _rows(self, k: int, lab: Labels, trans_f: int) -> _Rows | None:
+        """The labels past rows F_k (with `trans_f`: a recomputed layer's forward holds less, DpProblem.
+        trans_f_rec) and B_k, with a backlog that overflows one drained by the shortest stall that makes the row
+        fit, then by F_k's and B_k's compute; those below the threshold as (idx, retained, held, cost, d2h, h2d),
+        or None where none is."""
         p, cfg = self.p, self.cfg
         idx = np.arange(len(lab), dtype=np.int64)
         retained, held = lab.retained, lab.held
         cost, d2h, h2d = lab.cost.copy(), lab.d2h.copy(), lab.h2d.copy()
-        # Rows F_k and B_k, common to every action of layer k; a backlog that overflows one is drained by
-        # the shortest stall that makes the row fit.
-        cap_f = (p.limit - p.saved[k] - p.trans_f[k] - retained).astype(np.float64)
+        cap_f = (p.limit - p.saved[k] - trans_f - retained).astype(np.float64)
         cap_b = (p.limit - p.saved[k] - p.trans_b[k] - retained).astype(np.float64)
         alive = (cap_f >= 0) & (cap_b >= 0)
         if not p.serial:
@@ -213,8 +216,24 @@ class _Sweep:
         if not alive.all():
             keep = np.flatnonzero(alive)
             idx, retained, held, cost, d2h, h2d = (a[keep] for a in (idx, retained, held, cost, d2h, h2d))
-        if len(idx) == 0:
-            return
+        return _Rows(idx, retained, held, cost, d2h, h2d) if len(idx) else None
+
+    def expand(self, k: int, lab: Labels) -> None:
+        p = self.p
+        rows = self._rows(k, lab, int(p.trans_f[k]))
+        if rows is not None:
+            self._keep_and_offload(k, rows)
+        if p.recompute:
+            if p.trans_f_rec[k] != p.trans_f[k]:
+                rows = self._rows(k, lab, int(p.trans_f_rec[k]))
+            if rows is not None:
+                if self.clock.expired():
+                    raise _Stop("deadline")
+                self._segments(k, rows)
+
+    def _keep_and_offload(self, k: int, rows: _Rows) -> None:
+        p = self.p
+        idx, retained, held, cost, d2h, h2d = rows
         held_next = self.p.remap_held(held, k, k + 1)
         # The clock is read before each emission: on a boundary of 10^5 labels with 64 offload options each
         # emission filters and copies that many children (stopping between them leaves a valid frontier, as
@@ -222,36 +241,28 @@ class _Sweep:
         if self.clock.expired():
             raise _Stop("deadline")
         # keep
-        self._emit(k + 1, retained + p.saved[k], held_next, cost, d2h, h2d, idx, k, ACTION_KEEP)
+        self._emit(k + 1, retained + p.saved[k], held_next | p.keep_bit(k), cost, d2h, h2d, idx, k, ACTION_KEEP)
         # offload option o: x bytes leave; the fluid backlogs of both links grow by what its copies carry
         for o, opt in enumerate(p.offload[k]):
             if self.clock.expired():
                 raise _Stop("deadline")
             # x bytes leave the device; the copies carry c (= x, or less on a relaxed option: OffloadOption)
             x, c = opt.nbytes, opt.copy_bytes
+            # The host budget's price (DpProblem.host_price) on the bytes the option holds on the host, at least c.
+            priced = cost + p.host_price * c if p.host_price else cost
             if p.serial:
                 extra = 2 * p.latency + c / p.d2h_bw + c / p.h2d_bw
-                self._emit(k + 1, retained + (p.saved[k] - x), held_next, cost + extra, d2h, h2d, idx, k, o + 1)
+                self._emit(k + 1, retained + (p.saved[k] - x), held_next, priced + extra, d2h, h2d, idx, k, o + 1)
             else:
-                self._emit(k + 1, retained + (p.saved[k] - x), held_next, cost, d2h + c, h2d + c, idx, k, o + 1)
-        if p.recompute:
-            self._segments(k, idx, retained, held, cost, d2h, h2d)
+                self._emit(k + 1, retained + (p.saved[k] - x), held_next, priced, d2h + c, h2d + c, idx, k, o + 1)
 
-    def _segments(
-        self,
-        k: int,
-        idx: np.ndarray,
-        retained: np.ndarray,
-        held: np.ndarray,
-        cost: np.ndarray,
-        d2h: np.ndarray,
-        h2d: np.ndarray,
-    ) -> None:
+    def _segments(self, k: int, rows: _Rows) -> None:
         """Every recompute segment [k, b] (optimizer/dp/kernels.py): rows F_m / B_m of its layers m in
         (k, b] hold the segment's checkpoint (outside producers not held yet + external inputs + the stashed
         state, which rows F_k / B_k hold too) and, at B_m,
         the layers k..m it has rematerialised; the recomputation (F_k..F_b) costs its forward time at B_b."""
         p, cfg = self.p, self.cfg
+        idx, retained, held, cost, d2h, h2d = rows
         bits_at, out_bytes_bit = p.segment_inputs(k)
         capacity = max(4 * (p.n - k), 1 << 20)
         pos = 0
@@ -272,7 +283,7 @@ class _Sweep:
                 p.fwd_prefix,
                 p.rerun,
                 p.bwd,
-                p.trans_f,
+                p.trans_f_rec,  # rows F_m of a recomputed layer: its forward under the checkpoint
                 p.trans_b,
                 p.row_floor,
                 p.future,
@@ -316,6 +327,23 @@ class _Sweep:
                         np.full(hi - lo, ACTION_SEGMENT, np.int16),
                     ),
                 )
+
+
+class _Rows(NamedTuple):
+    """Labels of boundary k past rows F_k and B_k (`_Sweep._rows`), index-aligned."""
+
+    idx: np.ndarray
+    """Each one's index in the boundary's labels."""
+    retained: np.ndarray
+    """Retained bytes."""
+    held: np.ndarray
+    """Held masks."""
+    cost: np.ndarray
+    """Cost so far, with the rows' stalls."""
+    d2h: np.ndarray
+    """Device-to-host backlog after F_k's compute."""
+    h2d: np.ndarray
+    """Host-to-device backlog after B_k's compute."""
 
 
 class _Stop(Exception):

@@ -17,10 +17,12 @@ from memsched.optimizer.simulate import (
     backward_transient,
     checkpoint_state_bytes,
     copy_seconds,
+    forward_cuts,
     forward_transient,
     keepall_step_s,
     loss_point_transient,
     other_step_s,
+    own_output_read_by_all,
     segment_external_bytes,
     segment_outside_deps,
 )
@@ -158,6 +160,7 @@ def build_model(
     offload: bool = True,
     knapsack_rows: bool | None = None,
     channel_cuts: bool = False,
+    host_budget: int | None = None,
 ) -> MilpModel:
     """Build the MILP of docs/formulation.md for `trace` under `budget_bytes` (`offload=False`: the
     recompute-only restriction, much easier, used as a first phase that seeds the full model;
@@ -184,6 +187,7 @@ def build_model(
     held_inc = _add_checkpoint_inputs(m)
     acc, held = _add_cumulative_bytes(m, off, covering, x_terms, held_inc)
     _add_memory_rows(m, off, limit, x_terms, acc, held)
+    _add_host_budget_row(m, x_terms, host_budget)
     if knapsack_rows if knapsack_rows is not None else n <= 60:  # where it pays: see the docstring
         _add_knapsack_rows(m, trace, limit, x_terms)
     cvar, gvar = _add_forward_time(m, off, x_terms)
@@ -297,9 +301,16 @@ def _add_checkpoint_inputs(m: MilpModel) -> dict[int, Terms]:
         ext = segment_external_bytes(trace, a, b) + checkpoint_state_bytes(trace)
         if ext:
             held_inc.setdefault(a, []).append((v, float(ext)))
+    by_all = own_output_read_by_all(trace)
     for j, by_start in starts.items():
-        out = float(trace.layers[j].output_bytes)
-        prev = -1
+        # A kept j's own saved tensors hold `own` of its output from F_j through B_j (simulate.
+        # checkpoint_input_bytes), so a checkpoint adds only the rest; `own` only while j is not kept.
+        # Where not every reader reads that part, the simulator charges it at a later segment or not at all
+        # (simulate.checkpoint_own_inputs): left out here, a relaxation (like the DP's `output`).
+        rest = float(trace.layers[j].output_bytes - trace.layers[j].output_saved)
+        own = float(trace.layers[j].output_saved) if by_all[j] else 0.0
+        not_kept = [(v, 1.0) for (a2, b2), v in m.seg.items() if a2 <= j <= b2] + ([(m.o[j], 1.0)] if j in m.o else [])
+        prev = prev_u = -1
         for a in sorted(by_start):
             h = m.add_var(f"h_{j}_{a}", FRAC, 0, 1)
             # Segments that contain layer a are mutually exclusive, so their *sum* bounds h (a max would
@@ -309,10 +320,22 @@ def _add_checkpoint_inputs(m: MilpModel) -> dict[int, Terms]:
             m.add_row(Row(f"ckpt_needed_{j}_{a}", [(h, 1.0)] + [(v, -1.0) for v in covering_a], 0.0, ">=", ONE))
             if prev >= 0:
                 m.add_row(Row(f"ckpt_monotone_{j}_{a}", [(h, 1.0), (prev, -1.0)], 0.0, ">=", ONE))
-                held_inc.setdefault(a, []).extend([(h, out), (prev, -out)])
+                held_inc.setdefault(a, []).extend([(h, rest), (prev, -rest)])
             else:
-                held_inc.setdefault(a, []).append((h, out))
+                held_inc.setdefault(a, []).append((h, rest))
             prev = h
+            if own:
+                # u[j, a] >= h[j, a] - keep_j, keep_j = 1 - o_j - (segments containing j): the own part is
+                # held by the checkpoint only where j is not kept.
+                u = m.add_var(f"u_{j}_{a}", FRAC, 0, 1)
+                terms = [(u, 1.0), (h, -1.0)] + [(v, -c) for v, c in not_kept]
+                m.add_row(Row(f"ckpt_unkept_{j}_{a}", terms, 1.0, ">=", ONE))
+                if prev_u >= 0:
+                    m.add_row(Row(f"ckpt_unkept_monotone_{j}_{a}", [(u, 1.0), (prev_u, -1.0)], 0.0, ">=", ONE))
+                    held_inc.setdefault(a, []).extend([(u, own), (prev_u, -own)])
+                else:
+                    held_inc.setdefault(a, []).append((u, own))
+                prev_u = u
     return held_inc
 
 
@@ -407,11 +430,19 @@ def _add_memory_rows(
         for (a, b), v in m.seg.items():
             state_at[a].append((v, state))
             fork_at[b].append((v, state))
+    # A recomputed layer's forward runs under the checkpoint, which saves nothing: row F_k holds its saved bytes
+    # less its cut (simulate.forward_cuts; docs/cost-model.md, 'A recomputed layer's forward').
+    cuts = forward_cuts(trace)
+    cut_f: dict[int, Terms] = {k: [] for k in range(n)}
+    for (a, b), v in m.seg.items():
+        for k in range(a, b + 1):
+            if cuts[k]:
+                cut_f[k].append((v, -float(cuts[k])))
     for k in range(n):
         prefix += sizes[k]
         common = ([(acc[k], -1.0), (held[k], 1.0)] if k >= 1 else []) + state_at[k]
         for stage, transient, pend in (
-            ("F", forward_transient(trace, k), pend_f[k]),
+            ("F", forward_transient(trace, k), pend_f[k] + cut_f[k]),
             # B_{n-1}'s row also bounds the loss point before it (it holds no more than B_{n-1} but the
             # loss's bytes): conservative where the last layer is recomputed (docs/cost-model.md).
             (
@@ -650,6 +681,16 @@ def _add_h2d_channel_cuts(m: MilpModel, bvar: list[int], bwd: list[float], hmin:
             m.add_row(Row(f"chan_h2d_{a}_{k}", [(bvar[a], 1.0), (bvar[k + 1], -1.0), *terms], -bwd[a], ">=", SECONDS))
 
 
+def _add_host_budget_row(m: MilpModel, x_terms: dict[int, Terms], host_budget: int | None) -> None:
+    """Host budget: sum_i x_i <= H (formulation.md, 'Host budget'). The runtime holds an offloaded layer's host
+    buffers from F_i through B_i, so every offloaded byte is on the host at the loss point: the host peak is
+    the sum of x_i, one row (None: no row)."""
+    if host_budget is None or not x_terms:
+        return
+    terms = [t for i in sorted(x_terms) for t in x_terms[i]]
+    m.add_row(Row("host_budget", terms, -float(host_budget), "<=", BYTE_UNIT))
+
+
 def _add_knapsack_rows(m: MilpModel, trace: Trace, limit: int, x_terms: dict[int, list[tuple[int, float]]]) -> None:
     """Freed-bytes knapsacks with strengthened coefficients (valid inequalities).
 
@@ -665,6 +706,7 @@ def _add_knapsack_rows(m: MilpModel, trace: Trace, limit: int, x_terms: dict[int
     """
     n = trace.n
     sizes = [x.saved_bytes for x in trace.layers]
+    cuts = forward_cuts(trace)
     prefix = 0
     for k in range(1, n):
         prefix += sizes[k - 1]
@@ -673,10 +715,14 @@ def _add_knapsack_rows(m: MilpModel, trace: Trace, limit: int, x_terms: dict[int
             if need <= 0:
                 continue
             items: list[tuple[int, float]] = []  # (binary, upper bound on the bytes it frees here)
+            cut = float(cuts[k]) if stage == "F" else 0.0
             for (a, b), v in m.seg.items():
-                if a >= k or (stage == "B" and b >= k):
-                    continue  # frees nothing at this stage (a backward stage inside it: rematerialised)
-                items.append((v, float(sum(sizes[a : min(b, k - 1) + 1]))))
+                # Its layers before k (none at a backward stage inside it: rematerialised), and at F_k, where it
+                # contains k, what k's forward under the checkpoint does not hold.
+                freed = float(sum(sizes[a : min(b, k - 1) + 1])) if a < k and not (stage == "B" and b >= k) else 0.0
+                freed += cut if a <= k <= b else 0.0
+                if freed:
+                    items.append((v, freed))
             for i, ov in m.o.items():
                 if i >= k:
                     continue

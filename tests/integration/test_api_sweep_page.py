@@ -108,12 +108,22 @@ def test_page_renders_clicks_and_resolves(page_server: Server, driver: Any) -> N
     assert all(p["link"] == "pcie3" and p["ranks_per_link"] == 4 for p in planned)
     wait_for(driver, lambda: "link pcie3" in driver.find_element("id", "point-info").text, "the new timeline")
 
+    # A host budget of 0 re-solves with no offload: every point's host peak is 0, and the page says so.
+    driver.find_element("id", "host").send_keys("0")
+    driver.find_element("id", "resolve").click()
+    wait_for(driver, lambda: body(driver, "resolves") == "3", "the host-budget re-solve")
+    assert "host budget 0.0 MiB" in driver.find_element("id", "summary").text
+    hosts = driver.execute_script("return sweep.points.map((p) => p.schedule.prediction.host_peak_bytes)")
+    assert hosts and all(h == 0 for h in hosts)
+    wait_for(driver, lambda: "(host budget 0.0 MiB)" in driver.find_element("id", "point-info").text, "its timeline")
+    driver.find_element("id", "host").clear()
+
     # A bad what-if is said on the page, from the API's 422, and the curve stays.
     Select(driver.find_element("id", "link")).select_by_value("custom")
     driver.find_element("id", "rate").send_keys("0")
     driver.find_element("id", "resolve").click()
     wait_for(driver, lambda: "> 0 bytes/s" in driver.find_element("id", "status").text, "the error")
-    assert body(driver, "resolves") == "2" and body(driver, "curve") == "ready"
+    assert body(driver, "resolves") == "3" and body(driver, "curve") == "ready"
 
 
 def test_standalone_file_renders_offline(driver: Any, tmp_path: Path) -> None:

@@ -201,6 +201,7 @@ def test_json_infeasible_budget_prints_a_json_error_on_stdout(trace_file, tmp_pa
         "exit_code": 2,
         "min_feasible_bytes": None,
         "budget_bytes": None,
+        "min_host_bytes": None,
     }
     code, out, _ = run(["solve", trace_file, "--budget", "100B"], capsys)
     assert code == 2 and out == ""
