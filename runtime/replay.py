@@ -155,7 +155,9 @@ class _CacheOff(CopySafeHook):
             log.warning(
                 "memsched: %s has use_cache=True, which keeps every layer's keys and values alive until the "
                 "backward, outside the schedule's budget; training forwards under the schedule run with "
-                "use_cache=False (as gradient_checkpointing_enable does)",
+                "use_cache=False (as gradient_checkpointing_enable does). Without the cache the attention reads "
+                "its keys in another memory layout, so gradients can differ in the last bit from a keep-all run "
+                "with the cache on; pass use_cache=False in training to compare bitwise",
                 type(module).__name__,
             )
         return args, {**kwargs, "use_cache": False}

@@ -378,8 +378,13 @@ def test_batchnorm_statistics_are_updated_once_per_step():
 def test_gpt2_with_attention_dropout_is_bitwise_equal():
     """GPT-2's own attention dropout (attn_pdrop=0.1). This differed from keep-all in the last bit of a recomputed
     block's input gradient while a segment's opening left the saved-tensor hook stack out of order (the input
-    observer's exit popped the checkpoint's forward observer); with the stack kept in order it is bitwise equal."""
-    case = Case(_gpt2, lambda: _ids(128), hf=True)
+    observer's exit popped the checkpoint's forward observer); with the stack kept in order it is bitwise equal.
+
+    Keep-all runs without the KV cache here, as the replay does (it switches the cache off, and says so): with the
+    cache on, GPT-2 concatenates its keys into a contiguous tensor and its eager attention's batched matmul then
+    reads them in another layout, which changes the gradients' last bit on some CPUs' kernels (AMD EPYC: up to
+    3e-8 after one step) whatever the plan, as it does under Hugging Face's own gradient checkpointing."""
+    case = Case(_gpt2, lambda: {**_ids(128), "use_cache": False}, hf=True)
     tr = _traced(case)
     reference = _train(case, None)
     got = _train(case, schedule_of(tr, _plans(tr)["recompute"]))
