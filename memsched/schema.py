@@ -187,6 +187,18 @@ class Layer(_Strict):
     through its own backward (docs/cost-model.md, 'Outputs the model keeps'). None: the layers that read any of
     its outputs (deps)."""
 
+    input_saved_bytes: Bytes | None = None
+    """Bytes of this layer's own saved tensors (counted in saved_bytes) that are its inputs: a convolution's or a
+    norm's input, saved as is. A recompute segment starting at this layer holds its inputs in its checkpoint, and
+    the layer's re-run saves those same storages again, so from B_b through B_{a+1} the checkpoint and the
+    rematerialised bytes are one storage (docs/cost-model.md, 'Checkpoint inputs'). At most input_bytes and
+    saved_bytes. None means 0 (traces written before this field price as before)."""
+
+    @property
+    def input_saved(self) -> int:
+        """input_saved_bytes, or 0 where None."""
+        return self.input_saved_bytes or 0
+
     @property
     def output_saved(self) -> int:
         """output_saved_bytes, or 0 where None."""
@@ -199,6 +211,17 @@ class Layer(_Strict):
             raise ValueError(
                 f"output_saved_bytes = {v} exceeds output_bytes = {self.output_bytes} or saved_bytes = "
                 f"{self.saved_bytes}; it counts the outputs the layer's own saved tensors hold: set it at most "
+                "the smaller of the two, or leave it null (null means 0)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _input_saved_within(self) -> Layer:
+        v = self.input_saved_bytes
+        if v is not None and not v <= min(self.input_bytes, self.saved_bytes):
+            raise ValueError(
+                f"input_saved_bytes = {v} exceeds input_bytes = {self.input_bytes} or saved_bytes = "
+                f"{self.saved_bytes}; it counts the inputs the layer's own saved tensors hold: set it at most "
                 "the smaller of the two, or leave it null (null means 0)"
             )
         return self
@@ -381,6 +404,7 @@ class Trace(_Strict):
                 "output_saved_bytes",
                 "checkpointed_forward_bytes",
                 "output_saved_readers",
+                "input_saved_bytes",
             ):
                 if layer.get(key, 0) is None:
                     layer.pop(key)

@@ -61,6 +61,7 @@ class FastSim:
         self.shared = np.array([x.shared_input for x in layers], dtype=np.int64)
         self.side = np.array([x.side_input for x in layers], dtype=np.int64)
         self.changed = np.array([x.changed_buffers for x in layers], dtype=np.int64)
+        self.in_saved = np.array([x.input_saved for x in layers], dtype=np.int64)
         dev = trace.device
         self.d2h_bw, self.h2d_bw, self.latency = dev.d2h_bytes_per_s, dev.h2d_bytes_per_s, dev.copy_latency_s
         self.serial = not dev.concurrent_copies
@@ -92,6 +93,7 @@ class FastSim:
             self.shared,
             self.side,
             self.changed,
+            self.in_saved,
             self.d2h_bw,
             self.h2d_bw,
             self.latency,
@@ -140,6 +142,7 @@ def _stage_memory(
     shared: np.ndarray,
     side: np.ndarray,
     changed: np.ndarray,
+    in_saved: np.ndarray,
     loss_transient: int,
     ckpt_state: int,
 ) -> np.ndarray:  # pragma: no cover
@@ -164,6 +167,8 @@ def _stage_memory(
             _add(diff, i, i, s - cut[i])  # its forward under the checkpoint (simulate._stage_memory)
             _add(diff, last - seg_end[a], last - i, s + changed[i])  # with the re-run's buffer copies
             _add(diff, i, last - a, changed[i])  # the snapshot (simulate._stage_memory)
+            if i == a and seg_end[a] > a:  # its re-run saves its inputs again (simulate.rerun_input_overlap)
+                _add(diff, last - seg_end[a], last - a - 1, -in_saved[a])
     # Checkpoint inputs: each outside producer once, at the earliest segment that holds it; the part it saved
     # itself, where it is not kept, at the earliest segment with a reader of that part (simulate.
     # checkpoint_own_inputs).
@@ -299,6 +304,7 @@ def _evaluate(
     shared: np.ndarray,
     side: np.ndarray,
     changed: np.ndarray,
+    in_saved: np.ndarray,
     d2h_bw: float,
     h2d_bw: float,
     latency: float,
@@ -374,6 +380,7 @@ def _evaluate(
                 shared,
                 side,
                 changed,
+                in_saved,
                 loss_transient,
                 ckpt_state,
             )
@@ -426,6 +433,7 @@ def _evaluate(
         shared,
         side,
         changed,
+        in_saved,
         loss_transient,
         ckpt_state,
     )

@@ -244,6 +244,13 @@ def checkpoint_input_bytes(trace: Trace, j: int) -> int:
     return layer.output_bytes - layer.output_saved
 
 
+def rerun_input_overlap(trace: Trace, a: int, b: int) -> int:
+    """Bytes the segment [a..b] would count twice from B_b through B_{a+1}: the inputs of layer a that its re-run
+    saves again (Layer.input_saved_bytes: a convolution's or a norm's input), which are the storages its checkpoint
+    holds as inputs there. (At B_a the checkpoint's charge has ended; a singleton segment has no such stage.)"""
+    return trace.layers[a].input_saved if b > a else 0
+
+
 def checkpoint_own_inputs(
     trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None
 ) -> dict[int, int]:
@@ -489,6 +496,9 @@ def _stage_memory(
             a = group_start(decisions, i)
             b = group_end[a]
             add(last - b, bwd, s)  # rematerialised when the segment's backward starts
+            if i == a:
+                # Its re-run saves its inputs again: the storages its checkpoint holds (`rerun_input_overlap`).
+                add(last - b, last - a - 1, -rerun_input_overlap(trace, a, b))
             # Changed buffers: the re-run's private copies, saved for the layer's backward (BatchNorm's running
             # statistics); in the transients, the snapshot kept from F_i until the segment's backward is done.
             m = layer.changed_buffers

@@ -83,6 +83,9 @@ class _LayerStats:
     """Bytes of its tensor outputs."""
     output_saved_bytes: int = 0
     """Bytes of its tensor outputs whose storages it saved itself, first (Layer.output_saved_bytes)."""
+    input_saved_bytes: int = 0
+    """Bytes of its checkpointable inputs (those counted in input_bytes) whose storages it saved itself, first
+    (Layer.input_saved_bytes)."""
     saved_output_readers: set[int] = field(default_factory=set)
     """Call-order indices of the layers that read those outputs (Layer.output_saved_readers)."""
     deps: set[int] = field(default_factory=set)
@@ -136,6 +139,8 @@ class _MemoryStep:
         self.stats = stats
         self.meter = meter
         self.stack: list[int] = []
+        # Per open layer call (parallel to `stack`): its inputs counted in input_bytes.
+        self.call_inputs: list[list[torch.Tensor]] = []
         self.claims: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.producers: dict[int, tuple[int, weakref.ref[torch.UntypedStorage]]] = {}
         self.order: list[int] = []
@@ -231,7 +236,9 @@ class _MemoryStep:
         # An input that code before the first layer saved (a stem's last ReLU output) is static: a checkpoint of
         # this layer holds nothing more by keeping it, so it is not a checkpoint input (nor, then, counted as
         # the input gradient: the whole-step fit carries that at B_i).
-        st.input_bytes = _unique_bytes([t for t in inputs if t.requires_grad and not self._pinned(t)])
+        grad_inputs = [t for t in inputs if t.requires_grad and not self._pinned(t)]
+        st.input_bytes = _unique_bytes(grad_inputs)
+        self.call_inputs.append(grad_inputs)  # which of them it saves: known when it returns (`leave`)
         side = []
         for t in inputs:
             hit = self.producers.get(id(t.untyped_storage()))
@@ -292,6 +299,8 @@ class _MemoryStep:
 
     def leave(self, i: int, token: None, out: Any) -> None:
         self.stack.pop()
+        ins = self.call_inputs.pop()
+        self.stats[i].input_saved_bytes = _unique_bytes([t for t in ins if self._claimed_by(t, i)])
         self.meter.mark(f"F{i}:end")  # after the last layer: the loss's stage, apart (`fit_workspace`)
         outs = [t for _, t in flatten(out)]
         self.stats[i].output_bytes = _unique_bytes(outs)
@@ -308,6 +317,7 @@ class _MemoryStep:
 
     def fail(self, i: int, token: None) -> None:
         self.stack.pop()
+        self.call_inputs.pop()
 
     def _claimed_by(self, t: torch.Tensor, i: int) -> bool:
         """Whether layer i saved this tensor's storage first, with its bytes (not a 0-byte static placeholder)."""
@@ -759,6 +769,7 @@ def _layers(
                 side_input_bytes=st.side_input_bytes or None,
                 changed_buffer_bytes=st.changed_buffer_bytes or None,
                 output_saved_bytes=min(st.output_saved_bytes, st.output_bytes, sum(st.saved)) or None,
+                input_saved_bytes=min(st.input_saved_bytes, st.input_bytes, sum(st.saved)) or None,
                 output_saved_readers=sorted(pos[r] for r in st.saved_output_readers if pos[r] > pos[orig])
                 if st.output_saved_bytes
                 else None,

@@ -278,6 +278,7 @@ def _expand(
             p.future_step,
             p.external,
             p.ckpt_state,
+            int(p.input_saved[k]),
             bits_at,
             out_bytes_bit,
             offload_bytes,

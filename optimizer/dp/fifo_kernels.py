@@ -103,6 +103,7 @@ def expand_fifo(
     future_step: float,
     external: np.ndarray,
     state: int,
+    overlap: int,
     bits_at: np.ndarray,
     out_bytes_bit: np.ndarray,
     offload_bytes: np.ndarray,
@@ -261,7 +262,9 @@ def expand_fifo(
             dead = False
             for m in range(replay_from, b + 1):
                 cf_m = limit - saved[m] - trans_f_rec[m] - r - ckpt
-                cb_m = limit - (saved_prefix[m + 1] - saved_prefix[k]) - trans_b[m] - r - ckpt
+                # Layer k's inputs its re-run saves again are its checkpoint's: once (rerun_input_overlap).
+                rem = saved_prefix[m + 1] - saved_prefix[k] - (overlap if m > k else 0)
+                cb_m = limit - rem - trans_b[m] - r - ckpt
                 if cf_m < 0 or cb_m < 0:
                     dead = True  # and for every longer segment: the checkpoint only grows
                     break
@@ -283,7 +286,7 @@ def expand_fifo(
             replay_from = b + 1
             # Row B_b holds the re-run's fork of the state too. B_k holds no checkpoint inputs (the simulator's
             # rule: they are held strictly between F_k and B_k), only the stashed state the caller checked.
-            held_b = saved[k] + state if b == k else saved_prefix[b + 1] - saved_prefix[k] + ckpt
+            held_b = saved[k] + state if b == k else saved_prefix[b + 1] - saved_prefix[k] + ckpt - overlap
             if state > 0 and limit - held_b - trans_b[b] - r < state:
                 continue  # (a longer segment's row B_b has no fork: it may still fit)
             recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]

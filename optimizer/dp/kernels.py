@@ -45,6 +45,7 @@ def segment_children(
     future_step: float,
     external: np.ndarray,
     state: int,
+    overlap: int,
     bits_at: np.ndarray,
     out_bytes_bit: np.ndarray,
     retained: np.ndarray,
@@ -61,8 +62,10 @@ def segment_children(
     `out_bytes_bit[bit]`: those producers' output bytes. `state`: what a segment's checkpoint holds from F_k
     through B_k beyond its inputs (the stashed RNG state, simulate.checkpoint_state_bytes): in rows F_k and
     B_k too, which the caller checked without it; its rows' backlog drain is not replayed (the state is
-    nonzero on a CPU trace only, whose copies are serial: no backlog). Returns (labels done, children written, then the
-    children's arrays: destination boundary, parent, retained, held (crossing[k] order), cost, d2h, h2d).
+    nonzero on a CPU trace only, whose copies are serial: no backlog). `overlap`: bytes of layer k's saved
+    tensors that are its checkpoint inputs (simulate.rerun_input_overlap), counted once in rows B_m, m > k.
+    Returns (labels done, children written, then the children's arrays: destination boundary, parent,
+    retained, held (crossing[k] order), cost, d2h, h2d).
     `future[b, g]` bounds the cost to come from boundary b at g * future_step retained bytes (dp/future.py).
     Stops before a label whose children might not fit in `capacity`; the caller resumes from there."""
     n = len(saved)
@@ -101,7 +104,7 @@ def segment_children(
             for m in range(replay_from, b + 1):
                 rem = saved_prefix[m + 1] - saved_prefix[k]
                 cap_f = limit - saved[m] - trans_f[m] - r - ckpt
-                cap_b = limit - rem - trans_b[m] - r - ckpt
+                cap_b = limit - rem - trans_b[m] - r - ckpt + (overlap if m > k else 0)
                 if cap_f < 0 or cap_b < 0:
                     dead = True  # and for every longer segment: the checkpoint only grows
                     break
@@ -123,7 +126,7 @@ def segment_children(
             replay_from = b + 1
             # Row B_b holds the re-run's fork of the state too. B_k holds no checkpoint inputs (the simulator's
             # rule: they are held strictly between F_k and B_k), only the stashed state the caller checked.
-            held_b = saved[k] + state if b == k else saved_prefix[b + 1] - saved_prefix[k] + ckpt
+            held_b = saved[k] + state if b == k else saved_prefix[b + 1] - saved_prefix[k] + ckpt - overlap
             if state > 0 and limit - held_b - trans_b[b] - r < state:
                 continue  # (a longer segment's row B_b has no fork: it may still fit)
             recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]

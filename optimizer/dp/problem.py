@@ -92,6 +92,10 @@ class DpProblem:
     checkpoint would: the keep transition marks it held (`keep_bit`) and no segment charges it again."""
     external: np.ndarray
     """int64 bytes each layer reads that no traced layer produced (held per segment)."""
+    input_saved: np.ndarray
+    """int64 bytes of each layer's saved tensors that are its inputs (Layer.input_saved_bytes): a segment [k..b]
+    re-runs k, which saves the storages its checkpoint holds, so rows B_m (k < m <= b) count them once
+    (simulate.rerun_input_overlap)."""
     deps: list[list[int]]
     """Producers of each layer."""
     consumers: list[list[int]]
@@ -321,6 +325,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         keep_holds_output=np.array([whole[j] and x.output_saved > 0 for j, x in enumerate(layers)], dtype=np.bool_),
         output_relaxed=not all(whole) or _unpriced_holds_possible(trace),
         external=np.array([external_input_bytes(trace, i) for i in range(n)], dtype=np.int64),
+        input_saved=np.array([x.input_saved for x in layers], dtype=np.int64),
         deps=[list(x.deps) for x in layers],
         consumers=consumers,
         offload=offload,

@@ -290,6 +290,7 @@ class _Sweep:
                 p.future_step,
                 p.external,
                 p.ckpt_state,
+                int(p.input_saved[k]),
                 bits_at,
                 out_bytes_bit,
                 retained[sl],

@@ -23,6 +23,7 @@ from memsched.optimizer.simulate import (
     loss_point_transient,
     other_step_s,
     own_output_read_by_all,
+    rerun_input_overlap,
     segment_external_bytes,
     segment_outside_deps,
 )
@@ -414,11 +415,12 @@ def _add_memory_rows(
             )
             pend_b[k].append((wv, 1.0))
     # A segment [a, b] rematerialises its layers' saved bytes when B_b starts: at B_k (a < k <= b) the
-    # bytes of its layers a..k-1 are back on the device.
+    # bytes of its layers a..k-1 are back on the device, less layer a's inputs that its re-run saves again:
+    # those are its checkpoint's storages, which the held bytes count (simulate.rerun_input_overlap).
     remat: dict[int, Terms] = {k: [] for k in range(n)}
     for (a, b), v in m.seg.items():
         for k in range(a + 1, b + 1):
-            nbytes = float(sum(sizes[a:k]))
+            nbytes = float(sum(sizes[a:k]) - rerun_input_overlap(trace, a, b))
             if nbytes:
                 remat[k].append((v, nbytes))
     # A segment [a, b]'s checkpoint stashes the RNG state at entry: rows F_a and B_a hold it too; its re-run
