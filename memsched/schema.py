@@ -187,6 +187,14 @@ class Layer(_Strict):
     through its own backward (docs/cost-model.md, 'Outputs the model keeps'). None: the layers that read any of
     its outputs (deps)."""
 
+    output_held_until: int | None = Field(default=None, ge=0)
+    """Where the model's code lets go of the outputs counted in output_saved_bytes: the forward index of the last
+    layer whose forward starts while the code still holds one of them, or the number of layers where one is still
+    held when the backward starts (a local variable of a forward that computes the loss: a UNet's last skip, left
+    in its loop variable). The tracer sees it in its memory step. Where this layer is not kept, autograd lets go
+    of the output and the code holds it until then (docs/cost-model.md, 'Outputs the model keeps'). None: until its
+    last reader (output_saved_readers)."""
+
     input_saved_bytes: Bytes | None = None
     """Bytes of this layer's own saved tensors (counted in saved_bytes) that are its inputs: a convolution's or a
     norm's input, saved as is. A recompute segment starting at this layer holds its inputs in its checkpoint, and
@@ -405,6 +413,7 @@ class Trace(_Strict):
                 "checkpointed_forward_bytes",
                 "output_saved_readers",
                 "input_saved_bytes",
+                "output_held_until",
             ):
                 if layer.get(key, 0) is None:
                     layer.pop(key)

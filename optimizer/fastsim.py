@@ -245,7 +245,9 @@ def _stage_memory(
         if skip_until[j] < 0 or kind[j] == KIND_KEEP:
             continue
         lo = done_by[j] + 1 if kind[j] == KIND_OFFLOAD else j + 1
-        _add(diff, lo, min(skip_until[j], earliest_own[j]), out_saved[j])
+        _add(diff, lo, min(skip_until[j], earliest_own[j], n - 1), out_saved[j])
+        if skip_until[j] >= n and earliest_own[j] >= n:  # across the loss point (simulate.loss_point_skips)
+            held += out_saved[j]
     for i in range(n):
         _add(diff, i, i, fwd_transient[i])
         _add(diff, last - i, last - i, bwd_transient[i])

@@ -327,20 +327,40 @@ def skip_holds(
         if until[j] < 0 or d.action == Action.KEEP:
             continue
         lo = d.done_by + 1 if d.action == Action.OFFLOAD else j + 1
-        hi = min(until[j], earliest.get(j, trace.n))
+        hi = min(until[j], earliest.get(j, trace.n), trace.n - 1)  # past F_{n-1}: the loss point's (`loss_point_skips`)
         if lo <= hi:
             out.append((lo, hi, layer.output_saved))
     return out
 
 
 def code_hold_until(trace: Trace) -> list[int]:
-    """Per layer, the last reader of the output it saved itself where the model's code holds that output in the
-    forward once the layer does not keep it (`skip_holds`, `code_holds`); -1 where the code never does."""
+    """Per layer, the last forward stage through which the model's code holds the output it saved itself once the
+    layer does not keep it (`skip_holds`): its last reader's (`code_holds`), or later where the tracer saw the code
+    hold it longer (Layer.output_held_until; n: across the loss point too); -1 where the code never does."""
     out = []
     for j, readers in enumerate(saved_output_readers(trace)):
-        held = trace.layers[j].output_saved and any(code_holds(trace, j, r) for r in readers)
-        out.append(max(readers) if held else -1)
+        layer = trace.layers[j]
+        held = layer.output_saved and any(code_holds(trace, j, r) for r in readers)
+        until = max(readers) if held else -1
+        seen = layer.output_held_until
+        if layer.output_saved and seen is not None and seen > j + 1:
+            # Past the next layer (whose workspace holds an input it saves again): the code's own hold.
+            until = max(until, min(seen, trace.n))
+        out.append(until)
     return out
+
+
+def loss_point_skips(trace: Trace, decisions: list[Decision], ends: dict[int, int] | None = None) -> int:
+    """Outputs a layer saved itself that the model's code still holds at the loss point (`code_hold_until` = n)
+    where the layer does not keep them and no recompute segment holds them as checkpoint inputs (which
+    `loss_point_held` counts)."""
+    until = code_hold_until(trace)
+    earliest = checkpoint_own_inputs(trace, decisions, ends)
+    return sum(
+        layer.output_saved
+        for j, (layer, d) in enumerate(zip(trace.layers, decisions, strict=True))
+        if until[j] >= trace.n and d.action != Action.KEEP and j not in earliest
+    )
 
 
 def code_holds(trace: Trace, j: int, r: int) -> bool:
@@ -405,7 +425,7 @@ def loss_point_bytes(trace: Trace, decisions: list[Decision], ends: dict[int, in
     snapshots = sum(
         x.changed_buffers for x, d in zip(trace.layers, decisions, strict=True) if d.action == Action.RECOMPUTE
     )
-    held = loss_point_held(trace, decisions, group_end)
+    held = loss_point_held(trace, decisions, group_end) + loss_point_skips(trace, decisions, group_end)
     return held + state + side + snapshots + loss_point_transient(trace)
 
 

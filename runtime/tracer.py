@@ -88,6 +88,12 @@ class _LayerStats:
     (Layer.input_saved_bytes)."""
     saved_output_readers: set[int] = field(default_factory=set)
     """Call-order indices of the layers that read those outputs (Layer.output_saved_readers)."""
+    output_held_until: int | None = None
+    """Registration index of the last layer whose forward started while the model's code still held one of those
+    outputs; HELD_INTO_BACKWARD: still held when the backward started (Layer.output_held_until)."""
+    output_held_past: int | None = None
+    """Registration index of the last layer after whose forward the code still held one of those outputs, not
+    as that layer's input (past the last layer: through the loss point)."""
     deps: set[int] = field(default_factory=set)
     """Call-order indices of the layers whose outputs it consumed."""
     forward_s: list[float] = field(default_factory=list)
@@ -122,6 +128,10 @@ def _unique_bytes(tensors: Sequence[torch.Tensor], whole_storage: bool = False) 
     return total
 
 
+HELD_INTO_BACKWARD = -1
+"""_LayerStats.output_held_until of an output the model's code still held when the backward started."""
+
+
 class _MemoryStep:
     """Instrumentation of the one memory step: attribution of saved tensors, inputs, outputs, edges and the
     stage marks of the whole-step meter (F_i when layer i's forward starts, B_i when its output gradient is
@@ -141,6 +151,10 @@ class _MemoryStep:
         self.stack: list[int] = []
         # Per open layer call (parallel to `stack`): its inputs counted in input_bytes.
         self.call_inputs: list[list[torch.Tensor]] = []
+        # Per layer, weak references to the output tensors it saved itself: while one is alive the model's code
+        # holds it (autograd's saved copy is another tensor object), checked at each layer's start and when the
+        # backward starts (Layer.output_held_until).
+        self.own_outputs: dict[int, list[weakref.ref[torch.Tensor]]] = {}
         self.claims: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.producers: dict[int, tuple[int, weakref.ref[torch.UntypedStorage]]] = {}
         self.order: list[int] = []
@@ -231,6 +245,7 @@ class _MemoryStep:
         if i not in self.order:
             self.order.append(i)
         self.meter.mark(f"F{i}")
+        self._note_held(i)
         self.static.add_module(self.modules[i])  # parameters gathered just in time (FSDP)
         inputs = _input_tensors(args, kwargs)
         # An input that code before the first layer saved (a stem's last ReLU output) is static: a checkpoint of
@@ -238,7 +253,7 @@ class _MemoryStep:
         # the input gradient: the whole-step fit carries that at B_i).
         grad_inputs = [t for t in inputs if t.requires_grad and not self._pinned(t)]
         st.input_bytes = _unique_bytes(grad_inputs)
-        self.call_inputs.append(grad_inputs)  # which of them it saves: known when it returns (`leave`)
+        self.call_inputs.append(inputs)  # which of them it saves: known when it returns (`leave`)
         side = []
         for t in inputs:
             hit = self.producers.get(id(t.untyped_storage()))
@@ -300,11 +315,20 @@ class _MemoryStep:
     def leave(self, i: int, token: None, out: Any) -> None:
         self.stack.pop()
         ins = self.call_inputs.pop()
-        self.stats[i].input_saved_bytes = _unique_bytes([t for t in ins if self._claimed_by(t, i)])
+        grad_inputs = [t for t in ins if t.requires_grad and not self._pinned(t)]
+        self.stats[i].input_saved_bytes = _unique_bytes([t for t in grad_inputs if self._claimed_by(t, i)])
+        # Own saved outputs the code still holds after this layer, other than as its inputs (its caller's frame
+        # holds those until the call returns).
+        passed = {id(t) for t in ins}
+        for j, refs in self.own_outputs.items():
+            if any((t := r()) is not None and id(t) not in passed for r in refs):
+                self.stats[j].output_held_past = i
         self.meter.mark(f"F{i}:end")  # after the last layer: the loss's stage, apart (`fit_workspace`)
         outs = [t for _, t in flatten(out)]
         self.stats[i].output_bytes = _unique_bytes(outs)
-        self.stats[i].output_saved_bytes = _unique_bytes([t for t in outs if self._claimed_by(t, i)])
+        own = [t for t in outs if self._claimed_by(t, i)]
+        self.stats[i].output_saved_bytes = _unique_bytes(own)
+        self.own_outputs[i] = [weakref.ref(t) for t in own]
         for t in outs:
             s = t.untyped_storage()
             self.producers[id(s)] = (i, weakref.ref(s))
@@ -314,6 +338,13 @@ class _MemoryStep:
                     self.saved_out_nodes.add(t.grad_fn)
             if t.requires_grad:
                 t.register_hook(self._backward_mark(i))
+
+    def _note_held(self, now: int) -> None:
+        """Layers whose own saved outputs the model's code still holds as layer `now` starts (HELD_INTO_BACKWARD:
+        as the backward starts)."""
+        for j, refs in self.own_outputs.items():
+            if any(r() is not None for r in refs):
+                self.stats[j].output_held_until = now
 
     def fail(self, i: int, token: None) -> None:
         self.stack.pop()
@@ -327,6 +358,9 @@ class _MemoryStep:
 
     def _backward_mark(self, i: int) -> Callable[[torch.Tensor], None]:
         def on_grad(_g: torch.Tensor) -> None:
+            if not self.bwd_marked:
+                self._note_held(HELD_INTO_BACKWARD)
+                self.own_outputs.clear()
             if i not in self.bwd_marked:
                 self.bwd_marked.add(i)
                 self.meter.mark(f"B{i}")
@@ -773,9 +807,22 @@ def _layers(
                 output_saved_readers=sorted(pos[r] for r in st.saved_output_readers if pos[r] > pos[orig])
                 if st.output_saved_bytes
                 else None,
+                output_held_until=_held_until(st, pos, len(order)),
             )
         )
     return out
+
+
+def _held_until(st: _LayerStats, pos: dict[int, int], n: int) -> int | None:
+    """Layer.output_held_until in forward indices; n where the code held one of the layer's own saved outputs
+    past the last layer's forward (other than as its input) or into the backward: through the loss point. None
+    where the layer saved none of its outputs, or the code let go of them before any later layer started."""
+    seen = st.output_held_until
+    if not st.output_saved_bytes or seen is None:
+        return None
+    if seen == HELD_INTO_BACKWARD or (st.output_held_past is not None and pos[st.output_held_past] == n - 1):
+        return n
+    return pos[seen]
 
 
 def _recompute_s(st: _LayerStats) -> float | None:

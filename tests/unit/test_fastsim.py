@@ -69,6 +69,9 @@ def test_fastsim_equals_the_simulator(dag: bool, serial: bool) -> None:
         if seed % 5 in (1, 2):  # layers that save their inputs as is (a convolution's, a norm's)
             for layer in trace.layers:
                 layer.input_saved_bytes = rng.choice([None, min(layer.input_bytes, layer.saved_bytes)])
+        if seed % 3 == 1 and seed % 2:  # the model's code holding those outputs past their readers, or to the loss
+            for j, layer in enumerate(trace.layers):
+                layer.output_held_until = rng.choice([None, min(j + 2, trace.n), trace.n])
         for frac in (0.0, 0.1, 0.4, 1.0):
             budget = budget_between(trace, frac)
             fast = FastSim(trace, budget)

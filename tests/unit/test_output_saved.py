@@ -27,7 +27,7 @@ from memsched.optimizer.decisions import KEEP, offload_all, recompute
 from memsched.optimizer.dp import exact_search
 from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.ilp.pulp_backend import solve_pulp
-from memsched.optimizer.simulate import simulate
+from memsched.optimizer.simulate import loss_point_bytes, loss_point_skips, simulate
 from memsched.optimizer.synthetic import make_trace
 from memsched.runtime.tracer import trace_with_report
 from memsched.schema import Trace
@@ -272,6 +272,31 @@ def test_the_tracer_finds_who_reads_the_outputs_a_layer_saves_itself() -> None:
     # deps list with the skips' readers.
     assert [x.output_saved_readers for x in tr.layers] == [[4], [3], None, None, None]
     assert [x.deps for x in tr.layers] == [[], [0], [1], [1, 2], [0, 3]]
+    # The code holds down.0's skip until up.1 reads it, and down.1's past up.0, its reader: the loop variable `s`
+    # keeps it to the forward's end (after the last layer, not as its input: through the loss point, n = 5).
+    assert [x.output_held_until for x in tr.layers] == [4, 5, None, None, None]
+
+
+def test_a_skip_the_code_holds_past_its_reader_is_charged_through_that_stage_and_the_loss_point() -> None:
+    tr = _skip_trace()
+    tr.layers[0].output_saved_bytes = 300
+    tr.layers[0].output_saved_readers = [1]  # read by the next layer only, which does not save it again
+    plan = [recompute(group=0), KEEP, KEEP, KEEP]
+    before = simulate(tr, plan)
+    tr.layers[0].output_held_until = 2
+    held = simulate(tr, plan)
+    assert [a - b for a, b in zip(held.stage_bytes, before.stage_bytes, strict=True)] == [0, 0, 300, 0, 0, 0, 0, 0]
+    tr.layers[0].output_held_until = 4  # into the backward: F1..F3 and across the loss point
+    to_loss = simulate(tr, plan)
+    assert [a - b for a, b in zip(to_loss.stage_bytes, before.stage_bytes, strict=True)] == [0, 0, 300, 300, 0, 0, 0, 0]
+    at_loss = loss_point_bytes(tr, plan)
+    tr.layers[0].output_held_until = 3  # through F3 only: the code lets go of it before the loss
+    assert at_loss - loss_point_bytes(tr, plan) == 300
+    tr.layers[0].output_held_until = 4
+    assert loss_point_skips(tr, plan) == 300
+    assert loss_point_skips(tr, [KEEP] * 4) == 0  # kept: its saved bytes hold it
+    tr.layers[0].output_held_until = 1  # not past its reader: nothing more
+    assert simulate(tr, plan).stage_bytes == before.stage_bytes
 
 
 def test_a_checkpoint_holds_the_part_of_an_output_its_segment_reads() -> None:
