@@ -243,11 +243,13 @@ def finish_job(
     error: str | None,
     min_feasible_bytes: int | None = None,
     solve_s: float | None = None,
+    min_feasible_host_bytes: int | None = None,
 ) -> None:
     values: dict[str, object] = {
         "status": JobStatus.DONE if schedule_json is not None else JobStatus.FAILED,
         "schedule": schedule_json,
         "min_feasible_bytes": min_feasible_bytes,
+        "min_feasible_host_bytes": min_feasible_host_bytes,
         "solve_s": solve_s,
         "finished_at": utcnow(),
     }

@@ -100,11 +100,16 @@ def migrate(conn: Connection) -> None:
 
     1. schedule_jobs stored each solve option in a column of its own; now the options are one JSON column
        (SolveOptions as JSON), so that adding an option needs no migration. Each row's options are rebuilt from
-       its old columns, then those columns are dropped (SQLite >= 3.35 and PostgreSQL both drop columns)."""
+       its old columns, then those columns are dropped (SQLite >= 3.35 and PostgreSQL both drop columns).
+    2. schedule_jobs gained `min_feasible_host_bytes` (a job failed for a host budget too small): added, null in
+       the rows before it."""
     insp = inspect(conn)
     if "schedule_jobs" not in insp.get_table_names():
         return
     columns = {c["name"] for c in insp.get_columns("schedule_jobs")}
+    if "min_feasible_host_bytes" not in columns:
+        log.info("migrating schedule_jobs: adding the column min_feasible_host_bytes")
+        conn.execute(text("ALTER TABLE schedule_jobs ADD COLUMN min_feasible_host_bytes BIGINT"))
     old = [c for c in _OPTION_COLUMNS if c in columns]
     if "options" in columns or not old:
         return

@@ -286,6 +286,9 @@ class JobOut(SolveOptions):
     cached: bool = Field(description="true when the schedule came from an identical earlier request")
     reason: str | None = Field(default=None, description="why the job failed (or what happened to it)")
     min_feasible_bytes: int | None = Field(default=None, description="for an infeasible budget: the smallest one")
+    min_feasible_host_bytes: int | None = Field(
+        default=None, description="for a host budget too small at this budget: the smallest one that works"
+    )
     attempts: int = Field(description="how many times a worker has started it")
     solve_s: float | None = Field(default=None, description="wall seconds the solve took")
     created_at: datetime

@@ -68,6 +68,8 @@ class JobRow(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Why a job failed, or what happened to it (re-queued after a restart)."""
     min_feasible_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    min_feasible_host_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """For a host budget too small at the job's device budget: the smallest that works (InfeasibleHostBudgetError)."""
     schedule: Mapped[str | None] = mapped_column(Text, nullable=True)
     """The Schedule as JSON once done."""
     plot_png: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)

@@ -80,6 +80,7 @@ def job_out(row: JobRow, cached: bool | None = None, with_schedule: bool = True)
         cached=row.cached if cached is None else cached,
         reason=row.reason,
         min_feasible_bytes=row.min_feasible_bytes,
+        min_feasible_host_bytes=row.min_feasible_host_bytes,
         attempts=row.attempts,
         solve_s=row.solve_s,
         created_at=row.created_at,

@@ -387,7 +387,13 @@ def _run_job(task: Any, job_id: str, versions: dict[str, Any] | None) -> str:
             _with_db_retries(
                 "storing a result",
                 lambda s: crud.finish_job(
-                    s, job_id, outcome.schedule_json, outcome.error, outcome.min_feasible_bytes, outcome.wall_s
+                    s,
+                    job_id,
+                    outcome.schedule_json,
+                    outcome.error,
+                    outcome.min_feasible_bytes,
+                    outcome.wall_s,
+                    outcome.min_feasible_host_bytes,
                 ),
             )
             break

@@ -239,7 +239,13 @@ class EmbeddedRunner:
             return
         await self._db(
             lambda ses: crud.finish_job(
-                ses, job.id, outcome.schedule_json, outcome.error, outcome.min_feasible_bytes, outcome.wall_s
+                ses,
+                job.id,
+                outcome.schedule_json,
+                outcome.error,
+                outcome.min_feasible_bytes,
+                outcome.wall_s,
+                outcome.min_feasible_host_bytes,
             )
         )
         self.metrics.solve_seconds.observe(outcome.wall_s)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError
 from memsched.options import SolveOptions, SolveResources, SolverName
 from memsched.schema import Trace
 from memsched.service import prepare_solver, solve_trace
@@ -33,6 +33,8 @@ class SolveOutcome:
     """Why it failed, phrased for the user."""
     min_feasible_bytes: int | None = None
     """Set when the budget was infeasible."""
+    min_feasible_host_bytes: int | None = None
+    """Set when the host budget was too small (InfeasibleHostBudgetError): the smallest that works."""
     wall_s: float = 0.0
     """Seconds the solve took."""
 
@@ -167,7 +169,13 @@ def solve_with_fallback(
     except InfeasibleBudgetError as e:
         from memsched.api.errors import api_message
 
-        return SolveOutcome(None, api_message(e), e.min_feasible_bytes, time.perf_counter() - t0)
+        return SolveOutcome(None, api_message(e), e.min_feasible_bytes, wall_s=time.perf_counter() - t0)
+    except InfeasibleHostBudgetError as e:
+        from memsched.api.errors import api_message
+
+        return SolveOutcome(
+            None, api_message(e), min_feasible_host_bytes=e.min_host_bytes, wall_s=time.perf_counter() - t0
+        )
     except MemschedError as e:
         from memsched.api.errors import api_message  # the request's field names, not the CLI's flags
 

@@ -1,7 +1,8 @@
 """HTTP client of the memsched service (`memsched solve --server URL`).
 
 Errors come back as the core's exceptions, so the CLI reports a remote error exactly like a local one:
-4xx -> MemschedError (InfeasibleBudgetError when the server names the smallest feasible budget),
+4xx -> MemschedError (InfeasibleBudgetError when the server names the smallest feasible budget,
+InfeasibleHostBudgetError when it names the smallest host budget, from a 422 or a failed job),
 an unreachable server -> MemschedError naming the URL, a failed job or a 5xx -> SolverError.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from memsched.errors import InfeasibleBudgetError, MemschedError, SolverError
+from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError, SolverError
 from memsched.options import SolveOptions
 from memsched.schema import JobStatus, Schedule, Trace, check_schedule
 from memsched.units import BudgetSpec
@@ -83,6 +84,8 @@ class MemschedClient:
             raise _InfeasibleFromServer(
                 detail, int(budget) if isinstance(budget, int) else 0, int(body["min_feasible_bytes"])
             )
+        if isinstance(body, dict) and isinstance(body.get("min_feasible_host_bytes"), int):
+            raise _HostInfeasibleFromServer(detail, body, int(body["min_feasible_host_bytes"]))
         field = body.get("field") if isinstance(body, dict) else None
         prefix = "" if not field or str(detail).startswith(str(field)) else f"{field}: "
         raise MemschedError(f"server answered {resp.status_code}: {prefix}{detail}")
@@ -150,6 +153,8 @@ class MemschedClient:
             reason = job.get("reason") or "no reason given"
             if job.get("min_feasible_bytes") is not None:
                 raise _InfeasibleFromServer(reason, int(job["budget_bytes"]), int(job["min_feasible_bytes"]))
+            if job.get("min_feasible_host_bytes") is not None:
+                raise _HostInfeasibleFromServer(reason, job, int(job["min_feasible_host_bytes"]))
             raise SolverError(f"server: job {job['id']} failed: {reason}")
         return Schedule.model_validate(job["schedule"])
 
@@ -171,6 +176,22 @@ class _InfeasibleFromServer(InfeasibleBudgetError):
 
     def __init__(self, message: str, budget_bytes: int, min_feasible_bytes: int) -> None:
         super().__init__(budget_bytes, min_feasible_bytes)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _HostInfeasibleFromServer(InfeasibleHostBudgetError):
+    """InfeasibleHostBudgetError carrying the server's own message, from a 422 body or a failed job (their
+    `host_budget_bytes` / `host_budget` and `budget_bytes` where given)."""
+
+    def __init__(self, message: str, body: dict[str, Any], min_host_bytes: int) -> None:
+        host = body.get("host_budget_bytes", body.get("host_budget"))
+        budget = body.get("budget_bytes")
+        super().__init__(
+            int(host) if isinstance(host, int) else 0, int(budget) if isinstance(budget, int) else 0, min_host_bytes
+        )
         self.args = (message,)
 
     def __str__(self) -> str:

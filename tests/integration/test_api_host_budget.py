@@ -5,11 +5,16 @@ field; the comparison marks baselines over it infeasible."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from helpers.api import Server
+from helpers.api import KEY_A, Server
 from memsched.api.examples import synthetic_trace
 from memsched.errors import InfeasibleHostBudgetError
 from memsched.optimizer.actions import smallest_budget
@@ -61,6 +66,37 @@ def test_sweep_with_a_host_budget_below_any_plan_is_422_with_the_smallest(
     assert err["field"] == "host_budget" and err["min_feasible_host_bytes"] == want
     assert err["host_budget_bytes"] == host and err["budget_bytes"] == top
     assert f"({want} bytes)" in err["detail"] and "`host_budget`" in err["detail"]
+
+
+def test_schedule_job_with_a_host_budget_below_any_plan_fails_with_the_smallest(
+    server: Server, trace_id: str, tmp_path: Path
+) -> None:
+    # A job is solved later, so it fails (rather than a 422) and carries the number, as a field; `memsched solve
+    # --server --json` then reports it as a local solve does.
+    recompute_floor, _ = smallest_budget(TRACE, frozenset({Action.KEEP, Action.RECOMPUTE}), time.perf_counter() + 60)
+    top = (min_feasible_budget(TRACE) + recompute_floor) // 2
+    want = _smallest_host(top, 0)
+    body = {"trace_id": trace_id, "budget": top, "host_budget": 0, "time_limit_s": 10}
+    with server.client(timeout=120) as c:
+        r = c.post("/v1/schedules", params={"wait": 30}, json=body)
+    assert r.status_code == 200, r.text
+    job = r.json()
+    assert job["status"] == "failed" and job["min_feasible_host_bytes"] == want, job
+    assert job["min_feasible_bytes"] is None and f"({want} bytes)" in job["reason"]
+    src, out = tmp_path / "trace.json", tmp_path / "schedule.json"
+    src.write_text(TRACE.model_dump_json())
+    cli = [sys.executable, "-c", "from memsched.cli import main; main()", "solve", str(src), "--budget", str(top)]
+    r = subprocess.run(
+        [*cli, "--host-budget", "0", "--time-limit", "10", "--server", server.url, "-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MEMSCHED_API_KEY": KEY_A},
+    )
+    assert r.returncode == 2, r.stderr
+    err = json.loads(r.stdout)["error"]
+    assert err["code"] == "infeasible_host_budget" and err["min_host_bytes"] == want, err
+    assert not out.exists()
 
 
 def test_sweep_under_a_host_budget_stays_within_it(server: Server, trace_id: str) -> None:

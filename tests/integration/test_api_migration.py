@@ -65,6 +65,7 @@ def test_old_job_rows_keep_their_options_and_cache_keys(empty_database: str) -> 
     db.create_all()  # and again on the next start: a no-op
     columns = {c["name"] for c in inspect(db.engine).get_columns("schedule_jobs")}
     assert "options" in columns and not columns & {"solver", "time_limit_s", "gap", "window", "max_segment"}
+    assert "min_feasible_host_bytes" in columns  # added since, null in the old rows
     with db.session() as s:
         for i, opts in enumerate(_OLD_ROWS):
             row = crud.get_job(s, "", f"{i:032x}")
@@ -75,4 +76,5 @@ def test_old_job_rows_keep_their_options_and_cache_keys(empty_database: str) -> 
             assert row.cache_key == crud.cache_key(row.trace_id, row.budget_bytes, params)
             out = job_out(row)
             assert out.solver == SolverName(opts["solver"]) and out.window == opts["window"]
+            assert out.min_feasible_host_bytes is None
     db.dispose()
