@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from helpers import tiny_trace
 from memsched.optimizer.actions import dp_verdict
 from memsched.optimizer.budget import budget_between
-from memsched.optimizer.decisions import KEEP, Decision, recompute
+from memsched.optimizer.decisions import KEEP, Decision, offload_subset, recompute
 from memsched.optimizer.dp import build_problem, exact_search
 from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import fifo_sweep
@@ -46,20 +47,28 @@ def cpu_trace(n: int, seed: int) -> Trace:
     return tr
 
 
+def plan_of(genes: Sequence[str | tuple[int, ...]], trace: Trace | None = None) -> list[Decision]:
+    """A plan from one gene per layer: "K" keep, "S" start a recompute segment, "C" continue one (or start it), a
+    tuple: offload that subset of the layer's saved tensors (needs `trace`)."""
+    ds: list[Decision] = []
+    start = -1
+    for i, g in enumerate(genes):
+        if g == "K":
+            ds.append(KEEP)
+            start = -1
+        elif isinstance(g, tuple):
+            assert trace is not None
+            ds.append(offload_subset(trace, i, g))
+            start = -1
+        else:
+            start = i if g == "S" or start < 0 else start
+            ds.append(recompute(group=start))
+    return ds
+
+
 def keep_recompute_plans(n: int) -> list[list[Decision]]:
     """Every plan of keep and recompute over n layers (each layer: keep, start a segment, or continue one)."""
-    plans = []
-    for combo in itertools.product("KSC", repeat=n):
-        ds: list[Decision] = []
-        start = -1
-        for i, c in enumerate(combo):
-            if c == "K":
-                ds.append(KEEP)
-                start = -1
-            else:
-                start = i if c == "S" or start < 0 else start
-                ds.append(recompute(group=start))
-        plans.append(ds)
+    plans = [plan_of(combo) for combo in itertools.product("KSC", repeat=n)]
     return plans
 
 

@@ -10,11 +10,12 @@ import json
 import pytest
 import torch
 
+from helpers.pricing import plan_of
 from memsched.api.crud import cache_key
 from memsched.cli import main
 from memsched.errors import InfeasibleHostBudgetError
 from memsched.optimizer.budget import budget_between
-from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, offload_all, offload_subset, recompute
+from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, offload_all, recompute
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.polish import polish
@@ -37,22 +38,7 @@ def _plans(trace: Trace) -> list[list[Decision]]:
         if i < n - 1:
             g += [c for r in range(1, len(pos) + 1) for c in itertools.combinations(pos, r)]
         genes.append(g)
-    out = []
-    for combo in itertools.product(*genes):
-        plan: list[Decision] = []
-        start = -1
-        for i, g in enumerate(combo):
-            if g == "K":
-                plan.append(KEEP)
-                start = -1
-            elif isinstance(g, tuple):
-                plan.append(offload_subset(trace, i, g))
-                start = -1
-            else:
-                start = i if g == "S" or start < 0 else start
-                plan.append(recompute(group=start))
-        out.append(plan)
-    return out
+    return [plan_of(combo, trace) for combo in itertools.product(*genes)]
 
 
 def _brute(trace: Trace, budget: int) -> list[tuple[float, int]]:
