@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from memsched.schema import Trace
+
 KEY_A = "test-key-alpha-0001"
 KEY_B = "test-key-bravo-0002"
 
@@ -317,3 +319,11 @@ class Worker:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]
+
+
+def upload_trace(server: Server, trace: Trace) -> str:
+    """Store `trace` on the server (POST /v1/traces) and return its id."""
+    with server.client() as c:
+        r = c.post("/v1/traces", json=trace.model_dump(mode="json"))
+        assert r.status_code in (200, 201), r.text
+        return str(r.json()["id"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.api import KEY_A, Server
+from helpers.api import KEY_A, Server, upload_trace
 from memsched.api.examples import synthetic_trace
 from memsched.errors import InfeasibleHostBudgetError
 from memsched.optimizer.actions import smallest_budget
@@ -30,10 +30,7 @@ TRACE = synthetic_trace(6, model="synthetic/host-budget")
 
 @pytest.fixture(scope="module")
 def trace_id(server: Server) -> str:
-    with server.client() as c:
-        r = c.post("/v1/traces", json=TRACE.model_dump(mode="json"))
-        assert r.status_code in (200, 201), r.text
-        return str(r.json()["id"])
+    return upload_trace(server, TRACE)
 
 
 def _smallest_host(budget: int, host: int) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.api import Server
+from helpers.api import Server, upload_trace
 from memsched.api.examples import synthetic_trace
 from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
 
@@ -17,10 +17,7 @@ TRACE = synthetic_trace(6, model="synthetic/sweep")
 
 @pytest.fixture(scope="module")
 def trace_id(server: Server) -> str:
-    with server.client() as c:
-        r = c.post("/v1/traces", json=TRACE.model_dump(mode="json"))
-        assert r.status_code in (200, 201), r.text
-        return str(r.json()["id"])
+    return upload_trace(server, TRACE)
 
 
 def test_sweep_answers_the_curve(server: Server, trace_id: str) -> None:
