@@ -1,0 +1,408 @@
+"""A Lagrangian bound on the memory rows: a lower bound for traces too long for the exact sweep
+(docs/formulation.md, 'Lagrangian bound on the memory rows').
+
+Each memory row u (F_0..F_{n-1}, the loss point, B_{n-1}..B_0: 2n + 1 rows) gets a price mu_u >= 0 in seconds
+per byte. For fixed prices, a plan's cost plus the priced bytes of every row it uses is a sum over its actions
+(keep, offload with a done-by and a prefetch-at, recompute segment), because each action's bytes at each row
+and each action's time are priced apart:
+
+- memory: the simulator's rows less every term that only adds bytes and depends on several actions at once
+  (the dedup of checkpoint inputs across segments, saved-twice storages, side inputs, snapshots, RNG states);
+- time: a recompute segment costs its re-run exactly; an offload costs the stall its copy alone would force
+  (`latency + bytes / bandwidth` less the compute it can hide behind), and every schedule's stall is at least
+  the sum of these (each stall moment is spent waiting for one copy: docs/formulation.md).
+
+So min over plans of (cost + sum_u mu_u (bytes_u - limit)) is a shortest path over the n + 1 boundaries, and
+for every plan within the budget it is at most that plan's overhead: a true bound for any prices. The prices
+are improved by subgradient steps (Polyak's rule against the best known plan) for as long as the caller allows;
+every step's value is a bound, and the best is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from memsched.optimizer.dp.problem import DpProblem
+from memsched.schema import Trace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LagrangeArrays:
+    """The per-layer data of the priced path problem (index = layer, forward order)."""
+
+    saved: np.ndarray
+    """int64 saved bytes s_i."""
+    cut: np.ndarray
+    """int64 bytes a recomputed layer's forward stage holds less than a kept one's (simulate.forward_cuts)."""
+    overlap: np.ndarray
+    """int64 inputs a segment's first layer saves again on its re-run (Layer.input_saved_bytes)."""
+    fwd_prefix: np.ndarray
+    """float64 prefix sums of forward seconds (length n + 1)."""
+    bwd_prefix: np.ndarray
+    """float64 prefix sums of backward seconds (length n + 1)."""
+    rerun: np.ndarray
+    """float64 re-run seconds of a layer as a segment's last (Layer.rerun_s)."""
+    ext_prefix: np.ndarray
+    """int64 prefix sums of each layer's external inputs (held by every segment containing it)."""
+    first_ptr: np.ndarray
+    """int64 CSR offsets (length n + 1) into first_prod: the producers whose first reader is each layer."""
+    first_prod: np.ndarray
+    """int64 producers j listed under their first reader c (j < c)."""
+    ckpt_bytes: np.ndarray
+    """int64 bytes of each producer's output a checkpoint holds whatever the producer does
+    (simulate.checkpoint_input_bytes)."""
+    opt_ptr: np.ndarray
+    """int64 CSR offsets (length n + 1) of each layer's offload options."""
+    opt_free: np.ndarray
+    """int64 bytes an option frees from the layer's saved bytes (a relaxed option: the top of its range)."""
+    opt_copy: np.ndarray
+    """int64 bytes an option's copies carry (a relaxed option: the bottom of its range)."""
+    trans: np.ndarray
+    """int64 per row u (2n + 1): the bytes every plan has there (transients; the loss point's own bytes)."""
+    limit: int
+    """Budget minus static bytes."""
+    serial: bool
+    """Copies run on the compute thread (each costs its whole time, synchronously)."""
+    d2h_bw: float
+    """Device-to-host bytes per second."""
+    h2d_bw: float
+    """Host-to-device bytes per second."""
+    latency: float
+    """Seconds per copy beyond its bytes."""
+    recompute: bool
+    """Whether plans may recompute."""
+
+
+def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
+    """The arrays of `p` (whose offload options may be relaxed ranges: each frees its top and copies its
+    bottom, at least as good as every subset in the range) for the priced path problem."""
+    n = p.n
+    first_of: list[list[int]] = [[] for _ in range(n)]
+    for j, readers in enumerate(p.consumers):
+        later = [c for c in readers if c > j]
+        if later:
+            first_of[min(later)].append(j)
+    first_ptr = np.zeros(n + 1, dtype=np.int64)
+    first_ptr[1:] = np.cumsum([len(x) for x in first_of])
+    first_prod = np.array([j for x in first_of for j in x], dtype=np.int64)
+    opt_ptr = np.zeros(n + 1, dtype=np.int64)
+    opt_ptr[1:] = np.cumsum([len(x) for x in p.offload])
+    trans = np.zeros(2 * n + 1, dtype=np.int64)
+    trans[:n] = p.trans_f
+    trans[n] = p.row_floor[n]  # the loss point's transient (build_problem)
+    trans[n + 1 :] = p.trans_b[::-1]  # row 2n - i is B_i
+    return LagrangeArrays(
+        saved=p.saved,
+        cut=p.trans_f - p.trans_f_rec,
+        overlap=p.input_saved,
+        fwd_prefix=p.fwd_prefix,
+        bwd_prefix=p.bwd_prefix,
+        rerun=p.rerun,
+        ext_prefix=np.concatenate([[0], np.cumsum(p.external)]).astype(np.int64),
+        first_ptr=first_ptr,
+        first_prod=first_prod,
+        ckpt_bytes=np.array([x.output_bytes - x.output_saved for x in trace.layers], dtype=np.int64),
+        opt_ptr=opt_ptr,
+        opt_free=np.array([o.nbytes for opts in p.offload for o in opts], dtype=np.int64),
+        opt_copy=np.array([o.copy_bytes for opts in p.offload for o in opts], dtype=np.int64),
+        trans=trans,
+        limit=p.limit,
+        serial=p.serial,
+        d2h_bw=p.d2h_bw,
+        h2d_bw=p.h2d_bw,
+        latency=p.latency,
+        recompute=p.recompute,
+    )
+
+
+# Arc kinds of the priced path.
+_KEEP, _OFFLOAD, _SEGMENT = 0, 1, 2
+
+
+@njit(cache=True)
+def _price_offloads(
+    P: np.ndarray,
+    saved: np.ndarray,
+    fwd_prefix: np.ndarray,
+    bwd_prefix: np.ndarray,
+    opt_ptr: np.ndarray,
+    opt_free: np.ndarray,
+    opt_copy: np.ndarray,
+    serial: bool,
+    d2h_bw: float,
+    h2d_bw: float,
+    latency: float,
+    best: np.ndarray,
+    choice: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """best[i]: the least priced cost of offloading layer i (inf without options); choice[i] = (option, done-by,
+    prefetch-at). Rows: u = i is F_i, u = n the loss point, u = 2n - i is B_i; P is the prefix sum of prices."""
+    n = len(saved)
+    two_n = 2 * n
+    for i in range(n):
+        best[i] = np.inf
+        for o in range(opt_ptr[i], opt_ptr[i + 1]):
+            x = opt_free[o]
+            c = opt_copy[o]
+            base = (saved[i] - x) * (P[two_n - i + 1] - P[i])  # left on the device from F_i through B_i
+            if serial:
+                # Synchronous copies: in flight during F_i and B_i only, and every second of them is a stall.
+                v = base + c * (P[i + 1] - P[i]) + c * (P[two_n - i + 1] - P[two_n - i])
+                v += 2.0 * latency + c / d2h_bw + c / h2d_bw
+                if v < best[i]:
+                    best[i] = v
+                    choice[i, 0] = o
+                    choice[i, 1] = i
+                    choice[i, 2] = i
+                continue
+            dur_f = latency + c / d2h_bw
+            best_f = np.inf
+            arg_f = i
+            for d in range(i, n):
+                stall = max(0.0, dur_f - (fwd_prefix[d + 1] - fwd_prefix[i + 1]))
+                v = c * (P[d + 1] - P[i]) + stall  # in flight F_i..F_d
+                if v < best_f:
+                    best_f = v
+                    arg_f = d
+                if stall == 0.0:
+                    break  # later done-by stages hold the bytes longer and hide nothing more
+            dur_b = latency + c / h2d_bw
+            best_b = np.inf
+            arg_b = i
+            for q in range(i, n):
+                # Issued at B_q's start: the backwards of B_q..B_{i+1}, and at most the forwards of the layers in
+                # between re-run there (segments ending in (i, q] lie inside it), hide it.
+                hide = (bwd_prefix[q + 1] - bwd_prefix[i + 1]) + (fwd_prefix[q + 1] - fwd_prefix[i + 1])
+                stall = max(0.0, dur_b - hide)
+                v = c * (P[two_n - i + 1] - P[two_n - q]) + stall  # back from B_q through B_i
+                if v < best_b:
+                    best_b = v
+                    arg_b = q
+                if stall == 0.0:
+                    break
+            v = base + best_f + best_b
+            if v < best[i]:
+                best[i] = v
+                choice[i, 0] = o
+                choice[i, 1] = arg_f
+                choice[i, 2] = arg_b
+
+
+@njit(cache=True)
+def _lagrangian(
+    mu: np.ndarray,
+    saved: np.ndarray,
+    cut: np.ndarray,
+    overlap: np.ndarray,
+    fwd_prefix: np.ndarray,
+    bwd_prefix: np.ndarray,
+    rerun: np.ndarray,
+    ext_prefix: np.ndarray,
+    first_ptr: np.ndarray,
+    first_prod: np.ndarray,
+    ckpt_bytes: np.ndarray,
+    opt_ptr: np.ndarray,
+    opt_free: np.ndarray,
+    opt_copy: np.ndarray,
+    trans: np.ndarray,
+    limit: float,
+    serial: bool,
+    d2h_bw: float,
+    h2d_bw: float,
+    latency: float,
+    recompute: bool,
+    grad: np.ndarray,
+    plan: np.ndarray,
+) -> float:  # pragma: no cover - compiled
+    """The Lagrangian's value at prices `mu`. `grad` receives the minimising plan's bytes at each row less the
+    limit (a subgradient); `plan` its actions per layer: -1 keep, -2 recomputed, else the offload option."""
+    n = len(saved)
+    two_n = 2 * n
+    P = np.zeros(two_n + 2)
+    for u in range(two_n + 1):
+        P[u + 1] = P[u] + mu[u]
+    # Prefix sums over layers for segments: sum s_i P[2n - i + 1], sum s_i, sum (s_i - cut_i) mu_i.
+    SP = np.zeros(n + 1)
+    S = np.zeros(n + 1)
+    FC = np.zeros(n + 1)
+    for i in range(n):
+        SP[i + 1] = SP[i] + saved[i] * P[two_n - i + 1]
+        S[i + 1] = S[i] + saved[i]
+        FC[i + 1] = FC[i] + (saved[i] - cut[i]) * mu[i]
+    off_best = np.empty(n)
+    off_choice = np.zeros((n, 3), dtype=np.int64)
+    _price_offloads(
+        P, saved, fwd_prefix, bwd_prefix, opt_ptr, opt_free, opt_copy, serial, d2h_bw, h2d_bw, latency,
+        off_best, off_choice,
+    )
+    dist = np.full(n + 1, np.inf)
+    dist[0] = 0.0
+    arc_kind = np.zeros(n + 1, dtype=np.int64)
+    arc_from = np.zeros(n + 1, dtype=np.int64)
+    for k in range(n):
+        base = dist[k]
+        v = base + saved[k] * (P[two_n - k + 1] - P[k])  # keep: s_k from F_k through B_k
+        if v < dist[k + 1]:
+            dist[k + 1] = v
+            arc_kind[k + 1] = _KEEP
+            arc_from[k + 1] = k
+        v = base + off_best[k]
+        if v < dist[k + 1]:
+            dist[k + 1] = v
+            arc_kind[k + 1] = _OFFLOAD
+            arc_from[k + 1] = k
+        if not recompute:
+            continue
+        # Segments [k, b]: forwards under the checkpoint, rematerialised from B_b, the first layer's saved
+        # inputs counted once from B_b through B_{k+1}, the checkpoint's inputs from F_{k+1} through B_{k+1}
+        # (producers before k whose first reader is in the segment; external inputs of each layer).
+        ckpt = 0.0
+        hold = P[two_n - k] - P[k + 1]  # rows k+1 .. 2n-k-1
+        for b in range(k, n):
+            for e in range(first_ptr[b], first_ptr[b + 1]):
+                j = first_prod[e]
+                if j < k:
+                    ckpt += ckpt_bytes[j]
+            ext = ext_prefix[b + 1] - ext_prefix[k]
+            remat = (SP[b + 1] - SP[k]) - P[two_n - b] * (S[b + 1] - S[k])
+            run = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
+            v = base + run + (FC[b + 1] - FC[k]) + remat + (ckpt + ext) * hold
+            if b > k:
+                v -= overlap[k] * (P[two_n - k] - P[two_n - b])  # rows 2n-b .. 2n-k-1
+            if v < dist[b + 1]:
+                dist[b + 1] = v
+                arc_kind[b + 1] = _SEGMENT
+                arc_from[b + 1] = k
+    value = dist[n]
+    for u in range(two_n + 1):
+        value += mu[u] * (trans[u] - limit)
+    # The minimising plan's bytes at each row (a difference array over rows).
+    diff = np.zeros(two_n + 2)
+    node = n
+    while node > 0:
+        k = arc_from[node]
+        kind = arc_kind[node]
+        if kind == _KEEP:
+            plan[k] = -1
+            diff[k] += saved[k]
+            diff[two_n - k + 1] -= saved[k]
+        elif kind == _OFFLOAD:
+            o = off_choice[k, 0]
+            d = off_choice[k, 1]
+            q = off_choice[k, 2]
+            plan[k] = o
+            left = saved[k] - opt_free[o]
+            c = opt_copy[o]
+            diff[k] += left + c
+            diff[d + 1] -= c
+            diff[two_n - q] += c
+            diff[two_n - k + 1] -= left + c
+        else:
+            b = node - 1
+            ckpt = 0.0
+            for c2 in range(k, b + 1):
+                plan[c2] = -2
+                for e in range(first_ptr[c2], first_ptr[c2 + 1]):
+                    if first_prod[e] < k:
+                        ckpt += ckpt_bytes[first_prod[e]]
+                diff[c2] += saved[c2] - cut[c2]
+                diff[c2 + 1] -= saved[c2] - cut[c2]
+                diff[two_n - b] += saved[c2]
+                diff[two_n - c2 + 1] -= saved[c2]
+            ckpt += ext_prefix[b + 1] - ext_prefix[k]
+            diff[k + 1] += ckpt
+            diff[two_n - k] -= ckpt
+            if b > k:
+                diff[two_n - b] -= overlap[k]
+                diff[two_n - k] += overlap[k]
+        node = k
+    total = 0.0
+    for u in range(two_n + 1):
+        total += diff[u]
+        grad[u] = total + trans[u] - limit
+    return value
+
+
+@dataclass
+class LagrangeResult:
+    """What the subgradient search established."""
+
+    bound_s: float
+    """The best Lagrangian value seen (0 at the start): a lower bound on every plan's overhead."""
+    iterations: int
+    """Prices evaluated."""
+    wall_s: float
+    """Seconds spent."""
+    stopped_by: str
+    """'deadline', 'iterations', 'converged' (the step became negligible) or 'target' (the bound reached it)."""
+
+
+def lagrangian_bound(
+    arrays: LagrangeArrays,
+    upper_s: float,
+    deadline: float,
+    target_s: float | None = None,
+    max_iterations: int = 100_000,
+) -> LagrangeResult:
+    """Subgradient ascent on the prices from zero, with Polyak's step towards `upper_s` (the overhead of a known
+    plan within the budget), the step factor halved after a run of steps without a better value. Stops at
+    `deadline` (time.perf_counter()), after `max_iterations`, when the bound reaches `target_s`, or when the
+    factor is negligible. Every value is a bound; the best is returned."""
+    a = arrays
+    t0 = time.perf_counter()
+    n = len(a.saved)
+    mu = np.zeros(len(a.trans))
+    grad = np.zeros_like(mu)
+    plan = np.zeros(n, dtype=np.int64)
+    best_value, best_mu = 0.0, mu.copy()
+    theta, since = 1.0, 0
+    stopped = "iterations"
+    it = 0
+    for it in range(1, max_iterations + 1):
+        if time.perf_counter() >= deadline:
+            stopped = "deadline"
+            break
+        value = _lagrangian(
+            mu, a.saved, a.cut, a.overlap, a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr,
+            a.first_prod, a.ckpt_bytes, a.opt_ptr, a.opt_free, a.opt_copy, a.trans, float(a.limit), a.serial,
+            a.d2h_bw, a.h2d_bw, a.latency, a.recompute, grad, plan,
+        )
+        if value > best_value + 1e-12 * max(1.0, abs(best_value)):
+            best_value, best_mu, since = value, mu.copy(), 0
+        else:
+            since += 1
+            if since >= _PATIENCE:
+                theta, since = theta / 2, 0
+                if theta < _MIN_THETA:
+                    stopped = "converged"
+                    break
+                if best_value > 0.0:
+                    mu = best_mu.copy()  # restart from the best prices with the smaller step
+                    continue
+        if target_s is not None and best_value >= target_s:
+            stopped = "target"
+            break
+        # A price at zero whose row has room to spare cannot move: leave it out of the step.
+        g = np.where((mu <= 0.0) & (grad < 0.0), 0.0, grad)
+        norm = float(g @ g)
+        if norm <= 0.0:
+            stopped = "converged"  # the minimiser meets every row with complementary slack: value is optimal
+            break
+        step = theta * max(upper_s - value, 1e-9 * max(upper_s, 1e-12)) / norm
+        mu = np.maximum(0.0, mu + step * g)
+    return LagrangeResult(
+        bound_s=max(0.0, best_value), iterations=it, wall_s=time.perf_counter() - t0, stopped_by=stopped
+    )
+
+
+_PATIENCE = 20
+"""Steps without a better value before the step factor is halved."""
+_MIN_THETA = 1e-4
+"""Below this step factor the search has stalled."""
