@@ -365,10 +365,11 @@ def lagrangian_bound(
     theta, since = 1.0, 0
     stopped = "iterations"
     it = 0
-    for it in range(1, max_iterations + 1):
+    while it < max_iterations:
         if time.perf_counter() >= deadline:
             stopped = "deadline"
             break
+        it += 1
         value = _lagrangian(
             mu, a.saved, a.cut, a.overlap, a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr,
             a.first_prod, a.ckpt_bytes, a.opt_ptr, a.opt_free, a.opt_copy, a.trans, float(a.limit), a.serial,

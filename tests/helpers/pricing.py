@@ -21,6 +21,7 @@ from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.ilp.pulp_backend import solve_pulp
 from memsched.optimizer.simulate import simulate
+from memsched.optimizer.synthetic import make_trace
 from memsched.schema import Action, SolverStatus, Trace
 
 FAR = time.perf_counter() + 10**6
@@ -120,3 +121,40 @@ def assert_fifo_sweep_equals_the_milp(trace: Trace, budget: int) -> float:
     sim = simulate(trace, decode(trace, p, res, res.finals[0][1]), budget)
     assert sim.feasible and sim.overhead_s == pytest.approx(res.finals[0][0], rel=1e-9, abs=1e-12)
     return opt
+
+
+def _split(total: int, k: int, rng: random.Random) -> list[int]:
+    """`total` bytes as k positive tensors of uneven sizes (so that their subset sums are nearly all distinct)."""
+    weights = [rng.uniform(0.05, 1.0) ** 2 for _ in range(k)]
+    sizes = [max(1, int(total * w / sum(weights))) for w in weights]
+    sizes[0] += total - sum(sizes)
+    if sizes[0] <= 0:  # rounding took too much from the first: move it to the largest
+        sizes[sizes.index(max(sizes))] += sizes[0] - 1
+        sizes[0] = 1
+    return sizes
+
+
+def many_tensor_trace(n: int, seed: int, serial: bool, latency: bool) -> Trace:
+    """make_trace's layers, each one's saved bytes split into 10-20 tensors."""
+    rng = random.Random(seed)
+    base = make_trace(n, seed, dag=seed % 3 == 0, copy_latency_s=20e-6 if latency else 0.0)
+    doc = base.model_dump()
+    doc["device"]["concurrent_copies"] = not serial
+    for layer in doc["layers"]:
+        if layer["saved_bytes"] > 0:
+            layer["saved_tensor_bytes"] = _split(layer["saved_bytes"], rng.randint(10, 20), rng)
+    return Trace.model_validate(doc)
+
+
+def every_action_plan(trace: Trace) -> list[list[Decision]]:
+    """Every plan of whole-layer keep / recompute segments / offload of any tensor subset (timing: the
+    simulator's default, which is optimal per action choice: tests/unit/test_dp.py checks it)."""
+    n = trace.n
+    genes: list[list[object]] = []
+    for i, layer in enumerate(trace.layers):
+        g: list[object] = ["K", "S"] + (["R"] if i else [])
+        pos = [q for q, b in enumerate(layer.tensors) if b > 0]
+        if i < n - 1:
+            g += [c for r in range(1, len(pos) + 1) for c in itertools.combinations(pos, r)]
+        genes.append(g)
+    return [plan_of(combo, trace) for combo in itertools.product(*genes)]

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from helpers.pricing import many_tensor_trace
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.dp import build_problem, exact_search, fifo_search
 from memsched.optimizer.dp.problem import MAX_OFFLOAD_OPTIONS, relaxed_options, relaxed_problem
@@ -19,34 +20,10 @@ from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.ilp.pulp_backend import solve_pulp
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
-from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
 from memsched.schema import SolverStatus, Trace
 
 FAR = time.perf_counter() + 10**6  # a deadline that never comes
-
-
-def _split(total: int, k: int, rng: random.Random) -> list[int]:
-    """`total` bytes as k positive tensors of uneven sizes (so that their subset sums are nearly all distinct)."""
-    weights = [rng.uniform(0.05, 1.0) ** 2 for _ in range(k)]
-    sizes = [max(1, int(total * w / sum(weights))) for w in weights]
-    sizes[0] += total - sum(sizes)
-    if sizes[0] <= 0:  # rounding took too much from the first: move it to the largest
-        sizes[sizes.index(max(sizes))] += sizes[0] - 1
-        sizes[0] = 1
-    return sizes
-
-
-def many_tensor_trace(n: int, seed: int, serial: bool, latency: bool) -> Trace:
-    """make_trace's layers, each one's saved bytes split into 10-20 tensors."""
-    rng = random.Random(seed)
-    base = make_trace(n, seed, dag=seed % 3 == 0, copy_latency_s=20e-6 if latency else 0.0)
-    doc = base.model_dump()
-    doc["device"]["concurrent_copies"] = not serial
-    for layer in doc["layers"]:
-        if layer["saved_bytes"] > 0:
-            layer["saved_tensor_bytes"] = _split(layer["saved_bytes"], rng.randint(10, 20), rng)
-    return Trace.model_validate(doc)
 
 
 def exact_optimum(trace: Trace, budget: int) -> float:

@@ -4,18 +4,17 @@ stay within it; the simulator's host peak; the pinned pool's limit; the option's
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import pytest
 import torch
 
-from helpers.pricing import plan_of
+from helpers.pricing import every_action_plan
 from memsched.api.crud import cache_key
 from memsched.cli import main
 from memsched.errors import InfeasibleHostBudgetError
 from memsched.optimizer.budget import budget_between
-from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, offload_all, recompute
+from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, offload_all, recompute
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.polish import polish
@@ -27,24 +26,10 @@ from memsched.runtime.pool import HostBudgetExceeded, HostBufferPool
 from memsched.schema import Action, Schedule, SolverStatus, Trace
 
 
-def _plans(trace: Trace) -> list[list[Decision]]:
-    """Every plan of whole-layer keep / recompute segments / offload of any tensor subset (timing: the
-    simulator's default, which is optimal per action choice: tests/unit/test_dp.py checks it)."""
-    n = trace.n
-    genes: list[list[object]] = []
-    for i, layer in enumerate(trace.layers):
-        g: list[object] = ["K", "S"] + (["R"] if i else [])
-        pos = [q for q, b in enumerate(layer.tensors) if b > 0]
-        if i < n - 1:
-            g += [c for r in range(1, len(pos) + 1) for c in itertools.combinations(pos, r)]
-        genes.append(g)
-    return [plan_of(combo, trace) for combo in itertools.product(*genes)]
-
-
 def _brute(trace: Trace, budget: int) -> list[tuple[float, int]]:
     """(overhead, host peak) of every plan that fits the device budget."""
     out = []
-    for plan in _plans(trace):
+    for plan in every_action_plan(trace):
         sim = simulate(trace, plan, budget, with_events=False)
         if sim.feasible:
             out.append((sim.overhead_s, sim.host_peak_bytes))

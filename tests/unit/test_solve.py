@@ -156,11 +156,11 @@ def test_every_plan_ends_by_the_deadline_and_backends_are_a_table(solver: Solver
     if solver == SolverName.HEURISTIC:
         assert phases == []
         return
-    assert [p.step for p in phases[:3]] == [Step.BEAM, Step.POLISH, Step.FIFO_PROBE]
+    assert [p.step for p in phases[:4]] == [Step.BEAM, Step.LAGRANGE, Step.POLISH, Step.FIFO_PROBE]
     milp = [p for p in phases if p.step == Step.MILP]
     assert all(p.backend in BACKENDS for p in milp)
     if solver in BACKENDS:  # a MILP asked for by name always runs, after a true bound from the DP
-        assert [p.step for p in phases[3:]] == [Step.EXACT_DP, Step.MILP] and not phases[-1].only_if_open
+        assert [p.step for p in phases[4:]] == [Step.EXACT_DP, Step.MILP] and not phases[-1].only_if_open
     else:  # the exact-window MILP only on small traces under auto
         assert bool(milp) == (solver == SolverName.AUTO and n_layers <= 100)
 
