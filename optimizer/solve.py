@@ -481,7 +481,10 @@ class _Flow:
         p = self.bound_problem(_RELAXED_LADDER[-2])
         res = lagrangian_bound(lagrange_arrays(p, self.trace), obj, until, target_s=obj * (1.0 - self.options.gap))
         log.info(
-            "lagrangian bound %.6g s after %d prices, %.2f s (%s)", res.bound_s, res.iterations, res.wall_s,
+            "lagrangian bound %.6g s after %d prices, %.2f s (%s)",
+            res.bound_s,
+            res.iterations,
+            res.wall_s,
             res.stopped_by,
         )
         self.prove(res.bound_s, "lagrangian")

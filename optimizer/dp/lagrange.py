@@ -239,8 +239,19 @@ def _lagrangian(
     off_best = np.empty(n)
     off_choice = np.zeros((n, 3), dtype=np.int64)
     _price_offloads(
-        P, saved, fwd_prefix, bwd_prefix, opt_ptr, opt_free, opt_copy, serial, d2h_bw, h2d_bw, latency,
-        off_best, off_choice,
+        P,
+        saved,
+        fwd_prefix,
+        bwd_prefix,
+        opt_ptr,
+        opt_free,
+        opt_copy,
+        serial,
+        d2h_bw,
+        h2d_bw,
+        latency,
+        off_best,
+        off_choice,
     )
     dist = np.full(n + 1, np.inf)
     dist[0] = 0.0
@@ -371,9 +382,29 @@ def lagrangian_bound(
             break
         it += 1
         value = _lagrangian(
-            mu, a.saved, a.cut, a.overlap, a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr,
-            a.first_prod, a.ckpt_bytes, a.opt_ptr, a.opt_free, a.opt_copy, a.trans, float(a.limit), a.serial,
-            a.d2h_bw, a.h2d_bw, a.latency, a.recompute, grad, plan,
+            mu,
+            a.saved,
+            a.cut,
+            a.overlap,
+            a.fwd_prefix,
+            a.bwd_prefix,
+            a.rerun,
+            a.ext_prefix,
+            a.first_ptr,
+            a.first_prod,
+            a.ckpt_bytes,
+            a.opt_ptr,
+            a.opt_free,
+            a.opt_copy,
+            a.trans,
+            float(a.limit),
+            a.serial,
+            a.d2h_bw,
+            a.h2d_bw,
+            a.latency,
+            a.recompute,
+            grad,
+            plan,
         )
         if value > best_value + 1e-12 * max(1.0, abs(best_value)):
             best_value, best_mu, since = value, mu.copy(), 0
