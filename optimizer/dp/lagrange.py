@@ -196,6 +196,46 @@ def _price_offloads(
 
 
 @njit(cache=True)
+def _segment_costs(
+    k: int,
+    P: np.ndarray,
+    mu: np.ndarray,
+    SP: np.ndarray,
+    S: np.ndarray,
+    FC: np.ndarray,
+    overlap: np.ndarray,
+    fwd_prefix: np.ndarray,
+    rerun: np.ndarray,
+    ext_prefix: np.ndarray,
+    first_ptr: np.ndarray,
+    first_prod: np.ndarray,
+    ckpt_bytes: np.ndarray,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """out[b] = the priced cost of the segment [k, b] for every b >= k: its re-run; its forwards under the
+    checkpoint; its layers rematerialised from B_b; the first layer's saved inputs counted once from B_b through
+    B_{k+1}; the checkpoint's inputs from F_{k+1} through B_{k+1} (producers before k whose first reader is in the
+    segment, and its layers' external inputs). P: prefix sums of mu; SP, S, FC: the layer prefix sums of
+    _lagrangian."""
+    n = len(rerun)
+    two_n = 2 * n
+    ckpt = 0.0
+    hold = P[two_n - k] - P[k + 1]  # rows k+1 .. 2n-k-1
+    for b in range(k, n):
+        for e in range(first_ptr[b], first_ptr[b + 1]):
+            j = first_prod[e]
+            if j < k:
+                ckpt += ckpt_bytes[j]
+        ext = ext_prefix[b + 1] - ext_prefix[k]
+        remat = (SP[b + 1] - SP[k]) - P[two_n - b] * (S[b + 1] - S[k])
+        run = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
+        v = run + (FC[b + 1] - FC[k]) + remat + (ckpt + ext) * hold
+        if b > k:
+            v -= overlap[k] * (P[two_n - k] - P[two_n - b])  # rows 2n-b .. 2n-k-1
+        out[b] = v
+
+
+@njit(cache=True)
 def _lagrangian(
     mu: np.ndarray,
     saved: np.ndarray,
@@ -220,9 +260,11 @@ def _lagrangian(
     recompute: bool,
     grad: np.ndarray,
     plan: np.ndarray,
+    suffix: np.ndarray,
 ) -> float:  # pragma: no cover - compiled
     """The Lagrangian's value at prices `mu`. `grad` receives the minimising plan's bytes at each row less the
-    limit (a subgradient); `plan` its actions per layer: -1 keep, -2 recomputed, else the offload option."""
+    limit (a subgradient); `plan` its actions per layer: -1 keep, -2 recomputed, else the offload option.
+    Where `suffix` has n + 1 entries it receives, per boundary k, the least priced cost of the layers k..n-1."""
     n = len(saved)
     two_n = 2 * n
     P = np.zeros(two_n + 2)
@@ -257,6 +299,7 @@ def _lagrangian(
     dist[0] = 0.0
     arc_kind = np.zeros(n + 1, dtype=np.int64)
     arc_from = np.zeros(n + 1, dtype=np.int64)
+    seg = np.empty(n)
     for k in range(n):
         base = dist[k]
         v = base + saved[k] * (P[two_n - k + 1] - P[k])  # keep: s_k from F_k through B_k
@@ -271,26 +314,27 @@ def _lagrangian(
             arc_from[k + 1] = k
         if not recompute:
             continue
-        # Segments [k, b]: forwards under the checkpoint, rematerialised from B_b, the first layer's saved
-        # inputs counted once from B_b through B_{k+1}, the checkpoint's inputs from F_{k+1} through B_{k+1}
-        # (producers before k whose first reader is in the segment; external inputs of each layer).
-        ckpt = 0.0
-        hold = P[two_n - k] - P[k + 1]  # rows k+1 .. 2n-k-1
+        _segment_costs(
+            k, P, mu, SP, S, FC, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod, ckpt_bytes, seg
+        )
         for b in range(k, n):
-            for e in range(first_ptr[b], first_ptr[b + 1]):
-                j = first_prod[e]
-                if j < k:
-                    ckpt += ckpt_bytes[j]
-            ext = ext_prefix[b + 1] - ext_prefix[k]
-            remat = (SP[b + 1] - SP[k]) - P[two_n - b] * (S[b + 1] - S[k])
-            run = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
-            v = base + run + (FC[b + 1] - FC[k]) + remat + (ckpt + ext) * hold
-            if b > k:
-                v -= overlap[k] * (P[two_n - k] - P[two_n - b])  # rows 2n-b .. 2n-k-1
+            v = base + seg[b]
             if v < dist[b + 1]:
                 dist[b + 1] = v
                 arc_kind[b + 1] = _SEGMENT
                 arc_from[b + 1] = k
+    if suffix.shape[0] == n + 1:
+        # The same graph from each boundary to the end: what any completion from boundary k pays at these prices.
+        suffix[n] = 0.0
+        for k in range(n - 1, -1, -1):
+            best = min(saved[k] * (P[two_n - k + 1] - P[k]), off_best[k]) + suffix[k + 1]
+            if recompute:
+                _segment_costs(
+                    k, P, mu, SP, S, FC, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod, ckpt_bytes, seg
+                )
+                for b in range(k, n):
+                    best = min(best, seg[b] + suffix[b + 1])
+            suffix[k] = best
     value = dist[n]
     for u in range(two_n + 1):
         value += mu[u] * (trans[u] - limit)
@@ -353,35 +397,13 @@ class LagrangeResult:
     """Seconds spent."""
     stopped_by: str
     """'deadline', 'iterations', 'converged' (the step became negligible) or 'target' (the bound reached it)."""
+    prices: np.ndarray
+    """The prices of the best value (seconds per byte, per row)."""
 
 
-def lagrangian_bound(
-    arrays: LagrangeArrays,
-    upper_s: float,
-    deadline: float,
-    target_s: float | None = None,
-    max_iterations: int = 100_000,
-) -> LagrangeResult:
-    """Subgradient ascent on the prices from zero, with Polyak's step towards `upper_s` (the overhead of a known
-    plan within the budget), the step factor halved after a run of steps without a better value. Stops at
-    `deadline` (time.perf_counter()), after `max_iterations`, when the bound reaches `target_s`, or when the
-    factor is negligible. Every value is a bound; the best is returned."""
-    a = arrays
-    t0 = time.perf_counter()
-    n = len(a.saved)
-    mu = np.zeros(len(a.trans))
-    grad = np.zeros_like(mu)
-    plan = np.zeros(n, dtype=np.int64)
-    best_value, best_mu = 0.0, mu.copy()
-    theta, since = 1.0, 0
-    stopped = "iterations"
-    it = 0
-    while it < max_iterations:
-        if time.perf_counter() >= deadline:
-            stopped = "deadline"
-            break
-        it += 1
-        value = _lagrangian(
+def _evaluate(a: LagrangeArrays, mu: np.ndarray, grad: np.ndarray, plan: np.ndarray, suffix: np.ndarray) -> float:
+    return float(
+        _lagrangian(
             mu,
             a.saved,
             a.cut,
@@ -405,7 +427,39 @@ def lagrangian_bound(
             a.recompute,
             grad,
             plan,
+            suffix,
         )
+    )
+
+
+def lagrangian_bound(
+    arrays: LagrangeArrays,
+    upper_s: float,
+    deadline: float,
+    target_s: float | None = None,
+    max_iterations: int = 100_000,
+) -> LagrangeResult:
+    """Subgradient ascent on the prices from zero, with Polyak's step towards `upper_s` (the overhead of a known
+    plan within the budget), the step factor halved after a run of steps without a better value. Stops at
+    `deadline` (time.perf_counter()), after `max_iterations`, when the bound reaches `target_s`, or when the
+    factor is negligible. Every value is a bound; the best is returned."""
+    a = arrays
+    t0 = time.perf_counter()
+    n = len(a.saved)
+    mu = np.zeros(len(a.trans))
+    grad = np.zeros_like(mu)
+    plan = np.zeros(n, dtype=np.int64)
+    no_suffix = np.zeros(0)
+    best_value, best_mu = 0.0, mu.copy()
+    theta, since = 1.0, 0
+    stopped = "iterations"
+    it = 0
+    while it < max_iterations:
+        if time.perf_counter() >= deadline:
+            stopped = "deadline"
+            break
+        it += 1
+        value = _evaluate(a, mu, grad, plan, no_suffix)
         if value > best_value + 1e-12 * max(1.0, abs(best_value)):
             best_value, best_mu, since = value, mu.copy(), 0
         else:
@@ -430,11 +484,45 @@ def lagrangian_bound(
         step = theta * max(upper_s - value, 1e-9 * max(upper_s, 1e-12)) / norm
         mu = np.maximum(0.0, mu + step * g)
     return LagrangeResult(
-        bound_s=max(0.0, best_value), iterations=it, wall_s=time.perf_counter() - t0, stopped_by=stopped
+        bound_s=max(0.0, best_value),
+        iterations=it,
+        wall_s=time.perf_counter() - t0,
+        stopped_by=stopped,
+        prices=best_mu,
     )
+
+
+def completion_table(arrays: LagrangeArrays, prices: np.ndarray, step: float, grid: int) -> np.ndarray:
+    """table[k, g]: a lower bound on the cost of completing layers k..n-1 after any partial plan that keeps at
+    least g * step bytes on the device through every later row (the DP's retained bytes), from the same prices:
+    the least priced cost of the layers k..n-1 plus the priced rows of those layers (F_k..F_{n-1}, the loss
+    point, B_{n-1}..B_k) holding g * step bytes each, less their limits. The earlier layers hold at least the
+    retained bytes at each of those rows (their in-flight, prefetched and rematerialised bytes only add), so for
+    every completion that fits, its cost is at least this (docs/formulation.md, 'Lagrangian bound on the memory
+    rows'). Nondecreasing in g: prices are >= 0."""
+    a = arrays
+    n = len(a.saved)
+    suffix = np.zeros(n + 1)
+    _evaluate(a, prices, np.zeros_like(prices), np.zeros(n, dtype=np.int64), suffix)
+    two_n = 2 * n
+    P = np.concatenate([[0.0], np.cumsum(prices)])
+    PT = np.concatenate([[0.0], np.cumsum(prices * (a.trans - float(a.limit)))])
+    k = np.arange(n + 1)
+    rows = P[two_n - k + 1] - P[k]  # rows k .. 2n-k (boundary n: the loss point alone)
+    const = PT[two_n - k + 1] - PT[k]
+    g = np.arange(grid + 1) * step
+    return np.maximum(0.0, suffix[:, None] + const[:, None] + rows[:, None] * g[None, :])
 
 
 _PATIENCE = 20
 """Steps without a better value before the step factor is halved."""
 _MIN_THETA = 1e-4
 """Below this step factor the search has stalled."""
+
+
+def raise_future(p: DpProblem, arrays: LagrangeArrays, prices: np.ndarray) -> None:
+    """Raise `p.future` (the exact DP's future-cost table, in place: the problems of one solve share it) to the
+    completion bound of these prices where that is larger. `arrays` must be of a problem whose offload options
+    dominate every real subset (relaxed_problem), so the table bounds every real completion."""
+    table = completion_table(arrays, prices, p.future_step, p.future.shape[1] - 1)
+    np.maximum(p.future, table, out=p.future)

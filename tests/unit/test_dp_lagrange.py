@@ -13,16 +13,17 @@ import time
 import pytest
 
 from helpers.pricing import cpu_trace, every_action_plan, keep_recompute_plans, many_tensor_trace, milp_optimum
+from memsched.optimizer.actions import restrict
 from memsched.optimizer.baselines import checkpoint_all
 from memsched.optimizer.budget import budget_between
-from memsched.optimizer.dp import build_problem
-from memsched.optimizer.dp.lagrange import lagrange_arrays, lagrangian_bound
+from memsched.optimizer.dp import build_problem, exact_search
+from memsched.optimizer.dp.lagrange import lagrange_arrays, lagrangian_bound, raise_future
 from memsched.optimizer.dp.problem import relaxed_problem
 from memsched.optimizer.simulate import forward_stage_memory, simulate
 from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
-from memsched.schema import SolverStatus, Trace
+from memsched.schema import Action, SolverStatus, Trace
 
 FAR = time.perf_counter() + 10**6
 
@@ -134,3 +135,34 @@ def test_solve_reports_it_where_the_exact_sweep_cannot_finish() -> None:
     assert rec.best_bound_s <= rec.objective_s
     assert rec.gap is not None and rec.gap < 0.1, rec.message
     assert "the Lagrangian bound on the memory rows" in rec.message
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_exact_dp_pruned_by_the_completion_bound_stays_exact(seed: int) -> None:
+    """The prices bound every completion (raise_future): pruned with them, the exact DP still finds the brute-force
+    optimum of every keep / recompute plan (its bound never above it where some rule makes the DP a relaxation),
+    and with serial copies the exact-window MILP's optimum."""
+    rng = random.Random(seed)
+    n = rng.randint(3, 6)
+    serial_offload = seed % 4 == 3
+    base = cpu_trace(n, seed) if seed % 2 else make_trace(n, seed, dag=seed % 4 == 0)
+    if serial_offload:
+        base = make_trace(n, seed)
+        base.device.concurrent_copies = False
+    tr = _every_rule(base, seed) if seed % 3 == 1 else base
+    for frac in (0.1, 0.3, 0.5):
+        budget = budget_between(tr, frac)
+        opt = milp_optimum(tr, budget) if serial_offload else _keep_recompute_optimum(tr, budget)
+        if opt is None or opt <= 0.0:
+            continue
+        p = build_problem(tr, budget)
+        if not serial_offload:
+            p = restrict(p, frozenset({Action.KEEP, Action.RECOMPUTE}))
+        arrays = lagrange_arrays(relaxed_problem(p, tr, 32), tr)
+        res = lagrangian_bound(arrays, opt, FAR, max_iterations=3000)
+        raise_future(p, arrays, res.prices)
+        assert p.future[0, 0] == pytest.approx(res.bound_s, rel=1e-9, abs=1e-15)  # the root entry is the bound
+        out = exact_search(tr, budget, FAR, incumbent_s=None, gap=0.0, problem=p)
+        assert out.bound_s is not None and out.bound_s <= opt * (1 + 1e-9) + 1e-12
+        if not p.output_relaxed and out.schedules:
+            assert out.schedules[0].overhead_s == pytest.approx(opt, rel=1e-9, abs=1e-12)
