@@ -3,6 +3,7 @@ for each backend. Writes bench/results/solver_bench.{md,json} naming the machine
 
     python bench/solver_bench.py --targets [--shared ../shared]   # the exact-search targets (default flow)
     python bench/solver_bench.py [--quick] [--shared ../shared]   # every backend on synthetic sizes
+    taskset -c 1 python bench/solver_bench.py --lagrange --before DIR [--after DIR]  # keep/recompute, two checkouts
 
 Every row solves through memsched.optimizer.solve (warm start, fallback and the baseline guard included)
 and reports the simulator's overhead of the returned schedule, the solver's proven bound and the gap.
@@ -15,13 +16,16 @@ import json
 import logging
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
+from memsched.errors import InfeasibleBudgetError
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.heuristic import heuristic
@@ -69,14 +73,16 @@ def run_one(
         "heuristic_s": round(heur_s, 4),
         "best_baseline_overhead_s": base,
         "message": rec.message,
+        "details": rec.details,
     }
     logging.info("%s", {k: row[k] for k in ("trace", "backend", "wall_s", "status", "overhead_s", "gap")})
     return row
 
 
-def _commit() -> str:
-    """The checkout's commit (+ '-dirty' with uncommitted changes), or 'unknown' outside git."""
-    root = Path(__file__).resolve().parents[1]
+def _commit(root: Path | None = None) -> str:
+    """The checkout's commit (+ '-dirty' with uncommitted changes), or 'unknown' outside git; by default this
+    file's checkout."""
+    root = root or Path(__file__).resolve().parents[1]
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
@@ -254,6 +260,122 @@ def targets_bench(pipedream: Path, trace_dir: Path) -> None:
     write_results(meta, rows, previous=True)
 
 
+LAGRANGE_ACTIONS = ["keep", "recompute"]
+LAGRANGE_ROWS: tuple[tuple[str, float, float], ...] = (
+    *(("pipedream/densenet121", pct, limit) for limit in (30.0, 10.0) for pct in (75, 50, 25)),
+    *(("pipedream/resnet50", pct, 10.0) for pct in (75, 50, 25)),
+    *((f"synthetic/{shape}-1000", 20, limit) for limit in (60.0, 10.0) for shape in ("chain", "dag")),
+    *(("synthetic/chain-200", pct, 10.0) for pct in (50, 20)),
+)
+"""(trace, % of the keep-all activation peak, time limit s): the keep / recompute rows on which the Lagrangian
+bound (optimizer/dp/lagrange.py, commit 05fc549) is measured against the code before it."""
+_BOUND_FROM = re.compile(r"lower bound \S+ s from (\S+)")
+
+
+def _lagrange_trace(key: str, pipedream: Path) -> Trace:
+    kind, name = key.split("/")
+    if kind == "pipedream":
+        return import_pipedream(pipedream / f"{name}.graph.txt", _BATCH[name])
+    shape, n = name.split("-")
+    return make_trace(int(n), 1, dag=shape == "dag")
+
+
+def lagrange_row(i: int, pipedream: Path) -> dict[str, object]:
+    """Row i of LAGRANGE_ROWS, solved by the memsched this interpreter imports: each side runs it in a process of
+    its own (its venv's python on this file), so that neither side's JIT state or heap is the other's."""
+    key, pct, limit = LAGRANGE_ROWS[i]
+    warm = make_trace(30, 1)
+    # Compile the kernels outside the row: the install's jit step leaves the Lagrangian's out.
+    solve(warm, budget_between(warm, 0.2), SolveOptions.from_user(time_limit_s=2.0, actions=LAGRANGE_ACTIONS))
+    trace = _lagrange_trace(key, pipedream)
+    budget = pct_budget(trace, pct)
+    name = f"{key}@{pct:g}%"
+    code = str(Path(sys.modules[solve.__module__].__file__ or "?").parents[1])
+    try:
+        row = run_one(name, trace, budget, "auto", limit, LAGRANGE_ACTIONS)
+    except InfeasibleBudgetError as e:
+        # pct_budget raises to the smallest budget with offload; keep / recompute alone may need more.
+        return {
+            "trace": name,
+            "layers": trace.n,
+            "budget_bytes": budget,
+            "time_limit_s": limit,
+            "code": code,
+            "status": "infeasible",
+            "min_feasible_bytes": e.min_feasible_bytes,
+            "min_proven": e.proven,
+        }
+    found = _BOUND_FROM.search(" ".join(row["details"]))  # type: ignore[arg-type]
+    row["bound_from"] = found.group(1) if found else "none"
+    row["within_limit"] = float(row["wall_s"]) <= limit * 1.1 + 0.5  # type: ignore[arg-type]
+    row["code"] = code
+    return row
+
+
+def lagrange_bench(pipedream: Path, before: Path, after: Path | None) -> None:
+    """Each LAGRANGE_ROWS row with `before`'s checkout (its .venv) and then with `after`'s (default: this
+    interpreter's), one after the other (run the whole command under taskset -c 1 so that both sides get the same
+    core). A pinned `after` checkout keeps commits landing in this one during the run out of the numbers."""
+    meta = _meta()
+    here = Path(__file__).resolve().parents[1]
+    pythons = {"before": before / ".venv" / "bin" / "python", "after": Path(sys.executable)}
+    if after is not None:
+        pythons["after"] = after / ".venv" / "bin" / "python"
+    for side, checkout in (("before", before), ("after", after or here)):
+        meta[side] = {"checkout": str(checkout), "commit": _commit(checkout)}
+    meta["cpu_affinity"] = sorted(os.sched_getaffinity(0))
+    rows: list[dict[str, object]] = []
+    for i in range(len(LAGRANGE_ROWS)):
+        sides: dict[str, dict[str, object]] = {}
+        for side, python in pythons.items():
+            cmd = [str(python), __file__, "--lagrange-row", str(i), "--shared", str(pipedream.parents[1])]
+            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+            sides[side] = json.loads(out.splitlines()[-1])
+        rows.append({**sides["after"], "before": sides["before"]})
+    meta["load_avg_at_end"] = os.getloadavg()
+    write_results(meta, rows, stem="solver_bench_lagrange", table=_lagrange_table)
+
+
+def _lagrange_table(meta: dict[str, object], rows: list[dict[str, object]]) -> list[str]:
+    """The before / after columns of the --lagrange rows (wall ok: wall <= 1.1 limit + 0.5 s)."""
+
+    def cells(r: dict[str, object]) -> list[str]:
+        if r["status"] == "infeasible":
+            return ["infeasible", f"smallest feasible {r['min_feasible_bytes']} B", "", ""]
+        gap = f"{100 * float(r['gap']):.2f}%" if r["gap"] is not None else ""  # type: ignore[arg-type]
+        bound = f"{float(r['bound_s']):.5f}" if r["bound_s"] is not None else ""  # type: ignore[arg-type]
+        over = f"{float(r['overhead_s']):.5f}"  # type: ignore[arg-type]
+        ok = "yes" if r["within_limit"] else "NO"
+        return [str(r["status"]), f"{over} / {bound} / {gap}", str(r["bound_from"]), f"{r['wall_s']} ({ok})"]
+
+    def gain(r: dict[str, object], b: dict[str, object]) -> str:
+        if "infeasible" in (r["status"], b["status"]) or not float(b["overhead_s"]):  # type: ignore[arg-type]
+            return ""
+        return f"{100 * (float(r['overhead_s']) / float(b['overhead_s']) - 1):+.2f}%"  # type: ignore[arg-type]
+
+    before, after = meta["before"], meta["after"]
+    assert isinstance(before, dict) and isinstance(after, dict)
+    lines = [
+        "",
+        f"Before: {before['checkout']} at commit {before['commit']}; after: {after['checkout']} at commit "
+        f"{after['commit']} (each with its own .venv; this file ran in both). Each row runs both "
+        f"sides one after the other, each in a process of its own, on CPU affinity {meta['cpu_affinity']}. "
+        "Actions keep / recompute, solver auto, gap 1%. Cells: overhead s / bound s / gap; wall s (wall <= "
+        "1.1 x limit + 0.5 s). Gain: after / before - 1 of the overhead (negative is better).",
+        "",
+        "| trace | n | budget B | limit s | before: status | before: overhead / bound / gap | before: bound "
+        "from | before: wall s | after: status | after: overhead / bound / gap | after: bound from | after: wall "
+        "s | gain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b = r["before"]
+        assert isinstance(b, dict)
+        head = [str(r["trace"]), str(r["layers"]), str(r["budget_bytes"]), str(r["time_limit_s"])]
+        lines.append("| " + " | ".join([*head, *cells(b), *cells(r), gain(r, b)]) + " |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
@@ -290,10 +412,28 @@ def main() -> None:
         default=str(Path(tempfile.gettempdir()) / "memsched-bench-traces"),
         help="where the CPU decoder traces are recorded (reused when present)",
     )
+    ap.add_argument(
+        "--lagrange",
+        action="store_true",
+        help="keep / recompute rows (LAGRANGE_ROWS) with --before's checkout and this one: writes "
+        "solver_bench_lagrange.{md,json}",
+    )
+    ap.add_argument("--before", type=Path, help="a checkout with its own .venv (the code before a change)")
+    ap.add_argument("--after", type=Path, help="a checkout with its own .venv (default: this interpreter's code)")
+    ap.add_argument("--lagrange-row", type=int, help=argparse.SUPPRESS)  # one side of one row: JSON on stdout
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.heuristic:
         heuristic_bench()
+        return
+    if args.lagrange_row is not None:
+        print(json.dumps(lagrange_row(args.lagrange_row, Path(args.shared) / "data" / "pipedream")))
+        return
+    if args.lagrange:
+        if args.before is None:
+            ap.error("--lagrange needs --before")
+        after = args.after.resolve() if args.after else None
+        lagrange_bench(Path(args.shared) / "data" / "pipedream", args.before.resolve(), after)
         return
     if args.decoders:
         decoders_bench(Path(args.trace_dir))
@@ -354,11 +494,16 @@ def main() -> None:
 
 
 def write_results(
-    meta: dict[str, object], rows: list[dict[str, object]], previous: bool = False, stem: str = "solver_bench"
+    meta: dict[str, object],
+    rows: list[dict[str, object]],
+    previous: bool = False,
+    stem: str = "solver_bench",
+    table: Callable[[dict[str, object], list[dict[str, object]]], list[str]] | None = None,
 ) -> None:
     """Write the JSON and the markdown table; hand-written notes below the table (from the first '## '
     heading of the existing markdown on) are kept. `previous`: add the previous run's overhead and the
-    time-limit check (limit x 1.1 + 0.5 s) as columns."""
+    time-limit check (limit x 1.1 + 0.5 s) as columns. `table`: the lines after the header instead of the
+    default table."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     md = RESULTS / f"{stem}.md"
     old_md = md.read_text() if md.exists() else ""
@@ -384,6 +529,9 @@ def write_results(
             f"ResNet-50 rows re-run by `{rr['command']}` on {rr['date_utc']} "
             f"(load average at start {rr['machine']['load_avg_at_start']}).",
         ]
+    if table is not None:
+        md.write_text("\n".join(lines + table(meta, rows)) + "\n" + notes)
+        return
     extra_head = " previous s | wall <= 1.1 limit + 0.5 |" if previous else ""
     lines += [
         "",
@@ -398,8 +546,8 @@ def write_results(
         line = (
             f"| {r['trace']} | {r['layers']} | {r['backend']} | {r['time_limit_s']} | {r['wall_s']} | "
             f"{r['status']} | {r['returned']} | {float(r['overhead_s']):.5f} | {bound} | {gap} | "  # type: ignore[arg-type]
-            f"{r['heuristic_s']} ({float(r['heuristic_overhead_s']):.5f}) | {base} |"
-        )  # type: ignore[arg-type]
+            f"{r['heuristic_s']} ({float(r['heuristic_overhead_s']):.5f}) | {base} |"  # type: ignore[arg-type]
+        )
         if previous:
             prev = r.get("previous_overhead_s")
             line += f" {'' if prev is None else f'{float(prev):.5f}'} | {'yes' if r['within_limit'] else 'NO'} |"  # type: ignore[arg-type]
