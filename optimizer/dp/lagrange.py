@@ -526,3 +526,266 @@ def raise_future(p: DpProblem, arrays: LagrangeArrays, prices: np.ndarray) -> No
     dominate every real subset (relaxed_problem), so the table bounds every real completion."""
     table = completion_table(arrays, prices, p.future_step, p.future.shape[1] - 1)
     np.maximum(p.future, table, out=p.future)
+
+
+# ---------------------------------------------------------------- copies beside compute: the link's windows
+
+
+@njit(cache=True)
+def _link_cover(lam: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """cover[l] = the sum of lam[m, w] over the windows [m - w, m - 1] of rows m > l that contain l (w >= m - l):
+    the price of one byte arriving at layer l (its copy is in those windows) and of one second of link time there."""
+    n, width1 = lam.shape
+    suffix = np.zeros((n, width1 + 1))
+    for m in range(n):
+        for w in range(width1 - 1, -1, -1):
+            suffix[m, w] = suffix[m, w + 1] + lam[m, w]
+    cover = np.zeros(n)
+    for layer in range(n):
+        for m in range(layer + 1, min(n - 1, layer + width1 - 1) + 1):
+            cover[layer] += suffix[m, m - layer]
+    return cover
+
+
+@njit(cache=True)
+def _link_lagrangian(
+    lam_f: np.ndarray,
+    lam_b: np.ndarray,
+    mu_loss: float,
+    upper: float,
+    saved: np.ndarray,
+    cut: np.ndarray,
+    overlap: np.ndarray,
+    fwd_prefix: np.ndarray,
+    bwd_prefix: np.ndarray,
+    rerun: np.ndarray,
+    ext_prefix: np.ndarray,
+    first_ptr: np.ndarray,
+    first_prod: np.ndarray,
+    ckpt_bytes: np.ndarray,
+    opt_ptr: np.ndarray,
+    opt_free: np.ndarray,
+    opt_copy: np.ndarray,
+    trans: np.ndarray,
+    limit: float,
+    d2h_bw: float,
+    h2d_bw: float,
+    recompute: bool,
+    g_row: np.ndarray,
+    g_f: np.ndarray,
+    g_b: np.ndarray,
+) -> float:  # pragma: no cover - compiled
+    """The Lagrangian of the fluid link windows at prices lam_f[m, w] (row F_m with the copies of layers
+    m-w..m-1 still in flight), lam_b[m, w] (row B_m, prefetches of layers m-w..m-1 already back) and mu_loss (the
+    loss point). g_row, g_f, g_b receive a subgradient (docs/formulation.md, 'Copies beside compute')."""
+    n = len(saved)
+    two_n = 2 * n
+    width1 = lam_f.shape[1]
+    mu = np.zeros(two_n + 1)
+    for m in range(n):
+        mu[m] = lam_f[m].sum()
+        mu[two_n - m] = lam_b[m].sum()
+    mu[n] = mu_loss
+    P = np.zeros(two_n + 2)
+    for u in range(two_n + 1):
+        P[u + 1] = P[u] + mu[u]
+    cover_f = _link_cover(lam_f)
+    cover_b = _link_cover(lam_b)
+    SP = np.zeros(n + 1)
+    S = np.zeros(n + 1)
+    FC = np.zeros(n + 1)
+    for i in range(n):
+        SP[i + 1] = SP[i] + saved[i] * P[two_n - i + 1]
+        S[i + 1] = S[i] + saved[i]
+        FC[i + 1] = FC[i] + (saved[i] - cut[i]) * mu[i]
+    # An offload: what stays from F_i through B_i; its copy in flight at F_i and back at B_i, and in every
+    # window of a later row that holds layer i.
+    off_best = np.full(n, np.inf)
+    off_opt = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        for o in range(opt_ptr[i], opt_ptr[i + 1]):
+            c = opt_copy[o]
+            v = (saved[i] - opt_free[o]) * (P[two_n - i + 1] - P[i]) + c * (mu[i] + mu[two_n - i])
+            v += c * (cover_f[i] + cover_b[i])
+            if v < off_best[i]:
+                off_best[i] = v
+                off_opt[i] = o
+    dist = np.full(n + 1, np.inf)
+    dist[0] = 0.0
+    arc_kind = np.zeros(n + 1, dtype=np.int64)
+    arc_from = np.zeros(n + 1, dtype=np.int64)
+    seg = np.empty(n)
+    for k in range(n):
+        base = dist[k]
+        v = base + saved[k] * (P[two_n - k + 1] - P[k])
+        if v < dist[k + 1]:
+            dist[k + 1] = v
+            arc_kind[k + 1] = _KEEP
+            arc_from[k + 1] = k
+        v = base + off_best[k]
+        if v < dist[k + 1]:
+            dist[k + 1] = v
+            arc_kind[k + 1] = _OFFLOAD
+            arc_from[k + 1] = k
+        if not recompute:
+            continue
+        _segment_costs(
+            k, P, mu, SP, S, FC, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod, ckpt_bytes, seg
+        )
+        for b in range(k, n):
+            # The re-run runs in B_b: link time for the prefetches of every window that holds b.
+            run = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
+            v = base + seg[b] - run * h2d_bw * cover_b[b]
+            if v < dist[b + 1]:
+                dist[b + 1] = v
+                arc_kind[b + 1] = _SEGMENT
+                arc_from[b + 1] = k
+    value = dist[n]
+    # Stalls: a second of stall costs 1 and gives bw bytes of link time to every window holding its stage; where
+    # that is worth more than 1, the cap on any plan worth proving (total stall below `upper`) applies.
+    sf = -1
+    sb = -1
+    worst = 0.0
+    for layer in range(n):
+        if 1.0 - d2h_bw * cover_f[layer] < worst:
+            worst, sf, sb = 1.0 - d2h_bw * cover_f[layer], layer, -1
+        if 1.0 - h2d_bw * cover_b[layer] < worst:
+            worst, sf, sb = 1.0 - h2d_bw * cover_b[layer], -1, layer
+    value += upper * worst
+    for u in range(two_n + 1):
+        value += mu[u] * (trans[u] - limit)
+    # The minimising plan: its bytes at each row (copies at their own stages only), copies and re-runs per layer.
+    diff = np.zeros(two_n + 2)
+    copies = np.zeros(n)
+    reruns = np.zeros(n)
+    node = n
+    while node > 0:
+        k = arc_from[node]
+        kind = arc_kind[node]
+        if kind == _KEEP:
+            diff[k] += saved[k]
+            diff[two_n - k + 1] -= saved[k]
+        elif kind == _OFFLOAD:
+            o = off_opt[k]
+            left = saved[k] - opt_free[o]
+            c = opt_copy[o]
+            diff[k] += left + c
+            diff[k + 1] -= c
+            diff[two_n - k] += c
+            diff[two_n - k + 1] -= left + c
+            copies[k] = c
+        else:
+            b = node - 1
+            ckpt = 0.0
+            for c2 in range(k, b + 1):
+                for e in range(first_ptr[c2], first_ptr[c2 + 1]):
+                    if first_prod[e] < k:
+                        ckpt += ckpt_bytes[first_prod[e]]
+                diff[c2] += saved[c2] - cut[c2]
+                diff[c2 + 1] -= saved[c2] - cut[c2]
+                diff[two_n - b] += saved[c2]
+                diff[two_n - c2 + 1] -= saved[c2]
+            ckpt += ext_prefix[b + 1] - ext_prefix[k]
+            diff[k + 1] += ckpt
+            diff[two_n - k] -= ckpt
+            if b > k:
+                diff[two_n - b] -= overlap[k]
+                diff[two_n - k] += overlap[k]
+            reruns[b] = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
+        node = k
+    total = 0.0
+    for u in range(two_n + 1):
+        total += diff[u]
+        g_row[u] = total + trans[u] - limit
+    copy_prefix = np.zeros(n + 1)
+    rerun_prefix = np.zeros(n + 1)
+    for i in range(n):
+        copy_prefix[i + 1] = copy_prefix[i] + copies[i]
+        rerun_prefix[i + 1] = rerun_prefix[i] + reruns[i]
+    for m in range(n):
+        for w in range(width1):
+            if w > m:
+                g_f[m, w] = 0.0
+                g_b[m, w] = 0.0
+                continue
+            a = m - w
+            tf = fwd_prefix[m] - fwd_prefix[a + 1] if w >= 1 else 0.0  # compute of F_{a+1}..F_{m-1}
+            tb = bwd_prefix[m] - bwd_prefix[a + 1] if w >= 1 else 0.0  # backwards of B_{m-1}..B_{a+1}
+            value -= d2h_bw * lam_f[m, w] * tf + h2d_bw * lam_b[m, w] * tb
+            arrived = copy_prefix[m] - copy_prefix[a]
+            stall_f = upper if a <= sf <= m - 1 else 0.0
+            stall_b = upper if a <= sb <= m - 1 else 0.0
+            g_f[m, w] = g_row[m] + arrived - d2h_bw * (tf + stall_f)
+            g_b[m, w] = g_row[two_n - m] + arrived - h2d_bw * (tb + rerun_prefix[m] - rerun_prefix[a] + stall_b)
+    return value
+
+
+def link_lagrangian_bound(
+    arrays: LagrangeArrays,
+    upper_s: float,
+    deadline: float,
+    target_s: float | None = None,
+    max_iterations: int = 100_000,
+) -> LagrangeResult:
+    """The Lagrangian of the fluid link windows (copies beside compute), its prices raised by projected Adam
+    steps: plain subgradient steps oscillate here (the first steps make offload free, the next make it dear).
+    Every value is a bound; the best is returned. Stops at `deadline`, at `target_s`, after `max_iterations`,
+    or when _LINK_PATIENCE steps in a row raise the best value by less than 1e-4 of it."""
+    a = arrays
+    assert not a.serial, "serial copies: lagrangian_bound prices them exactly"
+    t0 = time.perf_counter()
+    n = len(a.saved)
+    shape = (n, min(n, LINK_MAX_WINDOW))  # long windows: a backlog can build over the whole forward
+    valid = np.tril(np.ones(shape))  # window w of row m needs w <= m
+    # Adam on the prices in units of seconds per `limit` bytes, with steps of _LINK_RATE x upper_s.
+    unit = float(max(a.limit, 1))
+    step = _LINK_RATE * upper_s
+    x = [np.zeros(shape), np.zeros(shape), np.zeros(1)]
+    first = [np.zeros(shape), np.zeros(shape), np.zeros(1)]
+    second = [np.zeros(shape), np.zeros(shape), np.zeros(1)]
+    g_row, g_f, g_b = np.zeros(2 * n + 1), np.zeros(shape), np.zeros(shape)
+    best, last_gain, it, stopped = 0.0, 0, 0, "iterations"
+    while it < max_iterations:
+        if time.perf_counter() >= deadline:
+            stopped = "deadline"
+            break
+        it += 1
+        value = float(
+            _link_lagrangian(
+                x[0] / unit, x[1] / unit, float(x[2][0]) / unit, upper_s, a.saved, a.cut, a.overlap, a.fwd_prefix,
+                a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr, a.first_prod, a.ckpt_bytes, a.opt_ptr, a.opt_free,
+                a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute, g_row, g_f, g_b,
+            )
+        )  # fmt: skip
+        if value > best * (1 + 1e-4) + 1e-15:
+            last_gain = it
+        best = max(best, value)
+        if target_s is not None and best >= target_s:
+            stopped = "target"
+            break
+        if it - last_gain >= _LINK_PATIENCE:
+            stopped = "converged"
+            break
+        grads = [g_f * valid / unit, g_b * valid / unit, np.array([g_row[n] / unit])]
+        for q in range(3):
+            first[q] = _ADAM_B1 * first[q] + (1 - _ADAM_B1) * grads[q]
+            second[q] = _ADAM_B2 * second[q] + (1 - _ADAM_B2) * grads[q] * grads[q]
+            m_hat = first[q] / (1 - _ADAM_B1**it)
+            v_hat = second[q] / (1 - _ADAM_B2**it)
+            x[q] = np.maximum(0.0, x[q] + step * m_hat / (np.sqrt(v_hat) + 1e-12))
+    return LagrangeResult(
+        bound_s=max(0.0, best),
+        iterations=it,
+        wall_s=time.perf_counter() - t0,
+        stopped_by=stopped,
+        prices=np.zeros(0),
+    )
+
+
+LINK_MAX_WINDOW = 1000
+"""Longest link window priced (layers): any subset of windows is valid; memory grows as n x this."""
+_LINK_RATE = 1e-3
+"""Adam's step on the link prices, as a fraction of the best known overhead (in seconds per `limit` bytes)."""
+_LINK_PATIENCE = 300
+"""Steps without a gain of 1e-4 of the best value before the link search stops."""
+_ADAM_B1, _ADAM_B2 = 0.9, 0.999
