@@ -123,9 +123,9 @@ def test_bound_is_strong_on_a_recompute_only_chain(seed: int) -> None:
         assert 0.95 <= ratio <= 1 + 1e-9
 
 
-def test_solve_reports_it_where_the_exact_sweep_cannot_finish() -> None:
-    """A 400-layer chain planned with keep and recompute: the exact DP does not finish in the limit, and the
-    Lagrangian bound is what proves the answer within a few percent (the DP's own bound was under 15% of it)."""
+def test_solve_proves_a_long_chain_the_exact_sweep_alone_cannot() -> None:
+    """A 400-layer chain planned with keep and recompute, 8 s: the exact DP alone does not finish (its own bound was
+    under 15% of the answer); pruned by the Lagrangian's completion bound it proves the answer within 1%."""
     tr = make_trace(400, 1)
     rep = solve_report(
         tr, budget_between(tr, 0.2), SolveOptions(time_limit_s=8, actions=["keep", "recompute"], gap=0.01)
@@ -133,8 +133,7 @@ def test_solve_reports_it_where_the_exact_sweep_cannot_finish() -> None:
     rec = rep.schedule.solver
     assert rec.best_bound_s is not None and rec.objective_s is not None
     assert rec.best_bound_s <= rec.objective_s
-    assert rec.gap is not None and rec.gap < 0.1, rec.message
-    assert "the Lagrangian bound on the memory rows" in rec.message
+    assert rec.status == SolverStatus.OPTIMAL, rec.message
 
 
 @pytest.mark.parametrize("seed", range(12))
