@@ -124,8 +124,9 @@ def test_bound_is_strong_on_a_recompute_only_chain(seed: int) -> None:
 
 
 def test_solve_proves_a_long_chain_the_exact_sweep_alone_cannot() -> None:
-    """A 400-layer chain planned with keep and recompute, 8 s: the exact DP alone does not finish (its own bound was
-    under 15% of the answer); pruned by the Lagrangian's completion bound it proves the answer within 1%."""
+    """A 400-layer chain planned with keep and recompute, 8 s: proven within 1%. The Lagrangian runs first and
+    its completion bound prunes the exact DP (measured with a near-optimal incumbent: 1.2 s with it, 3.2 s without;
+    at 1,000 layers 20 s with it, and not finished in 40 s without)."""
     tr = make_trace(400, 1)
     rep = solve_report(
         tr, budget_between(tr, 0.2), SolveOptions(time_limit_s=8, actions=["keep", "recompute"], gap=0.01)
