@@ -1,21 +1,19 @@
-"""A Lagrangian bound on the memory rows: a lower bound for traces too long for the exact sweep
-(docs/formulation.md, 'Lagrangian bound on the memory rows').
+"""Lagrangian bounds: lower bounds for traces too long for the exact sweeps (docs/formulation.md, 'Lagrangian
+bound on the memory rows' and 'Copies beside compute: the fluid link windows').
 
 Each memory row u (F_0..F_{n-1}, the loss point, B_{n-1}..B_0: 2n + 1 rows) gets a price mu_u >= 0 in seconds
 per byte. For fixed prices, a plan's cost plus the priced bytes of every row it uses is a sum over its actions
-(keep, offload with a done-by and a prefetch-at, recompute segment), because each action's bytes at each row
-and each action's time are priced apart:
+(keep, offload, recompute segment), because each action's bytes at each row and its time are priced apart:
 
 - memory: the simulator's rows less every term that only adds bytes and depends on several actions at once
   (the dedup of checkpoint inputs across segments, saved-twice storages, side inputs, snapshots, RNG states);
-- time: a recompute segment costs its re-run exactly; an offload costs the stall its copy alone would force
-  (`latency + bytes / bandwidth` less the compute it can hide behind), and every schedule's stall is at least
-  the sum of these (each stall moment is spent waiting for one copy: docs/formulation.md).
+- time: a recompute segment costs its re-run exactly; on the memory rows alone an offload costs the stall its
+  copy would force if it had the link to itself (every schedule's stall is at least the sum of these); where
+  copies run beside compute the link is shared, and the rows are split into fluid link windows instead.
 
-So min over plans of (cost + sum_u mu_u (bytes_u - limit)) is a shortest path over the n + 1 boundaries, and
-for every plan within the budget it is at most that plan's overhead: a true bound for any prices. The prices
-are improved by subgradient steps (Polyak's rule against the best known plan) for as long as the caller allows;
-every step's value is a bound, and the best is kept.
+So min over plans of (cost + priced rows less their limits) is a shortest path over the n + 1 boundaries, and
+for every plan within the budget it is at most that plan's overhead: a true bound for any prices. Every step's
+value is a bound, and the best is kept.
 """
 
 from __future__ import annotations
@@ -199,10 +197,8 @@ def _price_offloads(
 def _segment_costs(
     k: int,
     P: np.ndarray,
-    mu: np.ndarray,
-    SP: np.ndarray,
-    S: np.ndarray,
-    FC: np.ndarray,
+    sums: np.ndarray,
+    run_credit: np.ndarray,
     overlap: np.ndarray,
     fwd_prefix: np.ndarray,
     rerun: np.ndarray,
@@ -212,11 +208,11 @@ def _segment_costs(
     ckpt_bytes: np.ndarray,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
-    """out[b] = the priced cost of the segment [k, b] for every b >= k: its re-run; its forwards under the
-    checkpoint; its layers rematerialised from B_b; the first layer's saved inputs counted once from B_b through
-    B_{k+1}; the checkpoint's inputs from F_{k+1} through B_{k+1} (producers before k whose first reader is in the
-    segment, and its layers' external inputs). P: prefix sums of mu; SP, S, FC: the layer prefix sums of
-    _lagrangian."""
+    """out[b] = the priced cost of the segment [k, b] for every b >= k: its re-run (less run_credit[b] per second:
+    link time it gives the prefetches of B_b); its forwards under the checkpoint; its layers rematerialised from
+    B_b; the first layer's saved inputs counted once from B_b through B_{k+1}; the checkpoint's inputs from F_{k+1}
+    through B_{k+1} (producers before k whose first reader is in the segment, and its layers' external inputs).
+    P: prefix sums of the row prices; sums: _layer_sums."""
     n = len(rerun)
     two_n = 2 * n
     ckpt = 0.0
@@ -227,12 +223,173 @@ def _segment_costs(
             if j < k:
                 ckpt += ckpt_bytes[j]
         ext = ext_prefix[b + 1] - ext_prefix[k]
-        remat = (SP[b + 1] - SP[k]) - P[two_n - b] * (S[b + 1] - S[k])
+        remat = (sums[0, b + 1] - sums[0, k]) - P[two_n - b] * (sums[1, b + 1] - sums[1, k])
         run = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
-        v = run + (FC[b + 1] - FC[k]) + remat + (ckpt + ext) * hold
+        v = run * (1.0 - run_credit[b]) + (sums[2, b + 1] - sums[2, k]) + remat + (ckpt + ext) * hold
         if b > k:
             v -= overlap[k] * (P[two_n - k] - P[two_n - b])  # rows 2n-b .. 2n-k-1
         out[b] = v
+
+
+@njit(cache=True)
+def _layer_sums(P: np.ndarray, mu: np.ndarray, saved: np.ndarray, cut: np.ndarray) -> np.ndarray:  # pragma: no cover
+    """Prefix sums over layers that price a segment in O(1) (_segment_costs): rows 0, 1, 2 hold
+    sum s_i P[2n - i + 1], sum s_i and sum (s_i - cut_i) mu_i over the layers before each boundary."""
+    n = len(saved)
+    two_n = 2 * n
+    out = np.zeros((3, n + 1))
+    for i in range(n):
+        out[0, i + 1] = out[0, i] + saved[i] * P[two_n - i + 1]
+        out[1, i + 1] = out[1, i] + saved[i]
+        out[2, i + 1] = out[2, i] + (saved[i] - cut[i]) * mu[i]
+    return out
+
+
+@njit(cache=True)
+def _path(
+    P: np.ndarray,
+    mu: np.ndarray,
+    sums: np.ndarray,
+    saved: np.ndarray,
+    off_best: np.ndarray,
+    run_credit: np.ndarray,
+    overlap: np.ndarray,
+    fwd_prefix: np.ndarray,
+    rerun: np.ndarray,
+    ext_prefix: np.ndarray,
+    first_ptr: np.ndarray,
+    first_prod: np.ndarray,
+    ckpt_bytes: np.ndarray,
+    recompute: bool,
+    suffix: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """The least priced plan: (dist, arc_kind, arc_from) over the boundaries. Arcs: keep and the best offload
+    (off_best) from k to k + 1, segments [k, b] to b + 1, whose re-run in B_b earns run_credit[b] per second.
+    Where `suffix` has n + 1 entries it receives, per boundary k, the least priced cost of layers k..n-1."""
+    n = len(saved)
+    two_n = 2 * n
+    dist = np.full(n + 1, np.inf)
+    dist[0] = 0.0
+    arc_kind = np.zeros(n + 1, dtype=np.int64)
+    arc_from = np.zeros(n + 1, dtype=np.int64)
+    seg = np.empty(n)
+    keep_rows = suffix.shape[0] == n + 1
+    rows = np.empty((n if keep_rows and recompute else 0, n))  # segment costs, kept for the backward pass
+    for k in range(n):
+        base = dist[k]
+        v = base + saved[k] * (P[two_n - k + 1] - P[k])  # keep: s_k from F_k through B_k
+        if v < dist[k + 1]:
+            dist[k + 1] = v
+            arc_kind[k + 1] = _KEEP
+            arc_from[k + 1] = k
+        v = base + off_best[k]
+        if v < dist[k + 1]:
+            dist[k + 1] = v
+            arc_kind[k + 1] = _OFFLOAD
+            arc_from[k + 1] = k
+        if not recompute:
+            continue
+        _segment_costs(
+            k,
+            P,
+            sums,
+            run_credit,
+            overlap,
+            fwd_prefix,
+            rerun,
+            ext_prefix,
+            first_ptr,
+            first_prod,
+            ckpt_bytes,
+            seg,
+        )
+        if rows.shape[0]:
+            rows[k] = seg
+        for b in range(k, n):
+            v = base + seg[b]
+            if v < dist[b + 1]:
+                dist[b + 1] = v
+                arc_kind[b + 1] = _SEGMENT
+                arc_from[b + 1] = k
+    if keep_rows:
+        # The same graph from each boundary to the end: what any completion from boundary k pays at these prices.
+        suffix[n] = 0.0
+        for k in range(n - 1, -1, -1):
+            best = min(saved[k] * (P[two_n - k + 1] - P[k]), off_best[k]) + suffix[k + 1]
+            if recompute:
+                for b in range(k, n):
+                    best = min(best, rows[k, b] + suffix[b + 1])
+            suffix[k] = best
+    return dist, arc_kind, arc_from
+
+
+@njit(cache=True)
+def _plan_rows(
+    arc_kind: np.ndarray,
+    arc_from: np.ndarray,
+    off_choice: np.ndarray,
+    saved: np.ndarray,
+    cut: np.ndarray,
+    overlap: np.ndarray,
+    fwd_prefix: np.ndarray,
+    rerun: np.ndarray,
+    ext_prefix: np.ndarray,
+    first_ptr: np.ndarray,
+    first_prod: np.ndarray,
+    ckpt_bytes: np.ndarray,
+    opt_free: np.ndarray,
+    opt_copy: np.ndarray,
+    trans: np.ndarray,
+    limit: float,
+    g_row: np.ndarray,
+    copies: np.ndarray,
+    reruns: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """The least priced plan's bytes at each row less the limit (g_row: a subgradient of the row prices), its
+    copied bytes per layer and its re-run seconds per segment end. off_choice[k] = (option, done-by,
+    prefetch-at): the copy is in flight F_k..F_done-by and back B_prefetch-at..B_k."""
+    n = len(saved)
+    two_n = 2 * n
+    diff = np.zeros(two_n + 2)
+    node = n
+    while node > 0:
+        k = arc_from[node]
+        kind = arc_kind[node]
+        if kind == _KEEP:
+            diff[k] += saved[k]
+            diff[two_n - k + 1] -= saved[k]
+        elif kind == _OFFLOAD:
+            o = off_choice[k, 0]
+            left = saved[k] - opt_free[o]
+            c = opt_copy[o]
+            diff[k] += left + c
+            diff[off_choice[k, 1] + 1] -= c
+            diff[two_n - off_choice[k, 2]] += c
+            diff[two_n - k + 1] -= left + c
+            copies[k] = c
+        else:
+            b = node - 1
+            ckpt = 0.0
+            for c2 in range(k, b + 1):
+                for e in range(first_ptr[c2], first_ptr[c2 + 1]):
+                    if first_prod[e] < k:
+                        ckpt += ckpt_bytes[first_prod[e]]
+                diff[c2] += saved[c2] - cut[c2]
+                diff[c2 + 1] -= saved[c2] - cut[c2]
+                diff[two_n - b] += saved[c2]
+                diff[two_n - c2 + 1] -= saved[c2]
+            ckpt += ext_prefix[b + 1] - ext_prefix[k]
+            diff[k + 1] += ckpt
+            diff[two_n - k] -= ckpt
+            if b > k:
+                diff[two_n - b] -= overlap[k]
+                diff[two_n - k] += overlap[k]
+            reruns[b] = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
+        node = k
+    total = 0.0
+    for u in range(two_n + 1):
+        total += diff[u]
+        g_row[u] = total + trans[u] - limit
 
 
 @njit(cache=True)
@@ -259,129 +416,34 @@ def _lagrangian(
     latency: float,
     recompute: bool,
     grad: np.ndarray,
-    plan: np.ndarray,
     suffix: np.ndarray,
 ) -> float:  # pragma: no cover - compiled
-    """The Lagrangian's value at prices `mu`. `grad` receives the minimising plan's bytes at each row less the
-    limit (a subgradient); `plan` its actions per layer: -1 keep, -2 recomputed, else the offload option.
-    Where `suffix` has n + 1 entries it receives, per boundary k, the least priced cost of the layers k..n-1."""
+    """The Lagrangian of the memory rows at prices `mu`; `grad` receives the minimising plan's bytes at each row
+    less the limit (a subgradient). Where `suffix` has n + 1 entries it receives, per boundary k, the least priced
+    cost of the layers k..n-1."""
     n = len(saved)
-    two_n = 2 * n
-    P = np.zeros(two_n + 2)
-    for u in range(two_n + 1):
+    P = np.zeros(2 * n + 2)
+    for u in range(2 * n + 1):
         P[u + 1] = P[u] + mu[u]
-    # Prefix sums over layers for segments: sum s_i P[2n - i + 1], sum s_i, sum (s_i - cut_i) mu_i.
-    SP = np.zeros(n + 1)
-    S = np.zeros(n + 1)
-    FC = np.zeros(n + 1)
-    for i in range(n):
-        SP[i + 1] = SP[i] + saved[i] * P[two_n - i + 1]
-        S[i + 1] = S[i] + saved[i]
-        FC[i + 1] = FC[i] + (saved[i] - cut[i]) * mu[i]
     off_best = np.empty(n)
     off_choice = np.zeros((n, 3), dtype=np.int64)
     _price_offloads(
-        P,
-        saved,
-        fwd_prefix,
-        bwd_prefix,
-        opt_ptr,
-        opt_free,
-        opt_copy,
-        serial,
-        d2h_bw,
-        h2d_bw,
-        latency,
-        off_best,
+        P, saved, fwd_prefix, bwd_prefix, opt_ptr, opt_free, opt_copy, serial, d2h_bw, h2d_bw, latency, off_best,
         off_choice,
-    )
-    dist = np.full(n + 1, np.inf)
-    dist[0] = 0.0
-    arc_kind = np.zeros(n + 1, dtype=np.int64)
-    arc_from = np.zeros(n + 1, dtype=np.int64)
-    seg = np.empty(n)
-    for k in range(n):
-        base = dist[k]
-        v = base + saved[k] * (P[two_n - k + 1] - P[k])  # keep: s_k from F_k through B_k
-        if v < dist[k + 1]:
-            dist[k + 1] = v
-            arc_kind[k + 1] = _KEEP
-            arc_from[k + 1] = k
-        v = base + off_best[k]
-        if v < dist[k + 1]:
-            dist[k + 1] = v
-            arc_kind[k + 1] = _OFFLOAD
-            arc_from[k + 1] = k
-        if not recompute:
-            continue
-        _segment_costs(
-            k, P, mu, SP, S, FC, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod, ckpt_bytes, seg
-        )
-        for b in range(k, n):
-            v = base + seg[b]
-            if v < dist[b + 1]:
-                dist[b + 1] = v
-                arc_kind[b + 1] = _SEGMENT
-                arc_from[b + 1] = k
-    if suffix.shape[0] == n + 1:
-        # The same graph from each boundary to the end: what any completion from boundary k pays at these prices.
-        suffix[n] = 0.0
-        for k in range(n - 1, -1, -1):
-            best = min(saved[k] * (P[two_n - k + 1] - P[k]), off_best[k]) + suffix[k + 1]
-            if recompute:
-                _segment_costs(
-                    k, P, mu, SP, S, FC, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod, ckpt_bytes, seg
-                )
-                for b in range(k, n):
-                    best = min(best, seg[b] + suffix[b + 1])
-            suffix[k] = best
+    )  # fmt: skip
+    sums = _layer_sums(P, mu, saved, cut)
+    no_credit = np.zeros(n)
+    dist, arc_kind, arc_from = _path(
+        P, mu, sums, saved, off_best, no_credit, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
+        ckpt_bytes, recompute, suffix,
+    )  # fmt: skip
     value = dist[n]
-    for u in range(two_n + 1):
+    for u in range(2 * n + 1):
         value += mu[u] * (trans[u] - limit)
-    # The minimising plan's bytes at each row (a difference array over rows).
-    diff = np.zeros(two_n + 2)
-    node = n
-    while node > 0:
-        k = arc_from[node]
-        kind = arc_kind[node]
-        if kind == _KEEP:
-            plan[k] = -1
-            diff[k] += saved[k]
-            diff[two_n - k + 1] -= saved[k]
-        elif kind == _OFFLOAD:
-            o = off_choice[k, 0]
-            d = off_choice[k, 1]
-            q = off_choice[k, 2]
-            plan[k] = o
-            left = saved[k] - opt_free[o]
-            c = opt_copy[o]
-            diff[k] += left + c
-            diff[d + 1] -= c
-            diff[two_n - q] += c
-            diff[two_n - k + 1] -= left + c
-        else:
-            b = node - 1
-            ckpt = 0.0
-            for c2 in range(k, b + 1):
-                plan[c2] = -2
-                for e in range(first_ptr[c2], first_ptr[c2 + 1]):
-                    if first_prod[e] < k:
-                        ckpt += ckpt_bytes[first_prod[e]]
-                diff[c2] += saved[c2] - cut[c2]
-                diff[c2 + 1] -= saved[c2] - cut[c2]
-                diff[two_n - b] += saved[c2]
-                diff[two_n - c2 + 1] -= saved[c2]
-            ckpt += ext_prefix[b + 1] - ext_prefix[k]
-            diff[k + 1] += ckpt
-            diff[two_n - k] -= ckpt
-            if b > k:
-                diff[two_n - b] -= overlap[k]
-                diff[two_n - k] += overlap[k]
-        node = k
-    total = 0.0
-    for u in range(two_n + 1):
-        total += diff[u]
-        grad[u] = total + trans[u] - limit
+    _plan_rows(
+        arc_kind, arc_from, off_choice, saved, cut, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
+        ckpt_bytes, opt_free, opt_copy, trans, limit, grad, np.zeros(n), np.zeros(n),
+    )  # fmt: skip
     return value
 
 
@@ -401,7 +463,7 @@ class LagrangeResult:
     """The prices of the best value (seconds per byte, per row)."""
 
 
-def _evaluate(a: LagrangeArrays, mu: np.ndarray, grad: np.ndarray, plan: np.ndarray, suffix: np.ndarray) -> float:
+def _evaluate(a: LagrangeArrays, mu: np.ndarray, grad: np.ndarray, suffix: np.ndarray) -> float:
     return float(
         _lagrangian(
             mu,
@@ -426,7 +488,6 @@ def _evaluate(a: LagrangeArrays, mu: np.ndarray, grad: np.ndarray, plan: np.ndar
             a.latency,
             a.recompute,
             grad,
-            plan,
             suffix,
         )
     )
@@ -445,10 +506,8 @@ def lagrangian_bound(
     factor is negligible. Every value is a bound; the best is returned."""
     a = arrays
     t0 = time.perf_counter()
-    n = len(a.saved)
     mu = np.zeros(len(a.trans))
     grad = np.zeros_like(mu)
-    plan = np.zeros(n, dtype=np.int64)
     no_suffix = np.zeros(0)
     best_value, best_mu = 0.0, mu.copy()
     theta, since = 1.0, 0
@@ -459,7 +518,7 @@ def lagrangian_bound(
             stopped = "deadline"
             break
         it += 1
-        value = _evaluate(a, mu, grad, plan, no_suffix)
+        value = _evaluate(a, mu, grad, no_suffix)
         if value > best_value + 1e-12 * max(1.0, abs(best_value)):
             best_value, best_mu, since = value, mu.copy(), 0
         else:
@@ -503,7 +562,7 @@ def completion_table(arrays: LagrangeArrays, prices: np.ndarray, step: float, gr
     a = arrays
     n = len(a.saved)
     suffix = np.zeros(n + 1)
-    _evaluate(a, prices, np.zeros_like(prices), np.zeros(n, dtype=np.int64), suffix)
+    _evaluate(a, prices, np.zeros_like(prices), suffix)
     two_n = 2 * n
     P = np.concatenate([[0.0], np.cumsum(prices)])
     PT = np.concatenate([[0.0], np.cumsum(prices * (a.trans - float(a.limit)))])
@@ -591,55 +650,25 @@ def _link_lagrangian(
         P[u + 1] = P[u] + mu[u]
     cover_f = _link_cover(lam_f)
     cover_b = _link_cover(lam_b)
-    SP = np.zeros(n + 1)
-    S = np.zeros(n + 1)
-    FC = np.zeros(n + 1)
-    for i in range(n):
-        SP[i + 1] = SP[i] + saved[i] * P[two_n - i + 1]
-        S[i + 1] = S[i] + saved[i]
-        FC[i + 1] = FC[i] + (saved[i] - cut[i]) * mu[i]
     # An offload: what stays from F_i through B_i; its copy in flight at F_i and back at B_i, and in every
     # window of a later row that holds layer i.
     off_best = np.full(n, np.inf)
-    off_opt = np.zeros(n, dtype=np.int64)
+    off_choice = np.zeros((n, 3), dtype=np.int64)
     for i in range(n):
+        off_choice[i, 1] = i
+        off_choice[i, 2] = i
         for o in range(opt_ptr[i], opt_ptr[i + 1]):
             c = opt_copy[o]
             v = (saved[i] - opt_free[o]) * (P[two_n - i + 1] - P[i]) + c * (mu[i] + mu[two_n - i])
             v += c * (cover_f[i] + cover_b[i])
             if v < off_best[i]:
                 off_best[i] = v
-                off_opt[i] = o
-    dist = np.full(n + 1, np.inf)
-    dist[0] = 0.0
-    arc_kind = np.zeros(n + 1, dtype=np.int64)
-    arc_from = np.zeros(n + 1, dtype=np.int64)
-    seg = np.empty(n)
-    for k in range(n):
-        base = dist[k]
-        v = base + saved[k] * (P[two_n - k + 1] - P[k])
-        if v < dist[k + 1]:
-            dist[k + 1] = v
-            arc_kind[k + 1] = _KEEP
-            arc_from[k + 1] = k
-        v = base + off_best[k]
-        if v < dist[k + 1]:
-            dist[k + 1] = v
-            arc_kind[k + 1] = _OFFLOAD
-            arc_from[k + 1] = k
-        if not recompute:
-            continue
-        _segment_costs(
-            k, P, mu, SP, S, FC, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod, ckpt_bytes, seg
-        )
-        for b in range(k, n):
-            # The re-run runs in B_b: link time for the prefetches of every window that holds b.
-            run = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
-            v = base + seg[b] - run * h2d_bw * cover_b[b]
-            if v < dist[b + 1]:
-                dist[b + 1] = v
-                arc_kind[b + 1] = _SEGMENT
-                arc_from[b + 1] = k
+                off_choice[i, 0] = o
+    sums = _layer_sums(P, mu, saved, cut)
+    dist, arc_kind, arc_from = _path(
+        P, mu, sums, saved, off_best, h2d_bw * cover_b, overlap, fwd_prefix, rerun, ext_prefix, first_ptr,
+        first_prod, ckpt_bytes, recompute, np.zeros(0),
+    )  # fmt: skip
     value = dist[n]
     # Stalls: a second of stall costs 1 and gives bw bytes of link time to every window holding its stage; where
     # that is worth more than 1, the cap on any plan worth proving (total stall below `upper`) applies.
@@ -654,49 +683,12 @@ def _link_lagrangian(
     value += upper * worst
     for u in range(two_n + 1):
         value += mu[u] * (trans[u] - limit)
-    # The minimising plan: its bytes at each row (copies at their own stages only), copies and re-runs per layer.
-    diff = np.zeros(two_n + 2)
     copies = np.zeros(n)
     reruns = np.zeros(n)
-    node = n
-    while node > 0:
-        k = arc_from[node]
-        kind = arc_kind[node]
-        if kind == _KEEP:
-            diff[k] += saved[k]
-            diff[two_n - k + 1] -= saved[k]
-        elif kind == _OFFLOAD:
-            o = off_opt[k]
-            left = saved[k] - opt_free[o]
-            c = opt_copy[o]
-            diff[k] += left + c
-            diff[k + 1] -= c
-            diff[two_n - k] += c
-            diff[two_n - k + 1] -= left + c
-            copies[k] = c
-        else:
-            b = node - 1
-            ckpt = 0.0
-            for c2 in range(k, b + 1):
-                for e in range(first_ptr[c2], first_ptr[c2 + 1]):
-                    if first_prod[e] < k:
-                        ckpt += ckpt_bytes[first_prod[e]]
-                diff[c2] += saved[c2] - cut[c2]
-                diff[c2 + 1] -= saved[c2] - cut[c2]
-                diff[two_n - b] += saved[c2]
-                diff[two_n - c2 + 1] -= saved[c2]
-            ckpt += ext_prefix[b + 1] - ext_prefix[k]
-            diff[k + 1] += ckpt
-            diff[two_n - k] -= ckpt
-            if b > k:
-                diff[two_n - b] -= overlap[k]
-                diff[two_n - k] += overlap[k]
-            reruns[b] = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
-        node = k
-    total = 0.0
-    for u in range(two_n + 1):
-        total += diff[u]
-        g_row[u] = total + trans[u] - limit
+    _plan_rows(
+        arc_kind, arc_from, off_choice, saved, cut, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
+        ckpt_bytes, opt_free, opt_copy, trans, limit, g_row, copies, reruns,
+    )  # fmt: skip
     copy_prefix = np.zeros(n + 1)
     rerun_prefix = np.zeros(n + 1)
     for i in range(n):
@@ -735,7 +727,10 @@ def link_lagrangian_bound(
     assert not a.serial, "serial copies: lagrangian_bound prices them exactly"
     t0 = time.perf_counter()
     n = len(a.saved)
-    shape = (n, min(n, LINK_MAX_WINDOW))  # long windows: a backlog can build over the whole forward
+    shape = (
+        n,
+        min(n, LINK_MAX_WINDOW),
+    )  # long windows: a backlog can build over the whole forward
     valid = np.tril(np.ones(shape))  # window w of row m needs w <= m
     # Adam on the prices in units of seconds per `limit` bytes, with steps of _LINK_RATE x upper_s.
     unit = float(max(a.limit, 1))
