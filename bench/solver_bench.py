@@ -4,6 +4,7 @@ for each backend. Writes bench/results/solver_bench.{md,json} naming the machine
     python bench/solver_bench.py --targets [--shared ../shared]   # the exact-search targets (default flow)
     python bench/solver_bench.py [--quick] [--shared ../shared]   # every backend on synthetic sizes
     taskset -c 1 python bench/solver_bench.py --lagrange --before DIR [--after DIR]  # keep/recompute, two checkouts
+    taskset -c 1 python bench/solver_bench.py --issue22 --before DIR [--after DIR]   # long traces, default actions
 
 Every row solves through memsched.optimizer.solve (warm start, fallback and the baseline guard included)
 and reports the simulator's overhead of the returned schedule, the solver's proven bound and the gap.
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
@@ -269,10 +271,38 @@ LAGRANGE_ROWS: tuple[tuple[str, float, float], ...] = (
 )
 """(trace, % of the keep-all activation peak, time limit s): the keep / recompute rows on which the Lagrangian
 bound (optimizer/dp/lagrange.py, commit 05fc549) is measured against the code before it."""
+ISSUE22_ROWS: tuple[tuple[str, float, float], ...] = (
+    *(("pipedream/densenet121", pct, limit) for limit in (30.0, 10.0) for pct in (75, 50, 25)),
+    *((f"synthetic/{shape}-1000", 20, limit) for limit in (60.0, 10.0) for shape in ("chain", "dag")),
+    *((f"synthetic/{shape}-200", pct, 10.0) for pct in (20, 50) for shape in ("chain", "dag")),
+    *(("pipedream/resnet50", pct, 10.0) for pct in (50, 25)),
+)
+"""(trace, %, time limit s): issue 22's long traces with the default actions (offload included where the device
+allows it), and PipeDream ResNet-50 at 50% / 25% as a regression check (proven before)."""
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """A before / after comparison: each row solved by two checkouts, each side in a process of its own."""
+
+    rows: tuple[tuple[str, float, float], ...]
+    actions: list[str] | None
+    """None: the default actions (no `actions=`)."""
+    stem: str
+    warm: tuple[tuple[int, float], ...]
+    """(layers, time limit s) of the synthetic chains solved before the row, to compile or load the kernels
+    outside it (the install's jit step leaves the Lagrangian's out)."""
+
+
+SIDE_BY_SIDE = {
+    "lagrange": SideBySide(LAGRANGE_ROWS, LAGRANGE_ACTIONS, "solver_bench_lagrange", ((30, 2.0),)),
+    # 160 layers: the link windows' Lagrangian runs on traces of 150-2,000 layers with copies beside compute.
+    "issue22": SideBySide(ISSUE22_ROWS, None, "solver_bench_issue22", ((30, 2.0), (160, 1.0))),
+}
 _BOUND_FROM = re.compile(r"lower bound \S+ s from (\S+)")
 
 
-def _lagrange_trace(key: str, pipedream: Path) -> Trace:
+def _bench_trace(key: str, pipedream: Path) -> Trace:
     kind, name = key.split("/")
     if kind == "pipedream":
         return import_pipedream(pipedream / f"{name}.graph.txt", _BATCH[name])
@@ -280,19 +310,21 @@ def _lagrange_trace(key: str, pipedream: Path) -> Trace:
     return make_trace(int(n), 1, dag=shape == "dag")
 
 
-def lagrange_row(i: int, pipedream: Path) -> dict[str, object]:
-    """Row i of LAGRANGE_ROWS, solved by the memsched this interpreter imports: each side runs it in a process of
-    its own (its venv's python on this file), so that neither side's JIT state or heap is the other's."""
-    key, pct, limit = LAGRANGE_ROWS[i]
-    warm = make_trace(30, 1)
-    # Compile the kernels outside the row: the install's jit step leaves the Lagrangian's out.
-    solve(warm, budget_between(warm, 0.2), SolveOptions.from_user(time_limit_s=2.0, actions=LAGRANGE_ACTIONS))
-    trace = _lagrange_trace(key, pipedream)
+def side_row(mode: str, i: int, pipedream: Path) -> dict[str, object]:
+    """Row i of SIDE_BY_SIDE[mode], solved by the memsched this interpreter imports: each side runs it in a
+    process of its own (its venv's python on this file), so that neither side's JIT state or heap is the other's."""
+    spec = SIDE_BY_SIDE[mode]
+    key, pct, limit = spec.rows[i]
+    for layers, warm_limit in spec.warm:
+        warm = make_trace(layers, 1)
+        options = SolveOptions.from_user(time_limit_s=warm_limit, actions=spec.actions)
+        solve(warm, budget_between(warm, 0.2), options)
+    trace = _bench_trace(key, pipedream)
     budget = pct_budget(trace, pct)
     name = f"{key}@{pct:g}%"
     code = str(Path(sys.modules[solve.__module__].__file__ or "?").parents[1])
     try:
-        row = run_one(name, trace, budget, "auto", limit, LAGRANGE_ACTIONS)
+        row = run_one(name, trace, budget, "auto", limit, spec.actions)
     except InfeasibleBudgetError as e:
         # pct_budget raises to the smallest budget with offload; keep / recompute alone may need more.
         return {
@@ -312,11 +344,14 @@ def lagrange_row(i: int, pipedream: Path) -> dict[str, object]:
     return row
 
 
-def lagrange_bench(pipedream: Path, before: Path, after: Path | None) -> None:
-    """Each LAGRANGE_ROWS row with `before`'s checkout (its .venv) and then with `after`'s (default: this
+def side_by_side_bench(mode: str, pipedream: Path, before: Path, after: Path | None) -> None:
+    """Each row of SIDE_BY_SIDE[mode] with `before`'s checkout (its .venv) and then with `after`'s (default: this
     interpreter's), one after the other (run the whole command under taskset -c 1 so that both sides get the same
     core). A pinned `after` checkout keeps commits landing in this one during the run out of the numbers."""
+    spec = SIDE_BY_SIDE[mode]
     meta = _meta()
+    meta["mode"] = mode
+    meta["actions"] = spec.actions
     here = Path(__file__).resolve().parents[1]
     pythons = {"before": before / ".venv" / "bin" / "python", "after": Path(sys.executable)}
     if after is not None:
@@ -325,19 +360,34 @@ def lagrange_bench(pipedream: Path, before: Path, after: Path | None) -> None:
         meta[side] = {"checkout": str(checkout), "commit": _commit(checkout)}
     meta["cpu_affinity"] = sorted(os.sched_getaffinity(0))
     rows: list[dict[str, object]] = []
-    for i in range(len(LAGRANGE_ROWS)):
+    for i in range(len(spec.rows)):
         sides: dict[str, dict[str, object]] = {}
         for side, python in pythons.items():
-            cmd = [str(python), __file__, "--lagrange-row", str(i), "--shared", str(pipedream.parents[1])]
+            cmd = [str(python), __file__, "--side-row", mode, str(i), "--shared", str(pipedream.parents[1])]
             out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
             sides[side] = json.loads(out.splitlines()[-1])
+            logging.info("%s %s: %s", side, sides[side]["trace"], sides[side]["status"])
         rows.append({**sides["after"], "before": sides["before"]})
     meta["load_avg_at_end"] = os.getloadavg()
-    write_results(meta, rows, stem="solver_bench_lagrange", table=_lagrange_table)
+    write_results(meta, rows, stem=spec.stem, table=_side_by_side_table)
 
 
-def _lagrange_table(meta: dict[str, object], rows: list[dict[str, object]]) -> list[str]:
-    """The before / after columns of the --lagrange rows (wall ok: wall <= 1.1 limit + 0.5 s)."""
+def _bound_above_answer(r: dict[str, object], b: dict[str, object]) -> list[str]:
+    """The sides whose proven bound exceeds the smaller of the two sides' overheads (a bug: a bound is never above
+    an answer), beyond a relative 1e-9."""
+    sides = [(s, x) for s, x in (("before", b), ("after", r)) if x["status"] != "infeasible"]
+    if not sides:
+        return []
+    best = min(float(x["overhead_s"]) for _, x in sides)  # type: ignore[arg-type]
+    return [
+        f"{s} bound {float(x['bound_s']):.6g} s > {best:.6g} s"  # type: ignore[arg-type]
+        for s, x in sides
+        if x["bound_s"] is not None and float(x["bound_s"]) > best * (1 + 1e-9)  # type: ignore[arg-type]
+    ]
+
+
+def _side_by_side_table(meta: dict[str, object], rows: list[dict[str, object]]) -> list[str]:
+    """The before / after columns of a side-by-side run (wall ok: wall <= 1.1 limit + 0.5 s)."""
 
     def cells(r: dict[str, object]) -> list[str]:
         if r["status"] == "infeasible":
@@ -355,24 +405,33 @@ def _lagrange_table(meta: dict[str, object], rows: list[dict[str, object]]) -> l
 
     before, after = meta["before"], meta["after"]
     assert isinstance(before, dict) and isinstance(after, dict)
+    acts = meta.get("actions", LAGRANGE_ACTIONS)
+    actions = "default actions (no `actions=`)" if acts is None else "actions " + " / ".join(acts)  # type: ignore[arg-type]
     lines = [
         "",
         f"Before: {before['checkout']} at commit {before['commit']}; after: {after['checkout']} at commit "
         f"{after['commit']} (each with its own .venv; this file ran in both). Each row runs both "
         f"sides one after the other, each in a process of its own, on CPU affinity {meta['cpu_affinity']}. "
-        "Actions keep / recompute, solver auto, gap 1%. Cells: overhead s / bound s / gap; wall s (wall <= "
-        "1.1 x limit + 0.5 s). Gain: after / before - 1 of the overhead (negative is better).",
+        f"{actions[0].upper() + actions[1:]}, solver auto, gap 1%. Cells: overhead s / bound s / gap; wall s "
+        "(wall <= 1.1 x limit + 0.5 s). Gain: after / before - 1 of the overhead (negative is better).",
         "",
         "| trace | n | budget B | limit s | before: status | before: overhead / bound / gap | before: bound "
         "from | before: wall s | after: status | after: overhead / bound / gap | after: bound from | after: wall "
         "s | gain |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    above: list[str] = []
     for r in rows:
         b = r["before"]
         assert isinstance(b, dict)
         head = [str(r["trace"]), str(r["layers"]), str(r["budget_bytes"]), str(r["time_limit_s"])]
         lines.append("| " + " | ".join([*head, *cells(b), *cells(r), gain(r, b)]) + " |")
+        above += [f"{r['trace']} ({r['time_limit_s']} s): {x}" for x in _bound_above_answer(r, b)]
+    lines += [
+        "",
+        "Bounds above the smaller of the two sides' overheads (a bug if any): "
+        + ("; ".join(above) if above else "none."),
+    ]
     return lines
 
 
@@ -418,22 +477,31 @@ def main() -> None:
         help="keep / recompute rows (LAGRANGE_ROWS) with --before's checkout and this one: writes "
         "solver_bench_lagrange.{md,json}",
     )
+    ap.add_argument(
+        "--issue22",
+        action="store_true",
+        help="issue 22's long traces (ISSUE22_ROWS) with the default actions, with --before's checkout and "
+        "--after's: writes solver_bench_issue22.{md,json}",
+    )
     ap.add_argument("--before", type=Path, help="a checkout with its own .venv (the code before a change)")
     ap.add_argument("--after", type=Path, help="a checkout with its own .venv (default: this interpreter's code)")
-    ap.add_argument("--lagrange-row", type=int, help=argparse.SUPPRESS)  # one side of one row: JSON on stdout
+    # One side of one row of a side-by-side mode: JSON on stdout.
+    ap.add_argument("--side-row", nargs=2, metavar=("MODE", "I"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.heuristic:
         heuristic_bench()
         return
-    if args.lagrange_row is not None:
-        print(json.dumps(lagrange_row(args.lagrange_row, Path(args.shared) / "data" / "pipedream")))
+    if args.side_row is not None:
+        mode, i = args.side_row
+        print(json.dumps(side_row(mode, int(i), Path(args.shared) / "data" / "pipedream")))
         return
-    if args.lagrange:
+    if args.lagrange or args.issue22:
+        mode = "lagrange" if args.lagrange else "issue22"
         if args.before is None:
-            ap.error("--lagrange needs --before")
+            ap.error(f"--{mode} needs --before")
         after = args.after.resolve() if args.after else None
-        lagrange_bench(Path(args.shared) / "data" / "pipedream", args.before.resolve(), after)
+        side_by_side_bench(mode, Path(args.shared) / "data" / "pipedream", args.before.resolve(), after)
         return
     if args.decoders:
         decoders_bench(Path(args.trace_dir))
