@@ -68,6 +68,12 @@ def prepare_kernels() -> float:
 def _exercise_every_kernel() -> None:
     from memsched.optimizer.budget import budget_between
     from memsched.optimizer.dp import beam_search, build_problem, exact_search, fifo_search
+    from memsched.optimizer.dp.lagrange import (
+        lagrange_arrays,
+        lagrangian_bound,
+        link_lagrangian_bound,
+        raise_future,
+    )
     from memsched.optimizer.heuristic import heuristic
     from memsched.optimizer.polish import polish
     from memsched.optimizer.synthetic import make_trace
@@ -82,6 +88,12 @@ def _exercise_every_kernel() -> None:
     exact_search(trace, budget, far, incumbent, 0.0, problem=problem)
     fifo_search(trace, budget, far, incumbent if incumbent is not None else float("inf"), 0.0, problem=problem)
     polish(trace, budget, heuristic(trace, budget).decisions, 0.05)
+    # Both Lagrangians (a few steps each compile every kernel they call) and the completion bound.
+    arrays = lagrange_arrays(problem, trace)
+    upper = incumbent if incumbent else 1.0
+    rows = lagrangian_bound(arrays, upper, far, max_iterations=3)
+    raise_future(problem, arrays, rows.prices)
+    link_lagrangian_bound(arrays, upper, far, max_iterations=3)
 
 
 @contextlib.contextmanager

@@ -187,6 +187,7 @@ _BOUND_SOURCES = {
     "dp-fifo": "the exact dynamic program with FIFO copies",
     "dp-lagrangian": "the exact dynamic program with the host budget priced (a Lagrangian bound)",
     "lagrangian": "the Lagrangian bound on the memory rows",
+    "lagrangian-link": "the Lagrangian bound on the copy links' windows",
     "cbc": "the CBC MILP",
     "highs": "the HiGHS MILP",
     "cpsat": "the CP-SAT model",
@@ -489,9 +490,10 @@ class _Flow:
             raise_future,
         )
 
-        strong = lagrange_applies(self.trace, self.allowed)
-        if not strong and not _LINK_MIN_LAYERS <= self.trace.n <= _LINK_MAX_LAYERS:
+        kind = lagrange_kind(self.trace, self.allowed)
+        if kind is None:
             return
+        strong = kind == LagrangeKind.ROWS
         until = min(until, self.deadline - self.reserve)
         if until - time.perf_counter() < _LAGRANGE_MIN_S:
             return
@@ -511,7 +513,7 @@ class _Flow:
             res.wall_s,
             res.stopped_by,
         )
-        self.prove(res.bound_s, "lagrangian")
+        self.prove(res.bound_s, "lagrangian" if strong else "lagrangian-link")
         if strong and res.bound_s > 0.0 and not self.proven():
             # The same prices bound every completion of a partial plan: the exact DP prunes with the larger of
             # this and its own future-cost table (shared by every problem of this solve, so updated in place).
@@ -847,20 +849,36 @@ class Phase:
     """MILP phases: windows W = L = n, so the model covers every schedule and its bound is a true bound."""
 
 
-def lagrange_applies(trace: Trace, allowed: frozenset[Action]) -> bool:
-    """Whether the Lagrangian bound is strong here (_LAGRANGE_SHARE): plans without offload, or copies on the
-    compute thread."""
-    return Action.OFFLOAD not in allowed or not trace.device.concurrent_copies
+class LagrangeKind(StrEnum):
+    """Which Lagrangian bound a solve runs (optimizer/dp/lagrange.py)."""
+
+    ROWS = "rows"
+    """On the memory rows: plans without offload, or copies on the compute thread; its prices also prune the DP."""
+    LINK = "link"
+    """On the fluid link windows: copies beside compute, on traces of _LINK_MIN_LAYERS to _LINK_MAX_LAYERS."""
+
+
+def lagrange_kind(trace: Trace, allowed: frozenset[Action]) -> LagrangeKind | None:
+    """The Lagrangian bound worth running on this trace, if any (_LAGRANGE_SHARE, _LINK_MIN_LAYERS)."""
+    if Action.OFFLOAD not in allowed or not trace.device.concurrent_copies:
+        return LagrangeKind.ROWS
+    if _LINK_MIN_LAYERS <= trace.n <= _LINK_MAX_LAYERS:
+        return LagrangeKind.LINK
+    return None
 
 
 def plan_for(
-    solver: SolverName, n_layers: int, allowed: frozenset[Action] = ALL_ACTIONS, lagrange: bool = False
+    solver: SolverName,
+    n_layers: int,
+    allowed: frozenset[Action] = ALL_ACTIONS,
+    lagrange: LagrangeKind | None = None,
 ) -> list[Phase]:
     """The phases `solver` runs on a trace of `n_layers` layers, in order (docs/formulation.md, 'How solve()
     proceeds'). Candidates first (beam DP, local search; long traces give the local search the larger share,
     as the exact DP rarely finishes there), then the FIFO sweep's probe, then what proves the bound.
-    `lagrange`: the Lagrangian bound is strong on this trace (`lagrange_applies`); its prices then bound every
-    completion, the exact DP finishes on long traces too, and they keep the local search's short share.
+    `lagrange`: the Lagrangian bound to run (`lagrange_kind`). On the memory rows its prices bound every
+    completion and the exact DP finishes on long traces too, so they keep the local search's short share; the
+    link windows' share comes out of the local search's long share, so the exact DP keeps its time.
 
     With some actions left out (`allowed`): the FIFO sweep only matters where copies and recompute meet (with
     no offload there are no copies, and the fluid sweep is exact); the MILP always models recompute, so
@@ -868,11 +886,15 @@ def plan_for(
     if solver == SolverName.HEURISTIC:
         return []
     long_trace = n_layers > _LONG_TRACE
-    searches = [
-        Phase(Step.BEAM, _BEAM_SHARE / 2 if long_trace else _BEAM_SHARE, only_if_open=False),
-        Phase(Step.LAGRANGE, _LAGRANGE_SHARE_LONG if long_trace else _LAGRANGE_SHARE),
-        Phase(Step.POLISH, _POLISH_SHARE_LONG if long_trace and not lagrange else _POLISH_SHARE, only_if_open=False),
-    ]
+    searches = [Phase(Step.BEAM, _BEAM_SHARE / 2 if long_trace else _BEAM_SHARE, only_if_open=False)]
+    polish_share = _POLISH_SHARE_LONG if long_trace else _POLISH_SHARE
+    if lagrange == LagrangeKind.ROWS:
+        searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE_LONG if long_trace else _LAGRANGE_SHARE))
+        polish_share = _POLISH_SHARE
+    elif lagrange == LagrangeKind.LINK:
+        searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE))
+        polish_share -= _LAGRANGE_SHARE if long_trace else 0.0
+    searches.append(Phase(Step.POLISH, polish_share, only_if_open=False))
     if allowed == ALL_ACTIONS:
         searches.append(Phase(Step.FIFO_PROBE, only_if_open=False))
     if solver in BACKENDS:
@@ -944,7 +966,7 @@ def _solve_report(
     t0 = now if started is None else min(started, now)
     allowed = options.allowed_actions(trace)
     # Refuses a combination it cannot plan, up front.
-    phases = plan_for(options.solver, trace.n, allowed, lagrange_applies(trace, allowed))
+    phases = plan_for(options.solver, trace.n, allowed, lagrange_kind(trace, allowed))
     # Without offload, a budget below the best baseline is settled by the exact DP (optimizer/actions.py),
     # whose plan, where one fits, joins the candidates.
     feasibility_deadline = t0 + _FEASIBILITY_SHARE * options.time_limit_s
