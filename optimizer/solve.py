@@ -114,7 +114,7 @@ is the LP relaxation of the same fluid model): on a 60-layer chain 0.937 of the 
 an answer of 0.0312 s (the sweeps' bound: 0.0185 s); DenseNet-121 at 50% / 25%, 0.0143 / 0.0326 s against
 0.0209 / 0.0511 s (before: 0.0102 / 0.0232 s)."""
 _LINK_MAX_LAYERS = 2000
-"""Its prices are a layers x window table (optimizer/dp/lagrange.py LINK_MAX_WINDOW): beyond this, too large."""
+"""Beyond this many layers its O(n^2) path per step leaves too few steps in a time limit of minutes."""
 _DP_SHARE_BEFORE_MILP = 0.3
 _DP_UNTIL = 0.95
 """Under auto, the exact DP stops at this fraction of the limit if it has not finished. Where it finishes

@@ -591,18 +591,22 @@ def raise_future(p: DpProblem, arrays: LagrangeArrays, prices: np.ndarray) -> No
 
 
 @njit(cache=True)
-def _link_cover(lam: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
-    """cover[l] = the sum of lam[m, w] over the windows [m - w, m - 1] of rows m > l that contain l (w >= m - l):
-    the price of one byte arriving at layer l (its copy is in those windows) and of one second of link time there."""
-    n, width1 = lam.shape
-    suffix = np.zeros((n, width1 + 1))
+def _link_cover(lam: np.ndarray, widths: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """cover[l] = the sum of lam[m, g] over the windows [m - widths[g], m - 1] of rows m > l that contain l: the
+    price of one byte arriving at layer l (its copy is in those windows) and of one second of link time there."""
+    n = lam.shape[0]
+    diff = np.zeros(n + 1)
     for m in range(n):
-        for w in range(width1 - 1, -1, -1):
-            suffix[m, w] = suffix[m, w + 1] + lam[m, w]
+        for g in range(len(widths)):
+            w = widths[g]
+            if 1 <= w <= m:
+                diff[m - w] += lam[m, g]
+                diff[m] -= lam[m, g]
     cover = np.zeros(n)
+    run = 0.0
     for layer in range(n):
-        for m in range(layer + 1, min(n - 1, layer + width1 - 1) + 1):
-            cover[layer] += suffix[m, m - layer]
+        run += diff[layer]
+        cover[layer] = run
     return cover
 
 
@@ -610,6 +614,7 @@ def _link_cover(lam: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
 def _link_lagrangian(
     lam_f: np.ndarray,
     lam_b: np.ndarray,
+    widths: np.ndarray,
     mu_loss: float,
     upper: float,
     saved: np.ndarray,
@@ -634,12 +639,12 @@ def _link_lagrangian(
     g_f: np.ndarray,
     g_b: np.ndarray,
 ) -> float:  # pragma: no cover - compiled
-    """The Lagrangian of the fluid link windows at prices lam_f[m, w] (row F_m with the copies of layers
-    m-w..m-1 still in flight), lam_b[m, w] (row B_m, prefetches of layers m-w..m-1 already back) and mu_loss (the
-    loss point). g_row, g_f, g_b receive a subgradient (docs/formulation.md, 'Copies beside compute')."""
+    """The Lagrangian of the fluid link windows at prices lam_f[m, g] (row F_m with the copies of layers
+    m-w..m-1 still in flight, w = widths[g]), lam_b[m, g] (row B_m, prefetches of layers m-w..m-1 already back)
+    and mu_loss (the loss point). g_row, g_f, g_b receive a subgradient (docs/formulation.md, 'Copies beside
+    compute'). A window with w > m does not exist: its price must be 0."""
     n = len(saved)
     two_n = 2 * n
-    width1 = lam_f.shape[1]
     mu = np.zeros(two_n + 1)
     for m in range(n):
         mu[m] = lam_f[m].sum()
@@ -648,8 +653,8 @@ def _link_lagrangian(
     P = np.zeros(two_n + 2)
     for u in range(two_n + 1):
         P[u + 1] = P[u] + mu[u]
-    cover_f = _link_cover(lam_f)
-    cover_b = _link_cover(lam_b)
+    cover_f = _link_cover(lam_f, widths)
+    cover_b = _link_cover(lam_b, widths)
     # An offload: what stays from F_i through B_i; its copy in flight at F_i and back at B_i, and in every
     # window of a later row that holds layer i.
     off_best = np.full(n, np.inf)
@@ -695,20 +700,21 @@ def _link_lagrangian(
         copy_prefix[i + 1] = copy_prefix[i] + copies[i]
         rerun_prefix[i + 1] = rerun_prefix[i] + reruns[i]
     for m in range(n):
-        for w in range(width1):
+        for g in range(len(widths)):
+            w = widths[g]
             if w > m:
-                g_f[m, w] = 0.0
-                g_b[m, w] = 0.0
+                g_f[m, g] = 0.0
+                g_b[m, g] = 0.0
                 continue
             a = m - w
             tf = fwd_prefix[m] - fwd_prefix[a + 1] if w >= 1 else 0.0  # compute of F_{a+1}..F_{m-1}
             tb = bwd_prefix[m] - bwd_prefix[a + 1] if w >= 1 else 0.0  # backwards of B_{m-1}..B_{a+1}
-            value -= d2h_bw * lam_f[m, w] * tf + h2d_bw * lam_b[m, w] * tb
+            value -= d2h_bw * lam_f[m, g] * tf + h2d_bw * lam_b[m, g] * tb
             arrived = copy_prefix[m] - copy_prefix[a]
             stall_f = upper if a <= sf <= m - 1 else 0.0
             stall_b = upper if a <= sb <= m - 1 else 0.0
-            g_f[m, w] = g_row[m] + arrived - d2h_bw * (tf + stall_f)
-            g_b[m, w] = g_row[two_n - m] + arrived - h2d_bw * (tb + rerun_prefix[m] - rerun_prefix[a] + stall_b)
+            g_f[m, g] = g_row[m] + arrived - d2h_bw * (tf + stall_f)
+            g_b[m, g] = g_row[two_n - m] + arrived - h2d_bw * (tb + rerun_prefix[m] - rerun_prefix[a] + stall_b)
     return value
 
 
@@ -727,11 +733,9 @@ def link_lagrangian_bound(
     assert not a.serial, "serial copies: lagrangian_bound prices them exactly"
     t0 = time.perf_counter()
     n = len(a.saved)
-    shape = (
-        n,
-        min(n, LINK_MAX_WINDOW),
-    )  # long windows: a backlog can build over the whole forward
-    valid = np.tril(np.ones(shape))  # window w of row m needs w <= m
+    widths = link_widths(n)
+    shape = (n, len(widths))
+    valid = (widths[None, :] <= np.arange(n)[:, None]).astype(np.float64)  # window w of row m needs w <= m
     # Adam on the prices in units of seconds per `limit` bytes, with steps of _LINK_RATE x upper_s.
     unit = float(max(a.limit, 1))
     step = _LINK_RATE * upper_s
@@ -747,9 +751,9 @@ def link_lagrangian_bound(
         it += 1
         value = float(
             _link_lagrangian(
-                x[0] / unit, x[1] / unit, float(x[2][0]) / unit, upper_s, a.saved, a.cut, a.overlap, a.fwd_prefix,
-                a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr, a.first_prod, a.ckpt_bytes, a.opt_ptr, a.opt_free,
-                a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute, g_row, g_f, g_b,
+                x[0] / unit, x[1] / unit, widths, float(x[2][0]) / unit, upper_s, a.saved, a.cut, a.overlap,
+                a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr, a.first_prod, a.ckpt_bytes, a.opt_ptr,
+                a.opt_free, a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute, g_row, g_f, g_b,
             )
         )  # fmt: skip
         if value > best * (1 + 1e-4) + 1e-15:
@@ -777,8 +781,20 @@ def link_lagrangian_bound(
     )
 
 
-LINK_MAX_WINDOW = 1000
-"""Longest link window priced (layers): any subset of windows is valid; memory grows as n x this."""
+def link_widths(n: int) -> np.ndarray:
+    """The window lengths priced at each row: every one on traces of up to LINK_ALL_WINDOWS layers; beyond, lengths
+    growing by about a fifth (any subset of windows is valid), so that a step costs O(n log n) besides the path. A
+    backlog can build over the whole forward, so the lengths run up to the trace's."""
+    if n <= LINK_ALL_WINDOWS:
+        return np.arange(n, dtype=np.int64)
+    out = [0, 1]
+    while out[-1] < n - 1:
+        out.append(min(n - 1, max(out[-1] + 1, int(out[-1] * 1.2))))
+    return np.array(out, dtype=np.int64)
+
+
+LINK_ALL_WINDOWS = 500
+"""Up to this many layers every window length is priced (n x n prices)."""
 _LINK_RATE = 1e-3
 """Adam's step on the link prices, as a fraction of the best known overhead (in seconds per `limit` bytes)."""
 _LINK_PATIENCE = 300

@@ -208,3 +208,23 @@ def test_link_bound_is_strong_on_a_chain_with_offload() -> None:
     rec = solve_report(tr, budget, SolveOptions(time_limit_s=60, gap=0.0)).schedule.solver
     assert rec.status == SolverStatus.OPTIMAL and rec.objective_s is not None
     assert 0.9 <= _link_bound(tr, budget, rec.objective_s) / rec.objective_s <= 1 + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_link_bound_with_a_subset_of_window_lengths_is_below_the_exact_optimum(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Long traces price window lengths growing by a fifth (link_widths): any subset of windows is still a bound."""
+    import memsched.optimizer.dp.lagrange as lagrange
+
+    monkeypatch.setattr(lagrange, "LINK_ALL_WINDOWS", 1)
+    widths = lagrange.link_widths(16)
+    assert widths[0] == 0 and widths[-1] == 15 and list(widths) == sorted(set(widths.tolist()))
+    assert len(widths) < 16  # some lengths left out
+    tr = make_trace(16, 300 + seed, dag=seed % 2 == 1, copy_latency_s=1e-4)
+    for frac in (0.1, 0.4):
+        budget = budget_between(tr, frac)
+        rec = solve_report(tr, budget, SolveOptions(time_limit_s=60, gap=0.0)).schedule.solver
+        assert rec.status == SolverStatus.OPTIMAL and rec.objective_s is not None
+        if rec.objective_s > 0.0:
+            assert _link_bound(tr, budget, rec.objective_s) <= rec.objective_s * (1 + 1e-9) + 1e-12
