@@ -238,8 +238,10 @@ def polish(
     seed: int = 0,
     allowed: frozenset[Action] = ALL_ACTIONS,
     host_budget: int | None = None,
+    target_s: float | None = None,
 ) -> PolishResult:
-    """Improve a feasible schedule by one-layer changes within `time_limit_s` (see the module docstring).
+    """Improve a feasible schedule by one-layer changes within `time_limit_s` (see the module docstring), or
+    until a plan costs at most `target_s` (what a known lower bound proves good enough).
     `start` keeps its own timing as the reference; the search re-times every candidate with
     `default_timing`. Deterministic for a given seed, up to where the time limit cuts it. Moves use only the
     `allowed` actions (the start must too); with a `host_budget`, only plans that offload at most that many bytes
@@ -259,6 +261,8 @@ def polish(
     lam0 = _lambda0(trace)
     stale = 0
     while time.perf_counter() < deadline:
+        if target_s is not None and evaluate.best_overhead_s <= target_s:
+            break
         before = evaluate.best_overhead_s
         for mult in _CYCLE:
             lam = lam0 * mult

@@ -525,8 +525,16 @@ class _Flow:
         limit = until - time.perf_counter()
         if limit <= 0.05:
             return
+        # A plan this cheap is proven within the requested gap by the bound already found.
+        target = self.bound / (1.0 - self.options.gap) if self.bound > 0.0 and self.options.gap < 1.0 else None
         res = polish(
-            self.trace, self.budget, self.best.sim.decisions, limit, allowed=self.allowed, host_budget=self.host
+            self.trace,
+            self.budget,
+            self.best.sim.decisions,
+            limit,
+            allowed=self.allowed,
+            host_budget=self.host,
+            target_s=target,
         )
         if res.improved:
             self.add("local-search", res.sim)
@@ -894,7 +902,8 @@ def plan_for(
     elif lagrange == LagrangeKind.LINK:
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE))
         polish_share -= _LAGRANGE_SHARE if long_trace else 0.0
-    searches.append(Phase(Step.POLISH, polish_share, only_if_open=False))
+    # Before it only a Lagrangian can prove the requested gap; when one has, the answer is what was asked for.
+    searches.append(Phase(Step.POLISH, polish_share, only_if_open=lagrange is not None))
     if allowed == ALL_ACTIONS:
         searches.append(Phase(Step.FIFO_PROBE, only_if_open=False))
     if solver in BACKENDS:

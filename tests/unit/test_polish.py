@@ -94,3 +94,15 @@ def test_a_start_outside_the_search_options_is_taken_as_it_is() -> None:
     res = polish(trace, budget, start, time_limit_s=1e6)
     assert res.sim.feasible
     assert res.sim.overhead_s <= simulate(trace, start, budget, with_events=False).overhead_s
+
+
+def test_it_stops_at_a_target_a_bound_has_proven_good_enough() -> None:
+    """solve() passes the cost below which its bound proves the requested gap: past it, more search buys nothing
+    the user asked for. The 20-layer chain's search from the greedy otherwise runs its seconds."""
+    trace = make_trace(20, seed=1)
+    budget = budget_between(trace, 0.4)
+    start = heuristic(trace, budget).decisions
+    free = polish(trace, budget, start, 3.0)
+    stopped = polish(trace, budget, start, 3.0, target_s=free.sim.overhead_s * 1.5)
+    assert stopped.sim.feasible and stopped.sim.overhead_s <= free.sim.overhead_s * 1.5
+    assert stopped.evaluations < free.evaluations
