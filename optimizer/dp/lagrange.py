@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit
 
 from memsched.optimizer.dp.problem import DpProblem
+from memsched.optimizer.simulate import checkpoint_input_bytes, loss_point_transient
 from memsched.schema import Trace
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,9 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
     bottom, at least as good as every subset in the range) for the priced path problem."""
     n = p.n
     first_of: list[list[int]] = [[] for _ in range(n)]
-    for j, readers in enumerate(p.consumers):
-        later = [c for c in readers if c > j]
-        if later:
-            first_of[min(later)].append(j)
+    for j, readers in enumerate(p.consumers):  # readers come after their producer
+        if readers:
+            first_of[min(readers)].append(j)
     first_ptr = np.zeros(n + 1, dtype=np.int64)
     first_ptr[1:] = np.cumsum([len(x) for x in first_of])
     first_prod = np.array([j for x in first_of for j in x], dtype=np.int64)
@@ -94,7 +94,7 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
     opt_ptr[1:] = np.cumsum([len(x) for x in p.offload])
     trans = np.zeros(2 * n + 1, dtype=np.int64)
     trans[:n] = p.trans_f
-    trans[n] = p.row_floor[n]  # the loss point's transient (build_problem)
+    trans[n] = loss_point_transient(trace)
     trans[n + 1 :] = p.trans_b[::-1]  # row 2n - i is B_i
     return LagrangeArrays(
         saved=p.saved,
@@ -106,7 +106,7 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
         ext_prefix=np.concatenate([[0], np.cumsum(p.external)]).astype(np.int64),
         first_ptr=first_ptr,
         first_prod=first_prod,
-        ckpt_bytes=np.array([x.output_bytes - x.output_saved for x in trace.layers], dtype=np.int64),
+        ckpt_bytes=np.array([checkpoint_input_bytes(trace, j) for j in range(n)], dtype=np.int64),
         opt_ptr=opt_ptr,
         opt_free=np.array([o.nbytes for opts in p.offload for o in opts], dtype=np.int64),
         opt_copy=np.array([o.copy_bytes for opts in p.offload for o in opts], dtype=np.int64),
