@@ -151,16 +151,18 @@ def priced_sweep(
     incumbent_s: float,
     gap: float,
     deadline: float,
+    climb: bool = True,
 ) -> PricedOutcome:
     """The exact DP with `price` seconds per offloaded byte, pruned where even its Lagrangian bound would prove
     the incumbent within the gap: a label that costs incumbent x (1 - gap) + price x H or more cannot lower the
-    bound below what closes the gap."""
+    bound below what closes the gap. `climb`: the sweep's thresholds climb from below (exact_search), as the
+    priced optimum may lie far below the shifted incumbent."""
     from memsched.optimizer.dp import exact_search
 
     shift = price * host_budget
     p = dataclasses.replace(problem, host_price=price, _remaps={})
     # exact_search prunes at incumbent x (1 - gap); give it the incumbent whose threshold is shifted by price x H.
-    out = exact_search(trace, budget_bytes, deadline, incumbent_s + shift / (1.0 - gap), gap, problem=p)
+    out = exact_search(trace, budget_bytes, deadline, incumbent_s + shift / (1.0 - gap), gap, problem=p, climb=climb)
     bound = None if out.bound_s is None else out.bound_s - shift
     return PricedOutcome(price, bound, out)
 

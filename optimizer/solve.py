@@ -606,6 +606,7 @@ class _Flow:
                 self.best.sim.overhead_s,
                 self.options.gap,
                 problem=self.bound_problem(cells),
+                climb=self.host_binds,
             )
             self.dp = out
             if out.schedules:
@@ -674,6 +675,7 @@ class _Flow:
                 self.options.gap,
                 problem=p,
                 quantum_bytes=max(1, p.limit >> shift),
+                climb=self.host_binds,
             )
             if out.schedules:
                 self.add("dp", out.schedules[0])

@@ -117,13 +117,57 @@ def beam_search(
     return out
 
 
-_DEEPENING = (0.7, 1.0)
-"""Thresholds of the successive exact sweeps, as fractions of incumbent x (1 - gap). The first sweep prunes
-hard and is cheap (a tenth to a quarter of the final one on ResNet-50): it finds the fluid optimum outright
-when that is below it, and otherwise proves its threshold as a bound, which stays if the final sweep cannot
-finish. Intermediate steps (0.85, 0.95 were tried) each cost a third to a half of the final sweep and, in a
-10 s limit on ResNet-50, left it no time to finish: measured 2026-11-24, (0.7, 0.85, 0.95, 1) ended at gaps of
-14% where (0.7, 1) proved both the 25% and the 50% budget optimal in under 9 s (bench/results/solver_bench.md)."""
+_FIRST_THRESHOLD = 0.7
+"""The first exact sweep's threshold, as a fraction of incumbent x (1 - gap). It prunes hard and is cheap (a tenth
+to a quarter of the full sweep on ResNet-50): it finds the fluid optimum outright when that is below it, and
+otherwise proves its threshold as a bound."""
+_CLIMB_GROWTH = 4.0
+"""Climbing (exact_search's `climb`): each later sweep's threshold is the highest whose predicted time is at most
+this many times the last finished sweep's. A sweep's time grows about exponentially in its threshold
+(ResNet-50 at 3.7 GiB, 2026-11-25: x2 per 7-12% of the threshold; 4.8 s just above the fluid optimum, 29 s at
+19% above), so where the incumbent lies far above the sweep's optimum a climb from below reaches it several
+times faster than one sweep at the incumbent, and a climb cut by the clock has proved its last step. Where the
+incumbent is close, the steps cost up to a third more than the one sweep: measured on ResNet-50 at 5 s a solve,
+climbing everywhere narrowed 6 of 10 budgets' gaps and lost one proof (7.5 GiB: 1% -> 25%), so it climbs only
+where a host budget binds (its incumbent obeys the host budget, the sweep does not)."""
+_CLIMB_PRIOR_DOUBLING = 0.06
+"""Until two sweeps have been timed: a sweep's time doubles per this fraction of the top threshold (ResNet-50 at
+3.7 GiB: 0.065 with an incumbent 20% above the optimum, 0.081 with one 1% above)."""
+_CLIMB_SAFETY = 0.7
+"""A step is sized to end within this share of the time left: a sweep cut at its deadline proves nothing more
+than the last finished one, and the predictions are off by up to 1.3x."""
+_CLIMB_SLOPE_RANGE = (0.02, 0.5)
+"""Measured doublings are clamped to this range (fractions of the top threshold): very short sweeps are noise."""
+_CLIMB_MIN_TIMED_S = 0.05
+"""Sweeps shorter than this are timed as this long (fixed costs dominate them)."""
+_CLIMB_GAMBLE = 1.5
+"""Where no step fits with a margin, the top sweep is still tried if predicted to take at most this many times
+the time left (the predictions are off by up to 1.3x either way)."""
+_CLIMB_SNAP = 0.97
+"""A step that would reach this fraction of the top threshold goes to the top."""
+
+
+def _next_threshold(timed: list[tuple[float, float]], top: float, left_s: float) -> float | None:
+    """The threshold of the next climbing sweep, from the finished ones' (threshold, seconds) and the `left_s`
+    seconds left, or None where no sweep above the last is predicted to end in time."""
+    th, t = timed[-1][0], max(timed[-1][1], _CLIMB_MIN_TIMED_S)
+    doubling = _CLIMB_PRIOR_DOUBLING * top
+    if len(timed) >= 2:
+        th0, t0 = timed[-2][0], max(timed[-2][1], _CLIMB_MIN_TIMED_S)
+        if t > t0 and th > th0:
+            doubling = (th - th0) * np.log(2.0) / np.log(t / t0)
+    lo, hi = (f * top for f in _CLIMB_SLOPE_RANGE)
+    doubling = min(max(doubling, lo), hi)
+    top_s = t * 2.0 ** ((top - th) / doubling)  # the sweep at the top threshold, predicted
+    target = min(_CLIMB_GROWTH * t, _CLIMB_SAFETY * left_s)
+    if top_s <= target:
+        return top
+    if target > t:
+        step = th + doubling * np.log2(target / t)
+        return top if step >= _CLIMB_SNAP * top else step
+    # No step fits with a margin. The top sweep alone can end the search, so it is tried where the prediction
+    # is within its error of the time left; else the time goes to the phases after the DP.
+    return top if top_s <= _CLIMB_GAMBLE * left_s else None
 
 
 def exact_search(
@@ -135,24 +179,34 @@ def exact_search(
     max_labels: int = DEFAULT_MAX_LABELS,
     problem: DpProblem | None = None,
     quantum_bytes: int = 1,
+    climb: bool = False,
 ) -> DpOutcome:
-    """Exact sweeps under rising thresholds up to incumbent x (1 - gap) (iterative deepening, see
-    _DEEPENING); a sweep that hits the label cap is retried at a coarser resolution. The bound it returns
-    holds for every schedule (see DpOutcome.bound_s). `quantum_bytes` > 1: retained bytes and backlogs
-    rounded down to its multiples from the start (a relaxation: fewer labels, a lower bound)."""
+    """Exact sweeps under rising thresholds up to incumbent x (1 - gap): _FIRST_THRESHOLD of it, then all of it,
+    or with `climb` (where the incumbent is expected to lie well above the sweep's optimum: a host budget the
+    sweep leaves out) steps sized by their predicted time (_CLIMB_GROWTH). A sweep that hits the label cap is
+    retried at a coarser resolution. The bound it returns holds for every schedule (see DpOutcome.bound_s): each
+    finished sweep proves its threshold, or finds the fluid optimum below it. `quantum_bytes` > 1: retained
+    bytes and backlogs rounded down to its multiples from the start (a relaxation: fewer labels, a lower
+    bound)."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     out = DpOutcome(notes=_approximation_notes(p))
     top = np.inf if incumbent_s is None else incumbent_s * (1.0 - gap)
-    thresholds = [top] if not np.isfinite(top) else [top * f for f in _DEEPENING]
+    threshold: float | None = top if not np.isfinite(top) else top * _FIRST_THRESHOLD
     # The future-cost bound of the empty plan holds for every schedule whatever the offload options (it lets
     # any byte be offloaded): a bound before any sweep, and the one left where no sweep finishes.
     root_bound = float(p.future[0, 0])
     best_bound = 0.0
-    for threshold in thresholds:
-        if threshold <= best_bound:
-            continue
+    timed: list[tuple[float, float]] = []  # (threshold, seconds) of the finished sweeps that found nothing below
+    while threshold is not None:
+        started = time.perf_counter()
         res = _sweep_with_cap(p, out, deadline, threshold, max_labels, quantum_bytes)
+        log.debug(
+            "exact DP: threshold %.6g s, %s in %.2f s",
+            threshold,
+            "finished" if res.finished else "stopped",
+            time.perf_counter() - started,
+        )
         if res.bound_s is not None and np.isfinite(res.bound_s):
             best_bound = max(best_bound, res.bound_s)
         if not res.finished:
@@ -167,6 +221,19 @@ def exact_search(
             out.fluid_optimum = out.quantum_bytes == 1 and not p.relaxed and not p.output_relaxed
             out.schedules = _decode_finals(trace, p, res, budget_bytes)
             break
+        if threshold >= top:
+            break
+        timed.append((threshold, time.perf_counter() - started))
+        if not climb:
+            threshold = top
+            continue
+        threshold = _next_threshold(timed, top, deadline - time.perf_counter())
+        if threshold is None:
+            out.timed_out = True  # by the clock, as a sweep cut at its deadline would be
+            out.notes.append(
+                f"the exact DP proved {best_bound:.6g} s and stopped: its next sweep was not predicted to end "
+                "by its deadline"
+            )
     out.bound_s = max(best_bound, root_bound) if p.offload_complete else root_bound
     out.wall_s = time.perf_counter() - t0
     return out

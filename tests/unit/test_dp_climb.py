@@ -1,0 +1,77 @@
+"""The exact DP's climbing thresholds (exact_search's `climb`, optimizer/dp/__init__.py): every finished sweep
+proves its threshold, a climb from a poor incumbent ends at the same fluid optimum as one sweep at it, the steps
+are sized by their predicted time, and a host-budget solve, which climbs, proves plans the single sweep did not."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from memsched.optimizer.budget import budget_between
+from memsched.optimizer.dp import (
+    _CLIMB_GROWTH,
+    _CLIMB_PRIOR_DOUBLING,
+    _CLIMB_SAFETY,
+    _FIRST_THRESHOLD,
+    _next_threshold,
+    exact_search,
+)
+from memsched.optimizer.synthetic import make_trace
+
+FAR = time.perf_counter() + 10**6  # a deadline that never comes
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("poor", [1.02, 1.6, 4.0])
+def test_a_climb_ends_at_the_fluid_optimum_whatever_the_incumbent(seed: int, poor: float) -> None:
+    trace = make_trace(24 + seed, seed, dag=seed % 2 == 1, copy_latency_s=10e-6)
+    budget = budget_between(trace, 0.25 + 0.05 * seed)
+    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    assert free.bound_s is not None and free.schedules and free.fluid_optimum
+    optimum = free.bound_s
+    incumbent = free.schedules[0].overhead_s * poor  # the decoded plan's simulated cost, made worse
+    for climb in (False, True):
+        out = exact_search(trace, budget, FAR, incumbent_s=incumbent, gap=0.0, climb=climb)
+        assert out.fluid_optimum, (climb, out.notes)
+        assert out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
+
+
+def test_a_climb_cut_by_the_clock_keeps_a_true_bound_and_says_why() -> None:
+    trace = make_trace(60, 3, dag=False, copy_latency_s=10e-6)  # its sweep with no incumbent: about 2 s
+    budget = budget_between(trace, 0.2)
+    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    assert free.bound_s is not None and free.fluid_optimum
+    for seconds in (0.02, 0.2, 0.6):
+        out = exact_search(trace, budget, time.perf_counter() + seconds, free.bound_s * 3.0, 0.0, climb=True)
+        assert out.bound_s is not None and out.bound_s <= free.bound_s * (1 + 1e-9)
+        if not out.fluid_optimum:
+            assert out.timed_out and out.notes, out.notes
+
+
+def test_first_step_uses_the_prior_and_the_growth_allowed() -> None:
+    top = 1.0
+    step = _next_threshold([(_FIRST_THRESHOLD, 1.0)], top, left_s=100.0)
+    # predicted time GROWTH x the last: log2(GROWTH) doublings of the prior above the last threshold
+    doublings = {2.0: 1, 4.0: 2, 8.0: 3}[_CLIMB_GROWTH]
+    assert step == pytest.approx(_FIRST_THRESHOLD + doublings * _CLIMB_PRIOR_DOUBLING * top)
+
+
+def test_two_timed_sweeps_set_the_slope() -> None:
+    # time x4 over 0.1 of the top: a doubling per 0.05; GROWTH 4 allows two more doublings
+    step = _next_threshold([(0.6, 0.5), (0.7, 2.0)], 1.0, left_s=100.0)
+    assert step == pytest.approx(0.7 + 0.05 * 2)
+    # slow growth: the top is predicted within GROWTH x the last sweep, so it goes there at once
+    assert _next_threshold([(0.6, 1.0), (0.7, 1.1)], 1.0, left_s=100.0) == 1.0
+
+
+def test_steps_shrink_to_the_time_left_and_stop_when_none_fits() -> None:
+    ample = _next_threshold([(0.7, 1.0)], 1.0, left_s=100.0)
+    short = _next_threshold([(0.7, 1.0)], 1.0, left_s=2.0)
+    assert ample is not None and short is not None
+    # 0.7 x 2 s = 1.4 s: log2(1.4) doublings of the prior
+    assert 0.7 < short < ample
+    # under the last sweep's time left, and the top predicted far beyond it: stop
+    assert _next_threshold([(0.7, 1.0)], 1.0, left_s=1.0 / _CLIMB_SAFETY * 0.9) is None
+    # ... unless the top is predicted within the margin of error of the time left
+    assert _next_threshold([(0.6, 1.0), (0.7, 1.05)], 1.0, left_s=1.2) == 1.0
