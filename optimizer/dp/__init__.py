@@ -144,19 +144,23 @@ _CLIMB_GAMBLE = 1.5
 """Where no step fits with a margin, the top sweep is still tried if predicted to take at most this many times
 the time left (the predictions are off by up to 1.3x either way)."""
 _CLIMB_SNAP = 0.97
-"""A step that would reach this fraction of the top threshold goes to the top."""
+"""A step that would reach this fraction of the climb's span goes to the top."""
 
 
-def _next_threshold(timed: list[tuple[float, float]], top: float, left_s: float) -> float | None:
-    """The threshold of the next climbing sweep, from the finished ones' (threshold, seconds) and the `left_s`
-    seconds left, or None where no sweep above the last is predicted to end in time."""
+def next_threshold(
+    timed: list[tuple[float, float]], top: float, left_s: float, span: float | None = None
+) -> float | None:
+    """The threshold of the next climbing sweep up to `top`, from the finished ones' (threshold, seconds) and the
+    `left_s` seconds left, or None where no sweep above the last is predicted to end in time. `span`: the range
+    the climb covers, the scale of the prior and the clamps (default: top, a climb from 0)."""
+    span = top if span is None else span
     th, t = timed[-1][0], max(timed[-1][1], _CLIMB_MIN_TIMED_S)
-    doubling = _CLIMB_PRIOR_DOUBLING * top
+    doubling = _CLIMB_PRIOR_DOUBLING * span
     if len(timed) >= 2:
         th0, t0 = timed[-2][0], max(timed[-2][1], _CLIMB_MIN_TIMED_S)
         if t > t0 and th > th0:
             doubling = (th - th0) * np.log(2.0) / np.log(t / t0)
-    lo, hi = (f * top for f in _CLIMB_SLOPE_RANGE)
+    lo, hi = (f * span for f in _CLIMB_SLOPE_RANGE)
     doubling = min(max(doubling, lo), hi)
     top_s = t * 2.0 ** ((top - th) / doubling)  # the sweep at the top threshold, predicted
     target = min(_CLIMB_GROWTH * t, _CLIMB_SAFETY * left_s)
@@ -164,7 +168,7 @@ def _next_threshold(timed: list[tuple[float, float]], top: float, left_s: float)
         return top
     if target > t:
         step = th + doubling * np.log2(target / t)
-        return top if step >= _CLIMB_SNAP * top else step
+        return top if step >= top - (1.0 - _CLIMB_SNAP) * span else step
     # No step fits with a margin. The top sweep alone can end the search, so it is tried where the prediction
     # is within its error of the time left; else the time goes to the phases after the DP.
     return top if top_s <= _CLIMB_GAMBLE * left_s else None
@@ -227,7 +231,7 @@ def exact_search(
         if not climb:
             threshold = top
             continue
-        threshold = _next_threshold(timed, top, deadline - time.perf_counter())
+        threshold = next_threshold(timed, top, deadline - time.perf_counter())
         if threshold is None:
             out.timed_out = True  # by the clock, as a sweep cut at its deadline would be
             out.notes.append(
@@ -293,4 +297,13 @@ def _sweep_with_cap(
         quantum = coarser
 
 
-__all__ = ["DpOutcome", "DpProblem", "beam_search", "build_problem", "exact_search", "fifo_search", "relaxed_problem"]
+__all__ = [
+    "DpOutcome",
+    "DpProblem",
+    "beam_search",
+    "build_problem",
+    "exact_search",
+    "fifo_search",
+    "next_threshold",
+    "relaxed_problem",
+]

@@ -1,6 +1,8 @@
-"""The exact DP's climbing thresholds (exact_search's `climb`, optimizer/dp/__init__.py): every finished sweep
+"""Climbing thresholds (optimizer/dp/__init__.py, next_threshold): the exact DP's under a host budget
+(exact_search's `climb`) and the FIFO sweep's from the fluid bound (solve._Flow.fifo_climb). Every finished sweep
 proves its threshold, a climb from a poor incumbent ends at the same fluid optimum as one sweep at it, the steps
-are sized by their predicted time, and a host-budget solve, which climbs, proves plans the single sweep did not."""
+are sized by their predicted time, and a FIFO climb raises the bound past the fluid one but never past the exact
+optimum."""
 
 from __future__ import annotations
 
@@ -8,16 +10,20 @@ import time
 
 import pytest
 
+import memsched.optimizer.solve as solve_module
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.dp import (
     _CLIMB_GROWTH,
     _CLIMB_PRIOR_DOUBLING,
     _CLIMB_SAFETY,
     _FIRST_THRESHOLD,
-    _next_threshold,
     exact_search,
+    fifo_search,
+    next_threshold,
 )
+from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
+from memsched.options import SolveOptions
 
 FAR = time.perf_counter() + 10**6  # a deadline that never comes
 
@@ -51,7 +57,7 @@ def test_a_climb_cut_by_the_clock_keeps_a_true_bound_and_says_why() -> None:
 
 def test_first_step_uses_the_prior_and_the_growth_allowed() -> None:
     top = 1.0
-    step = _next_threshold([(_FIRST_THRESHOLD, 1.0)], top, left_s=100.0)
+    step = next_threshold([(_FIRST_THRESHOLD, 1.0)], top, left_s=100.0)
     # predicted time GROWTH x the last: log2(GROWTH) doublings of the prior above the last threshold
     doublings = {2.0: 1, 4.0: 2, 8.0: 3}[_CLIMB_GROWTH]
     assert step == pytest.approx(_FIRST_THRESHOLD + doublings * _CLIMB_PRIOR_DOUBLING * top)
@@ -59,19 +65,41 @@ def test_first_step_uses_the_prior_and_the_growth_allowed() -> None:
 
 def test_two_timed_sweeps_set_the_slope() -> None:
     # time x4 over 0.1 of the top: a doubling per 0.05; GROWTH 4 allows two more doublings
-    step = _next_threshold([(0.6, 0.5), (0.7, 2.0)], 1.0, left_s=100.0)
+    step = next_threshold([(0.6, 0.5), (0.7, 2.0)], 1.0, left_s=100.0)
     assert step == pytest.approx(0.7 + 0.05 * 2)
     # slow growth: the top is predicted within GROWTH x the last sweep, so it goes there at once
-    assert _next_threshold([(0.6, 1.0), (0.7, 1.1)], 1.0, left_s=100.0) == 1.0
+    assert next_threshold([(0.6, 1.0), (0.7, 1.1)], 1.0, left_s=100.0) == 1.0
 
 
 def test_steps_shrink_to_the_time_left_and_stop_when_none_fits() -> None:
-    ample = _next_threshold([(0.7, 1.0)], 1.0, left_s=100.0)
-    short = _next_threshold([(0.7, 1.0)], 1.0, left_s=2.0)
+    ample = next_threshold([(0.7, 1.0)], 1.0, left_s=100.0)
+    short = next_threshold([(0.7, 1.0)], 1.0, left_s=2.0)
     assert ample is not None and short is not None
     # 0.7 x 2 s = 1.4 s: log2(1.4) doublings of the prior
     assert 0.7 < short < ample
     # under the last sweep's time left, and the top predicted far beyond it: stop
-    assert _next_threshold([(0.7, 1.0)], 1.0, left_s=1.0 / _CLIMB_SAFETY * 0.9) is None
+    assert next_threshold([(0.7, 1.0)], 1.0, left_s=1.0 / _CLIMB_SAFETY * 0.9) is None
     # ... unless the top is predicted within the margin of error of the time left
-    assert _next_threshold([(0.6, 1.0), (0.7, 1.05)], 1.0, left_s=1.2) == 1.0
+    assert next_threshold([(0.6, 1.0), (0.7, 1.05)], 1.0, left_s=1.2) == 1.0
+
+
+@pytest.mark.parametrize(("n", "seed"), [(20, 3), (30, 2)])
+def test_a_fifo_climb_raises_the_bound_past_the_fluid_one_and_never_past_the_optimum(
+    monkeypatch: pytest.MonkeyPatch, n: int, seed: int
+) -> None:
+    # The FIFO probe stops at its smallest label cap, so after the fluid sweep the FIFO sweep climbs
+    # (solve._Flow.fifo_climb) from the fluid bound.
+    monkeypatch.setattr(solve_module, "_FIFO_LABELS_PER_S", 1)
+    trace = make_trace(n, seed, dag=seed % 2 == 1, copy_latency_s=10e-6)
+    budget = budget_between(trace, 0.15)
+    sc = solve_report(trace, budget, SolveOptions(time_limit_s=6, gap=0.0, solver="dp")).schedule
+    bound = sc.solver.best_bound_s
+    assert bound is not None
+    assert any("climbing from the fluid bound" in d for d in sc.solver.details), sc.solver.details
+    fluid = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    assert fluid.bound_s is not None and fluid.fluid_optimum
+    assert bound > fluid.bound_s
+    # The FIFO sweep to the end, pruned only at the answer: exact for the simulator's timing.
+    exact = fifo_search(trace, budget, FAR, sc.solver.objective_s * (1 + 1e-9), 0.0, max_labels=50_000_000)
+    assert exact.bound_s is not None and not exact.cap_hit and not exact.timed_out
+    assert bound <= exact.bound_s * (1 + 1e-9) + 1e-12
