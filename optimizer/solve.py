@@ -386,8 +386,9 @@ class _Flow:
         self.ilp_sim: SimResult | None = None
         self.dp: DpOutcome | None = None
         self.fifo_timed_out = False
-        self.fifo_capped = False
         """The FIFO probe stopped at its time share (rather than finishing or reaching its label cap)."""
+        self.fifo_capped = False
+        """The FIFO probe stopped at its label cap (fifo_again then climbs from the proven bound)."""
         self.fifo_note: str | None = None
         """Where the last FIFO sweep stopped, said in the answer only if the gap stays open."""
         self.kernels_s = 0.0

@@ -131,13 +131,13 @@ incumbent is close, the steps cost up to a third more than the one sweep: measur
 climbing everywhere narrowed 6 of 10 budgets' gaps and lost one proof (7.5 GiB: 1% -> 25%), so it climbs only
 where a host budget binds (its incumbent obeys the host budget, the sweep does not)."""
 _CLIMB_PRIOR_DOUBLING = 0.06
-"""Until two sweeps have been timed: a sweep's time doubles per this fraction of the top threshold (ResNet-50 at
-3.7 GiB: 0.065 with an incumbent 20% above the optimum, 0.081 with one 1% above)."""
+"""Until two sweeps have been timed: a sweep's time doubles per this fraction of the climb's span (from 0: the top
+threshold; ResNet-50 at 3.7 GiB: 0.065 with an incumbent 20% above the optimum, 0.081 with one 1% above)."""
 _CLIMB_SAFETY = 0.7
 """A step is sized to end within this share of the time left: a sweep cut at its deadline proves nothing more
 than the last finished one, and the predictions are off by up to 1.3x."""
 _CLIMB_SLOPE_RANGE = (0.02, 0.5)
-"""Measured doublings are clamped to this range (fractions of the top threshold): very short sweeps are noise."""
+"""Measured doublings are clamped to this range (fractions of the climb's span): very short sweeps are noise."""
 _CLIMB_MIN_TIMED_S = 0.05
 """Sweeps shorter than this are timed as this long (fixed costs dominate them)."""
 _CLIMB_GAMBLE = 1.5
