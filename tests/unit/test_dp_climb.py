@@ -95,7 +95,9 @@ def test_a_fifo_climb_raises_the_bound_past_the_fluid_one_and_never_past_the_opt
     sc = solve_report(trace, budget, SolveOptions(time_limit_s=6, gap=0.0, solver="dp")).schedule
     bound = sc.solver.best_bound_s
     assert bound is not None
-    assert any("climbing from the fluid bound" in d for d in sc.solver.details), sc.solver.details
+    # The climb's note where the gap stays open; where a step finds the optimum, the answer is proven by it.
+    said = " ".join(sc.solver.details)
+    assert "climbing from the fluid bound" in said or "from dp-fifo" in said, sc.solver.details
     fluid = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
     assert fluid.bound_s is not None and fluid.fluid_optimum
     assert bound > fluid.bound_s
