@@ -146,12 +146,16 @@ every offload subset (optimizer/dp/problem.py, relaxed_problem): each finished s
 one a tighter bound. Measured on bert-large at 25%: 4 ranges finish in 0.1 s at a 11% gap, 12 in 0.3 s at
 4.9%; where copies are serial (no backlogs: few labels) 512 ranges finish too (a 16-block Llama: 0.13 s for
 4 to 32). The FIFO sweep, whose labels cost more, runs on the coarsest."""
-_COARSE_LADDER = ((32, 10), (16, 8))
-"""(byte ranges per relaxed layer, quantum as limit >> shift) of the coarse sweeps tried before _RELAXED_LADDER
-where some layer has too many saved tensors: rounding retained bytes and backlogs down to limit / 2^10
-(a relaxation) keeps the labels few enough for 32 ranges, whose options are nearly exact, to finish.
-Measured on gpt2-medium at 75% (10 s limit): 4 exact-resolution ranges did not finish (gap 86%); 32 ranges
-at limit / 2^10 finished in 1.7 s at 28.5%."""
+_COARSE_LADDER = ((16, 8), (32, 10), (64, 10), (64, 12))
+"""(byte ranges per relaxed layer, quantum as limit >> shift) of the coarse sweeps run, coarsest first, before
+_RELAXED_LADDER where some layer has too many saved tensors: rounding retained bytes and backlogs down to a
+fraction of the limit (a relaxation) keeps the labels few enough for many ranges, whose options are nearly
+exact, to finish. Each finer step proves more and costs more; the first one the clock stops ends the ladder.
+Measured on one core (2026-11-25), fluid bound / sweep at the top threshold: gpt2-medium at 75%, 16 / 32 / 64
+ranges at limit / 2^8 / 2^10 / 2^10: 0.0116 s (32 at 2^10) / 0.0138 s (64 at 2^10, 1.5 s), answer 0.0161 s;
+at 50%: 0.0301 s / 0.0347 s (4 s), answer 0.0370 s; bert-large at 75%: 0.0045 s at 2^10 (0.6 s), 0.0056 s at
+2^12 (10 s), answer 0.0067 s. The number of ranges matters as much as the quantum: gpt2-medium's blocks have
+about 68 distinct sums of their large tensors, which 32 ranges pair up."""
 _MAX_BEAM_WIDTH = 1536
 _RESERVE_S = 0.05
 """Kept back at the end for building and simulating the returned schedule, plus _RESERVE_PER_LAYER_S per layer
@@ -664,6 +668,7 @@ class _Flow:
                 self.options.gap,
                 problem=self.bound_problem(cells),
                 climb=self.host_binds,
+                proven_s=self.bound,
             )
             self.dp = out
             if out.schedules:
@@ -714,30 +719,32 @@ class _Flow:
                 hi, within = price, (chosen.overhead_s, chosen.host_peak_bytes)
 
     def _coarse_dp(self, until: float) -> None:
-        """Coarse relaxed sweeps first (_COARSE_LADDER), each with a third of the time left at most: where
-        the finer sweeps cannot finish, a finished coarse one is the bound; a coarse sweep that cannot finish
-        makes way for a coarser one."""
+        """Coarse relaxed sweeps first (_COARSE_LADDER), coarsest first, each with the time left: each finished
+        one proves a bound (the best is kept: every step is a relaxation of the real problem), and the first that
+        the clock stops ends the ladder, as a finer one would not finish either. A step whose first threshold
+        lies at or below the bound proven so far starts at the top threshold (exact_search's proven_s)."""
         from memsched.optimizer.dp import exact_search
 
         for cells, shift in _COARSE_LADDER:
-            seconds = (until - time.perf_counter()) / 3
-            if seconds < 0.05 or self.proven():
+            if until - time.perf_counter() < 0.05 or self.proven():
                 return
             p = self.bound_problem(cells)
             out = exact_search(
                 self.trace,
                 self.budget,
-                time.perf_counter() + seconds,
+                until,
                 self.best.sim.overhead_s,
                 self.options.gap,
                 problem=p,
                 quantum_bytes=max(1, p.limit >> shift),
                 climb=self.host_binds,
+                proven_s=self.bound,
             )
             if out.schedules:
                 self.add("dp", out.schedules[0])
             self.prove(out.bound_s, "dp")
-            if not out.timed_out:
+            log.info("coarse DP: %d ranges at limit / 2^%d: bound %s, %.2f s", cells, shift, out.bound_s, out.wall_s)
+            if out.timed_out or out.cap_hit:
                 return
 
     def milp(self, backend: SolverName, exact_windows: bool = False) -> None:

@@ -184,6 +184,7 @@ def exact_search(
     problem: DpProblem | None = None,
     quantum_bytes: int = 1,
     climb: bool = False,
+    proven_s: float = 0.0,
 ) -> DpOutcome:
     """Exact sweeps under rising thresholds up to incumbent x (1 - gap): _FIRST_THRESHOLD of it, then all of it,
     or with `climb` (where the incumbent is expected to lie well above the sweep's optimum: a host budget the
@@ -191,12 +192,15 @@ def exact_search(
     retried at a coarser resolution. The bound it returns holds for every schedule (see DpOutcome.bound_s): each
     finished sweep proves its threshold, or finds the fluid optimum below it. `quantum_bytes` > 1: retained
     bytes and backlogs rounded down to its multiples from the start (a relaxation: fewer labels, a lower
-    bound)."""
+    bound). `proven_s`: a bound the caller already holds (another relaxation's); a first sweep at or below it
+    could prove nothing new, so the search starts at the top threshold instead."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     out = DpOutcome(notes=_approximation_notes(p))
     top = np.inf if incumbent_s is None else incumbent_s * (1.0 - gap)
-    threshold: float | None = top if not np.isfinite(top) else top * _FIRST_THRESHOLD
+    threshold: float | None = (
+        top if not np.isfinite(top) or top * _FIRST_THRESHOLD <= proven_s else top * _FIRST_THRESHOLD
+    )
     # The future-cost bound of the empty plan holds for every schedule whatever the offload options (it lets
     # any byte be offloaded): a bound before any sweep, and the one left where no sweep finishes.
     root_bound = float(p.future[0, 0])

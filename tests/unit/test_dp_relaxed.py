@@ -14,12 +14,14 @@ import pytest
 
 from helpers.pricing import many_tensor_trace
 from memsched.optimizer.budget import budget_between
-from memsched.optimizer.dp import build_problem, exact_search, fifo_search
-from memsched.optimizer.dp.problem import MAX_OFFLOAD_OPTIONS, relaxed_options, relaxed_problem
+from memsched.optimizer.dp import _FIRST_THRESHOLD, DpOutcome, build_problem, exact_search, fifo_search
+from memsched.optimizer.dp.problem import MAX_OFFLOAD_OPTIONS, DpProblem, relaxed_options, relaxed_problem
+from memsched.optimizer.dp.sweep import SweepConfig, SweepResult
 from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.ilp.pulp_backend import solve_pulp
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
+from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
 from memsched.schema import SolverStatus, Trace
 
@@ -105,3 +107,59 @@ def test_the_relaxation_tightens_with_more_ranges_and_is_exact_where_cells_split
     assert sorted(o.nbytes for o in opts) == list(range(1000, 15001, 1000))
     widths = {c: max(o.nbytes - o.copy_bytes for o in relaxed_options(sizes, c)) for c in (1, 2, 4, 15)}
     assert widths[1] >= widths[2] >= widths[4] >= widths[15] == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_search_given_a_proven_bound_skips_the_sweep_below_it_and_ends_at_the_same_optimum(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memsched.optimizer.dp as dp_module
+
+    trace = make_trace(16 + seed, seed, dag=seed % 2 == 1, copy_latency_s=10e-6)
+    budget = budget_between(trace, 0.3 + 0.05 * seed)
+    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    assert free.bound_s is not None and free.fluid_optimum and free.schedules
+    optimum, incumbent = free.bound_s, free.schedules[0].overhead_s * 1.2
+    thresholds: list[float] = []
+    real_sweep = dp_module.run_sweep
+
+    def recording_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
+        thresholds.append(cfg.threshold)
+        return real_sweep(p, cfg)
+
+    monkeypatch.setattr(dp_module, "run_sweep", recording_sweep)
+    top = incumbent
+    for proven in (0.0, 0.5 * optimum, _FIRST_THRESHOLD * top, 0.99 * optimum):
+        thresholds.clear()
+        out = exact_search(trace, budget, FAR, incumbent_s=incumbent, gap=0.0, proven_s=proven)
+        assert out.fluid_optimum and out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12), proven
+        # A first sweep at or below what is already proven would prove nothing: it starts at the top then.
+        first = top if _FIRST_THRESHOLD * top <= proven else _FIRST_THRESHOLD * top
+        assert thresholds[0] == pytest.approx(first), (proven, thresholds)
+
+
+def test_the_coarse_ladder_runs_coarsest_first_and_its_bound_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memsched.optimizer.dp as dp_module
+
+    rng = random.Random(77)
+    trace, budget = None, 0
+    for draw in range(50):  # a concurrent-copy trace with a layer of too many subset sums to enumerate
+        trace = many_tensor_trace(3, 500 + draw, False, True)
+        budget = budget_between(trace, rng.uniform(0.1, 0.6))
+        if not build_problem(trace, budget).offload_complete:
+            break
+    assert trace is not None
+    quanta: list[int] = []
+    real_search = dp_module.exact_search
+
+    def recording_search(*args: object, **kwargs: object) -> DpOutcome:
+        quanta.append(int(kwargs.get("quantum_bytes", 1)))  # type: ignore[call-overload]
+        return real_search(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dp_module, "exact_search", recording_search)
+    rec = solve_report(trace, budget, SolveOptions(time_limit_s=10, gap=0.0)).schedule.solver
+    opt = exact_optimum(trace, budget)
+    assert rec.best_bound_s is not None and rec.best_bound_s <= opt * (1 + 1e-9) + 1e-12
+    coarse = [q for q in quanta if q > 1]
+    # Gap 0: nothing is proven before the ladder, which runs coarsest first (16 ranges at limit / 2^8, ...).
+    assert coarse and coarse == sorted(coarse, reverse=True), quanta
