@@ -146,16 +146,18 @@ every offload subset (optimizer/dp/problem.py, relaxed_problem): each finished s
 one a tighter bound. Measured on bert-large at 25%: 4 ranges finish in 0.1 s at a 11% gap, 12 in 0.3 s at
 4.9%; where copies are serial (no backlogs: few labels) 512 ranges finish too (a 16-block Llama: 0.13 s for
 4 to 32). The FIFO sweep, whose labels cost more, runs on the coarsest."""
-_COARSE_LADDER = ((16, 8), (32, 10), (64, 10), (64, 12))
-"""(byte ranges per relaxed layer, quantum as limit >> shift) of the coarse sweeps run, coarsest first, before
-_RELAXED_LADDER where some layer has too many saved tensors: rounding retained bytes and backlogs down to a
-fraction of the limit (a relaxation) keeps the labels few enough for many ranges, whose options are nearly
-exact, to finish. Each finer step proves more and costs more; the first one the clock stops ends the ladder.
-Measured on one core (2026-11-25), fluid bound / sweep at the top threshold: gpt2-medium at 75%, 16 / 32 / 64
-ranges at limit / 2^8 / 2^10 / 2^10: 0.0116 s (32 at 2^10) / 0.0138 s (64 at 2^10, 1.5 s), answer 0.0161 s;
-at 50%: 0.0301 s / 0.0347 s (4 s), answer 0.0370 s; bert-large at 75%: 0.0045 s at 2^10 (0.6 s), 0.0056 s at
-2^12 (10 s), answer 0.0067 s. The number of ranges matters as much as the quantum: gpt2-medium's blocks have
-about 68 distinct sums of their large tensors, which 32 ranges pair up."""
+_COARSE_LADDER = ((16, 8, 8), (32, 10, 10), (64, 10, 10), (64, 10, 14), (64, 12, 12))
+"""(byte ranges per relaxed layer, retained-bytes quantum as limit >> shift, backlog quantum as limit >> shift) of
+the coarse sweeps run, coarsest first, before _RELAXED_LADDER where some layer has too many saved tensors:
+rounding retained bytes and backlogs down (a relaxation) keeps the labels few enough for many ranges, whose
+options are nearly exact, to finish. Each finer step proves more and costs more; the first one the clock stops
+ends the ladder. Measured on one core (2026-11-25), fluid bound and time of the sweep at the top threshold:
+gpt2-medium at 75%: 0.0116 s with 32 ranges at 2^10, 0.0138 s with 64 (2 s), answer 0.0161 s; at 50%: 0.0301
+s at 2^8, 0.0347 s at 2^10 (4 s), answer 0.0370 s. The number of ranges matters as much as the quantum:
+gpt2-medium's blocks have about 68 distinct sums of their large tensors, which 32 ranges pair up. The backlogs'
+quantum matters most where copies are a large part of the cost: each rounding takes bytes off the link's work.
+bert-large at 75% (answer 0.0067 s): 0.0045 s with 64 ranges at 2^10 (0.8 s), 0.0051 s with its backlogs at
+2^14 (2.2 s), 0.0056 s at 2^12 (7-10 s); elsewhere the finer backlogs cost 2-4x the time for the same bound."""
 _MAX_BEAM_WIDTH = 1536
 _RESERVE_S = 0.05
 """Kept back at the end for building and simulating the returned schedule, plus _RESERVE_PER_LAYER_S per layer
@@ -725,7 +727,7 @@ class _Flow:
         lies at or below the bound proven so far starts at the top threshold (exact_search's proven_s)."""
         from memsched.optimizer.dp import exact_search
 
-        for cells, shift in _COARSE_LADDER:
+        for cells, shift, backlog_shift in _COARSE_LADDER:
             if until - time.perf_counter() < 0.05 or self.proven():
                 return
             p = self.bound_problem(cells)
@@ -739,11 +741,19 @@ class _Flow:
                 quantum_bytes=max(1, p.limit >> shift),
                 climb=self.host_binds,
                 proven_s=self.bound,
+                backlog_quantum_bytes=max(1, p.limit >> backlog_shift),
             )
             if out.schedules:
                 self.add("dp", out.schedules[0])
             self.prove(out.bound_s, "dp")
-            log.info("coarse DP: %d ranges at limit / 2^%d: bound %s, %.2f s", cells, shift, out.bound_s, out.wall_s)
+            log.info(
+                "coarse DP: %d ranges at limit / 2^%d (backlogs 2^%d): bound %s, %.2f s",
+                cells,
+                shift,
+                backlog_shift,
+                out.bound_s,
+                out.wall_s,
+            )
             if out.timed_out or out.cap_hit:
                 return
 

@@ -185,6 +185,7 @@ def exact_search(
     quantum_bytes: int = 1,
     climb: bool = False,
     proven_s: float = 0.0,
+    backlog_quantum_bytes: int | None = None,
 ) -> DpOutcome:
     """Exact sweeps under rising thresholds up to incumbent x (1 - gap): _FIRST_THRESHOLD of it, then all of it,
     or with `climb` (where the incumbent is expected to lie well above the sweep's optimum: a host budget the
@@ -192,8 +193,9 @@ def exact_search(
     retried at a coarser resolution. The bound it returns holds for every schedule (see DpOutcome.bound_s): each
     finished sweep proves its threshold, or finds the fluid optimum below it. `quantum_bytes` > 1: retained
     bytes and backlogs rounded down to its multiples from the start (a relaxation: fewer labels, a lower
-    bound). `proven_s`: a bound the caller already holds (another relaxation's); a first sweep at or below it
-    could prove nothing new, so the search starts at the top threshold instead."""
+    bound); `backlog_quantum_bytes`: the backlogs' own quantum (SweepConfig). `proven_s`: a bound the caller
+    already holds (another relaxation's); a first sweep at or below it could prove nothing new, so the search
+    starts at the top threshold instead."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     out = DpOutcome(notes=_approximation_notes(p))
@@ -208,7 +210,7 @@ def exact_search(
     timed: list[tuple[float, float]] = []  # (threshold, seconds) of the finished sweeps that found nothing below
     while threshold is not None:
         started = time.perf_counter()
-        res = _sweep_with_cap(p, out, deadline, threshold, max_labels, quantum_bytes)
+        res = _sweep_with_cap(p, out, deadline, threshold, max_labels, quantum_bytes, backlog_quantum_bytes)
         log.debug(
             "exact DP: threshold %.6g s, %s in %.2f s",
             threshold,
@@ -280,13 +282,25 @@ def fifo_search(
 
 
 def _sweep_with_cap(
-    p: DpProblem, out: DpOutcome, deadline: float, threshold: float, max_labels: int, quantum: int = 1
+    p: DpProblem,
+    out: DpOutcome,
+    deadline: float,
+    threshold: float,
+    max_labels: int,
+    quantum: int = 1,
+    backlog_quantum: int | None = None,
 ) -> SweepResult:
-    """One exact sweep; where the label cap stops it, again at coarser byte quanta (each still a relaxation)."""
+    """One exact sweep; where the label cap stops it, again at coarser byte quanta (each still a relaxation).
+    `backlog_quantum`: the backlogs' own quantum, never coarser than `quantum` (None: `quantum`)."""
     while True:
-        res = run_sweep(
-            p, SweepConfig(deadline=deadline, threshold=threshold, quantum_bytes=quantum, max_labels=max_labels)
+        cfg = SweepConfig(
+            deadline=deadline,
+            threshold=threshold,
+            quantum_bytes=quantum,
+            backlog_quantum_bytes=None if backlog_quantum is None else min(backlog_quantum, quantum),
+            max_labels=max_labels,
         )
+        res = run_sweep(p, cfg)
         out.peak_labels, out.quantum_bytes = max(out.peak_labels, res.peak_labels), quantum
         out.timed_out = res.timed_out
         if not res.cap_hit:

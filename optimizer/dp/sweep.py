@@ -40,8 +40,10 @@ class SweepConfig:
     quantum_bytes: int = 1
     """Retained bytes and backlogs are rounded down to multiples of this (1 = exact). Rounding down keeps
     the sweep a relaxation, so its bound stays valid, while merging nearby states."""
-    backlog_quantum_bytes: int = 1
-    """Backlogs alone are rounded down to multiples of this (a finer relaxation than `quantum_bytes`)."""
+    backlog_quantum_bytes: int | None = None
+    """Backlogs are rounded down to multiples of this instead (None: `quantum_bytes`). Finer than
+    `quantum_bytes`, it loses less: each rounding of a backlog takes its bytes off the link's work, so it lowers
+    the bound by their copy time, where rounding retained bytes only loosens later rows."""
     max_labels: int = 30_000_000
     """Labels stored and pending together; past it the sweep stops with `cap_hit`."""
 
@@ -92,7 +94,7 @@ class _Sweep:
 
     # ------------------------------------------------------------------ helpers
     def _quant_backlog(self, x: np.ndarray) -> np.ndarray:
-        q = max(self.cfg.quantum_bytes, self.cfg.backlog_quantum_bytes)
+        q = self.cfg.quantum_bytes if self.cfg.backlog_quantum_bytes is None else self.cfg.backlog_quantum_bytes
         return np.floor(x / q) * q if q > 1 else x
 
     def _quant(self, x: np.ndarray) -> np.ndarray:
