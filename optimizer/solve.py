@@ -116,6 +116,13 @@ an answer of 0.0312 s (the sweeps' bound: 0.0185 s); DenseNet-121 at 50% / 25%, 
 _LINK_MAX_LAYERS = 2000
 """Beyond this many layers its O(n^2) path per step leaves too few steps in a time limit of minutes."""
 _DP_SHARE_BEFORE_MILP = 0.3
+_DP_UNTIL_RELAXED = 0.7
+"""Under auto, where some layer has too many saved tensors to try every offload subset (the DP's sweeps run on
+relaxed byte ranges: `_COARSE_LADDER`) and the exact-window MILP follows, the DP stops here instead of at
+_DP_UNTIL, so that the MILP gets the last 30% of the limit. There the DP's finer steps rarely move its bound,
+while the MILP's (whole copies on their stream, with latency) lies above it and the MILP's own plans can beat
+the local search's. Measured on the H100 decoders at 10 s (2026-11-25), gap at _DP_UNTIL -> here: gpt2-medium
+75 / 50% 14.3 / 6.3 -> 11.0 / 7.4%, bert-large 75 / 50 / 25% 23.9 / 7.9 / 4.9 -> 16.8 / 4.3 / 4.9%."""
 _DP_UNTIL = 0.95
 """Under auto, the exact DP stops at this fraction of the limit if it has not finished. Where it finishes
 early with a gap (a loose fluid bound: stall-heavy traces) the rest goes to the exact-window MILP, so a late
@@ -951,11 +958,22 @@ def lagrange_kind(trace: Trace, allowed: frozenset[Action]) -> LagrangeKind | No
     return None
 
 
+def _relaxed_offload(options: SolveOptions, trace: Trace, allowed: frozenset[Action]) -> bool:
+    """Whether plan_for's `relaxed` matters and holds: auto on a trace short enough for the exact-window MILP, with
+    offload allowed and some layer whose offload subsets are too many to try (asked only there: it loads the DP)."""
+    if options.solver != SolverName.AUTO or trace.n > AUTO_MILP_MAX_LAYERS or Action.OFFLOAD not in allowed:
+        return False
+    from memsched.optimizer.dp.problem import offload_enumerable
+
+    return not offload_enumerable(trace)
+
+
 def plan_for(
     solver: SolverName,
     n_layers: int,
     allowed: frozenset[Action] = ALL_ACTIONS,
     lagrange: LagrangeKind | None = None,
+    relaxed: bool = False,
 ) -> list[Phase]:
     """The phases `solver` runs on a trace of `n_layers` layers, in order (docs/formulation.md, 'How solve()
     proceeds'). Candidates first (beam DP, local search; long traces give the local search the larger share,
@@ -963,6 +981,8 @@ def plan_for(
     `lagrange`: the Lagrangian bound to run (`lagrange_kind`). On the memory rows its prices bound every
     completion and the exact DP finishes on long traces too, so they keep the local search's short share; the
     link windows' share comes out of the local search's long share, so the exact DP keeps its time.
+    `relaxed`: some layer has too many saved tensors to try every offload subset (`_relaxed_offload`): where
+    the exact-window MILP follows, the DP leaves it a larger share (_DP_UNTIL_RELAXED).
 
     With some actions left out (`allowed`): the FIFO sweep only matters where copies and recompute meet (with
     no offload there are no copies, and the fluid sweep is exact); the MILP always models recompute, so
@@ -1002,7 +1022,8 @@ def plan_for(
         if milp_ok
         else Phase(Step.POLISH, 1.0, min_left_s=0.2)
     )
-    dp = Phase(Step.EXACT_DP) if solver == SolverName.DP else Phase(Step.EXACT_DP, _DP_UNTIL, from_start=True)
+    dp_until = _DP_UNTIL_RELAXED if relaxed and milp_ok else _DP_UNTIL
+    dp = Phase(Step.EXACT_DP) if solver == SolverName.DP else Phase(Step.EXACT_DP, dp_until, from_start=True)
     fifo_again = [Phase(Step.FIFO_AGAIN)] if allowed == ALL_ACTIONS else []
     return [*searches, dp, *fifo_again, last]
 
@@ -1051,7 +1072,9 @@ def _solve_report(
     t0 = now if started is None else min(started, now)
     allowed = options.allowed_actions(trace)
     # Refuses a combination it cannot plan, up front.
-    phases = plan_for(options.solver, trace.n, allowed, lagrange_kind(trace, allowed))
+    phases = plan_for(
+        options.solver, trace.n, allowed, lagrange_kind(trace, allowed), _relaxed_offload(options, trace, allowed)
+    )
     # Without offload, a budget below the best baseline is settled by the exact DP (optimizer/actions.py),
     # whose plan, where one fits, joins the candidates.
     feasibility_deadline = t0 + _FEASIBILITY_SHARE * options.time_limit_s

@@ -239,6 +239,18 @@ def _few_sums(positive: list[tuple[int, int]]) -> dict[int, tuple[int, ...]] | N
     return {total: tuple(sorted(subset)) for total, subset in by_sum.items()}
 
 
+def _may_offload(trace: Trace, i: int) -> bool:
+    """Whether offloading layer i can lower any stage: it saves bytes and is not the last layer (whose interior is
+    empty)."""
+    return i < trace.n - 1 and trace.layers[i].saved_bytes > 0
+
+
+def offload_enumerable(trace: Trace) -> bool:
+    """Whether every layer's offload subsets can be tried (at most MAX_OFFLOAD_OPTIONS distinct sums each): the
+    problem's offload_complete, without building it. False: its bounds come from relaxed_problem."""
+    return all(_offload_options(tuple(x.tensors))[1] for i, x in enumerate(trace.layers) if _may_offload(trace, i))
+
+
 def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None) -> DpProblem:
     """Arrays of `trace` under `budget_bytes` (the budget is already known to be feasible). `deadline`
     (time.perf_counter()): the future-cost table is left out (zeros, always a valid bound) where its
@@ -254,8 +266,8 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
     offload: list[list[OffloadOption]] = []
     complete = True
     for i, layer in enumerate(layers):
-        if i == n - 1 or layer.saved_bytes <= 0:
-            offload.append([])  # the last layer's interior is empty: offloading it lowers no stage
+        if not _may_offload(trace, i):
+            offload.append([])
             continue
         opts, ok = _offload_options(tuple(layer.tensors))  # cached: a model repeats its blocks
         offload.append(list(opts))

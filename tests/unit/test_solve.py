@@ -200,3 +200,31 @@ def test_the_message_is_one_plain_sentence_and_the_details_are_structured() -> N
         "(the exact dynamic program proves at least 0.15 s), and the time limit of 10 s ran out before "
         "that gap closed to 1%."
     )
+
+
+@pytest.mark.parametrize("n_layers", [5, 100, 150])
+@pytest.mark.parametrize("solver", [SolverName.AUTO, SolverName.DP, SolverName.CBC])
+def test_with_relaxed_offload_the_dp_leaves_the_exact_window_milp_its_share(n_layers: int, solver: SolverName) -> None:
+    from memsched.optimizer.solve import _DP_UNTIL, _DP_UNTIL_RELAXED, Step, plan_for
+
+    def dp_share(relaxed: bool) -> float | None:
+        (dp,) = [p for p in plan_for(solver, n_layers, relaxed=relaxed) if p.step == Step.EXACT_DP]
+        return dp.share
+
+    if solver == SolverName.AUTO and n_layers <= 100:  # the exact-window MILP follows the DP
+        assert (dp_share(False), dp_share(True)) == (_DP_UNTIL, _DP_UNTIL_RELAXED)
+        assert _DP_UNTIL_RELAXED < _DP_UNTIL
+    else:  # no exact-window MILP after it: nothing to leave time for
+        assert dp_share(True) == dp_share(False)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_offload_enumerable_says_what_build_problem_finds(seed: int) -> None:
+    from helpers.pricing import many_tensor_trace
+    from memsched.optimizer.dp import build_problem
+    from memsched.optimizer.dp.problem import offload_enumerable
+
+    many, few = many_tensor_trace(3, seed, seed % 2 == 0, False), make_trace(8, seed)
+    assert not offload_enumerable(many) and offload_enumerable(few)
+    for trace in (many, few):
+        assert offload_enumerable(trace) == build_problem(trace, budget_between(trace, 0.4)).offload_complete
