@@ -153,6 +153,11 @@ every offload subset (optimizer/dp/problem.py, relaxed_problem): each finished s
 one a tighter bound. Measured on bert-large at 25%: 4 ranges finish in 0.1 s at a 11% gap, 12 in 0.3 s at
 4.9%; where copies are serial (no backlogs: few labels) 512 ranges finish too (a 16-block Llama: 0.13 s for
 4 to 32). The FIFO sweep, whose labels cost more, runs on the coarsest."""
+_LADDER_STEP_SHARE = 0.5
+"""Each exact-resolution step of _RELAXED_LADDER but the last takes at most this share of the DP's time left. Their
+cost is not monotone in the ranges: on the H100 ResNet-50 trace at 75% (12-16 tensors a block) 4 ranges finish in
+0.4 s with a bound of 0, 12 need 28 s (6 million labels) and 32 finish in 0.35 s with the best bound (0.00348
+s); on a CPU Llama of 48 blocks 12 / 32 / 128 / 512 take 0.05 / 0.2 / 0.8 / 7 s, and 128 proves the gap."""
 _COARSE_LADDER = ((16, 8, 8), (32, 10, 10), (64, 10, 10), (64, 10, 14), (64, 12, 12))
 """(byte ranges per relaxed layer, retained-bytes quantum as limit >> shift, backlog quantum as limit >> shift) of
 the coarse sweeps run, coarsest first, before _RELAXED_LADDER where some layer has too many saved tensors:
@@ -666,13 +671,20 @@ class _Flow:
         relaxed = not self.problem().offload_complete
         if relaxed:
             self._coarse_dp(until)
-        for cells in _RELAXED_LADDER if relaxed else _RELAXED_LADDER[:1]:
-            if self.proven():
+        ladder = _RELAXED_LADDER if relaxed else _RELAXED_LADDER[:1]
+        for i, cells in enumerate(ladder):
+            if self.proven() or (i > 0 and until - time.perf_counter() < 0.05):
                 break
+            # A relaxed step's cost does not grow with its ranges (fewer ranges free more bytes per copy, so
+            # fewer labels are pruned): each but the last gets at most _LADDER_STEP_SHARE of the time left, and
+            # one cut by that share makes way for the next.
+            capped = relaxed and i < len(ladder) - 1
+            now = time.perf_counter()
+            step_until = now + _LADDER_STEP_SHARE * (until - now) if capped else until
             out = exact_search(
                 self.trace,
                 self.budget,
-                until,
+                step_until,
                 self.best.sim.overhead_s,
                 self.options.gap,
                 problem=self.bound_problem(cells),
@@ -683,10 +695,13 @@ class _Flow:
             if out.schedules:
                 self.add("dp", out.schedules[0])
             self.prove(out.bound_s, "dp")
-            if out.message and out.message not in self.notes:
-                self.notes.append(out.message)
-            if not self.bound_problem(cells).relaxed or out.timed_out or out.cap_hit:
+            log.info(
+                "exact DP: %d ranges: bound %s, %.2f s%s", cells, out.bound_s, out.wall_s, " (cut)" * out.timed_out
+            )
+            if not self.bound_problem(cells).relaxed or out.cap_hit or (out.timed_out and not capped):
                 break
+        if self.dp is not None and self.dp.message and self.dp.message not in self.notes:
+            self.notes.append(self.dp.message)
         if self.host_binds and not self.proven() and self.dp is not None and not self.dp.timed_out:
             self.lagrangian(until, cells)
 

@@ -163,3 +163,32 @@ def test_the_coarse_ladder_runs_coarsest_first_and_its_bound_holds(monkeypatch: 
     coarse = [q for q in quanta if q > 1]
     # Gap 0: nothing is proven before the ladder, which runs coarsest first (16 ranges at limit / 2^8, ...).
     assert coarse and coarse == sorted(coarse, reverse=True), quanta
+
+
+def test_a_relaxed_ladder_step_cut_by_its_share_makes_way_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memsched.optimizer.dp as dp_module
+    import memsched.optimizer.solve as solve_module
+
+    trace = many_tensor_trace(3, 1, True, False)  # serial copies: the last step (512 ranges) finishes at once
+    budget = budget_between(trace, 0.3)
+    assert not build_problem(trace, budget).offload_complete
+    # Every capped step gets (almost) no time, so each is cut by its share, not by the DP's deadline.
+    monkeypatch.setattr(solve_module, "_LADDER_STEP_SHARE", 1e-9)
+    exact_ranges: list[int] = []
+    real_search = dp_module.exact_search
+
+    def recording_search(*args: object, **kwargs: object) -> DpOutcome:
+        p = kwargs["problem"]
+        assert isinstance(p, DpProblem)
+        if p.relaxed and int(kwargs.get("quantum_bytes", 1)) == 1:  # type: ignore[call-overload]
+            exact_ranges.append(max(len(opts) for opts in p.offload))  # the exact-resolution ladder's steps
+        return real_search(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dp_module, "exact_search", recording_search)
+    rec = solve_report(trace, budget, SolveOptions(time_limit_s=10, gap=0.0)).schedule.solver
+    opt = exact_optimum(trace, budget)
+    assert rec.best_bound_s is not None and rec.best_bound_s <= opt * (1 + 1e-9) + 1e-12
+    # The ladder went on past its cut steps, in order, to the last one, which had the time left and proved
+    # the optimum (gap 0).
+    assert len(exact_ranges) == len(solve_module._RELAXED_LADDER), exact_ranges
+    assert exact_ranges == sorted(exact_ranges) and rec.status == SolverStatus.OPTIMAL, (exact_ranges, rec.status)
