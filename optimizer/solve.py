@@ -124,6 +124,10 @@ while the MILP's (whole copies on their stream, with latency) lies above it and 
 the local search's. Measured on the H100 decoders at 10 s (2026-11-25), gap at _DP_UNTIL -> here: gpt2-medium
 75 / 50% 14.3 / 6.3 -> 11.0 / 7.4%, bert-large 75 / 50 / 25% 23.9 / 7.9 / 4.9 -> 16.8 / 4.3 / 4.9%."""
 _DP_UNTIL = 0.95
+_MILP_MIN_LEFT_S = 1.0
+"""A MILP phase runs only with this many seconds left: building, warm-starting and CBC's kill grace need about
+that much. _DP_UNTIL_RELAXED applies only where its share of the limit is half again as much, so that short limits
+do not leave time unused."""
 """Under auto, the exact DP stops at this fraction of the limit if it has not finished. Where it finishes
 early with a gap (a loose fluid bound: stall-heavy traces) the rest goes to the exact-window MILP, so a late
 stop only takes time from traces whose final sweep is still running, and there finishing is what proves."""
@@ -781,7 +785,7 @@ class _Flow:
 
     def milp(self, backend: SolverName, exact_windows: bool = False) -> None:
         """A MILP backend with what is left; `exact_windows`: W = L = n, so the model covers every schedule."""
-        if self.left() < 1.0:  # building, warm-starting and CBC's kill grace need about that much
+        if self.left() < _MILP_MIN_LEFT_S:
             self.notes.append(f"no time left for {backend}")
             return
         options = self.options
@@ -975,8 +979,12 @@ def lagrange_kind(trace: Trace, allowed: frozenset[Action]) -> LagrangeKind | No
 
 def _relaxed_offload(options: SolveOptions, trace: Trace, allowed: frozenset[Action]) -> bool:
     """Whether plan_for's `relaxed` matters and holds: auto on a trace short enough for the exact-window MILP, with
-    offload allowed and some layer whose offload subsets are too many to try (asked only there: it loads the DP)."""
+    offload allowed, a limit that leaves the MILP time to run (_MILP_MIN_LEFT_S), and some layer whose offload
+    subsets are too many to try (asked only there: it loads the DP)."""
+    milp_s = (1.0 - _DP_UNTIL_RELAXED) * options.time_limit_s
     if options.solver != SolverName.AUTO or trace.n > AUTO_MILP_MAX_LAYERS or Action.OFFLOAD not in allowed:
+        return False
+    if milp_s < 1.5 * _MILP_MIN_LEFT_S:
         return False
     from memsched.optimizer.dp.problem import offload_enumerable
 
@@ -1030,17 +1038,16 @@ def plan_for(
             Phase(Step.MILP, only_if_open=False, backend=solver),
         ]
     # The exact DP gets most of what is left; where it cannot finish, the FIFO sweep may run again, and the
-    # last part goes to the exact-window MILP (auto, small traces) or to the local search.
+    # last part goes to the exact-window MILP (auto, small traces) and the local search.
     milp_ok = solver == SolverName.AUTO and n_layers <= AUTO_MILP_MAX_LAYERS and Action.RECOMPUTE in allowed
-    last = (
-        Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True)
-        if milp_ok
-        else Phase(Step.POLISH, 1.0, min_left_s=0.2)
-    )
+    # The local search takes what is left at the end (after the MILP too: CBC stops short of the deadline to
+    # leave room for its kill grace, and on a relaxed trace the MILP's share is large).
+    polish = Phase(Step.POLISH, 1.0, min_left_s=0.2)
+    last = [Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True), polish] if milp_ok else [polish]
     dp_until = _DP_UNTIL_RELAXED if relaxed and milp_ok else _DP_UNTIL
     dp = Phase(Step.EXACT_DP) if solver == SolverName.DP else Phase(Step.EXACT_DP, dp_until, from_start=True)
     fifo_again = [Phase(Step.FIFO_AGAIN)] if allowed == ALL_ACTIONS else []
-    return [*searches, dp, *fifo_again, last]
+    return [*searches, dp, *fifo_again, *last]
 
 
 def _run_phase(flow: _Flow, phase: Phase) -> None:

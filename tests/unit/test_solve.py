@@ -228,3 +228,19 @@ def test_offload_enumerable_says_what_build_problem_finds(seed: int) -> None:
     assert not offload_enumerable(many) and offload_enumerable(few)
     for trace in (many, few):
         assert offload_enumerable(trace) == build_problem(trace, budget_between(trace, 0.4)).offload_complete
+
+
+def test_the_milp_is_left_a_share_only_where_the_limit_lets_it_run() -> None:
+    from helpers.pricing import many_tensor_trace
+    from memsched.optimizer.decisions import ALL_ACTIONS
+    from memsched.optimizer.solve import _relaxed_offload
+
+    many, few = many_tensor_trace(3, 0, False, False), make_trace(8, 0)
+    # At 3 s the MILP's 30% would be under its minimum: it would be skipped and its time left unused.
+    assert [_relaxed_offload(SolveOptions(time_limit_s=t), many, ALL_ACTIONS) for t in (3, 10, 30)] == [
+        False,
+        True,
+        True,
+    ]
+    assert not _relaxed_offload(SolveOptions(time_limit_s=10), few, ALL_ACTIONS)  # every subset enumerated
+    assert not _relaxed_offload(SolveOptions(time_limit_s=10, solver="dp"), many, ALL_ACTIONS)  # no MILP after
