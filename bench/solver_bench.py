@@ -5,6 +5,7 @@ for each backend. Writes bench/results/solver_bench.{md,json} naming the machine
     python bench/solver_bench.py [--quick] [--shared ../shared]   # every backend on synthetic sizes
     taskset -c 1 python bench/solver_bench.py --lagrange --before DIR [--after DIR]  # keep/recompute, two checkouts
     taskset -c 1 python bench/solver_bench.py --issue22 --before DIR [--after DIR]   # long traces, default actions
+    taskset -c 1 python bench/solver_bench.py --stalls --before DIR [--after DIR]    # stall-heavy traces, <= 300 layers
 
 Every row solves through memsched.optimizer.solve (warm start, fallback and the baseline guard included)
 and reports the simulator's overhead of the returned schedule, the solver's proven bound and the gap.
@@ -28,6 +29,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from memsched.errors import InfeasibleBudgetError
+from memsched.io import load_trace
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.heuristic import heuristic
@@ -281,6 +283,21 @@ ISSUE22_ROWS: tuple[tuple[str, float, float], ...] = (
 allows it), and PipeDream ResNet-50 at 50% / 25% as a regression check (proven before)."""
 
 
+STALL_ROWS: tuple[tuple[str, float, float], ...] = (
+    *(("pipedream/resnet50", pct, 10.0) for pct in (12, 17, 19, 22.5, 26, 34, 41, 56)),
+    *(("pipedream/resnet50", pct, 5.0) for pct in (12, 19, 26, 41)),
+    *((f"pipedream/{name}", 25, 10.0) for name in ("resnet18", "vgg16", "alexnet", "gnmt")),
+    *((f"synthetic/{shape}-200", 20, 10.0) for shape in ("chain", "dag")),
+    *(("traces/gpt2-medium-bf16-b20-s1024-h100", pct, 10.0) for pct in (75, 50)),
+    *(("traces/bert-large-bf16-b32-s512-h100", pct, 10.0) for pct in (75, 50, 25)),
+    *(("traces/resnet50-bf16-b256-h100", pct, 10.0) for pct in (75, 50)),
+)
+"""(trace, %, time limit s): traces of up to 300 layers whose copies run beside compute, where stalls shape the
+plans (the FIFO beam, optimizer/dp/fifo.py): PipeDream ResNet-50 at the budgets of the sweep's lower half
+(12-56% = 1.6-6.0 GiB), the other PipeDream profiles at 25%, the 200-layer synthetic traces at 20%, and the H100
+traces in traces/."""
+
+
 @dataclass(frozen=True)
 class SideBySide:
     """A before / after comparison: each row solved by two checkouts, each side in a process of its own."""
@@ -298,6 +315,7 @@ SIDE_BY_SIDE = {
     "lagrange": SideBySide(LAGRANGE_ROWS, LAGRANGE_ACTIONS, "solver_bench_lagrange", ((30, 2.0),)),
     # 160 layers: the link windows' Lagrangian runs on traces of 150-2,000 layers with copies beside compute.
     "issue22": SideBySide(ISSUE22_ROWS, None, "solver_bench_issue22", ((30, 2.0), (160, 1.0))),
+    "stalls": SideBySide(STALL_ROWS, None, "solver_bench_stalls", ((30, 2.0), (160, 1.0))),
 }
 _BOUND_FROM = re.compile(r"lower bound \S+ s from (\S+)")
 
@@ -306,6 +324,8 @@ def _bench_trace(key: str, pipedream: Path) -> Trace:
     kind, name = key.split("/")
     if kind == "pipedream":
         return import_pipedream(pipedream / f"{name}.graph.txt", _BATCH[name])
+    if kind == "traces":  # a trace recorded by the tracer, in this project's traces/
+        return load_trace(Path(__file__).resolve().parents[1] / "traces" / f"{name}.json")
     shape, n = name.split("-")
     return make_trace(int(n), 1, dag=shape == "dag")
 
@@ -483,6 +503,12 @@ def main() -> None:
         help="issue 22's long traces (ISSUE22_ROWS) with the default actions, with --before's checkout and "
         "--after's: writes solver_bench_issue22.{md,json}",
     )
+    ap.add_argument(
+        "--stalls",
+        action="store_true",
+        help="traces of up to 300 layers where stalls shape the plans (STALL_ROWS), with --before's checkout and "
+        "--after's: writes solver_bench_stalls.{md,json}",
+    )
     ap.add_argument("--before", type=Path, help="a checkout with its own .venv (the code before a change)")
     ap.add_argument("--after", type=Path, help="a checkout with its own .venv (default: this interpreter's code)")
     # One side of one row of a side-by-side mode: JSON on stdout.
@@ -496,8 +522,8 @@ def main() -> None:
         mode, i = args.side_row
         print(json.dumps(side_row(mode, int(i), Path(args.shared) / "data" / "pipedream")))
         return
-    if args.lagrange or args.issue22:
-        mode = "lagrange" if args.lagrange else "issue22"
+    if args.lagrange or args.issue22 or args.stalls:
+        mode = "lagrange" if args.lagrange else "issue22" if args.issue22 else "stalls"
         if args.before is None:
             ap.error(f"--{mode} needs --before")
         after = args.after.resolve() if args.after else None

@@ -69,7 +69,8 @@ class Candidate:
     """A schedule someone proposed, as judged by the simulator."""
 
     name: str
-    """Where it came from: 'heuristic', a baseline policy, 'dp-beam', 'dp', 'local-search' or 'ilp'."""
+    """Where it came from: 'heuristic', a baseline policy, 'dp-beam', 'dp-fifo-beam', 'dp', 'dp-fifo',
+    'dp-lagrangian', 'local-search' or 'ilp'."""
     sim: SimResult
     """Simulated under the budget (timing filled in)."""
 
@@ -175,6 +176,11 @@ quantum matters most where copies are a large part of the cost: each rounding ta
 bert-large at 75% (answer 0.0067 s): 0.0045 s with 64 ranges at 2^10 (0.8 s), 0.0051 s with its backlogs at
 2^14 (2.2 s), 0.0056 s at 2^12 (7-10 s); elsewhere the finer backlogs cost 2-4x the time for the same bound."""
 _MAX_BEAM_WIDTH = 1536
+_FIFO_BEAM_FIRST = 16
+"""The first FIFO beam's width, after the first fluid beam's (24); each later one is 4x wider, as the fluid
+beam's. Its labels carry whole copy queues and it expands every segment, so a label costs several times a fluid
+one: PipeDream ResNet-50 at 2.25 GiB, one core, widths 16 / 64 / 256 in 0.11 / 0.30 / 0.92 s against the
+fluid beam's 24 / 96 / 384 in 0.15 / 0.21 / 0.36 s."""
 _RESERVE_S = 0.05
 """Kept back at the end for building and simulating the returned schedule, plus _RESERVE_PER_LAYER_S per layer
 (a simulation with events of a 5,000-layer trace takes about 0.3 s)."""
@@ -485,10 +491,12 @@ class _Flow:
             )
 
     def beam(self, until: float) -> None:
-        """Beams of growing width within the share: an answer early, a better one if time allows."""
+        """Beams of growing width within the share: an answer early, a better one if time allows. Where copies run
+        beside compute, each fluid beam is followed by a FIFO beam (`_fifo_beam`)."""
         from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
 
         width = 24
+        fifo_width: int | None = _FIFO_BEAM_FIRST if self.fifo_beam_ok() else None
         price = 0.0  # the host budget's price per offloaded byte (host.py), raised while no plan fits the host
         while time.perf_counter() < until:
             p = self.problem() if not price else dataclasses.replace(self.problem(), host_price=price, _remaps={})
@@ -505,9 +513,41 @@ class _Flow:
             if out.schedules and not fitted and self.host_binds and price < 1e6 * self.price_scale:
                 price = next_price(price, None, self.price_scale)  # the same width again, offloads dearer
                 continue
+            if fifo_width is not None and not self._fifo_beam(until, fifo_width):
+                fifo_width = None
+            fifo_width = None if fifo_width is None else fifo_width * 4
             width *= 4
             if width > _MAX_BEAM_WIDTH:
                 break
+
+    def fifo_beam_ok(self) -> bool:
+        """The FIFO beam applies: copies run beside compute (on the compute thread the fluid beam prices them
+        exactly), offload is allowed, the trace is short enough for the FIFO sweep, and no host budget binds (the
+        FIFO sweep does not price host bytes, so its plans would mostly be discarded)."""
+        return (
+            self.trace.device.concurrent_copies
+            and Action.OFFLOAD in self.allowed
+            and self.trace.n <= FIFO_MAX_LAYERS
+            and not self.host_binds
+        )
+
+    def _fifo_beam(self, until: float, width: int) -> bool:
+        """One FIFO beam (dp.fifo_beam_search) of `width` labels per boundary, pruned at the best plan known; its
+        plans join the candidates. False where the clock stopped it (a wider one would not finish either)."""
+        from memsched.optimizer.dp import fifo_beam_search
+
+        out = fifo_beam_search(
+            self.trace, self.budget, until, width, threshold=self.best.sim.overhead_s, problem=self.problem()
+        )
+        for sim in out.schedules[:1]:
+            self.add("dp-fifo-beam", sim)
+        log.info(
+            "fifo beam %d: best %s, %.2f s",
+            width,
+            f"{out.schedules[0].overhead_s:.6g} s" if out.schedules else "none below the incumbent",
+            out.wall_s,
+        )
+        return not out.timed_out
 
     def lagrange(self, until: float) -> None:
         """The Lagrangian bounds (optimizer/dp/lagrange.py): on the memory rows where it is strong

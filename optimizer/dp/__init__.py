@@ -249,6 +249,29 @@ def exact_search(
     return out
 
 
+def fifo_beam_search(
+    trace: Trace,
+    budget_bytes: int,
+    deadline: float,
+    width: int,
+    threshold: float = np.inf,
+    problem: DpProblem | None = None,
+) -> DpOutcome:
+    """The FIFO sweep (optimizer/dp/fifo.py) keeping at most `width` labels per boundary, dropping plans that
+    already cost `threshold`: its decoded plans (no bound). Its labels carry the copies' real completion times,
+    so where stalls decide the plan (low budgets) it finds plans the fluid beam misprices. Devices with
+    concurrent copies only."""
+    t0 = time.perf_counter()
+    p = problem or build_problem(trace, budget_bytes)
+    assert not p.serial, "on a serial device the fluid beam is exact already"
+    res = fifo_sweep(p, deadline, threshold, beam=width)
+    out = DpOutcome(timed_out=res.timed_out, cap_hit=res.cap_hit, peak_labels=res.peak_labels)
+    if res.finished:
+        out.schedules = _decode_finals(trace, p, res, budget_bytes)
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
 def fifo_search(
     trace: Trace,
     budget_bytes: int,
@@ -321,6 +344,7 @@ __all__ = [
     "beam_search",
     "build_problem",
     "exact_search",
+    "fifo_beam_search",
     "fifo_search",
     "next_threshold",
     "relaxed_problem",

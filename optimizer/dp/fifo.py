@@ -19,7 +19,7 @@ import numpy as np
 
 from memsched.optimizer.dp.clock import SweepClock
 from memsched.optimizer.dp.fifo_kernels import QUEUE, dominance_fifo, expand_fifo
-from memsched.optimizer.dp.labels import ACTION_KEEP
+from memsched.optimizer.dp.labels import ACTION_KEEP, beam_select
 from memsched.optimizer.dp.problem import DpProblem
 from memsched.optimizer.dp.sweep import SweepResult
 
@@ -123,6 +123,8 @@ class _State:
     compact_at: list[int]
     clock: SweepClock
     stored: int = 0
+    beam: int | None = None
+    """At most this many labels per boundary (fifo_sweep's `beam`), else every undominated one."""
 
     def filter(self, p: DpProblem, k: int, lab: FifoLabels) -> FifoLabels:
         """_filter, started only if it is predicted to end by the deadline (optimizer/dp/clock.py); the sweep
@@ -170,18 +172,29 @@ def _final_cost(p: DpProblem, lab: FifoLabels) -> np.ndarray:
 
 
 def fifo_sweep(
-    p: DpProblem, deadline: float, threshold: float, max_labels: int = DEFAULT_MAX_LABELS, queue: int = QUEUE
+    p: DpProblem,
+    deadline: float,
+    threshold: float,
+    max_labels: int = DEFAULT_MAX_LABELS,
+    queue: int = QUEUE,
+    beam: int | None = None,
 ) -> SweepResult:
     """The exact FIFO sweep under `threshold` (labels reaching it are dropped). Its `bound_s` holds for every
     schedule: the cheapest complete plan, or, when stopped, the least cost plus future bound on the frontier,
     each capped by the threshold. Back-pointers are stored as the fluid sweep's, so `decode` reads them.
-    `queue`: copies held exactly per direction (>= 2; beyond, the oldest merge optimistically)."""
+    `queue`: copies held exactly per direction (>= 2; beyond, the oldest merge optimistically).
+    `beam`: keep at most this many labels per boundary (`_beam_score`): a search for plans, not a proof, so
+    `bound_s` is None; its finals are priced by the simulator's own timing, stalls included, where the fluid
+    beam's are not."""
     assert not p.serial, "serial devices: the fluid sweep is already exact"
     assert queue >= 2, "a full queue merges its two oldest copies"
     st = _State(
         pending=[[] for _ in range(p.n + 1)],
-        compact_at=[4 * _CHUNK] * (p.n + 1),
+        # A beam compacts a boundary's pending children once they pass a few widths: segments emitted from every
+        # earlier boundary would otherwise pile up past the label cap (ResNet-50, width 4096).
+        compact_at=[4 * _CHUNK if beam is None else 4 * beam] * (p.n + 1),
         clock=SweepClock(deadline, _FILTER_S_PER_LABEL),
+        beam=beam,
     )
     st.pending[0].append(_root(queue))
     res = SweepResult(finished=False, bound_s=None)
@@ -200,6 +213,8 @@ def fifo_sweep(
             if lab is None:
                 res.stored.append((np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int16)))
                 continue
+            if beam is not None:
+                lab = beam_select(lab, beam, _beam_score(p, k, lab))
             res.stored.append((lab.parent, lab.parent_boundary, lab.action))
             res.peak_labels = max(res.peak_labels, len(lab))
             st.stored += len(lab)
@@ -217,14 +232,28 @@ def fifo_sweep(
         else:
             res.stored.append((np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int16)))
         res.finished = True
-        res.bound_s = min(res.finals[0][0], threshold) if res.finals else threshold
+        if beam is None:
+            res.bound_s = min(res.finals[0][0], threshold) if res.finals else threshold
     except FifoStop as stop:
         res.cap_hit = str(stop) == "cap"
         res.timed_out = str(stop) == "deadline"
-        res.bound_s = min(_frontier(p, st, k), current_min, threshold)
+        if beam is None:
+            res.bound_s = min(_frontier(p, st, k), current_min, threshold)
     res.boundary_reached = k
     res.total_labels = st.stored
     return res
+
+
+def _beam_score(p: DpProblem, k: int, lab: FifoLabels) -> np.ndarray:
+    """What a label at boundary `k` is sure to cost, roughly: its cost, the future-cost bound of its retained
+    bytes, and the waits its queued copies would still cause if no compute were left to hide them (the fluid
+    beam's drain term, with the queues' real completion times)."""
+    idx = np.arange(len(lab))
+    d_tail = np.where(lab.dq_n > 0, lab.dq_t[idx, np.maximum(lab.dq_n - 1, 0)], -np.inf)
+    h_tail = np.where(lab.hq_n > 0, lab.hq_t[idx, np.maximum(lab.hq_n - 1, 0)], -np.inf)
+    tf = p.fwd_prefix[k] + lab.cf
+    tr = p.bwd_prefix[k] + lab.cr
+    return lab.cost + p.future_bound(k, lab.retained) + np.maximum(d_tail - tf, 0.0) + np.maximum(h_tail - tr, 0.0)
 
 
 def _frontier(p: DpProblem, st: _State, start: int) -> float:
@@ -331,6 +360,8 @@ def _expand(
                 # (Only where it can end by the deadline: this filter is optional, the expansion goes on
                 # without it and stops at its next look at the clock.)
                 merged = st.filter(p, b1, FifoLabels.concat(st.pending[b1]))
+                if st.beam is not None:  # the beam at b1 keeps no more than this: cut it now, not later
+                    merged = beam_select(merged, st.beam, _beam_score(p, b1, merged))
                 st.pending[b1] = [merged]
                 st.compact_at[b1] = max(st.compact_at[b1], 2 * len(merged))
         pending = sum(len(x) for parts in st.pending for x in parts)
