@@ -147,8 +147,10 @@ _FIFO_CLIMB_FIRST = 0.15
 """The FIFO climb's first threshold: the proven bound plus this share of the way to incumbent x (1 - gap).
 PipeDream ResNet-50 at 2.25 GiB (fluid bound 0.166 s, incumbent 0.2 s): the FIFO sweep at 0.17 s finishes in
 1.5 s with 60,000 labels at one boundary, at 0.18 s it passes 4 million."""
-_FIFO_CLIMB_SHARE = 0.5
-"""The FIFO climb takes at most this share of the time left: the local search after it gets the rest."""
+_FIFO_CLIMB_SHARE = 0.85
+"""The FIFO climb takes at most this share of the time left: the local search after it gets the rest. Measured on
+PipeDream ResNet-50 at 10 s a solve (2026-11-26), 0.5 -> 0.85: gaps at 2.06 / 2.25 GiB 3.1 / 7.1% -> 1.5 / 5.1%, the
+same answers (the FIFO beam's, which the local search did not improve)."""
 FIFO_MAX_LAYERS = _LONG_TRACE
 """Longer traces skip the FIFO probe, as they defer the exact DP: its sweep does not finish there in a limit of
 minutes (DenseNet-121, 428 layers: stopped at layer 28-37 in 3 s), and the local search uses the time better."""
@@ -176,6 +178,11 @@ quantum matters most where copies are a large part of the cost: each rounding ta
 bert-large at 75% (answer 0.0067 s): 0.0045 s with 64 ranges at 2^10 (0.8 s), 0.0051 s with its backlogs at
 2^14 (2.2 s), 0.0056 s at 2^12 (7-10 s); elsewhere the finer backlogs cost 2-4x the time for the same bound."""
 _MAX_BEAM_WIDTH = 1536
+_MISPRICED = 0.02
+"""A fluid beam's plans are mispriced where the simulator's cost of the best is this much above the sweep's own: then
+stalls shape the plans and a FIFO beam runs after that fluid beam. Measured (2026-11-26, widths 24 / 96 / 384):
+the synthetic 200-layer chain and DAG at 20% 1.00-1.01x; PipeDream ResNet-50 at 12 / 19 / 22.5% 1.10 / 1.28-1.36 /
+1.15-1.23x, at 34% 1.09x at width 24 and 1.00x wider; the H100 decoders at 50% 1.07-1.45x."""
 _FIFO_BEAM_FIRST = 16
 """The first FIFO beam's width, after the first fluid beam's (24); each later one is 4x wider, as the fluid
 beam's. Its labels carry whole copy queues and it expands every segment, so a label costs several times a fluid
@@ -414,7 +421,7 @@ class _Flow:
         self.ilp_sim: SimResult | None = None
         self.dp: DpOutcome | None = None
         self.fifo_timed_out = False
-        """The FIFO probe stopped at its time share (rather than finishing or reaching its label cap)."""
+        """The FIFO probe stopped at its time share (fifo_again then climbs from the proven bound)."""
         self.fifo_capped = False
         """The FIFO probe stopped at its label cap (fifo_again then climbs from the proven bound)."""
         self.fifo_note: str | None = None
@@ -496,7 +503,8 @@ class _Flow:
         from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
 
         width = 24
-        fifo_width: int | None = _FIFO_BEAM_FIRST if self.fifo_beam_ok() else None
+        fifo_width = _FIFO_BEAM_FIRST
+        fifo_ok = self.fifo_beam_ok()
         price = 0.0  # the host budget's price per offloaded byte (host.py), raised while no plan fits the host
         while time.perf_counter() < until:
             p = self.problem() if not price else dataclasses.replace(self.problem(), host_price=price, _remaps={})
@@ -513,9 +521,12 @@ class _Flow:
             if out.schedules and not fitted and self.host_binds and price < 1e6 * self.price_scale:
                 price = next_price(price, None, self.price_scale)  # the same width again, offloads dearer
                 continue
-            if fifo_width is not None and not self._fifo_beam(until, fifo_width):
-                fifo_width = None
-            fifo_width = None if fifo_width is None else fifo_width * 4
+            # The FIFO beam where the fluid beam misprices its own plans: their stalls, which the fluid sweep
+            # drains as it goes, decide them (synthetic 200-layer chain: priced exactly, the FIFO beam only takes
+            # the fluid beam's time; PipeDream ResNet-50 at 19%: the simulator's cost 1.28-1.36x the sweep's).
+            if fifo_ok and _mispriced(out):
+                fifo_ok = self._fifo_beam(until, fifo_width)
+                fifo_width *= 4
             width *= 4
             if width > _MAX_BEAM_WIDTH:
                 break
@@ -651,16 +662,16 @@ class _Flow:
         self.fifo_dp(time.perf_counter() + share)
 
     def fifo_again(self) -> None:
-        """The FIFO sweep with the exact DP's time, where the fluid sweep finished without closing the gap: a
-        loose fluid bound is what the FIFO sweep exists to replace. Where its probe ran out of time (not labels),
-        the sweep at the incumbent again; where the probe hit its label cap, a climb from the proven bound."""
+        """Where the FIFO probe stopped (its time share or its label cap) and the fluid sweep then finished with
+        the gap open, FIFO sweeps climb from the proven bound (`fifo_climb`): a loose fluid bound is what the FIFO
+        sweep exists to replace, and each finished step proves its threshold, where one sweep at the incumbent
+        proves nothing until it ends (PipeDream ResNet-50 at 2.25 GiB: 22 s at the incumbent on one core, 0.6 s
+        at 0.169 s, 1.15 s at 0.174 s)."""
         until = self.dp_until if self.dp_until is not None else self.deadline - self.reserve
         fluid_done = self.dp is not None and not self.dp.timed_out and not self.dp.cap_hit
         if not fluid_done or self.proven() or self.left() <= 1.0:
             return
-        if self.fifo_timed_out:
-            self.fifo_dp(until)
-        elif self.fifo_capped:
+        if self.fifo_capped or self.fifo_timed_out:
             self.fifo_climb(min(until, time.perf_counter() + _FIFO_CLIMB_SHARE * self.left()))
 
     def fifo_climb(self, until: float) -> None:
@@ -923,6 +934,13 @@ class _Flow:
         rec = _record(best.name, status, obj, wall, msg, bound=self.bound, details=details)
         schedule = make_schedule(self.trace, best.sim.decisions, self.budget, best.name, rec)
         return SolveReport(schedule, self.outcome, self.ilp_sim, self.dp)
+
+
+def _mispriced(out: DpOutcome) -> bool:
+    """Whether the simulator prices a fluid beam's best plan at least _MISPRICED above the sweep's own cost."""
+    if out.swept_s is None or not out.schedules:
+        return False
+    return out.schedules[0].overhead_s > (1.0 + _MISPRICED) * out.swept_s + 1e-12
 
 
 def backend_limit(seconds_left: float) -> float:

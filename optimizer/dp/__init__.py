@@ -56,6 +56,9 @@ class DpOutcome:
     """Seconds spent."""
     notes: list[str] = field(default_factory=list)
     """Approximations and limits worth reporting."""
+    swept_s: float | None = None
+    """A beam's cheapest complete plan as the sweep itself priced it (fluid copies: stalls and latency
+    optimistic), to compare with what the simulator makes of the plans (None: no plan, or not a beam)."""
 
     @property
     def message(self) -> str:
@@ -113,6 +116,7 @@ def beam_search(
     out = DpOutcome(timed_out=res.timed_out, peak_labels=res.peak_labels, notes=_approximation_notes(p))
     if res.finished:
         out.schedules = _decode_finals(trace, p, res, budget_bytes)
+        out.swept_s = res.finals[0][0] if res.finals else None
     out.wall_s = time.perf_counter() - t0
     return out
 

@@ -162,13 +162,19 @@ def _filter(p: DpProblem, k: int, lab: FifoLabels) -> FifoLabels:
     return lab.take(np.flatnonzero(keep))
 
 
+def _queue_waits(p: DpProblem, k: int, lab: FifoLabels) -> np.ndarray:
+    """Seconds each label's clocks at boundary `k` would wait for the last copy queued in each direction."""
+    idx = np.arange(len(lab))
+    d_tail = np.where(lab.dq_n > 0, lab.dq_t[idx, np.maximum(lab.dq_n - 1, 0)], -np.inf)
+    h_tail = np.where(lab.hq_n > 0, lab.hq_t[idx, np.maximum(lab.hq_n - 1, 0)], -np.inf)
+    tf = p.fwd_prefix[k] + lab.cf
+    tr = p.bwd_prefix[k] + lab.cr
+    return np.maximum(d_tail - tf, 0.0) + np.maximum(h_tail - tr, 0.0)
+
+
 def _final_cost(p: DpProblem, lab: FifoLabels) -> np.ndarray:
     """Cost of complete plans: the last forward waits for every D2H copy, the first backward for every H2D."""
-    tf = p.fwd_prefix[p.n] + lab.cf
-    tr = p.bwd_prefix[p.n] + lab.cr
-    d_tail = np.where(lab.dq_n > 0, lab.dq_t[np.arange(len(lab)), np.maximum(lab.dq_n - 1, 0)], -np.inf)
-    h_tail = np.where(lab.hq_n > 0, lab.hq_t[np.arange(len(lab)), np.maximum(lab.hq_n - 1, 0)], -np.inf)
-    return lab.cost + np.maximum(d_tail - tf, 0.0) + np.maximum(h_tail - tr, 0.0)
+    return lab.cost + _queue_waits(p, p.n, lab)
 
 
 def fifo_sweep(
@@ -248,12 +254,7 @@ def _beam_score(p: DpProblem, k: int, lab: FifoLabels) -> np.ndarray:
     """What a label at boundary `k` is sure to cost, roughly: its cost, the future-cost bound of its retained
     bytes, and the waits its queued copies would still cause if no compute were left to hide them (the fluid
     beam's drain term, with the queues' real completion times)."""
-    idx = np.arange(len(lab))
-    d_tail = np.where(lab.dq_n > 0, lab.dq_t[idx, np.maximum(lab.dq_n - 1, 0)], -np.inf)
-    h_tail = np.where(lab.hq_n > 0, lab.hq_t[idx, np.maximum(lab.hq_n - 1, 0)], -np.inf)
-    tf = p.fwd_prefix[k] + lab.cf
-    tr = p.bwd_prefix[k] + lab.cr
-    return lab.cost + p.future_bound(k, lab.retained) + np.maximum(d_tail - tf, 0.0) + np.maximum(h_tail - tr, 0.0)
+    return lab.cost + p.future_bound(k, lab.retained) + _queue_waits(p, k, lab)
 
 
 def _frontier(p: DpProblem, st: _State, start: int) -> float:

@@ -319,23 +319,39 @@ def _queue_no_worse(
 ) -> bool:
     """Whether queue A holds no more bytes than queue B at every moment from B's clock on, and frees its
     copy stream no later (A's clock is at or before B's)."""
-    a_tail = at[an - 1] if an > 0 else -np.inf
+    return _shifted_queue_no_worse(at, ab, an, 0.0, bt, bb, bn, b_clock)
+
+
+@njit(cache=True)
+def _shifted_queue_no_worse(
+    at: np.ndarray, ab: np.ndarray, an: int, shift: float, bt: np.ndarray, bb: np.ndarray, bn: int, b_clock: float
+) -> bool:
+    """_queue_no_worse with A's completion times moved by `shift` seconds (A's queue as seen from a clock `shift`
+    later than its own)."""
+    a_tail = at[an - 1] + shift if an > 0 else -np.inf
     b_tail = bt[bn - 1] if bn > 0 else -np.inf
     if a_tail > max(b_tail, b_clock):
         return False
-    # A's pending bytes minus B's is largest at B's clock or just after one of B's copies finishes.
+    # A's pending bytes minus B's is largest at B's clock or just after one of B's copies finishes. Both queues
+    # are in completion order, so one merge-like pass over those moments keeps each side's pending bytes.
+    pa = np.int64(0)
+    for x in range(an):
+        pa += ab[x]
+    pb = np.int64(0)
+    for x in range(bn):
+        pb += bb[x]
+    ia = 0
+    ib = 0
     e = -1
     while True:
         moment = b_clock if e < 0 else bt[e]
         if moment >= b_clock:
-            pa = np.int64(0)
-            for x in range(an):
-                if at[x] > moment:
-                    pa += ab[x]
-            pb = np.int64(0)
-            for x in range(bn):
-                if bt[x] > moment:
-                    pb += bb[x]
+            while ia < an and at[ia] + shift <= moment:
+                pa -= ab[ia]
+                ia += 1
+            while ib < bn and bt[ib] <= moment:
+                pb -= bb[ib]
+                ib += 1
             if pa > pb:
                 return False
         e += 1
@@ -345,6 +361,16 @@ def _queue_no_worse(
 
 RING = 64
 """Kept labels of the same held set each label is compared with (a missed dominance only costs time)."""
+
+
+@njit(cache=True)
+def _tail_and_pending(qt: np.ndarray, qb: np.ndarray, n: int, clock: float) -> tuple[float, np.int64]:
+    """A queue's last completion time (-inf when empty) and the bytes it still holds at `clock`."""
+    pending = np.int64(0)
+    for e in range(n):
+        if qt[e] > clock:
+            pending += qb[e]
+    return (qt[n - 1] if n > 0 else -np.inf), pending
 
 
 @njit(cache=True)
@@ -362,25 +388,72 @@ def dominance_fifo(
     hq_n: np.ndarray,
 ) -> np.ndarray:
     """Keep-mask for labels sorted by (held, retained, cost): a label is dropped when one of the last RING
-    kept labels of its held set (so no more retained bytes) has no more forward and no more backward cost and
-    queues that are no worse from its clocks on (docs/formulation.md, 'Tier 2: FIFO copies', dominance)."""
+    kept labels of its held set (so no more retained bytes) pays no more in any continuation
+    (docs/formulation.md, 'Tier 2: FIFO copies', dominance): either it has no more forward and no more backward
+    cost and queues that are no worse from the label's clocks on, or it costs no more in all and its queues, each
+    seen from its own clock, are no worse than the label's seen from the label's."""
     m = len(cf)
     keep = np.ones(m, dtype=np.bool_)
     ring = np.empty(RING, np.int64)
+    # Per label: its clocks, each queue's tail and the bytes it holds at the label's own clock. They give
+    # necessary conditions of both rules, checked before the queues are compared moment by moment.
+    fclock = fwd_at + cf
+    bclock = bwd_at + cr
+    d_tail = np.empty(m)
+    h_tail = np.empty(m)
+    d_held = np.empty(m, np.int64)
+    h_held = np.empty(m, np.int64)
+    for i in range(m):
+        d_tail[i], d_held[i] = _tail_and_pending(dq_t[i], dq_b[i], dq_n[i], fclock[i])
+        h_tail[i], h_held[i] = _tail_and_pending(hq_t[i], hq_b[i], hq_n[i], bclock[i])
     fill = 0
     pos = 0
+    idle = np.inf  # least cost of a label of this held set so far whose copies are all done by its clocks
     for i in range(m):
         if i == 0 or held[i] != held[i - 1]:
             fill = 0
             pos = 0
+            idle = np.inf
+        cost = cf[i] + cr[i]
+        if idle <= cost:
+            # An earlier label (no more retained bytes) with no copy pending and no more cost: nothing pending is
+            # no worse than any queue seen from any clock (the relative rule below).
+            keep[i] = False
+            continue
+        if d_tail[i] <= fclock[i] and h_tail[i] <= bclock[i]:
+            idle = cost
+        d_lim = max(d_tail[i], fclock[i])
+        h_lim = max(h_tail[i], bclock[i])
+        d_rel = max(d_tail[i] - fclock[i], 0.0)
+        h_rel = max(h_tail[i] - bclock[i], 0.0)
         for s in range(fill):
             j = ring[s]
-            if (
-                cf[j] <= cf[i]
-                and cr[j] <= cr[i]
-                and _queue_no_worse(dq_t[j], dq_b[j], dq_n[j], dq_t[i], dq_b[i], dq_n[i], fwd_at + cf[i])
-                and _queue_no_worse(hq_t[j], hq_b[j], hq_n[j], hq_t[i], hq_b[i], hq_n[i], bwd_at + cr[i])
-            ):
+            if cf[j] <= cf[i] and cr[j] <= cr[i]:
+                # Each clock of j is no later than i's: j's queues are compared from i's clocks on.
+                if d_tail[j] > d_lim or h_tail[j] > h_lim:
+                    continue
+                dominated = _queue_no_worse(
+                    dq_t[j], dq_b[j], dq_n[j], dq_t[i], dq_b[i], dq_n[i], fclock[i]
+                ) and _queue_no_worse(hq_t[j], hq_b[j], hq_n[j], hq_t[i], hq_b[i], hq_n[i], bclock[i])
+            else:
+                # The future is the same from any start time: what a label still pays depends on its queues
+                # relative to its clocks. So j, costing no more in all, with queues no worse each seen from its
+                # own clock, pays no more than i in any continuation (a forward stall of j that drained its
+                # queue against a recomputation of i, say).
+                if (
+                    cf[j] + cr[j] > cost
+                    or d_tail[j] - fclock[j] > d_rel
+                    or h_tail[j] - bclock[j] > h_rel
+                    or d_held[j] > d_held[i]
+                    or h_held[j] > h_held[i]
+                ):
+                    continue
+                dominated = _shifted_queue_no_worse(
+                    dq_t[j], dq_b[j], dq_n[j], fclock[i] - fclock[j], dq_t[i], dq_b[i], dq_n[i], fclock[i]
+                ) and _shifted_queue_no_worse(
+                    hq_t[j], hq_b[j], hq_n[j], bclock[i] - bclock[j], hq_t[i], hq_b[i], hq_n[i], bclock[i]
+                )
+            if dominated:
                 keep[i] = False
                 break
         if keep[i]:

@@ -115,7 +115,7 @@ def test_queue_dominance_is_the_pointwise_comparison() -> None:
 
 
 def _check_queue_pair(rng: random.Random) -> None:
-    from memsched.optimizer.dp.fifo_kernels import QUEUE, _queue_no_worse
+    from memsched.optimizer.dp.fifo_kernels import QUEUE, _queue_no_worse, _shifted_queue_no_worse
 
     def queue() -> tuple[np.ndarray, np.ndarray, int]:
         n = rng.randint(0, 4)
@@ -134,11 +134,69 @@ def _check_queue_pair(rng: random.Random) -> None:
         _pending(list(at[:an]), list(ab[:an]), m) <= _pending(list(bt[:bn]), list(bb[:bn]), m) for m in moments
     )
     assert _queue_no_worse(at, ab, an, bt, bb, bn, clock) == expected
+    # Shifted: A's times moved by `shift` (A seen from a clock that much later than its own).
+    shift = rng.choice([-1.0, -0.5, 0.5, 1.0])
+    moved = at + shift
+    expected = (moved[an - 1] if an else -np.inf) <= max(b_tail, clock) and all(
+        _pending(list(moved[:an]), list(ab[:an]), m) <= _pending(list(bt[:bn]), list(bb[:bn]), m) for m in moments
+    )
+    assert _shifted_queue_no_worse(at, ab, an, shift, bt, bb, bn, clock) == expected
+
+
+def _labels(cf: list[float], cr: list[float], dq: list[list[tuple[float, int]]]) -> tuple[np.ndarray, ...]:
+    """Arrays for dominance_fifo: one held set, the given costs and D2H queues (absolute completion times), no
+    H2D copies."""
+    from memsched.optimizer.dp.fifo_kernels import QUEUE
+
+    m = len(cf)
+    dq_t, dq_b = np.zeros((m, QUEUE)), np.zeros((m, QUEUE), np.int64)
+    for i, q in enumerate(dq):
+        for e, (t, b) in enumerate(q):
+            dq_t[i, e], dq_b[i, e] = t, b
+    dq_n = np.array([len(q) for q in dq], np.int64)
+    zeros_t, zeros_b = np.zeros((m, QUEUE)), np.zeros((m, QUEUE), np.int64)
+    return (
+        np.zeros(m, np.int64),
+        np.array(cf),
+        np.array(cr),
+        0.0,
+        0.0,
+        dq_t,
+        dq_b,
+        dq_n,
+        zeros_t,
+        zeros_b,
+        np.zeros(m, np.int64),
+    )
+
+
+def test_a_label_that_stalled_its_queue_away_dominates_one_that_recomputes_more() -> None:
+    """Label 0 stalled 1 s in the forward (its copy, 4 bytes, done at 1.0 on its clock 1.0) and recomputed
+    nothing; label 1 did not stall (clock 0) but recomputed 2 s, its copy still pending until 1.0. The future is
+    the same from any start time, so label 0, cheaper in all with nothing pending, is no worse in any
+    continuation: label 1 goes, although its forward clock is earlier."""
+    from memsched.optimizer.dp.fifo_kernels import dominance_fifo
+
+    keep = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(1.0, 4)], [(1.0, 4)]]))
+    assert keep.tolist() == [True, False]
+    # Cheaper in all, but its copy is further from done than label 1's: both stay.
+    keep = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(3.0, 4)], [(1.0, 4)]]))
+    assert keep.tolist() == [True, True]
+    # Seen from its own clock its queue is the same as label 1's (1 s left of a 4-byte copy): label 1 goes.
+    keep = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(2.0, 4)], [(1.0, 4)]]))
+    assert keep.tolist() == [True, False]
+    # Cheaper in all (labels come sorted by cost) with a copy pending past the other's clock, where the other
+    # has none: both stay. (Were the copy done by 1.0, label 0 could wait for it and be label 1, cheaper.)
+    keep = dominance_fifo(*_labels([0.0, 1.0], [2.0, 2.0], [[(1.5, 4)], []]))
+    assert keep.tolist() == [True, True]
+    keep = dominance_fifo(*_labels([0.0, 1.0], [2.0, 2.0], [[(1.0, 4)], []]))
+    assert keep.tolist() == [True, False]
 
 
 def test_a_probe_out_of_time_gets_the_time_the_fluid_sweep_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the probe stops at its share and the fluid sweep finishes with a loose bound, the FIFO sweep runs
-    again with the time left and proves the answer (8-layer DAG: fluid optimum 0.00639 s, exact 0.00786 s)."""
+    """Where the probe stops at its share and the fluid sweep finishes with a loose bound, the FIFO sweep climbs
+    from that bound with the time left and proves the answer (8-layer DAG: fluid optimum 0.00639 s, exact
+    0.00786 s)."""
     from memsched.optimizer import solve as solve_mod
 
     trace, budget = _case(0)
