@@ -125,13 +125,13 @@ while the MILP's (whole copies on their stream, with latency) lies above it and 
 the local search's. Measured on the H100 decoders at 10 s (2026-11-25), gap at _DP_UNTIL -> here: gpt2-medium
 75 / 50% 14.3 / 6.3 -> 11.0 / 7.4%, bert-large 75 / 50 / 25% 23.9 / 7.9 / 4.9 -> 16.8 / 4.3 / 4.9%."""
 _DP_UNTIL = 0.95
+"""Under auto, the exact DP stops at this fraction of the limit if it has not finished. Where it finishes
+early with a gap (a loose fluid bound: stall-heavy traces) the rest goes to the exact-window MILP, so a late
+stop only takes time from traces whose final sweep is still running, and there finishing is what proves."""
 _MILP_MIN_LEFT_S = 1.0
 """A MILP phase runs only with this many seconds left: building, warm-starting and CBC's kill grace need about
 that much. _DP_UNTIL_RELAXED applies only where its share of the limit is half again as much, so that short limits
 do not leave time unused."""
-"""Under auto, the exact DP stops at this fraction of the limit if it has not finished. Where it finishes
-early with a gap (a loose fluid bound: stall-heavy traces) the rest goes to the exact-window MILP, so a late
-stop only takes time from traces whose final sweep is still running, and there finishing is what proves."""
 _FIFO_SHARE = 0.1
 """The FIFO sweep (tier 2) runs first for this share of the limit (at least _FIFO_MIN_S): where stalls matter
 it finishes in well under a second and is exact (PipeDream ResNet-18, VGG-16, AlexNet: 0.1 s); where they do
