@@ -147,6 +147,17 @@ _FIFO_CLIMB_FIRST = 0.15
 """The FIFO climb's first threshold: the proven bound plus this share of the way to incumbent x (1 - gap).
 PipeDream ResNet-50 at 2.25 GiB (fluid bound 0.166 s, incumbent 0.2 s): the FIFO sweep at 0.17 s finishes in
 1.5 s with 60,000 labels at one boundary, at 0.18 s it passes 4 million."""
+_FIFO_CLIMB_FIRST_SHARE = 0.5
+"""The FIFO climb's first step takes at most this share of the climb's time. Where the FIFO sweep cannot finish
+just above the fluid bound (a synthetic 40-layer chain at 20% with copy latency, 2026-11-26: labels past 58,000 at
+layer 16), the step cut by the clock proves nothing, and with the whole share it had left the local search and the
+MILP 1 s of a 10 s solve (answer +1.7%)."""
+_FIFO_CLIMB_MAX_DOUBLING = 0.15
+"""The FIFO climb sizes its steps (dp.next_threshold) with the sweep's time taken to double at least every this
+share of the climb's span. Its first steps, just above the fluid bound, are held by fixed costs and look flat
+(PipeDream ResNet-50 at 2.27 GiB, one core, 2026-11-26: 0.24 / 0.27 / 0.48 / 1.05 / 2.54 / 5.56 s at 0.163 /
+0.167 / 0.172 / 0.177 / 0.182 / 0.187 s, a doubling every 0.0045 s of a 0.030 s span): with the host climb's 0.5
+the climb went from 0.167 s straight to the top and the clock cut it there, its bound still 0.167 s."""
 _FIFO_CLIMB_SHARE = 0.85
 """The FIFO climb takes at most this share of the time left: the local search after it gets the rest. Measured on
 PipeDream ResNet-50 at 10 s a solve (2026-11-26), 0.5 -> 0.85: gaps at 2.06 / 2.25 GiB 3.1 / 7.1% -> 1.5 / 5.1%, the
@@ -692,10 +703,13 @@ class _Flow:
             if seconds < 0.05:
                 break
             began = time.perf_counter()
+            # The first step has no timing to be sized by: it gets part of the climb's time, so that one the clock
+            # stops leaves the rest to the phases after it.
+            step_until = until if timed else began + _FIFO_CLIMB_FIRST_SHARE * seconds
             out = fifo_search(
                 self.trace,
                 self.budget,
-                until,
+                step_until,
                 threshold,
                 0.0,
                 problem=self.bound_problem(_RELAXED_LADDER[0]),
@@ -710,7 +724,7 @@ class _Flow:
             if out.schedules or out.timed_out or out.cap_hit or threshold >= top:
                 break
             timed.append((threshold, time.perf_counter() - began))
-            threshold = next_threshold(timed, top, until - time.perf_counter(), span)
+            threshold = next_threshold(timed, top, until - time.perf_counter(), span, _FIFO_CLIMB_MAX_DOUBLING)
         if timed:
             self.fifo_note = (
                 f"the FIFO sweep proved {self.bound:.6g} s, climbing from the fluid bound {start:.6g} s; its next "

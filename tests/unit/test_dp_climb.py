@@ -71,6 +71,19 @@ def test_two_timed_sweeps_set_the_slope() -> None:
     assert next_threshold([(0.6, 1.0), (0.7, 1.1)], 1.0, left_s=100.0) == 1.0
 
 
+def test_a_smaller_doubling_clamp_keeps_flat_first_steps_from_jumping_to_the_top() -> None:
+    # The FIFO climb's first steps are held by fixed costs (0.24 / 0.27 s on ResNet-50 at 2.27 GiB): with the
+    # host climb's clamp (half the span per doubling) the top looks cheap; with the FIFO climb's it does not.
+    timed = [(0.163, 0.24), (0.167, 0.27)]
+    top, span = 0.189, 0.189 - 0.159
+    assert next_threshold(timed, top, left_s=3.0, span=span) == top
+    step = next_threshold(timed, top, left_s=3.0, span=span, max_doubling=solve_module._FIFO_CLIMB_MAX_DOUBLING)
+    assert step is not None and 0.167 < step < top
+    # GROWTH x the last sweep's time: log2(GROWTH) doublings of the clamped slope.
+    doublings = {2.0: 1, 4.0: 2, 8.0: 3}[_CLIMB_GROWTH]
+    assert step == pytest.approx(0.167 + doublings * solve_module._FIFO_CLIMB_MAX_DOUBLING * span)
+
+
 def test_steps_shrink_to_the_time_left_and_stop_when_none_fits() -> None:
     ample = next_threshold([(0.7, 1.0)], 1.0, left_s=100.0)
     short = next_threshold([(0.7, 1.0)], 1.0, left_s=2.0)
