@@ -148,16 +148,20 @@ _FIFO_CLIMB_FIRST = 0.15
 PipeDream ResNet-50 at 2.25 GiB (fluid bound 0.166 s, incumbent 0.2 s): the FIFO sweep at 0.17 s finishes in
 1.5 s with 60,000 labels at one boundary, at 0.18 s it passes 4 million."""
 _FIFO_CLIMB_FIRST_SHARE = 0.5
-"""The FIFO climb's first step takes at most this share of the climb's time. Where the FIFO sweep cannot finish
-just above the fluid bound (a synthetic 40-layer chain at 20% with copy latency, 2026-11-26: labels past 58,000 at
-layer 16), the step cut by the clock proves nothing, and with the whole share it had left the local search and the
-MILP 1 s of a 10 s solve (answer +1.7%)."""
-_FIFO_CLIMB_MAX_DOUBLING = 0.15
-"""The FIFO climb sizes its steps (dp.next_threshold) with the sweep's time taken to double at least every this
-share of the climb's span. Its first steps, just above the fluid bound, are held by fixed costs and look flat
-(PipeDream ResNet-50 at 2.27 GiB, one core, 2026-11-26: 0.24 / 0.27 / 0.48 / 1.05 / 2.54 / 5.56 s at 0.163 /
-0.167 / 0.172 / 0.177 / 0.182 / 0.187 s, a doubling every 0.0045 s of a 0.030 s span): with the host climb's 0.5
-the climb went from 0.167 s straight to the top and the clock cut it there, its bound still 0.167 s."""
+"""The FIFO climb's first step takes at most this share of the climb's time: it has no timing to be sized by.
+Where the FIFO sweep cannot finish just above the fluid bound (a synthetic 40-layer chain at 20% with copy latency,
+2026-11-26: labels past 58,000 at layer 16), the step the clock cuts proves nothing, and with the whole share it
+left the local search and the MILP 1 s of a 10 s solve."""
+_FIFO_CLIMB_STEP_SHARE = 0.7
+"""Every later step takes at most this share of the time left. next_threshold's predictions come from the steps
+before, whose times near the fluid bound are held by fixed costs and can look flat (PipeDream ResNet-50 at 2.27
+GiB, one core, 2026-11-26: 0.24 / 0.27 / 0.48 / 1.05 / 2.54 / 5.56 s at 0.163 / 0.167 / 0.172 / 0.177 / 0.182 /
+0.187 s): from 0.167 s it went straight to the top, where the clock cut it with the climb's whole time, its bound
+still 0.167 s. Where the growth is as measured (1.97-2.06 GiB) the bold step is right; so it stays, and a cut one
+falls back (_FIFO_CLIMB_RETRIES)."""
+_FIFO_CLIMB_RETRIES = 2
+"""Steps cut by the clock (or the label cap) after which the climb stops; after each, it falls back to a third of
+the way from the last proven threshold to the one that failed."""
 _FIFO_CLIMB_SHARE = 0.85
 """The FIFO climb takes at most this share of the time left: the local search after it gets the rest. Measured on
 PipeDream ResNet-50 at 10 s a solve (2026-11-26), 0.5 -> 0.85: gaps at 2.06 / 2.25 GiB 3.1 / 7.1% -> 1.5 / 5.1%, the
@@ -443,8 +447,6 @@ class _Flow:
         """Whether the host budget excludes some plan (else nothing below looks at it)."""
         self.price_scale = price_scale(trace)
         """The first Lagrangian price of the host budget, seconds per byte."""
-        self.dp_until: float | None = None
-        """Where the exact DP's time ended (the FIFO sweep's second run gets the same)."""
         self._problem: DpProblem | None = None
         self._bound_problems: dict[int, DpProblem] = {}
 
@@ -672,13 +674,12 @@ class _Flow:
         share = max(_FIFO_SHARE * self.options.time_limit_s, _FIFO_MIN_S)
         self.fifo_dp(time.perf_counter() + share)
 
-    def fifo_again(self) -> None:
+    def fifo_again(self, until: float) -> None:
         """Where the FIFO probe stopped (its time share or its label cap) and the fluid sweep then finished with
         the gap open, FIFO sweeps climb from the proven bound (`fifo_climb`): a loose fluid bound is what the FIFO
         sweep exists to replace, and each finished step proves its threshold, where one sweep at the incumbent
         proves nothing until it ends (PipeDream ResNet-50 at 2.25 GiB: 22 s at the incumbent on one core, 0.6 s
         at 0.169 s, 1.15 s at 0.174 s)."""
-        until = self.dp_until if self.dp_until is not None else self.deadline - self.reserve
         fluid_done = self.dp is not None and not self.dp.timed_out and not self.dp.cap_hit
         if not fluid_done or self.proven() or self.left() <= 1.0:
             return
@@ -688,7 +689,9 @@ class _Flow:
     def fifo_climb(self, until: float) -> None:
         """FIFO sweeps at thresholds climbing from the proven bound towards incumbent x (1 - gap), each step sized
         by its predicted time (dp.next_threshold). Each one that finishes proves its threshold, or finds the
-        exact optimum below it; the climb stops at the first that the label cap or the clock stops."""
+        exact optimum below it. A step the clock or the label cap stops proves nothing new; the climb then falls
+        back to a third of the way from the last proven threshold to the one that failed (_FIFO_CLIMB_RETRIES
+        times), so a prediction that was too bold costs one step's share, not the rest of the climb."""
         from memsched.optimizer.dp import fifo_search, next_threshold
 
         start = self.bound
@@ -698,33 +701,46 @@ class _Flow:
         span = top - start
         threshold: float | None = start + _FIFO_CLIMB_FIRST * span
         timed: list[tuple[float, float]] = []
+        ceiling = float("inf")  # the lowest threshold whose sweep did not finish
+        retries = 0
         while threshold is not None and not self.proven():
             seconds = until - time.perf_counter()
             if seconds < 0.05:
                 break
             began = time.perf_counter()
-            # The first step has no timing to be sized by: it gets part of the climb's time, so that one the clock
-            # stops leaves the rest to the phases after it.
-            step_until = until if timed else began + _FIFO_CLIMB_FIRST_SHARE * seconds
+            # No step takes all the time left: the first has no timing to be sized by, and a later one's
+            # prediction may be off; what a cut step leaves goes to the fallback or the phases after the climb.
+            share = _FIFO_CLIMB_STEP_SHARE if timed else _FIFO_CLIMB_FIRST_SHARE
             out = fifo_search(
                 self.trace,
                 self.budget,
-                step_until,
+                began + share * seconds,
                 threshold,
                 0.0,
                 problem=self.bound_problem(_RELAXED_LADDER[0]),
-                # Labels are bounded by memory only: the sweep's clock keeps it within `until`, and a step that
-                # would pass the cap has ended the climb either way.
+                # Labels are bounded by memory only: the sweep's clock keeps it within its share, and a step
+                # that would pass the cap is one that failed.
                 max_labels=_FIFO_MAX_LABELS,
             )
             for sim in out.schedules[:1]:
                 self.add("dp-fifo", sim)
             self.prove(out.bound_s, "dp-fifo")
             log.info("fifo climb: threshold %.6g s, bound %s, %.2f s", threshold, out.bound_s, out.wall_s)
-            if out.schedules or out.timed_out or out.cap_hit or threshold >= top:
+            if out.schedules:
+                break  # the exact optimum lies below this threshold: found
+            if out.timed_out or out.cap_hit:
+                proven = timed[-1][0] if timed else start
+                ceiling = threshold
+                retries += 1
+                fallback = proven + (threshold - proven) / 3.0
+                threshold = fallback if retries <= _FIFO_CLIMB_RETRIES and fallback > self.bound else None
+                continue
+            if threshold >= top:
                 break
             timed.append((threshold, time.perf_counter() - began))
-            threshold = next_threshold(timed, top, until - time.perf_counter(), span, _FIFO_CLIMB_MAX_DOUBLING)
+            threshold = next_threshold(timed, top, until - time.perf_counter(), span)
+            if threshold is not None and threshold >= ceiling:
+                threshold = (timed[-1][0] + ceiling) / 2.0  # below the step that failed
         if timed:
             self.fifo_note = (
                 f"the FIFO sweep proved {self.bound:.6g} s, climbing from the fluid bound {start:.6g} s; its next "
@@ -734,7 +750,6 @@ class _Flow:
     def exact_dp(self, until: float) -> None:
         from memsched.optimizer.dp import exact_search
 
-        self.dp_until = until
         # Where layers have too many saved tensors to enumerate, the sweep runs on relaxed byte ranges, coarse
         # first (it finishes fast and proves a bound), then finer while the gap is open and time remains.
         relaxed = not self.problem().offload_complete
@@ -1029,6 +1044,9 @@ class Phase:
     """MILP phases: the backend."""
     exact_windows: bool = False
     """MILP phases: windows W = L = n, so the model covers every schedule and its bound is a true bound."""
+    only_if_dp_cut: bool = False
+    """Skipped where the exact DP found the fluid optimum (the link windows' Lagrangian, the LP of the same fluid
+    model, cannot bound higher)."""
 
 
 class LagrangeKind(StrEnum):
@@ -1085,12 +1103,15 @@ def plan_for(
     if solver == SolverName.HEURISTIC:
         return []
     long_trace = n_layers > _LONG_TRACE
+    # Up to _LONG_TRACE layers under auto the exact DP usually finishes, and where it finds the fluid optimum the
+    # link windows' bound cannot be higher: that Lagrangian runs after the DP, only where the DP was cut.
+    link_after_dp = lagrange == LagrangeKind.LINK and not long_trace and solver == SolverName.AUTO
     searches = [Phase(Step.BEAM, _BEAM_SHARE / 2 if long_trace else _BEAM_SHARE, only_if_open=False)]
     polish_share = _POLISH_SHARE_LONG if long_trace else _POLISH_SHARE
     if lagrange == LagrangeKind.ROWS:
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE_LONG if long_trace else _LAGRANGE_SHARE))
         polish_share = _POLISH_SHARE
-    elif lagrange == LagrangeKind.LINK:
+    elif lagrange == LagrangeKind.LINK and not link_after_dp:
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE))
         polish_share -= _LAGRANGE_SHARE if long_trace else 0.0
     # Before it only a Lagrangian can prove the requested gap; when one has, the answer is what was asked for.
@@ -1117,9 +1138,16 @@ def plan_for(
     polish = Phase(Step.POLISH, 1.0, min_left_s=0.2)
     last = [Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True), polish] if milp_ok else [polish]
     dp_until = _DP_UNTIL_RELAXED if relaxed and milp_ok else _DP_UNTIL
-    dp = Phase(Step.EXACT_DP) if solver == SolverName.DP else Phase(Step.EXACT_DP, dp_until, from_start=True)
-    fifo_again = [Phase(Step.FIFO_AGAIN)] if allowed == ALL_ACTIONS else []
-    return [*searches, dp, *fifo_again, *last]
+    if solver == SolverName.DP:
+        dp, fifo_until = Phase(Step.EXACT_DP), None
+    else:
+        dp_share = dp_until - _LAGRANGE_SHARE if link_after_dp else dp_until
+        dp, fifo_until = Phase(Step.EXACT_DP, dp_share, from_start=True), dp_until
+    link = [Phase(Step.LAGRANGE, _LAGRANGE_SHARE, only_if_dp_cut=True)] if link_after_dp else []
+    # The FIFO climb, where the fluid sweep finished with the gap open, has up to the DP's end (the link windows'
+    # share included: they do not run where the DP finished).
+    fifo_again = [Phase(Step.FIFO_AGAIN, fifo_until, from_start=True)] if allowed == ALL_ACTIONS else []
+    return [*searches, dp, *link, *fifo_again, *last]
 
 
 def _run_phase(flow: _Flow, phase: Phase) -> None:
@@ -1140,7 +1168,7 @@ def _run_phase(flow: _Flow, phase: Phase) -> None:
     elif phase.step == Step.EXACT_DP:
         flow.exact_dp(until)
     elif phase.step == Step.FIFO_AGAIN:
-        flow.fifo_again()
+        flow.fifo_again(until)
     else:
         assert phase.step == Step.MILP and phase.backend is not None
         flow.milp(phase.backend, exact_windows=phase.exact_windows)
@@ -1198,6 +1226,8 @@ def _solve_report(
     flow.prepare_kernels()
     for phase in phases:
         if (phase.only_if_open and flow.proven()) or flow.left() < phase.min_left_s:
+            continue
+        if phase.only_if_dp_cut and flow.dp is not None and flow.dp.fluid_optimum:
             continue
         _run_phase(flow, phase)
         if flow.best.sim.overhead_s <= 0.0:

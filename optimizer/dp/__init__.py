@@ -152,17 +152,11 @@ _CLIMB_SNAP = 0.97
 
 
 def next_threshold(
-    timed: list[tuple[float, float]],
-    top: float,
-    left_s: float,
-    span: float | None = None,
-    max_doubling: float = _CLIMB_SLOPE_RANGE[1],
+    timed: list[tuple[float, float]], top: float, left_s: float, span: float | None = None
 ) -> float | None:
     """The threshold of the next climbing sweep up to `top`, from the finished ones' (threshold, seconds) and the
     `left_s` seconds left, or None where no sweep above the last is predicted to end in time. `span`: the range
-    the climb covers, the scale of the prior and the clamps (default: top, a climb from 0). `max_doubling`: the
-    largest threshold step, as a share of the span, over which a sweep's time is taken to double (the upper clamp
-    of the measured slope)."""
+    the climb covers, the scale of the prior and the clamps (default: top, a climb from 0)."""
     span = top if span is None else span
     th, t = timed[-1][0], max(timed[-1][1], _CLIMB_MIN_TIMED_S)
     doubling = _CLIMB_PRIOR_DOUBLING * span
@@ -170,7 +164,7 @@ def next_threshold(
         th0, t0 = timed[-2][0], max(timed[-2][1], _CLIMB_MIN_TIMED_S)
         if t > t0 and th > th0:
             doubling = (th - th0) * np.log(2.0) / np.log(t / t0)
-    lo, hi = _CLIMB_SLOPE_RANGE[0] * span, max_doubling * span
+    lo, hi = (f * span for f in _CLIMB_SLOPE_RANGE)
     doubling = min(max(doubling, lo), hi)
     top_s = t * 2.0 ** ((top - th) / doubling)  # the sweep at the top threshold, predicted
     target = min(_CLIMB_GROWTH * t, _CLIMB_SAFETY * left_s)

@@ -7,6 +7,7 @@ optimum."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -71,19 +72,6 @@ def test_two_timed_sweeps_set_the_slope() -> None:
     assert next_threshold([(0.6, 1.0), (0.7, 1.1)], 1.0, left_s=100.0) == 1.0
 
 
-def test_a_smaller_doubling_clamp_keeps_flat_first_steps_from_jumping_to_the_top() -> None:
-    # The FIFO climb's first steps are held by fixed costs (0.24 / 0.27 s on ResNet-50 at 2.27 GiB): with the
-    # host climb's clamp (half the span per doubling) the top looks cheap; with the FIFO climb's it does not.
-    timed = [(0.163, 0.24), (0.167, 0.27)]
-    top, span = 0.189, 0.189 - 0.159
-    assert next_threshold(timed, top, left_s=3.0, span=span) == top
-    step = next_threshold(timed, top, left_s=3.0, span=span, max_doubling=solve_module._FIFO_CLIMB_MAX_DOUBLING)
-    assert step is not None and 0.167 < step < top
-    # GROWTH x the last sweep's time: log2(GROWTH) doublings of the clamped slope.
-    doublings = {2.0: 1, 4.0: 2, 8.0: 3}[_CLIMB_GROWTH]
-    assert step == pytest.approx(0.167 + doublings * solve_module._FIFO_CLIMB_MAX_DOUBLING * span)
-
-
 def test_steps_shrink_to_the_time_left_and_stop_when_none_fits() -> None:
     ample = next_threshold([(0.7, 1.0)], 1.0, left_s=100.0)
     short = next_threshold([(0.7, 1.0)], 1.0, left_s=2.0)
@@ -118,3 +106,49 @@ def test_a_fifo_climb_raises_the_bound_past_the_fluid_one_and_never_past_the_opt
     exact = fifo_search(trace, budget, FAR, sc.solver.objective_s * (1 + 1e-9), 0.0, max_labels=50_000_000)
     assert exact.bound_s is not None and not exact.cap_hit and not exact.timed_out
     assert bound <= exact.bound_s * (1 + 1e-9) + 1e-12
+
+
+def test_a_fifo_climb_step_the_clock_cuts_falls_back_below_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The FIFO sweeps' stand-in: each finishes (proving its threshold) below 0.5 and is cut by its deadline at or
+    # above it. The climb starts 0.15 of the way from the proven 0.1 to the top 0.99 and steps up as
+    # next_threshold sizes it; after each cut step it falls back to a third of the way from the last proven
+    # threshold, until _FIFO_CLIMB_RETRIES fallbacks are spent (here 0.2335, 0.3403, 0.4471, 0.5539 cut, 0.4827,
+    # 0.5183 cut, 0.4946, 0.5064 cut). It never proves a threshold the sweep could not finish, and the fallbacks
+    # prove more than the last step before the first cut.
+    from memsched.optimizer import dp as dp_module
+    from memsched.optimizer.dp import DpOutcome
+
+    tried: list[float] = []
+
+    def stand_in(*args: object, **kwargs: object) -> DpOutcome:
+        threshold = float(args[3])  # type: ignore[arg-type]
+        tried.append(threshold)
+        if threshold < 0.5:
+            return DpOutcome(bound_s=threshold, wall_s=0.01)
+        return DpOutcome(bound_s=0.0, timed_out=True, wall_s=0.01)
+
+    monkeypatch.setattr(dp_module, "fifo_search", stand_in)
+    trace = make_trace(12, 1)
+    flow = solve_module._Flow(
+        trace,
+        budget_between(trace, 0.3),
+        SolveOptions(time_limit_s=100.0),
+        solve_module.SolveResources(),
+        time.perf_counter(),
+        SolveOptions().allowed_actions(trace),
+    )
+    flow.bound = 0.1
+    incumbent = SimpleNamespace(name="stand-in", sim=SimpleNamespace(overhead_s=1.0))
+    monkeypatch.setattr(solve_module._Flow, "best", property(lambda _: incumbent))
+    flow.fifo_climb(time.perf_counter() + 50.0)
+    assert tried[0] == pytest.approx(0.1 + solve_module._FIFO_CLIMB_FIRST * (0.99 - 0.1))
+    cut = [t for t in tried if t >= 0.5]
+    assert 1 <= len(cut) <= solve_module._FIFO_CLIMB_RETRIES + 1
+    # After each cut step the next one lies below it, a third of the way from the last proven threshold.
+    for i, t in enumerate(tried[:-1]):
+        if t >= 0.5:
+            proven = max([x for x in tried[:i] if x < 0.5], default=0.1)
+            assert tried[i + 1] == pytest.approx(proven + (t - proven) / 3.0)
+    assert flow.bound == max(t for t in tried if t < 0.5)
+    first_cut = next(i for i, t in enumerate(tried) if t >= 0.5)
+    assert flow.bound > tried[first_cut - 1]

@@ -171,12 +171,54 @@ def test_a_lagrangian_runs_after_the_beam_and_takes_its_time_from_the_local_sear
 
     plain = plan_for(SolverName.AUTO, n_layers)
     for kind in LagrangeKind:
+        if kind == LagrangeKind.LINK and n_layers <= 300:
+            continue  # after the exact DP (the next test)
         phases = plan_for(SolverName.AUTO, n_layers, lagrange=kind)
         assert [p.step for p in phases[:3]] == [Step.BEAM, Step.LAGRANGE, Step.POLISH]
         if n_layers > 300:
             # On long traces the exact DP's time is not what pays for it (the memory rows' prices let the DP
             # finish, so the local search gets the short share there; the link windows take theirs from it).
             assert sum(p.share or 0.0 for p in phases[:3]) <= sum(p.share or 0.0 for p in plain[:2]) + 1e-9
+
+
+@pytest.mark.parametrize("n_layers", [150, 300])
+def test_on_mid_length_traces_the_link_lagrangian_follows_the_exact_dp_and_shares_its_time(n_layers: int) -> None:
+    from memsched.optimizer.solve import _DP_UNTIL, _LAGRANGE_SHARE, LagrangeKind, Step, plan_for
+
+    phases = plan_for(SolverName.AUTO, n_layers, lagrange=LagrangeKind.LINK)
+    steps = [p.step for p in phases]
+    assert steps[:3] == [Step.BEAM, Step.POLISH, Step.FIFO_PROBE]
+    dp, link, again = phases[3:6]
+    assert (dp.step, link.step, again.step) == (Step.EXACT_DP, Step.LAGRANGE, Step.FIFO_AGAIN)
+    # The DP leaves the Lagrangian its share, which it only uses where the DP was cut; otherwise the FIFO climb
+    # may run to where the DP alone would have stopped.
+    assert dp.share == pytest.approx(_DP_UNTIL - _LAGRANGE_SHARE) and dp.from_start
+    assert link.only_if_dp_cut and link.share == _LAGRANGE_SHARE
+    assert again.share == _DP_UNTIL and again.from_start
+
+
+def test_the_link_lagrangian_is_skipped_where_the_exact_dp_found_the_fluid_optimum(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # PipeDream ResNet-50 (176 layers, copies beside compute) at 50%, where the fluid sweep finds its optimum in a
+    # few seconds: no link-window bound is computed.
+    from helpers import require_pipedream
+    from memsched.optimizer import solve as solve_mod
+    from memsched.service.importers import import_pipedream
+
+    ran: list[bool] = []
+    real_lagrange = solve_mod._Flow.lagrange
+
+    def spy(flow: solve_mod._Flow, until: float) -> None:
+        ran.append(flow.dp is not None and flow.dp.fluid_optimum)
+        real_lagrange(flow, until)
+
+    monkeypatch.setattr(solve_mod._Flow, "lagrange", spy)
+    trace = import_pipedream(require_pipedream() / "resnet50.graph.txt", 128)
+    budget = trace.static.total + keepall_activation_peak(trace) // 2
+    report = solve_mod.solve_report(trace, budget, SolveOptions(time_limit_s=20.0))
+    assert report.dp is not None and report.dp.fluid_optimum, "the case this test is about"
+    assert ran == [], "the Lagrangian never runs after a DP that found the fluid optimum"
 
 
 def test_the_message_is_one_plain_sentence_and_the_details_are_structured() -> None:
