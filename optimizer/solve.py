@@ -439,6 +439,9 @@ class _Flow:
         """The FIFO probe stopped at its time share (fifo_again then climbs from the proven bound)."""
         self.fifo_capped = False
         """The FIFO probe stopped at its label cap (fifo_again then climbs from the proven bound)."""
+        self.stalls_decide = False
+        """A fluid beam's best plan was mispriced (`_mispriced`): stalls decide the plans, and the FIFO sweep, not
+        the fluid model, holds the bound (set by `beam` where the FIFO beam applies)."""
         self.fifo_note: str | None = None
         """Where the last FIFO sweep stopped, said in the answer only if the gap stays open."""
         self.kernels_s = 0.0
@@ -538,6 +541,7 @@ class _Flow:
             # drains as it goes, decide them (synthetic 200-layer chain: priced exactly, the FIFO beam only takes
             # the fluid beam's time; PipeDream ResNet-50 at 19%: the simulator's cost 1.28-1.36x the sweep's).
             if fifo_ok and _mispriced(out):
+                self.stalls_decide = True
                 fifo_ok = self._fifo_beam(until, fifo_width)
                 fifo_width *= 4
             width *= 4
@@ -586,6 +590,12 @@ class _Flow:
 
         kind = lagrange_kind(self.trace, self.allowed)
         if kind is None:
+            return
+        if kind == LagrangeKind.LINK and self.stalls_decide and self.trace.n <= FIFO_MAX_LAYERS:
+            # The link windows' bound is the LP of the fluid model, looser than the fluid sweep's own optimum,
+            # which the sweep finds fast where stalls decide the plans (ResNet-50 at 1.5-2.6 GiB: 0.5-1.6 s); there
+            # the FIFO climb after it is what proves, and it gets this time.
+            log.info("link windows' Lagrangian skipped: the fluid beam mispriced its plans (stalls decide them)")
             return
         strong = kind == LagrangeKind.ROWS
         until = min(until, self.deadline - self.reserve)
@@ -1044,9 +1054,6 @@ class Phase:
     """MILP phases: the backend."""
     exact_windows: bool = False
     """MILP phases: windows W = L = n, so the model covers every schedule and its bound is a true bound."""
-    only_if_dp_cut: bool = False
-    """Skipped where the exact DP found the fluid optimum (the link windows' Lagrangian, the LP of the same fluid
-    model, cannot bound higher)."""
 
 
 class LagrangeKind(StrEnum):
@@ -1103,15 +1110,12 @@ def plan_for(
     if solver == SolverName.HEURISTIC:
         return []
     long_trace = n_layers > _LONG_TRACE
-    # Up to _LONG_TRACE layers under auto the exact DP usually finishes, and where it finds the fluid optimum the
-    # link windows' bound cannot be higher: that Lagrangian runs after the DP, only where the DP was cut.
-    link_after_dp = lagrange == LagrangeKind.LINK and not long_trace and solver == SolverName.AUTO
     searches = [Phase(Step.BEAM, _BEAM_SHARE / 2 if long_trace else _BEAM_SHARE, only_if_open=False)]
     polish_share = _POLISH_SHARE_LONG if long_trace else _POLISH_SHARE
     if lagrange == LagrangeKind.ROWS:
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE_LONG if long_trace else _LAGRANGE_SHARE))
         polish_share = _POLISH_SHARE
-    elif lagrange == LagrangeKind.LINK and not link_after_dp:
+    elif lagrange == LagrangeKind.LINK:
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE))
         polish_share -= _LAGRANGE_SHARE if long_trace else 0.0
     # Before it only a Lagrangian can prove the requested gap; when one has, the answer is what was asked for.
@@ -1138,16 +1142,11 @@ def plan_for(
     polish = Phase(Step.POLISH, 1.0, min_left_s=0.2)
     last = [Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True), polish] if milp_ok else [polish]
     dp_until = _DP_UNTIL_RELAXED if relaxed and milp_ok else _DP_UNTIL
-    if solver == SolverName.DP:
-        dp, fifo_until = Phase(Step.EXACT_DP), None
-    else:
-        dp_share = dp_until - _LAGRANGE_SHARE if link_after_dp else dp_until
-        dp, fifo_until = Phase(Step.EXACT_DP, dp_share, from_start=True), dp_until
-    link = [Phase(Step.LAGRANGE, _LAGRANGE_SHARE, only_if_dp_cut=True)] if link_after_dp else []
-    # The FIFO climb, where the fluid sweep finished with the gap open, has up to the DP's end (the link windows'
-    # share included: they do not run where the DP finished).
+    dp = Phase(Step.EXACT_DP) if solver == SolverName.DP else Phase(Step.EXACT_DP, dp_until, from_start=True)
+    # The FIFO climb, where the fluid sweep finished with the gap open, has up to where the DP would have stopped.
+    fifo_until = None if solver == SolverName.DP else dp_until
     fifo_again = [Phase(Step.FIFO_AGAIN, fifo_until, from_start=True)] if allowed == ALL_ACTIONS else []
-    return [*searches, dp, *link, *fifo_again, *last]
+    return [*searches, dp, *fifo_again, *last]
 
 
 def _run_phase(flow: _Flow, phase: Phase) -> None:
@@ -1226,8 +1225,6 @@ def _solve_report(
     flow.prepare_kernels()
     for phase in phases:
         if (phase.only_if_open and flow.proven()) or flow.left() < phase.min_left_s:
-            continue
-        if phase.only_if_dp_cut and flow.dp is not None and flow.dp.fluid_optimum:
             continue
         _run_phase(flow, phase)
         if flow.best.sim.overhead_s <= 0.0:
