@@ -198,6 +198,13 @@ _MISPRICED = 0.02
 stalls shape the plans and a FIFO beam runs after that fluid beam. Measured (2026-11-26, widths 24 / 96 / 384):
 the synthetic 200-layer chain and DAG at 20% 1.00-1.01x; PipeDream ResNet-50 at 12 / 19 / 22.5% 1.10 / 1.28-1.36 /
 1.15-1.23x, at 34% 1.09x at width 24 and 1.00x wider; the H100 decoders at 50% 1.07-1.45x."""
+_STALLS_DECIDE = 0.05
+"""Where every fluid beam's best plan simulates more than this much above the sweep's own cost, stalls decide the
+plans (`_Flow.stalls_decide`), and on traces of up to 300 layers the link windows' Lagrangian is skipped: the fluid
+sweep finds its own optimum fast there, above that LP, and the FIFO climb gets the time. Measured (10 s, 2026-11-26):
+PipeDream ResNet-50 at 12 / 19 / 22.5% 1.10-1.36x at every width; at 26% 1.11 / 1.01 / 1.02 / 1.00x; the synthetic
+200-layer DAG at 20% 1.00 / 1.08x and the chain 1.00x, where the link windows are the bound (a rule on any one
+beam, as _MISPRICED, skipped them there: gaps 15 / 31% -> 40 / 54%)."""
 _FIFO_BEAM_FIRST = 16
 """The first FIFO beam's width, after the first fluid beam's (24); each later one is 4x wider, as the fluid
 beam's. Its labels carry whole copy queues and it expands every segment, so a label costs several times a fluid
@@ -440,8 +447,8 @@ class _Flow:
         self.fifo_capped = False
         """The FIFO probe stopped at its label cap (fifo_again then climbs from the proven bound)."""
         self.stalls_decide = False
-        """A fluid beam's best plan was mispriced (`_mispriced`): stalls decide the plans, and the FIFO sweep, not
-        the fluid model, holds the bound (set by `beam` where the FIFO beam applies)."""
+        """Every fluid beam's best plan was mispriced by more than _STALLS_DECIDE: stalls decide the plans, and the
+        FIFO sweep, not the fluid model, holds the bound (set by `beam` where the FIFO beam applies)."""
         self.fifo_note: str | None = None
         """Where the last FIFO sweep stopped, said in the answer only if the gap stays open."""
         self.kernels_s = 0.0
@@ -521,6 +528,7 @@ class _Flow:
         width = 24
         fifo_width = _FIFO_BEAM_FIRST
         fifo_ok = self.fifo_beam_ok()
+        ratios: list[float] = []  # each fluid beam's mispricing (_mispricing)
         price = 0.0  # the host budget's price per offloaded byte (host.py), raised while no plan fits the host
         while time.perf_counter() < until:
             p = self.problem() if not price else dataclasses.replace(self.problem(), host_price=price, _remaps={})
@@ -540,13 +548,16 @@ class _Flow:
             # The FIFO beam where the fluid beam misprices its own plans: their stalls, which the fluid sweep
             # drains as it goes, decide them (synthetic 200-layer chain: priced exactly, the FIFO beam only takes
             # the fluid beam's time; PipeDream ResNet-50 at 19%: the simulator's cost 1.28-1.36x the sweep's).
+            ratio = _mispricing(out)
+            if ratio is not None:
+                ratios.append(ratio)
             if fifo_ok and _mispriced(out):
-                self.stalls_decide = True
                 fifo_ok = self._fifo_beam(until, fifo_width)
                 fifo_width *= 4
             width *= 4
             if width > _MAX_BEAM_WIDTH:
                 break
+        self.stalls_decide = self.fifo_beam_ok() and bool(ratios) and min(ratios) > 1.0 + _STALLS_DECIDE
 
     def fifo_beam_ok(self) -> bool:
         """The FIFO beam applies: copies run beside compute (on the compute thread the fluid beam prices them
@@ -975,11 +986,17 @@ class _Flow:
         return SolveReport(schedule, self.outcome, self.ilp_sim, self.dp)
 
 
+def _mispricing(out: DpOutcome) -> float | None:
+    """The simulator's cost of a fluid beam's best plan over the sweep's own (None: no plan, or a free one)."""
+    if out.swept_s is None or not out.schedules or out.swept_s <= 0.0:
+        return None
+    return out.schedules[0].overhead_s / out.swept_s
+
+
 def _mispriced(out: DpOutcome) -> bool:
     """Whether the simulator prices a fluid beam's best plan at least _MISPRICED above the sweep's own cost."""
-    if out.swept_s is None or not out.schedules:
-        return False
-    return out.schedules[0].overhead_s > (1.0 + _MISPRICED) * out.swept_s + 1e-12
+    ratio = _mispricing(out)
+    return ratio is not None and ratio > 1.0 + _MISPRICED
 
 
 def backend_limit(seconds_left: float) -> float:
