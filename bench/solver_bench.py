@@ -6,6 +6,7 @@ for each backend. Writes bench/results/solver_bench.{md,json} naming the machine
     taskset -c 1 python bench/solver_bench.py --lagrange --before DIR [--after DIR]  # keep/recompute, two checkouts
     taskset -c 1 python bench/solver_bench.py --issue22 --before DIR [--after DIR]   # long traces, default actions
     taskset -c 1 python bench/solver_bench.py --stalls --before DIR [--after DIR]    # stall-heavy traces, <= 300 layers
+    taskset -c 1 python bench/solver_bench.py --conventions --before DIR [--after DIR]  # other byte conventions
 
 Every row solves through memsched.optimizer.solve (warm start, fallback and the baseline guard included)
 and reports the simulator's overhead of the returned schedule, the solver's proven bound and the gap.
@@ -297,6 +298,36 @@ plans (the FIFO beam, optimizer/dp/fifo.py): PipeDream ResNet-50 at the budgets 
 (12-56% = 1.6-6.0 GiB), the other PipeDream profiles at 25%, the 200-layer synthetic traces at 20%, and the H100
 traces in traces/."""
 
+CONVENTION_ROWS: tuple[tuple[str, float, float], ...] = tuple(
+    (f"{kind}/resnet50", pct, 10.0)
+    for kind in ("pipedream-outputs", "pipedream-outputs-lat100us")
+    for pct in (75, 50, 25, 19)
+)
+"""(trace, %, time limit s): issue 22's row of ResNet-50-class networks with copy latency under another byte
+convention than the importer's: every layer saves exactly its own output (`outputs_saved`), with the importer's
+10 us copy latency and with 100 us."""
+
+
+def outputs_saved(trace: Trace, latency_s: float | None = None) -> Trace:
+    """The same network under another byte convention: every layer saves exactly its own output, as a framework
+    that stashes each node's result does, instead of the importer's rule per kind of layer (inputs of
+    convolutions and norms, outputs of activations). `latency_s`: the copies' latency instead of the trace's."""
+    layers = [
+        layer.model_copy(
+            update={
+                "saved_bytes": layer.output_bytes,
+                "saved_tensor_bytes": [layer.output_bytes] if layer.output_bytes else [],
+                "output_saved_bytes": layer.output_bytes,
+                "input_saved_bytes": None,
+                "shared_input_bytes": None,
+            }
+        )
+        for layer in trace.layers
+    ]
+    device = trace.device if latency_s is None else trace.device.model_copy(update={"copy_latency_s": latency_s})
+    out = trace.model_copy(update={"layers": layers, "device": device, "model": f"{trace.model} (outputs saved)"})
+    return Trace.model_validate(out.model_dump())
+
 
 @dataclass(frozen=True)
 class SideBySide:
@@ -316,6 +347,7 @@ SIDE_BY_SIDE = {
     # 160 layers: the link windows' Lagrangian runs on traces of 150-2,000 layers with copies beside compute.
     "issue22": SideBySide(ISSUE22_ROWS, None, "solver_bench_issue22", ((30, 2.0), (160, 1.0))),
     "stalls": SideBySide(STALL_ROWS, None, "solver_bench_stalls", ((30, 2.0), (160, 1.0))),
+    "conventions": SideBySide(CONVENTION_ROWS, None, "solver_bench_conventions", ((30, 2.0), (160, 1.0))),
 }
 _BOUND_FROM = re.compile(r"lower bound \S+ s from (\S+)")
 
@@ -324,6 +356,11 @@ def _bench_trace(key: str, pipedream: Path) -> Trace:
     kind, name = key.split("/")
     if kind == "pipedream":
         return import_pipedream(pipedream / f"{name}.graph.txt", _BATCH[name])
+    if kind.startswith("pipedream-outputs"):  # pipedream-outputs[-latNus]: outputs_saved
+        latency = (
+            float(kind.removeprefix("pipedream-outputs-lat").removesuffix("us")) * 1e-6 if "-lat" in kind else None
+        )
+        return outputs_saved(import_pipedream(pipedream / f"{name}.graph.txt", _BATCH[name]), latency)
     if kind == "traces":  # a trace recorded by the tracer, in this project's traces/
         return load_trace(Path(__file__).resolve().parents[1] / "traces" / f"{name}.json")
     shape, n = name.split("-")
@@ -509,6 +546,12 @@ def main() -> None:
         help="traces of up to 300 layers where stalls shape the plans (STALL_ROWS), with --before's checkout and "
         "--after's: writes solver_bench_stalls.{md,json}",
     )
+    ap.add_argument(
+        "--conventions",
+        action="store_true",
+        help="ResNet-50 with every layer's output saved, 10 / 100 us copy latency (CONVENTION_ROWS), with "
+        "--before's checkout and --after's: writes solver_bench_conventions.{md,json}",
+    )
     ap.add_argument("--before", type=Path, help="a checkout with its own .venv (the code before a change)")
     ap.add_argument("--after", type=Path, help="a checkout with its own .venv (default: this interpreter's code)")
     # One side of one row of a side-by-side mode: JSON on stdout.
@@ -522,8 +565,11 @@ def main() -> None:
         mode, i = args.side_row
         print(json.dumps(side_row(mode, int(i), Path(args.shared) / "data" / "pipedream")))
         return
-    if args.lagrange or args.issue22 or args.stalls:
-        mode = "lagrange" if args.lagrange else "issue22" if args.issue22 else "stalls"
+    modes = [m for m in SIDE_BY_SIDE if getattr(args, m)]
+    if len(modes) > 1:
+        ap.error("give one of --" + " / --".join(SIDE_BY_SIDE))
+    if modes:
+        mode = modes[0]
         if args.before is None:
             ap.error(f"--{mode} needs --before")
         after = args.after.resolve() if args.after else None
