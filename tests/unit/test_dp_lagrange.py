@@ -202,10 +202,13 @@ def test_link_bound_is_below_the_exact_optimum(seed: int) -> None:
 
 def test_link_bound_is_strong_on_a_chain_with_offload() -> None:
     """Not vacuous: on a 60-layer chain whose copies run beside compute it reaches 0.9 of the exact optimum (the
-    LP of the fluid link windows: 0.937 of it, measured with HiGHS)."""
+    LP of the fluid link windows: 0.937 of it, measured with HiGHS). The optimum is proven within 0.5%, which the
+    exact DP does in about 20 s (2026-11-27: a proof of gap 0 needed the MILP, which did not finish in the 40 s
+    left on a loaded machine); the ratio is taken to the answer, which is at least the optimum, so it only errs
+    low. That the bound never exceeds the optimum is the brute-force tests' job, above."""
     tr = make_trace(60, 1)
     budget = tr.static.total + keepall_activation_peak(tr) // 5  # the CLI's 20%
-    rec = solve_report(tr, budget, SolveOptions(time_limit_s=60, gap=0.0)).schedule.solver
+    rec = solve_report(tr, budget, SolveOptions(time_limit_s=60, gap=0.005)).schedule.solver
     assert rec.status == SolverStatus.OPTIMAL and rec.objective_s is not None
     assert 0.9 <= _link_bound(tr, budget, rec.objective_s) / rec.objective_s <= 1 + 1e-9
 

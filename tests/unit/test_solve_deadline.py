@@ -85,3 +85,27 @@ def test_the_fifo_sweep_stops_at_its_deadline_with_a_valid_bound(bert_50: tuple[
     assert out.timed_out and took <= 1.5 + _SLACK_S, took
     assert "its time share" in out.message
     assert out.bound_s is not None and 0.0 <= out.bound_s <= incumbent
+
+
+def test_the_limit_counts_from_the_process_start_not_from_the_cli_import() -> None:
+    """In a fresh process the clock starts before memsched.cli had loaded (the interpreter and the imports, 0.2-0.6
+    s, count against the limit), and not before the process itself started."""
+    code = (
+        "import time; t0 = time.perf_counter(); import memsched.cli as c; "
+        "print(t0, c._IMPORTED_AT, c._process_started_at())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    first_line, imported, started = (float(x) for x in done.stdout.split())
+    # /proc's clocks tick at 100 Hz: the start is known to about 0.02 s.
+    assert started <= first_line + 0.02
+    assert imported - started < 5.0
+
+
+def test_a_process_that_is_not_a_fresh_command_counts_from_the_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that ran for a while before calling main() (this test process) keeps the import as its start:
+    its limit must not be spent before the command began."""
+    import memsched.cli as cli
+
+    monkeypatch.setattr(cli, "_IMPORTED_AT", time.perf_counter())
+    monkeypatch.setattr(cli, "_FRESH_PROCESS_S", 0.0)  # this process started before "the import": not fresh
+    assert cli._process_started_at() == cli._IMPORTED_AT
