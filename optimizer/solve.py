@@ -602,7 +602,7 @@ class _Flow:
         kind = lagrange_kind(self.trace, self.allowed)
         if kind is None:
             return
-        if kind == LagrangeKind.LINK and self.stalls_decide and self.trace.n <= FIFO_MAX_LAYERS:
+        if kind == LagrangeKind.LINK and self.stalls_decide:  # (stalls_decide holds on <= FIFO_MAX_LAYERS)
             # The link windows' bound is the LP of the fluid model, looser than the fluid sweep's own optimum,
             # which the sweep finds fast where stalls decide the plans (ResNet-50 at 1.5-2.6 GiB: 0.5-1.6 s); there
             # the FIFO climb after it is what proves, and it gets this time.
