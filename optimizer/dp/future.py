@@ -156,10 +156,12 @@ def future_table(
     grid: int,
     window: int,
     stride: int,
+    boundaries: np.ndarray,
 ) -> np.ndarray:  # pragma: no cover - compiled
     """table[k, g]: a lower bound on the cost to come for a label at boundary k retaining g * step bytes.
     Rows m in [k, k + window] are all considered, farther ones every `stride` layers and the last one (any
     subset of rows gives a valid bound; the subset keeps the table's cost near n * (window + n / stride)).
+    Only the `boundaries` listed are computed; the others stay 0 (always a valid bound).
     Recomputing layer j frees s_j for at least rerun[j] <= fwd[j] seconds (what it costs as a segment's last
     layer; inside a segment it costs fwd[j]), so rerun[j] / s_j is the rate that keeps the bound valid."""
     n = len(saved)
@@ -167,7 +169,7 @@ def future_table(
     rates = np.empty(n + 1)
     sizes = np.empty(n + 1)
     serial_rate = 1.0 / d2h_bw + 1.0 / h2d_bw
-    for k in range(n):
+    for k in boundaries:
         count = 0
         pool = 0.0
         sum_f = 0.0

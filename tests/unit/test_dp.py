@@ -208,6 +208,74 @@ def test_future_bound_never_cuts_the_fluid_optimum(
     assert pruned.bound_s == pytest.approx(plain.bound_s, rel=1e-9, abs=1e-12)
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(2, 8),
+    seed=st.integers(0, 10**6),
+    dag=st.booleans(),
+    frac=st.floats(0.0, 0.9),
+    serial=st.booleans(),
+)
+def test_root_only_future_bound_beyond_the_table_limit(n: int, seed: int, dag: bool, frac: float, serial: bool) -> None:
+    """Past FUTURE_MAX_LAYERS only the root row is built (every row m from boundary 0): its entry is the full
+    table's root, below the exact optimum, and every other boundary's is 0 (a valid bound that prunes nothing)."""
+    import memsched.optimizer.dp.problem as problem_module
+
+    trace = _random_trace(n, seed, dag, serial, False)
+    budget = budget_between(trace, frac)
+    full = build_problem(trace, budget)
+    saved_limit = problem_module.FUTURE_MAX_LAYERS
+    problem_module.FUTURE_MAX_LAYERS = 1
+    try:
+        root = build_problem(trace, budget, deadline=time.perf_counter() + 60)
+    finally:
+        problem_module.FUTURE_MAX_LAYERS = saved_limit
+    assert root.future[0] == pytest.approx(full.future[0], rel=1e-12, abs=1e-15)
+    assert not root.future[1:].any()
+    assert root.future[0, 0] <= exact_optimum(trace, budget) * (1 + 1e-9) + 1e-12
+
+
+def test_future_root_sees_every_row_on_a_long_trace() -> None:
+    """Over 300 layers the table reads the next 96 rows and then every stride-th from each boundary; its root
+    reads every row (one boundary costs little), so it is at least the strided root, and it is what a solve
+    reports where no sweep finishes. Past FUTURE_MAX_LAYERS the root row is built alone (bound > 0, not 0)."""
+    import memsched.optimizer.dp.problem as problem_module
+    from memsched.optimizer.dp.future import GRID_POINTS, future_table
+
+    trace = make_trace(1000, 1, dag=True)
+    budget = budget_between(trace, 0.2)
+    p = build_problem(trace, budget)
+    window, stride = problem_module._future_rows(trace.n)
+    assert window < trace.n
+    strided = future_table(
+        p.saved,
+        p.fwd,
+        p.rerun,
+        p.bwd,
+        p.trans_f_rec,
+        p.trans_b,
+        p.limit,
+        p.serial,
+        p.d2h_bw,
+        p.h2d_bw,
+        p.future_step,
+        GRID_POINTS,
+        window,
+        stride,
+        np.zeros(1, np.int64),
+    )
+    assert p.future[0, 0] >= strided[0, 0] and p.future[0, 0] > 0.0
+    saved_limit = problem_module.FUTURE_MAX_LAYERS
+    problem_module.FUTURE_MAX_LAYERS = 500
+    try:
+        root = build_problem(trace, budget, deadline=time.perf_counter() + 60)
+        out = exact_search(trace, budget, time.perf_counter() + 0.3, incumbent_s=None, gap=0.0, problem=root)
+    finally:
+        problem_module.FUTURE_MAX_LAYERS = saved_limit
+    assert root.future[0, 0] == pytest.approx(p.future[0, 0], rel=1e-12) and not root.future[1:].any()
+    assert out.bound_s is not None and out.bound_s >= root.future[0, 0] * (1 - 1e-12)
+
+
 def test_future_bound_is_a_bound_where_no_sweep_finishes() -> None:
     """On a long trace the exact sweep cannot finish in a short limit; the empty plan's future bound is still
     reported (a true bound above 0), and it is below what the solver returns."""
