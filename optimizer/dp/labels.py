@@ -232,21 +232,42 @@ def pareto_filter(labels: Labels, d2h_bw: float = np.inf, h2d_bw: float = np.inf
 
 
 def _filter_order(labels: Labels) -> np.ndarray:
-    """Order by (held set, retained bytes, cost): one sort of a packed int64 key where it fits (cost to 16
-    bits: within a tie the order only affects how many dominated labels the ring catches, never which
-    undominated ones survive), a lexsort otherwise."""
+    """Order by (held set, retained bytes, cost): one stable sort of a packed int64 key where it fits, a lexsort
+    otherwise. Within a tie of the key the order only affects how many dominated labels the Fenwick grid and
+    the ring catch, never which undominated ones survive (see _scramble)."""
     group, groups = _held_groups(labels.held)
-    if int(labels.retained.max()) < 1 << 40 and groups <= 1 << 8:
-        c = labels.cost
-        lo, hi = float(c.min()), float(c.max())
-        scale = 65535.0 / (hi - lo) if hi > lo else 0.0
-        key = (labels.retained << 16) | ((c - lo) * scale).astype(np.int64)
-        if group is not None:
-            key |= group.astype(np.int64) << 56
-        return np.argsort(key)
-    if group is None:
-        group = np.zeros(len(labels), dtype=np.int64)
-    return np.lexsort((labels.cost, labels.retained, group))
+    # The key's bits, high to low: the held group (where there are several), retained bytes, the cost's rank
+    # within [min, max] in what is left of 63 (the key is a signed int64; at most 40), then _TIE_BITS.
+    group_bits = 0 if group is None else 8
+    cost_bits = min(63 - group_bits - _TIE_BITS - int(labels.retained.max()).bit_length(), 40)
+    if cost_bits < 16 or groups > 1 << 8:
+        return np.lexsort((labels.cost, labels.retained, group if group is not None else np.zeros(len(labels))))
+    c = labels.cost
+    lo, hi = float(c.min()), float(c.max())
+    scale = float((1 << cost_bits) - 1) / (hi - lo) if hi > lo else 0.0
+    key = (labels.retained << (cost_bits + _TIE_BITS)) | (((c - lo) * scale).astype(np.int64) << _TIE_BITS)
+    key |= _scramble(len(key))
+    if group is not None:
+        key |= group.astype(np.int64) << (63 - group_bits)
+    # Stable (timsort): the parts concatenated (the children of one boundary's labels, emitted in this order)
+    # arrive as long sorted runs, which it merges in about half the time of the default quicksort.
+    return np.argsort(key, kind="stable")
+
+
+_TIE_BITS = 8
+"""Low bits of the sort key that order ties (labels of equal retained bytes and cost rank) by _scramble."""
+
+
+def _scramble(m: int) -> np.ndarray:
+    """_TIE_BITS bits per position 0..m-1, spread by a multiplicative hash (deterministic). Ties in emission
+    order keep far more labels on some traces: keep and offload children of one parent share its cost, and the
+    dominance index then meets them in an order that catches few (synthetic 200-layer chain at 20%, threshold
+    0.0195 s: 27.8M labels and the cap at layer 137, against 18.0M and the whole sweep in 28 s scrambled).
+    Scrambled ties with the stable sort are faster than the default quicksort on every trace measured
+    (fluid sweeps on one core: PipeDream ResNet-50 at 4.5 / 6.7 GiB 4.9 -> 4.2 s, 2.3-2.8 -> 1.7 s; that chain
+    33-35 -> 28 s; DenseNet-121 at 25% 3.7-4.2 -> 3.4 s)."""
+    h = np.arange(m, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return (h >> np.uint64(64 - _TIE_BITS)).astype(np.int64)
 
 
 def beam_select(labels: Labels, width: int, score: np.ndarray) -> Labels:
