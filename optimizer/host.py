@@ -93,6 +93,8 @@ def _byte_problem(p: DpProblem) -> DpProblem:
         latency=0.0,
         d2h_bw=math.inf,
         h2d_bw=math.inf,
+        fluid_d2h_bw=math.inf,
+        fluid_h2d_bw=math.inf,
         future=np.zeros_like(p.future),
         host_price=1.0,
         _remaps={},

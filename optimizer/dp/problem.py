@@ -115,7 +115,14 @@ class DpProblem:
     h2d_bw: float
     """Host-to-device bytes per second."""
     latency: float
-    """Fixed seconds per copy (ignored by the fluid relaxation, exact on serial devices)."""
+    """Fixed seconds per copy (exact on serial devices and in the FIFO sweep; in the fluid sweep, through
+    fluid_d2h_bw / fluid_h2d_bw)."""
+    fluid_d2h_bw: float
+    """Device-to-host bytes per second as the fluid sweep drains them: each copy's latency spread over its bytes
+    as if it carried the most any copy does (all of a layer's saved tensors; fluid_bandwidth), so no real copy
+    moves its bytes faster. d2h_bw on serial devices (their copies are priced exactly, latency included)."""
+    fluid_h2d_bw: float
+    """Host-to-device bytes per second as the fluid sweep drains them (as fluid_d2h_bw)."""
     saved_prefix: np.ndarray
     """int64 prefix sums of `saved` (length n + 1)."""
     fwd_prefix: np.ndarray
@@ -301,6 +308,19 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         row_floor[k] = max(row_floor[k + 1], need[k])
     limit = budget_bytes - trace.static.total
     future_step = max(1.0, limit / GRID_POINTS)
+    # The most one copy carries: a layer's offloaded tensors leave in one copy (the simulator's), at most all of
+    # its saved tensors.
+    largest = max(
+        (sum(t for t in x.tensors if t > 0) for i, x in enumerate(layers) if _may_offload(trace, i)), default=0
+    )
+    fluid_d2h_bw, fluid_h2d_bw = (
+        (trace.device.d2h_bytes_per_s, trace.device.h2d_bytes_per_s)
+        if not trace.device.concurrent_copies
+        else (
+            fluid_bandwidth(trace.device.d2h_bytes_per_s, trace.device.copy_latency_s, largest),
+            fluid_bandwidth(trace.device.h2d_bytes_per_s, trace.device.copy_latency_s, largest),
+        )
+    )
     window, stride = _future_rows(n)
 
     def table(window: int, stride: int, boundaries: np.ndarray) -> np.ndarray:
@@ -313,8 +333,8 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
             trans_b,
             limit,
             not trace.device.concurrent_copies,
-            trace.device.d2h_bytes_per_s,
-            trace.device.h2d_bytes_per_s,
+            fluid_d2h_bw,
+            fluid_h2d_bw,
             future_step,
             GRID_POINTS,
             window,
@@ -363,6 +383,8 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         d2h_bw=trace.device.d2h_bytes_per_s,
         h2d_bw=trace.device.h2d_bytes_per_s,
         latency=trace.device.copy_latency_s,
+        fluid_d2h_bw=fluid_d2h_bw,
+        fluid_h2d_bw=fluid_h2d_bw,
         saved_prefix=np.concatenate([[0], np.cumsum(saved)]).astype(np.int64),
         fwd_prefix=np.concatenate([[0.0], np.cumsum(fwd)]),
         bwd_prefix=np.concatenate([[0.0], np.cumsum(bwd)]),
@@ -371,6 +393,17 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         future_step=future_step,
         ckpt_state=checkpoint_state_bytes(trace),
     )
+
+
+def fluid_bandwidth(bytes_per_s: float, latency_s: float, largest_bytes: int) -> float:
+    """The link's bandwidth in the fluid sweep where each copy also waits `latency_s`: a copy of b <= L bytes
+    (L = `largest_bytes`, the most one copy carries) takes latency + b / bw >= b x (1 / bw + latency / L)
+    seconds, so the link drained at 1 / (1 / bw + latency / L) bytes per second moves every copy's bytes no later
+    than the real link does, and the fluid sweep stays a relaxation (docs/formulation.md, 'Copy latency in the
+    fluid sweep'). It matters where latency x bw is not small against the largest copy."""
+    if latency_s <= 0.0 or largest_bytes <= 0 or not math.isfinite(bytes_per_s):
+        return bytes_per_s
+    return 1.0 / (1.0 / bytes_per_s + latency_s / largest_bytes)
 
 
 def _unpriced_holds_possible(trace: Trace) -> bool:

@@ -8,8 +8,9 @@ every recompute segment [k, b] (one macro-step, stopped where a row fails for go
 
 Copies are fluid: the D2H backlog drains at the link's bandwidth while forwards run, and the H2D backlog is
 swept in reverse time while backwards (and recomputations) run; a row that the backlog would overflow is met
-by the smallest stall that drains enough, which is optimal for the fluid queue. Latency is ignored. On a
-device whose copies run on the compute thread, offloads are synchronous and exact instead.
+by the smallest stall that drains enough, which is optimal for the fluid queue. Copy latency slows the fluid
+link to DpProblem.fluid_d2h_bw / fluid_h2d_bw, which no real copy beats. On a device whose copies run on the
+compute thread, offloads are synchronous and exact instead.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class _Sweep:
         self.stored_count = 0
         # A voluntary stall drains a backlog at the link's bandwidth (a legal move of the relaxation), which
         # the dominance test uses; serial devices have no backlogs.
-        self._bandwidths = (np.inf, np.inf) if p.serial else (p.d2h_bw, p.h2d_bw)
+        self._bandwidths = (np.inf, np.inf) if p.serial else (p.fluid_d2h_bw, p.fluid_h2d_bw)
 
     # ------------------------------------------------------------------ helpers
     def _quant_backlog(self, x: np.ndarray) -> np.ndarray:
@@ -191,7 +192,7 @@ class _Sweep:
             # Scored as if the backlogs had to drain now: the cost a plan is sure to pay.
             score = labels.cost + self.p.future_bound(k, labels.retained)
             if not self.p.serial:
-                score = score + labels.d2h / self.p.d2h_bw + labels.h2d / self.p.h2d_bw
+                score = score + labels.d2h / self.p.fluid_d2h_bw + labels.h2d / self.p.fluid_h2d_bw
             labels = beam_select(labels, self.cfg.beam, score)
         return labels
 
@@ -208,12 +209,12 @@ class _Sweep:
         cap_b = (p.limit - p.saved[k] - p.trans_b[k] - retained).astype(np.float64)
         alive = (cap_f >= 0) & (cap_b >= 0)
         if not p.serial:
-            cost += np.maximum(d2h - cap_f, 0.0) / p.d2h_bw + np.maximum(h2d - cap_b, 0.0) / p.h2d_bw
+            cost += np.maximum(d2h - cap_f, 0.0) / p.fluid_d2h_bw + np.maximum(h2d - cap_b, 0.0) / p.fluid_h2d_bw
             d2h = np.minimum(d2h, cap_f)
             h2d = np.minimum(h2d, cap_b)
             # F_k's compute drains the D2H backlog; B_k's (in reverse time) the H2D backlog.
-            d2h = np.maximum(d2h - p.d2h_bw * p.fwd[k], 0.0)
-            h2d = np.maximum(h2d - p.h2d_bw * p.bwd[k], 0.0)
+            d2h = np.maximum(d2h - p.fluid_d2h_bw * p.fwd[k], 0.0)
+            h2d = np.maximum(h2d - p.fluid_h2d_bw * p.bwd[k], 0.0)
         alive &= cost + p.future_bound(k, retained) < cfg.threshold
         if not alive.all():
             keep = np.flatnonzero(alive)
@@ -276,8 +277,8 @@ class _Sweep:
                 k,
                 p.limit,
                 p.serial,
-                p.d2h_bw,
-                p.h2d_bw,
+                p.fluid_d2h_bw,
+                p.fluid_h2d_bw,
                 cfg.threshold,
                 p.saved,
                 p.saved_prefix,
@@ -390,7 +391,7 @@ def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
         res.stored.append((lab.parent, lab.parent_boundary, lab.action))
         final = lab.cost.copy()
         if not p.serial:
-            final += lab.d2h / p.d2h_bw + lab.h2d / p.h2d_bw
+            final += lab.d2h / p.fluid_d2h_bw + lab.h2d / p.fluid_h2d_bw
         order = np.argsort(final, kind="stable")[:16]
         res.finals = [(float(final[i]), int(i)) for i in order]
         res.finished = True

@@ -77,6 +77,56 @@ def test_dp_bound_is_below_the_exact_optimum(
         assert out.bound_s <= best.overhead_s + 1e-12
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(2, 8),
+    seed=st.integers(0, 10**6),
+    dag=st.booleans(),
+    frac=st.floats(0.0, 0.9),
+    latency_s=st.sampled_from([2e-4, 1e-3, 5e-3]),
+)
+def test_fluid_link_slowed_by_latency_still_bounds_the_exact_optimum(
+    n: int, seed: int, dag: bool, frac: float, latency_s: float
+) -> None:
+    """With a copy latency as long as copying a layer's tensors or longer (0.2-5 ms against MiB tensors at 12 GB/s),
+    the fluid sweep drains its backlogs at fluid_bandwidth(): still below the exact optimum (the MILP with
+    every timing, which prices whole copies with their latency), and no lower than the same sweep on the
+    latency-free link, which it tightens."""
+    from memsched.optimizer.dp.problem import fluid_bandwidth
+
+    trace = make_trace(n, seed, dag=dag, copy_latency_s=latency_s)
+    budget = budget_between(trace, frac)
+    p = build_problem(trace, budget)
+    largest = max((sum(x.tensors) for x in trace.layers[:-1]), default=0)
+    assert p.fluid_d2h_bw == pytest.approx(fluid_bandwidth(p.d2h_bw, latency_s, largest))
+    assert largest == 0 or p.fluid_d2h_bw < p.d2h_bw
+    out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0, problem=p)
+    assert out.fluid_optimum and out.bound_s is not None
+    opt = exact_optimum(trace, budget)
+    assert out.bound_s <= opt * (1 + 1e-9) + 1e-12
+    free = exact_search(
+        trace,
+        budget,
+        FAR,
+        incumbent_s=None,
+        gap=0.0,
+        problem=replace(p, fluid_d2h_bw=p.d2h_bw, fluid_h2d_bw=p.h2d_bw, future=np.zeros_like(p.future), _remaps={}),
+    )
+    assert free.bound_s is not None and out.bound_s >= free.bound_s * (1 - 1e-9) - 1e-12
+
+
+def test_fluid_bandwidth() -> None:
+    """A copy of b <= L bytes takes latency + b / bw >= b / fluid_bandwidth(bw, latency, L): equal at b = L."""
+    from memsched.optimizer.dp.problem import fluid_bandwidth
+
+    bw, lat, largest = 12e9, 1e-3, 24_000_000
+    eff = fluid_bandwidth(bw, lat, largest)
+    assert largest / eff == pytest.approx(lat + largest / bw)
+    for b in (1, 1000, 10**6, largest):
+        assert lat + b / bw >= b / eff
+    assert fluid_bandwidth(bw, 0.0, largest) == bw and fluid_bandwidth(bw, lat, 0) == bw
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_default_timing_is_optimal_for_fixed_actions(seed: int) -> None:
     """For fixed actions, default_timing's done-by / prefetch-at are as good as the best of all timings

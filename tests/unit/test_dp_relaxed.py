@@ -116,9 +116,14 @@ def test_a_search_given_a_proven_bound_skips_the_sweep_below_it_and_ends_at_the_
     import memsched.optimizer.dp as dp_module
 
     trace = make_trace(16 + seed, seed, dag=seed % 2 == 1, copy_latency_s=10e-6)
-    budget = budget_between(trace, 0.3 + 0.05 * seed)
-    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
-    assert free.bound_s is not None and free.fluid_optimum and free.schedules
+    frac = 0.3 + 0.05 * seed
+    while True:  # a budget whose fluid optimum costs something (else there is nothing to climb to)
+        budget = budget_between(trace, frac)
+        free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+        assert free.bound_s is not None and free.fluid_optimum and free.schedules
+        if free.schedules[0].overhead_s > 0.0 or frac <= 0.0:
+            break
+        frac = max(0.0, frac - 0.05)
     optimum, incumbent = free.bound_s, free.schedules[0].overhead_s * 1.2
     thresholds: list[float] = []
     real_sweep = dp_module.run_sweep
