@@ -27,6 +27,13 @@ from memsched.options import SolveOptions
 from memsched.schema import Action, SolverStatus, Trace
 
 FAR = time.perf_counter() + 10**6  # a deadline that never comes
+SMALL_TRACES = {
+    "n": st.integers(2, 8),
+    "seed": st.integers(0, 10**6),
+    "dag": st.booleans(),
+    "frac": st.floats(0.0, 0.9),
+}
+"""The property tests' random traces: layers, make_trace's seed, skip connections, budget between min and keep-all."""
 
 
 def _random_trace(n: int, seed: int, dag: bool, serial: bool, latency: bool) -> Trace:
@@ -46,10 +53,7 @@ def exact_optimum(trace: Trace, budget: int) -> float:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    n=st.integers(2, 8),
-    seed=st.integers(0, 10**6),
-    dag=st.booleans(),
-    frac=st.floats(0.0, 0.9),
+    **SMALL_TRACES,
     serial=st.booleans(),
     latency=st.booleans(),
 )
@@ -79,10 +83,7 @@ def test_dp_bound_is_below_the_exact_optimum(
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    n=st.integers(2, 8),
-    seed=st.integers(0, 10**6),
-    dag=st.booleans(),
-    frac=st.floats(0.0, 0.9),
+    **SMALL_TRACES,
     latency_s=st.sampled_from([2e-4, 1e-3, 5e-3]),
 )
 def test_fluid_link_slowed_by_latency_still_bounds_the_exact_optimum(
@@ -233,10 +234,7 @@ def test_resnet50_at_25_percent_is_proven() -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    n=st.integers(2, 8),
-    seed=st.integers(0, 10**6),
-    dag=st.booleans(),
-    frac=st.floats(0.0, 0.9),
+    **SMALL_TRACES,
     serial=st.booleans(),
     latency=st.booleans(),
 )
@@ -262,10 +260,7 @@ def test_future_bound_never_cuts_the_fluid_optimum(
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    n=st.integers(2, 8),
-    seed=st.integers(0, 10**6),
-    dag=st.booleans(),
-    frac=st.floats(0.0, 0.9),
+    **SMALL_TRACES,
     serial=st.booleans(),
 )
 def test_root_only_future_bound_beyond_the_table_limit(n: int, seed: int, dag: bool, frac: float, serial: bool) -> None:
