@@ -75,7 +75,11 @@ def main() -> None:
     doc = {"meta": _meta(), "trace": "pipedream/resnet50 batch 128", "gap": 0.01, "runs": runs}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "sweep_bench.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (RESULTS / "sweep_bench.md").write_text(_markdown(doc))
+    md = RESULTS / "sweep_bench.md"
+    # Hand-written notes (from the first '## Notes' heading on) outlive the run that rewrites the tables.
+    old = md.read_text() if md.exists() else ""
+    notes = old[old.index("\n## Notes") :] if "\n## Notes" in old else ""
+    md.write_text(_markdown(doc) + notes)
     print(_markdown(doc))
 
 
