@@ -2,10 +2,10 @@
 
 The fluid sweep (optimizer/dp/sweep.py) lets an offloaded tensor's bytes leave the device as they are copied
 and carries copy latency only as a slower link. Where stalls are a large part of the optimum that bound is loose
-(ResNet-18: 17-24% below the best schedule). Here a copy frees its bytes only when it is complete, copies run one after another
-on their stream with their latency, and a row that does not fit waits for the oldest copies: exactly the
-simulator's timing (docs/formulation.md, 'Tier 2: FIFO copies'). Its optimum is the optimum over every
-schedule, so it proves bounds the fluid sweep cannot. It costs more per label, so `solve()` runs it only
+(ResNet-18: 17-24% below the best schedule). Here a copy frees its bytes only when it is complete, copies run
+one after another on their stream with their latency, and a row that does not fit waits for the oldest copies:
+exactly the simulator's timing (docs/formulation.md, 'Tier 2: FIFO copies'). Its optimum is the optimum over
+every schedule, so it proves bounds the fluid sweep cannot. It costs more per label, so `solve()` runs it only
 where the fluid bound leaves a gap and time remains.
 """
 
