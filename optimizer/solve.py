@@ -205,6 +205,9 @@ sweep finds its own optimum fast there, above that LP, and the FIFO climb gets t
 PipeDream ResNet-50 at 12 / 19 / 22.5% 1.10-1.36x at every width; at 26% 1.11 / 1.01 / 1.02 / 1.00x; the synthetic
 200-layer DAG at 20% 1.00 / 1.08x and the chain 1.00x, where the link windows are the bound (a rule on any one
 beam, as _MISPRICED, skipped them there: gaps 15 / 31% -> 40 / 54%)."""
+_PRICED_EXACTLY = 1e-3
+"""Where every fluid beam's best plan simulates within this share of its sweep cost, the FIFO probe is skipped
+(`_Flow.fifo_probe`; docs/formulation.md, 'How solve() uses it', step 4)."""
 _FIFO_BEAM_FIRST = 16
 """The first FIFO beam's width, after the first fluid beam's (24); each later one is 4x wider, as the fluid
 beam's. Its labels carry whole copy queues and it expands every segment, so a label costs several times a fluid
@@ -449,6 +452,9 @@ class _Flow:
         self.stalls_decide = False
         """Every fluid beam's best plan was mispriced by more than _STALLS_DECIDE: stalls decide the plans, and the
         FIFO sweep, not the fluid model, holds the bound (set by `beam` where the FIFO beam applies)."""
+        self.priced_exactly = False
+        """Every fluid beam's best plan cost in the simulator what the sweep said (within _PRICED_EXACTLY): the
+        fluid model prices the plans that matter, and the FIFO probe is skipped (set by `beam`)."""
         self.fifo_note: str | None = None
         """Where the last FIFO sweep stopped, said in the answer only if the gap stays open."""
         self.kernels_s = 0.0
@@ -558,6 +564,7 @@ class _Flow:
             if width > _MAX_BEAM_WIDTH:
                 break
         self.stalls_decide = self.fifo_beam_ok() and bool(ratios) and min(ratios) > 1.0 + _STALLS_DECIDE
+        self.priced_exactly = bool(ratios) and max(ratios) <= 1.0 + _PRICED_EXACTLY
 
     def fifo_beam_ok(self) -> bool:
         """The FIFO beam applies: copies run beside compute (on the compute thread the fluid beam prices them
@@ -691,7 +698,12 @@ class _Flow:
         )
 
     def fifo_probe(self) -> None:
-        """The FIFO sweep first, for a share of the limit (see _FIFO_SHARE)."""
+        """The FIFO sweep first, for a share of the limit (see _FIFO_SHARE), unless the fluid beams priced their
+        plans exactly (`priced_exactly`): the FIFO sweep stops at its label cap far below the fluid bound there,
+        and the climb it would start finds nothing (ResNet-50 at 6.7 GiB: 3 s)."""
+        if self.priced_exactly:
+            log.info("fifo probe skipped: every fluid beam's plan cost what the fluid sweep said")
+            return
         share = max(_FIFO_SHARE * self.options.time_limit_s, _FIFO_MIN_S)
         self.fifo_dp(time.perf_counter() + share)
 

@@ -215,3 +215,28 @@ def test_a_probe_out_of_time_gets_the_time_the_fluid_sweep_leaves(monkeypatch: p
     assert rec.status == SolverStatus.OPTIMAL and "from dp-fifo" in " ".join(rec.details), rec.details
     assert rec.objective_s == pytest.approx(opt, rel=1e-5)
     assert fluid.bound_s is not None and fluid.bound_s < 0.9 * opt  # the fluid sweep alone could not prove it
+
+
+@pytest.mark.parametrize(("seed", "frac", "exact"), [(1, 0.5, True), (2, 0.5, True), (3, 0.3, False)])
+def test_the_probe_is_skipped_where_the_fluid_beams_price_their_plans_exactly(
+    seed: int, frac: float, exact: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fluid beams' best plans cost in the simulator what the sweep said (12-layer chains at 50%, no latency):
+    the FIFO probe is skipped. Where they were mispriced (seed 3 at 30%: stalls decide) it runs."""
+    from memsched.optimizer import solve as solve_mod
+    from memsched.optimizer.decisions import ALL_ACTIONS
+    from memsched.optimizer.synthetic import make_trace
+    from memsched.options import SolveResources
+
+    trace = make_trace(12, seed, copy_latency_s=0.0)
+    budget = budget_between(trace, frac)
+    flow = solve_mod._Flow(
+        trace, budget, SolveOptions(time_limit_s=2), SolveResources(), time.perf_counter(), ALL_ACTIONS
+    )
+    flow.prepare_kernels()
+    flow.beam(time.perf_counter() + 1.0)
+    assert flow.priced_exactly == exact
+    probed: list[float] = []
+    monkeypatch.setattr(solve_mod._Flow, "fifo_dp", lambda self, until: probed.append(until))
+    flow.fifo_probe()
+    assert bool(probed) == (not exact)
