@@ -600,6 +600,37 @@ def _time_layers(
         )
 
 
+TIMING_RUNS = 2
+"""Timing runs (the plain steps, then the per-layer timing steps) before layer times that sum past
+STEP_PARTS_FAIL steps are refused: one stall (another process, a page-fault storm) inflates a short run, and a
+second run tells it from contention or instrumentation that lasts."""
+
+
+def _time_step_and_layers(
+    step_fn: StepFn, modules: Sequence[nn.Module], stats: list[_LayerStats], device: torch.device, steps: int
+) -> float:
+    """The in-core step's median seconds, and the per-layer times into `stats`: timed again once where the
+    layers' medians sum past STEP_PARTS_FAIL steps (the check that refuses the trace, `_check_times`)."""
+    for run in range(TIMING_RUNS):
+        for st in stats:
+            st.forward_s.clear()
+            st.backward_s.clear()
+        step_s = statistics.median(time_steps(step_fn, device, steps))
+        _time_layers(step_fn, modules, stats, Clock(device), steps)
+        parts = sum(
+            statistics.median(st.forward_s or [0.0]) + statistics.median(st.backward_s or [0.0]) for st in stats
+        )
+        if parts <= STEP_PARTS_FAIL * step_s:
+            break
+        if run + 1 < TIMING_RUNS:
+            log.info(
+                "times: the layers' forward + backward sum to %.1fx the step; timing again (a stall inflates a "
+                "short run)",
+                parts / step_s if step_s > 0 else float("inf"),
+            )
+    return step_s
+
+
 RERUN_STEPS = 2
 """Extra steps in which every traced layer is checkpointed on its own, to time its re-run (Layer.recompute_s)."""
 RERUN_BELOW = 0.95
@@ -963,8 +994,9 @@ def trace(
     measure_bandwidth: bool = True,
 ) -> Trace:
     """Trace `model` by running `step_fn()` (one whole training step: forward, backward, optimizer step)
-    warmup + 2 * steps + 2 times. Layers are the repeated blocks, or the modules whose names match `layers`
-    (regexes). Times are medians over `steps` steps after the warm-up; memory is one whole measured step.
+    warmup + 2 * steps + 2 times (2 * steps more where a stall inflated the first timing run: TIMING_RUNS).
+    Layers are the repeated blocks, or the modules whose names match `layers` (regexes). Times are medians
+    over `steps` steps after the warm-up; memory is one whole measured step.
     On the CPU (glibc) it keeps freed memory in the process from then on, heap untrimmed and no mmap
     (memsched.runtime.hostalloc), so that page faults do not move the step times it records.
 
@@ -1039,11 +1071,10 @@ def trace_with_report(
     try:
         for _ in range(warmup):
             step_fn()
-        step_s = statistics.median(time_steps(step_fn, device, steps))  # the in-core step
+        step_s = _time_step_and_layers(step_fn, modules, stats, device, steps)
     finally:
         hook.remove()
     optimizers = _check_optimizers(model, optimizer, stepped, report)
-    _time_layers(step_fn, modules, stats, Clock(device), steps)
     checkpointed = _time_reruns(model, step_fn, [name for name, _ in found], modules, stats, Clock(device), report)
     mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizers)
     static = static_bytes(model, optimizers[0] if optimizers else None)
