@@ -18,6 +18,7 @@ from torch import nn
 
 from memsched.optimizer.decisions import KEEP, recompute
 from memsched.runtime import apply_schedule, trace
+from memsched.runtime.tracer import RERUN_BELOW
 
 
 class _Reruns:
@@ -168,7 +169,9 @@ def test_the_tracer_leaves_a_relu_blocks_rerun_at_its_forward():
         tr = trace(net, step, layers=[r"blocks\.\d+"], steps=3, warmup=1, measure_bandwidth=False)
     finally:
         torch.set_num_threads(threads)
-    # Its last op saves its output, so all of it re-runs: recorded only where measurably below (noise).
+    # Its last op saves its output, so all of it re-runs. Recorded only where measurably below its forward:
+    # whether noise puts a whole re-run there varies run to run (0.87-0.94 of the forward in one run), so
+    # what is asserted is the rule, not its outcome.
     ratios = [x.rerun_s / x.forward_s for x in tr.layers]
     assert all(r > 0.8 for r in ratios), ratios
-    assert sum(x.recompute_s is None for x in tr.layers) >= 2, ratios
+    assert all(x.recompute_s is None or x.recompute_s < RERUN_BELOW * x.forward_s for x in tr.layers), ratios
