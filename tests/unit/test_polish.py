@@ -22,7 +22,7 @@ def test_feasible_and_never_worse_than_the_start(n: int, seed: int, dag: bool, f
     trace = make_trace(n, seed, dag=dag)
     budget = budget_between(trace, frac)
     start = heuristic(trace, budget).sim
-    res = polish(trace, budget, start.decisions, time_limit_s=2.0)
+    res = polish(trace, budget, start.decisions, time_limit_s=0.5)  # what is asserted holds at any stop
     again = simulate(trace, res.sim.decisions, budget, with_events=False)  # timing is fully set
     assert again.feasible
     assert again.overhead_s == pytest.approx(res.sim.overhead_s, rel=1e-12, abs=1e-15)
