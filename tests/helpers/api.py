@@ -5,6 +5,7 @@ them are in tests/conftest.py."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import getpass
 import os
 import shutil
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -156,9 +158,29 @@ def _run(cmd: list[str], timeout: float = 600) -> str:
     return f"`{' '.join(cmd)}` -> {r.returncode}" + (f" ({r.stderr.strip()[-200:]})" if r.returncode else "")
 
 
+@contextlib.contextmanager
+def installing() -> Iterator[None]:
+    """One test process at a time installs or starts a system package (`make test` runs two pytest workers):
+    dpkg's own lock makes a second apt-get fail at once instead of waiting, so the later test would skip. Whoever
+    waits checks again, inside, whether the first one installed it."""
+    with open(Path(tempfile.gettempdir()) / "memsched-test-install.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def try_install_and_start_pg() -> str:
     """Start Debian's PostgreSQL if it is installed; install it first when MEMSCHED_TEST_INSTALL_PG=1 (CI) and
     we are root with apt-get; give this user a superuser role. Returns what was done, for the skip message."""
+    with installing():
+        if find_pg()[0] is not None:
+            return "started by another test process"
+        return _install_and_start_pg()
+
+
+def _install_and_start_pg() -> str:
     done = []
     installed = Path("/etc/postgresql").is_dir() and shutil.which("pg_ctlcluster") is not None
     if not installed:
@@ -227,7 +249,10 @@ def try_install_redis() -> str:
         return "set MEMSCHED_TEST_INSTALL_REDIS=1 to let the tests apt-get it"
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         return "installing redis-server needs root and apt-get"
-    return "; ".join([_run(["apt-get", "update", "-q"]), _run(["apt-get", "install", "-y", "-q", "redis-server"])])
+    with installing():
+        if shutil.which("redis-server") is not None:
+            return "installed by another test process"
+        return "; ".join([_run(["apt-get", "update", "-q"]), _run(["apt-get", "install", "-y", "-q", "redis-server"])])
 
 
 class RedisServer:

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from helpers.api import _run
+from helpers.api import _run, installing
 
 
 def find_chromium() -> tuple[str | None, str | None]:
@@ -24,12 +24,15 @@ def try_install_chromium() -> str:
         return "chromium / chromedriver are not installed (set MEMSCHED_TEST_INSTALL_CHROMIUM=1 to let the tests apt-get them)"
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         return "chromium / chromedriver are not installed and cannot be: installing needs root and apt-get"
-    return "; ".join(
-        [
-            _run(["apt-get", "update", "-q"]),
-            _run(["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"], 900),
-        ]
-    )
+    with installing():
+        if all(find_chromium()):
+            return "installed by another test process"
+        return "; ".join(
+            [
+                _run(["apt-get", "update", "-q"]),
+                _run(["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"], 900),
+            ]
+        )
 
 
 def offline_driver(chromium: str, chromedriver: str, profile: Path) -> Any:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,32 +16,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers.api import Server, _run, free_port
+from helpers.api import Server, free_port
+from helpers.browser import find_chromium, try_install_chromium
 from memsched.api.examples import synthetic_trace
 
 pytestmark = pytest.mark.timeout(600)
 
 
-def _chromium() -> str | None:
-    return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
-
-
-def _try_install_chromium() -> str:
-    """apt-get chromium when MEMSCHED_TEST_INSTALL_CHROMIUM=1 (CI) and we are root, as the service tests do for
-    PostgreSQL and Redis; returns what was done, for the skip message."""
-    if os.environ.get("MEMSCHED_TEST_INSTALL_CHROMIUM") != "1":
-        return "chromium is not installed (set MEMSCHED_TEST_INSTALL_CHROMIUM=1 to let the tests apt-get it)"
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return "chromium is not installed and cannot be: installing needs root and apt-get"
-    return "; ".join([_run(["apt-get", "update", "-q"]), _run(["apt-get", "install", "-y", "-q", "chromium"], 900)])
-
-
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    exe = _chromium()
+    exe = find_chromium()[0]
     if exe is None:
-        done = _try_install_chromium()
-        exe = _chromium()
+        done = try_install_chromium()
+        exe = find_chromium()[0]
         if exe is None:
             pytest.skip(f"no headless Chromium to render /docs with: {done}")
     return exe
