@@ -620,15 +620,17 @@ def _time_step_and_layers(
         parts = sum(
             statistics.median(st.forward_s or [0.0]) + statistics.median(st.backward_s or [0.0]) for st in stats
         )
-        if parts <= STEP_PARTS_FAIL * step_s:
+        ratio = _parts_ratio(parts, step_s)
+        if ratio <= STEP_PARTS_FAIL:
             break
         if run + 1 < TIMING_RUNS:
-            log.info(
-                "times: the layers' forward + backward sum to %.1fx the step; timing again (a stall inflates a "
-                "short run)",
-                parts / step_s if step_s > 0 else float("inf"),
-            )
+            log.info("times: the layers' forward + backward sum to %.1fx the step; timing again (a stall)", ratio)
     return step_s
+
+
+def _parts_ratio(parts: float, step_s: float) -> float:
+    """The layers' summed times over the step that contains them (infinite for a step of 0 s)."""
+    return parts / step_s if step_s > 0 else float("inf")
 
 
 RERUN_STEPS = 2
@@ -950,7 +952,7 @@ def _check_optimizers(
 def _check_times(layers: Sequence[Layer], step_s: float, report: TraceReport) -> None:
     """Per-layer times are parts of the step: far more than the step means they were inflated."""
     parts = sum(x.forward_s + x.backward_s for x in layers)
-    ratio = parts / step_s if step_s > 0 else float("inf")
+    ratio = _parts_ratio(parts, step_s)
     if ratio <= STEP_PARTS_WARN:
         return
     msg = (
