@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memsched.optimizer.dp.labels import Labels, pareto_filter
+from memsched.optimizer.dp.labels import Labels, _filter_order, pareto_filter
 
 BW = 12e9
 
 
-def _labels(rng: np.random.Generator, m: int, held_groups: int) -> Labels:
-    retained = rng.integers(0, 6, m).astype(np.int64) * 1_000_000
+def _labels(rng: np.random.Generator, m: int, held_groups: int, unit: int = 1_000_000) -> Labels:
+    retained = rng.integers(0, 6, m).astype(np.int64) * unit
     cost = rng.integers(0, 6, m) * 1e-3
     # Few distinct d2h values and many distinct h2d values: the two axes' grids differ in length.
     d2h = rng.choice([0.0, 4e8, 8e8], m)
@@ -34,10 +34,16 @@ def _dominated_by(a: int, b: int, lab: Labels) -> bool:
     return bool(lab.cost[b] + extra <= lab.cost[a])
 
 
+# Retained bytes of 2^20 (the packed sort key with all its tie bits), 2^36 (an 80 GB device: the tie bits give
+# way to the cost's rank) and 2^49 (no room for 16 bits of cost rank: the lexsort).
+UNITS = (1_000_000, 1 << 36, 1 << 49)
+
+
+@pytest.mark.parametrize("unit", UNITS)
 @pytest.mark.parametrize("seed", range(12))
-def test_pareto_filter_drops_only_dominated_labels(seed: int) -> None:
+def test_pareto_filter_drops_only_dominated_labels(seed: int, unit: int) -> None:
     rng = np.random.default_rng(seed)
-    lab = _labels(rng, 300, held_groups=1 + seed % 3)
+    lab = _labels(rng, 300, held_groups=1 + seed % 3, unit=unit)
     kept = pareto_filter(lab, BW, BW)
     kept_keys = {
         (int(r), int(h), float(c), float(d), float(x))
@@ -65,3 +71,21 @@ def test_the_least_retained_label_always_survives() -> None:
     )
     kept = pareto_filter(lab, BW, BW)
     assert 0 in kept.retained.tolist()
+
+
+@pytest.mark.parametrize("unit", UNITS)
+@pytest.mark.parametrize("groups", [1, 2, 5, 40])
+def test_the_filter_order_is_by_held_set_then_retained_then_cost(unit: int, groups: int) -> None:
+    """The dominance index needs every label's possible dominators before it: same held set, no more retained
+    bytes; among equal retained bytes, cheaper first wherever the cost's rank tells them apart."""
+    rng = np.random.default_rng(groups)
+    lab = _labels(rng, 2000, held_groups=groups, unit=unit)
+    order = _filter_order(lab)
+    assert sorted(order.tolist()) == list(range(len(lab)))
+    held, retained, cost = lab.held[order], lab.retained[order], lab.cost[order]
+    runs = np.flatnonzero(np.diff(held)) + 1
+    assert len(runs) == len(np.unique(held)) - 1  # each held set is one run
+    for part in np.split(np.arange(len(lab)), runs):
+        assert np.all(np.diff(retained[part]) >= 0)
+        ties = part[:-1][np.diff(retained[part]) == 0]
+        assert np.all(cost[ties] <= cost[ties + 1])  # costs 1 ms apart: every rank tells them apart
