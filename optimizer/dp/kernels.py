@@ -43,6 +43,9 @@ def segment_children(
     row_floor: np.ndarray,
     future: np.ndarray,
     future_step: float,
+    backlog_prune: bool,
+    fwd_left: np.ndarray,
+    bwd_left: np.ndarray,
     external: np.ndarray,
     state: int,
     overlap: int,
@@ -66,7 +69,9 @@ def segment_children(
     tensors that are its checkpoint inputs (simulate.rerun_input_overlap), counted once in rows B_m, m > k.
     Returns (labels done, children written, then the children's arrays: destination boundary, parent,
     retained, held (crossing[k] order), cost, d2h, h2d).
-    `future[b, g]` bounds the cost to come from boundary b at g * future_step retained bytes (dp/future.py).
+    `future[b, g]` bounds the cost to come from boundary b at g * future_step retained bytes (dp/future.py);
+    where larger and `backlog_prune` holds, so do the stalls a child's backlogs force (DpProblem.backlog_bound,
+    from `fwd_left[b]` / `bwd_left[b]`: forward / backward seconds of layers b..n-1).
     Stops before a label whose children might not fit in `capacity`; the caller resumes from there."""
     n = len(saved)
     o_dst = np.empty(capacity, np.int64)
@@ -136,8 +141,13 @@ def segment_children(
                 break
             if child_ret > limit - row_floor[b + 1]:
                 continue
+            child_h = h if serial else max(h - h2d_bw * recompute_s, 0.0)
             g = min(int(child_ret / future_step), future.shape[1] - 1)
-            if child_cost + future[b + 1, g] >= threshold:
+            to_come = future[b + 1, g]
+            if backlog_prune:
+                forced = max(d / d2h_bw - fwd_left[b + 1], 0.0) + max(child_h / h2d_bw - bwd_left[b + 1], 0.0)
+                to_come = max(to_come, forced)
+            if child_cost + to_come >= threshold:
                 continue  # no completion beats the threshold (a longer segment may still: its row differs)
             o_dst[w] = b + 1
             o_parent[w] = i
@@ -145,6 +155,6 @@ def segment_children(
             o_held[w] = held[i] | seg
             o_cost[w] = child_cost
             o_d2h[w] = d
-            o_h2d[w] = h if serial else max(h - h2d_bw * recompute_s, 0.0)
+            o_h2d[w] = child_h
             w += 1
     return done, w, o_dst, o_parent, o_ret, o_held, o_cost, o_d2h, o_h2d

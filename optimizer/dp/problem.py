@@ -199,6 +199,26 @@ class DpProblem:
                     bits_at[c - k] |= np.int64(1) << np.int64(bit)
         return bits_at, np.array([self.output[j] for j in self.crossing[k]], dtype=np.int64)
 
+    def backlog_bound(self, k: int, d2h: np.ndarray, h2d: np.ndarray) -> np.ndarray:
+        """Seconds of stall that labels at boundary k (before F_k's and B_k's compute) pay whatever they do next
+        for the fluid backlogs they carry: the D2H link drains only during the forwards of layers k.. and forward
+        stalls, and must be empty when the forward ends; the H2D link, in reverse time, only during the backwards
+        of layers k.., recomputations and backward stalls, each second of which is paid. The two links' stalls
+        fall in the forward and the backward: they add."""
+        return np.maximum(d2h / self.fluid_d2h_bw - self.fwd_left[k], 0.0) + np.maximum(
+            h2d / self.fluid_h2d_bw - self.bwd_left[k], 0.0
+        )
+
+    @property
+    def fwd_left(self) -> np.ndarray:
+        """float64, length n + 1: forward seconds of layers k..n-1."""
+        return self.fwd_prefix[self.n] - self.fwd_prefix
+
+    @property
+    def bwd_left(self) -> np.ndarray:
+        """float64, length n + 1: backward seconds of layers k..n-1."""
+        return self.bwd_prefix[self.n] - self.bwd_prefix
+
     def future_bound(self, k: int, retained: np.ndarray) -> np.ndarray:
         """The future-cost bound of labels at boundary k (grid point at or below their retained bytes)."""
         g = np.minimum((retained / self.future_step).astype(np.int64), self.future.shape[1] - 1)

@@ -92,6 +92,9 @@ class _Sweep:
         # A voluntary stall drains a backlog at the link's bandwidth (a legal move of the relaxation), which
         # the dominance test uses; serial devices have no backlogs.
         self._bandwidths = (np.inf, np.inf) if p.serial else (p.fluid_d2h_bw, p.fluid_h2d_bw)
+        # The proving sweeps also prune by the stalls a label's backlogs force (DpProblem.backlog_bound); a beam
+        # does not, so that its labels, and the mispricing its plans measure (solve.py), stay as measured.
+        self._backlog_prune = not p.serial and cfg.beam is None
 
     # ------------------------------------------------------------------ helpers
     def _quant_backlog(self, x: np.ndarray) -> np.ndarray:
@@ -119,7 +122,9 @@ class _Sweep:
         action: int,
     ) -> None:
         p = self.p
-        ok = (cost + p.future_bound(dst, retained) < self.cfg.threshold) & (retained <= p.limit - p.row_floor[dst])
+        ok = (cost + self._to_come(dst, retained, d2h, h2d) < self.cfg.threshold) & (
+            retained <= p.limit - p.row_floor[dst]
+        )
         if not ok.all():
             idx = np.flatnonzero(ok)
             retained, held, cost, d2h, h2d, parent = (a[idx] for a in (retained, held, cost, d2h, h2d, parent))
@@ -138,6 +143,14 @@ class _Sweep:
                     np.full(m, action, np.int16),
                 ),
             )
+
+    def _to_come(self, k: int, retained: np.ndarray, d2h: np.ndarray, h2d: np.ndarray) -> np.ndarray:
+        """A lower bound on the cost still to come for labels at boundary k: the future-cost table's, or where
+        larger, the stalls their backlogs force (DpProblem.backlog_bound)."""
+        fut = self.p.future_bound(k, retained)
+        if not self._backlog_prune:
+            return fut
+        return np.maximum(fut, self.p.backlog_bound(k, d2h, h2d))
 
     def _push(self, dst: int, labels: Labels) -> None:
         m = len(labels)
@@ -176,7 +189,7 @@ class _Sweep:
         for k in range(start, self.p.n + 1):
             for part in self.pending[k]:
                 if len(part):
-                    best = min(best, float((part.cost + self.p.future_bound(k, part.retained)).min()))
+                    best = min(best, float((part.cost + self._to_come(k, part.retained, part.d2h, part.h2d)).min()))
         return best
 
     # ------------------------------------------------------------------ one boundary
@@ -215,7 +228,12 @@ class _Sweep:
             # F_k's compute drains the D2H backlog; B_k's (in reverse time) the H2D backlog.
             d2h = np.maximum(d2h - p.fluid_d2h_bw * p.fwd[k], 0.0)
             h2d = np.maximum(h2d - p.fluid_h2d_bw * p.bwd[k], 0.0)
-        alive &= cost + p.future_bound(k, retained) < cfg.threshold
+        # Past row F_k's and B_k's stalls and compute: what is still to come is the table's from k, or the stalls
+        # the drained backlogs force from k + 1 (the rows' stalls are in `cost` already).
+        to_come = p.future_bound(k, retained)
+        if self._backlog_prune:
+            to_come = np.maximum(to_come, p.backlog_bound(k + 1, d2h, h2d))
+        alive &= cost + to_come < cfg.threshold
         if not alive.all():
             keep = np.flatnonzero(alive)
             idx, retained, held, cost, d2h, h2d = (a[keep] for a in (idx, retained, held, cost, d2h, h2d))
@@ -291,6 +309,9 @@ class _Sweep:
                 p.row_floor,
                 p.future,
                 p.future_step,
+                self._backlog_prune,
+                p.fwd_left,
+                p.bwd_left,
                 p.external,
                 p.ckpt_state,
                 int(p.input_saved[k]),
@@ -382,7 +403,7 @@ def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
             res.peak_labels = max(res.peak_labels, len(lab))
             sw.stored_count += len(lab)
             if len(lab):
-                current_min = float((lab.cost + p.future_bound(k, lab.retained)).min())
+                current_min = float((lab.cost + sw._to_come(k, lab.retained, lab.d2h, lab.h2d)).min())
                 if sw.stored_count + sw.pending_count > cfg.max_labels:
                     raise _Stop("cap")
                 sw.expand(k, lab)

@@ -258,6 +258,39 @@ def test_future_bound_never_cuts_the_fluid_optimum(
     assert pruned.bound_s == pytest.approx(plain.bound_s, rel=1e-9, abs=1e-12)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    **SMALL_TRACES,
+    latency=st.booleans(),
+    slow=st.sampled_from([1.0, 0.1, 0.02]),
+)
+def test_backlog_bound_never_cuts_the_fluid_optimum(
+    n: int, seed: int, dag: bool, frac: float, latency: bool, slow: float
+) -> None:
+    """The stalls a label's backlogs force (DpProblem.backlog_bound) bound its cost to come: a sweep pruned at a
+    threshold just above the fluid optimum still finds it, one just below proves its threshold and no more,
+    and at the last boundary the bound is the final wait itself. `slow` divides the links' bandwidth, so
+    that backlogs outlast the compute left (where the bound prunes)."""
+    trace = _random_trace(n, seed, dag, False, latency)
+    trace.device.d2h_bytes_per_s *= slow
+    trace.device.h2d_bytes_per_s *= slow
+    budget = budget_between(trace, frac)
+    p = build_problem(trace, budget)
+    plain = run_sweep(p, SweepConfig(deadline=FAR))
+    assert plain.finished and plain.finals
+    opt = plain.finals[0][0]
+    assert p.backlog_bound(p.n, np.array([3e9]), np.array([5e9]))[0] == pytest.approx(
+        3e9 / p.fluid_d2h_bw + 5e9 / p.fluid_h2d_bw
+    )
+    if opt <= 0.0:
+        return
+    above = run_sweep(p, SweepConfig(deadline=FAR, threshold=opt * (1 + 1e-6) + 1e-12))
+    assert above.finished and above.finals
+    assert above.finals[0][0] == pytest.approx(opt, rel=1e-9, abs=1e-12)
+    below = run_sweep(p, SweepConfig(deadline=FAR, threshold=opt * (1 - 1e-6)))
+    assert below.finished and below.bound_s is not None and below.bound_s <= opt
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     **SMALL_TRACES,
