@@ -297,7 +297,11 @@ def expand_fifo(
                 break
             if child_ret > limit - row_floor[b + 1]:
                 continue
-            if c_f + c_r + future[b + 1, min(int(child_ret / future_step), g_last)] >= threshold:
+            # As for keep and offload: at least the wait for the queued copies at the end of each pass.
+            floor = max(_tail_wait(wdt, sd, stf) - (fwd_prefix[n] - fwd_prefix[b + 1]), 0.0) + max(
+                _tail_wait(wht, sh, stream + recompute_s) - (bwd_prefix[n] - bwd_prefix[b + 1]), 0.0
+            )
+            if c_f + c_r + max(future[b + 1, min(int(child_ret / future_step), g_last)], floor) >= threshold:
                 continue
             _copy_queues(o_dqt[w], o_dqb[w], o_hqt[w], o_hqb[w], wdt, wdb, wht, whb)
             o_dst[w] = b + 1

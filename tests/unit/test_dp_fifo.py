@@ -79,6 +79,25 @@ def test_pruned_and_stopped_sweeps_give_true_bounds(seed: int) -> None:
         assert capped.cap_hit
 
 
+@pytest.mark.parametrize("slow", [0.1, 0.02])
+@pytest.mark.parametrize("seed", range(64, 76))
+def test_pruning_by_the_copies_waits_keeps_the_optimum_where_links_are_slow(seed: int, slow: float) -> None:
+    """Every child, keep, offload or segment, is pruned by the larger of the future-cost table and the waits its
+    queued copies force at the end of each pass: with links slowed 10-50x (copies outlast the compute left), a
+    sweep pruned just above the unpruned optimum still finds it."""
+    trace, budget = _case(seed)
+    trace.device.d2h_bytes_per_s *= slow
+    trace.device.h2d_bytes_per_s *= slow
+    p = build_problem(trace, budget)
+    plain = fifo_sweep(p, FAR, np.inf)
+    assert plain.finished and plain.finals
+    opt = plain.finals[0][0]
+    if opt <= 0.0:
+        return
+    high = fifo_sweep(p, FAR, opt * (1 + 1e-6) + 1e-12)
+    assert high.finals and high.finals[0][0] == pytest.approx(opt, rel=1e-9, abs=1e-12)
+
+
 def test_fifo_search_reports_a_stop_and_a_bound() -> None:
     trace, budget = _case(7)
     out = fifo_search(trace, budget, time.perf_counter() - 1.0, incumbent_s=1.0, gap=0.0)
