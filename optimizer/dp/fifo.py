@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -123,6 +123,10 @@ class _State:
     compact_at: list[int]
     clock: SweepClock
     stored: int = 0
+    sizes: list[int] = field(default_factory=list)
+    """Labels pending per boundary (the sum of len over pending[k])."""
+    waiting: int = 0
+    """Labels pending over all boundaries."""
     beam: int | None = None
     """At most this many labels per boundary (fifo_sweep's `beam`), else every undominated one."""
 
@@ -202,7 +206,9 @@ def fifo_sweep(
         clock=SweepClock(deadline, _FILTER_S_PER_LABEL),
         beam=beam,
     )
+    st.sizes = [0] * (p.n + 1)
     st.pending[0].append(_root(queue))
+    st.sizes[0] = st.waiting = 1
     res = SweepResult(finished=False, bound_s=None)
     offload_bytes = [np.array([o.nbytes for o in opts], dtype=np.int64) for opts in p.offload]
     copy_bytes = [np.array([o.copy_bytes for o in opts], dtype=np.int64) for opts in p.offload]
@@ -216,6 +222,8 @@ def fifo_sweep(
             parts = st.pending[k]
             lab = st.filter(p, k, FifoLabels.concat(parts)) if parts else None
             st.pending[k] = []  # after the filter: where it stops the sweep, they are still on the frontier
+            st.waiting -= st.sizes[k]
+            st.sizes[k] = 0
             if lab is None:
                 res.stored.append((np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int16)))
                 continue
@@ -328,33 +336,37 @@ def _expand(
         )
         if w == 0:
             continue
+        # The children in destination order, each field gathered once; every destination's part is a slice.
         order = np.argsort(dst[:w], kind="stable")
-        dst = dst[order]
+        dst, ret, held, cf, cr = dst[order], ret[order], held[order], cf[order], cr[order]
+        dqt, dqb, dqn, hqt, hqb, hqn = dqt[order], dqb[order], dqn[order], hqt[order], hqb[order], hqn[order]
+        parent, action = parent[order].astype(np.int32), action[order].astype(np.int16)
         cuts = [0, *(np.flatnonzero(np.diff(dst)) + 1).tolist(), w]
         for lo, hi in itertools.pairwise(cuts):
-            sel = order[lo:hi]
             b1 = int(dst[lo])
-            held_part = p.remap_held(held[sel], k, b1)
+            held_part = p.remap_held(held[lo:hi], k, b1)
             bit = p.keep_bit(k) if b1 == k + 1 else 0
             if bit:  # a kept layer whose saved tensors hold its whole output: no checkpoint charges it again
-                held_part = np.where(action[sel] == ACTION_KEEP, held_part | bit, held_part)
+                held_part = np.where(action[lo:hi] == ACTION_KEEP, held_part | bit, held_part)
             part = FifoLabels(
-                ret[sel],
+                ret[lo:hi],
                 held_part,
-                cf[sel],
-                cr[sel],
-                dqt[sel],
-                dqb[sel],
-                dqn[sel],
-                hqt[sel],
-                hqb[sel],
-                hqn[sel],
-                parent[sel].astype(np.int32),
+                cf[lo:hi],
+                cr[lo:hi],
+                dqt[lo:hi],
+                dqb[lo:hi],
+                dqn[lo:hi],
+                hqt[lo:hi],
+                hqb[lo:hi],
+                hqn[lo:hi],
+                parent[lo:hi],
                 np.full(hi - lo, k, np.int32),
-                action[sel].astype(np.int16),
+                action[lo:hi],
             )
             st.pending[b1].append(part)
-            size = sum(len(x) for x in st.pending[b1])
+            st.sizes[b1] += hi - lo
+            st.waiting += hi - lo
+            size = st.sizes[b1]
             if size > st.compact_at[b1] and b1 < p.n and st.clock.affordable(size):
                 # Filter early so that segments emitted from many boundaries do not pile up; the next
                 # filter waits until the set has doubled, so the work stays linear in what is emitted.
@@ -364,7 +376,8 @@ def _expand(
                 if st.beam is not None:  # the beam at b1 keeps no more than this: cut it now, not later
                     merged = beam_select(merged, st.beam, _beam_score(p, b1, merged))
                 st.pending[b1] = [merged]
+                st.waiting += len(merged) - size
+                st.sizes[b1] = len(merged)
                 st.compact_at[b1] = max(st.compact_at[b1], 2 * len(merged))
-        pending = sum(len(x) for parts in st.pending for x in parts)
-        if st.stored + pending > max_labels:
+        if st.stored + st.waiting > max_labels:
             raise FifoStop("cap")
