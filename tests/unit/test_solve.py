@@ -282,3 +282,36 @@ def test_the_milp_is_left_a_share_only_where_the_limit_lets_it_run() -> None:
     ]
     assert not _relaxed_offload(SolveOptions(time_limit_s=10), few, ALL_ACTIONS)  # every subset enumerated
     assert not _relaxed_offload(SolveOptions(time_limit_s=10, solver="dp"), many, ALL_ACTIONS)  # no MILP after
+
+
+def test_the_local_search_starts_from_the_dp_optimum_where_its_timing_made_it_dearer() -> None:
+    # PipeDream ResNet-50 at 56%: the exact sweep's optimum (0.026937 s) decodes, at this incumbent's threshold, to
+    # a plan whose copies' default timing simulates at 0.0275 s, dearer than the incumbent (0.02728 s, another
+    # of the sweep's plans), from which the local search finds nothing better. From the DP's plan it re-times the
+    # copies and reaches the bound, so the solve is proven.
+    import time
+
+    from helpers import require_pipedream
+    from memsched.optimizer import solve as solve_mod
+    from memsched.optimizer.decisions import ALL_ACTIONS
+    from memsched.optimizer.dp import exact_search
+    from memsched.service.importers import import_pipedream
+
+    resnet = import_pipedream(require_pipedream() / "resnet50.graph.txt", 128)
+    budget = resnet.static.total + round(keepall_activation_peak(resnet) * 0.56)
+    far = time.perf_counter() + 600
+    seed = exact_search(resnet, budget, far, 0.027405991999999973, 0.01)
+    others = exact_search(resnet, budget, far, 0.0281, 0.01)
+    assert seed.schedules and seed.bound_s is not None and len(others.schedules) > 1
+    incumbent = others.schedules[1]
+    assert incumbent.overhead_s < seed.schedules[0].overhead_s
+    assert incumbent.overhead_s > seed.bound_s / 0.99  # not proven by the bound
+    flow = solve_mod._Flow(
+        resnet, budget, SolveOptions(time_limit_s=10), SolveResources(), time.perf_counter(), ALL_ACTIONS
+    )
+    flow.cands = [solve_mod.Candidate("dp", incumbent)]
+    flow.prove(seed.bound_s, "dp")
+    flow.dp_seed = seed.schedules[0]
+    flow.polish(time.perf_counter() + 2.0)
+    assert flow.dp_seed is None  # used once
+    assert flow.proven(), (flow.best.sim.overhead_s, seed.bound_s)
