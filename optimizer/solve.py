@@ -461,8 +461,8 @@ class _Flow:
         self.fifo_note: str | None = None
         """Where the last FIFO sweep stopped, said in the answer only if the gap stays open."""
         self.dp_seed: SimResult | None = None
-        """The exact DP's decoded optimum where it simulated above what the sweep priced it at and is not the best
-        plan: the next local search starts from it first (`polish`)."""
+        """The exact DP's decoded optimum where it is not the best plan (its copies' default timing made it
+        dearer): the next local search starts from it first (`polish`)."""
         self.kernels_s = 0.0
         """Seconds spent loading (or, the first time, compiling) the compiled kernels."""
         self.host_binds = host_binds(trace, self.host, allowed)
@@ -661,23 +661,18 @@ class _Flow:
             # simulate dearer than the incumbent, the local search (which re-times every candidate) starts there
             # for a share of its time (PipeDream ResNet-50 at 56%: the sweep's optimum 0.026937 s decoded to
             # 0.027509 s, polished back to 0.026937 s in under 0.5 s, where the incumbent's search ended at 0.027356 s).
-            res = polish(
-                self.trace,
-                self.budget,
-                seed.decisions,
-                _DP_SEED_SHARE * limit,
-                allowed=self.allowed,
-                host_budget=self.host,
-                target_s=target,
-            )
-            self.add("local-search", res.sim)
+            self._polish_from(seed, _DP_SEED_SHARE * limit, target)
             limit = until - time.perf_counter()
             if self.proven() or limit <= 0.05:
                 return
+        self._polish_from(self.best.sim, limit, target)
+
+    def _polish_from(self, start: SimResult, limit: float, target: float | None) -> None:
+        """The local search from `start` for `limit` seconds; a better plan than `start` joins the candidates."""
         res = polish(
             self.trace,
             self.budget,
-            self.best.sim.decisions,
+            start.decisions,
             limit,
             allowed=self.allowed,
             host_budget=self.host,

@@ -81,6 +81,26 @@ def _tail_wait(qt: np.ndarray, n: int, clock: float) -> float:
 
 
 @njit(cache=True)
+def _end_waits(
+    dq_t: np.ndarray,
+    dq_n: int,
+    f_clock: float,
+    hq_t: np.ndarray,
+    hq_n: int,
+    r_clock: float,
+    fwd_prefix: np.ndarray,
+    bwd_prefix: np.ndarray,
+    b: int,
+) -> float:  # pragma: no cover - compiled
+    """What a child at boundary b pays at least for its queued copies: the waits for them at the end of each pass,
+    less the compute of layers b..n-1 still to hide them (every second it waits beyond that is paid)."""
+    n = len(fwd_prefix) - 1
+    return max(_tail_wait(dq_t, dq_n, f_clock) - (fwd_prefix[n] - fwd_prefix[b]), 0.0) + max(
+        _tail_wait(hq_t, hq_n, r_clock) - (bwd_prefix[n] - bwd_prefix[b]), 0.0
+    )
+
+
+@njit(cache=True)
 def expand_fifo(
     k: int,
     limit: int,
@@ -223,9 +243,7 @@ def expand_fifo(
                 m_d = _enqueue(o_dqt[w], o_dqb[w], nd, tf, latency + c / d2h_bw, c)
                 m_h = _enqueue(o_hqt[w], o_hqb[w], nh, tr, latency + c / h2d_bw, c)
             # The cost to come includes at least the wait for these copies at the end of each pass.
-            floor = max(_tail_wait(o_dqt[w], m_d, tf) - (fwd_prefix[n] - fwd_prefix[k + 1]), 0.0) + max(
-                _tail_wait(o_hqt[w], m_h, tr) - (bwd_prefix[n] - bwd_prefix[k + 1]), 0.0
-            )
+            floor = _end_waits(o_dqt[w], m_d, tf, o_hqt[w], m_h, tr, fwd_prefix, bwd_prefix, k + 1)
             fut = future[k + 1, min(int(child_ret / future_step), g_last)]
             if c_f + c_r + max(fut, floor) >= threshold:
                 continue
@@ -298,9 +316,7 @@ def expand_fifo(
             if child_ret > limit - row_floor[b + 1]:
                 continue
             # As for keep and offload: at least the wait for the queued copies at the end of each pass.
-            floor = max(_tail_wait(wdt, sd, stf) - (fwd_prefix[n] - fwd_prefix[b + 1]), 0.0) + max(
-                _tail_wait(wht, sh, stream + recompute_s) - (bwd_prefix[n] - bwd_prefix[b + 1]), 0.0
-            )
+            floor = _end_waits(wdt, sd, stf, wht, sh, stream + recompute_s, fwd_prefix, bwd_prefix, b + 1)
             if c_f + c_r + max(future[b + 1, min(int(child_ret / future_step), g_last)], floor) >= threshold:
                 continue
             _copy_queues(o_dqt[w], o_dqb[w], o_hqt[w], o_hqb[w], wdt, wdb, wht, whb)

@@ -144,13 +144,16 @@ class _Sweep:
                 ),
             )
 
-    def _to_come(self, k: int, retained: np.ndarray, d2h: np.ndarray, h2d: np.ndarray) -> np.ndarray:
+    def _to_come(
+        self, k: int, retained: np.ndarray, d2h: np.ndarray, h2d: np.ndarray, drained: bool = False
+    ) -> np.ndarray:
         """A lower bound on the cost still to come for labels at boundary k: the future-cost table's, or where
-        larger, the stalls their backlogs force (DpProblem.backlog_bound)."""
+        larger, the stalls their backlogs force (DpProblem.backlog_bound). `drained`: the labels are past rows
+        F_k / B_k and layer k's compute (`_rows`), so their backlogs face the compute from k + 1 on."""
         fut = self.p.future_bound(k, retained)
         if not self._backlog_prune:
             return fut
-        return np.maximum(fut, self.p.backlog_bound(k, d2h, h2d))
+        return np.maximum(fut, self.p.backlog_bound(k + 1 if drained else k, d2h, h2d))
 
     def _push(self, dst: int, labels: Labels) -> None:
         m = len(labels)
@@ -228,12 +231,8 @@ class _Sweep:
             # F_k's compute drains the D2H backlog; B_k's (in reverse time) the H2D backlog.
             d2h = np.maximum(d2h - p.fluid_d2h_bw * p.fwd[k], 0.0)
             h2d = np.maximum(h2d - p.fluid_h2d_bw * p.bwd[k], 0.0)
-        # Past row F_k's and B_k's stalls and compute: what is still to come is the table's from k, or the stalls
-        # the drained backlogs force from k + 1 (the rows' stalls are in `cost` already).
-        to_come = p.future_bound(k, retained)
-        if self._backlog_prune:
-            to_come = np.maximum(to_come, p.backlog_bound(k + 1, d2h, h2d))
-        alive &= cost + to_come < cfg.threshold
+        # The rows' stalls are in `cost` already.
+        alive &= cost + self._to_come(k, retained, d2h, h2d, drained=True) < cfg.threshold
         if not alive.all():
             keep = np.flatnonzero(alive)
             idx, retained, held, cost, d2h, h2d = (a[keep] for a in (idx, retained, held, cost, d2h, h2d))
