@@ -96,6 +96,7 @@ def _byte_problem(p: DpProblem) -> DpProblem:
         fluid_d2h_bw=math.inf,
         fluid_h2d_bw=math.inf,
         future=np.zeros_like(p.future),
+        future_pending=np.zeros_like(p.future_pending),
         host_price=1.0,
         _remaps={},
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memsched.optimizer.dp.clock import SweepClock
-from memsched.optimizer.dp.fifo_kernels import QUEUE, dominance_fifo, expand_fifo
+from memsched.optimizer.dp.fifo_kernels import QUEUE, dominance_fifo, expand_fifo, pending_of
 from memsched.optimizer.dp.labels import ACTION_KEEP, beam_select
 from memsched.optimizer.dp.problem import DpProblem
 from memsched.optimizer.dp.sweep import SweepResult
@@ -232,7 +232,7 @@ def fifo_sweep(
             res.stored.append((lab.parent, lab.parent_boundary, lab.action))
             res.peak_labels = max(res.peak_labels, len(lab))
             st.stored += len(lab)
-            current_min = float((lab.cost + p.future_bound(k, lab.retained)).min())
+            current_min = float((lab.cost + _to_come(p, k, lab)).min())
             _expand(p, st, k, lab, threshold, deadline, offload_bytes[k], copy_bytes[k], max_labels)
         k = p.n
         parts = st.pending[p.n]
@@ -265,13 +265,21 @@ def _beam_score(p: DpProblem, k: int, lab: FifoLabels) -> np.ndarray:
     return lab.cost + p.future_bound(k, lab.retained) + _queue_waits(p, k, lab)
 
 
+def _to_come(p: DpProblem, k: int, lab: FifoLabels) -> np.ndarray:
+    """A lower bound on the cost still to come for labels at boundary k < n: the future-cost table's, or where
+    larger its rows with the bytes their queues still hold (DpProblem.pending_bound, fifo_kernels.pending_bytes)."""
+    d_pend = pending_of(lab.dq_t, lab.dq_b, lab.dq_n, p.fwd_prefix[k] + lab.cf, p.fluid_d2h_bw)
+    h_pend = pending_of(lab.hq_t, lab.hq_b, lab.hq_n, p.bwd_prefix[k] + lab.cr, p.fluid_h2d_bw)
+    return np.maximum(p.future_bound(k, lab.retained), p.pending_bound(k, lab.retained, d_pend, h_pend))
+
+
 def _frontier(p: DpProblem, st: _State, start: int) -> float:
     """Least cost plus future bound among labels not yet expanded (every unfinished plan passes one)."""
     best = np.inf
     for k in range(start, p.n + 1):
         for part in st.pending[k]:
             if len(part):
-                fut = p.future_bound(k, part.retained) if k < p.n else _final_cost(p, part) - part.cost
+                fut = _to_come(p, k, part) if k < p.n else _final_cost(p, part) - part.cost
                 best = min(best, float((part.cost + fut).min()))
     return best
 
@@ -313,7 +321,10 @@ def _expand(
             p.trans_b,
             p.row_floor,
             p.future,
+            p.future_pending,
             p.future_step,
+            p.fluid_d2h_bw,
+            p.fluid_h2d_bw,
             p.external,
             p.ckpt_state,
             int(p.input_saved[k]),

@@ -101,6 +101,50 @@ def _end_waits(
 
 
 @njit(cache=True)
+def pending_bytes(qt: np.ndarray, qb: np.ndarray, n: int, clock: float, bw: float) -> float:  # pragma: no cover
+    """Bytes a queue still holds at `clock` that a link draining `bw` bytes per second could not have moved yet:
+    each pending copy counts at most what `bw` moves between the copy before it (or `clock`) and its completion.
+    Every copy takes at least bytes / bw (bw: the fluid rate, latency included), so from `clock` on the queue
+    holds no fewer than this minus bw x the time passed, and the link, FIFO, moves no new copy's byte before
+    these are done (docs/formulation.md, 'Pending copies in the future-cost bound')."""
+    out = 0.0
+    prev = clock
+    for e in range(n):
+        if qt[e] > clock:
+            out += min(float(qb[e]), bw * (qt[e] - prev))
+            prev = qt[e]
+    return out
+
+
+@njit(cache=True)
+def pending_of(qt: np.ndarray, qb: np.ndarray, qn: np.ndarray, clocks: np.ndarray, bw: float) -> np.ndarray:
+    """pending_bytes of each label's queue (rows of qt / qb) at its own clock."""
+    out = np.empty(len(qn))
+    for i in range(len(qn)):
+        out[i] = pending_bytes(qt[i], qb[i], qn[i], clocks[i], bw)
+    return out
+
+
+@njit(cache=True)
+def to_come(
+    future: np.ndarray,
+    pending: np.ndarray,
+    b: int,
+    retained: float,
+    d_pending: float,
+    h_pending: float,
+    step: float,
+) -> float:  # pragma: no cover - compiled
+    """The future-cost bound of a label at boundary b retaining `retained` bytes whose copies still hold
+    `d_pending` bytes on the forward clock and `h_pending` on the reverse one (pending_bytes): the table by
+    retained bytes, and its forward / backward rows with the pending bytes held too."""
+    g_last = future.shape[1] - 1
+    out = future[b, min(int(retained / step), g_last)]
+    out = max(out, pending[0, b, min(int((retained + d_pending) / step), g_last)])
+    return max(out, pending[1, b, min(int((retained + h_pending) / step), g_last)])
+
+
+@njit(cache=True)
 def expand_fifo(
     k: int,
     limit: int,
@@ -120,7 +164,10 @@ def expand_fifo(
     trans_b: np.ndarray,
     row_floor: np.ndarray,
     future: np.ndarray,
+    future_pending: np.ndarray,
     future_step: float,
+    fluid_d2h_bw: float,
+    fluid_h2d_bw: float,
     external: np.ndarray,
     state: int,
     overlap: int,
@@ -244,8 +291,12 @@ def expand_fifo(
                 m_h = _enqueue(o_hqt[w], o_hqb[w], nh, tr, latency + c / h2d_bw, c)
             # The cost to come includes at least the wait for these copies at the end of each pass.
             floor = _end_waits(o_dqt[w], m_d, tf, o_hqt[w], m_h, tr, fwd_prefix, bwd_prefix, k + 1)
-            fut = future[k + 1, min(int(child_ret / future_step), g_last)]
-            if c_f + c_r + max(fut, floor) >= threshold:
+            if c_f + c_r + floor >= threshold:
+                continue
+            d_pend = pending_bytes(o_dqt[w], o_dqb[w], m_d, tf, fluid_d2h_bw)
+            h_pend = pending_bytes(o_hqt[w], o_hqb[w], m_h, tr, fluid_h2d_bw)
+            fut = to_come(future, future_pending, k + 1, child_ret, d_pend, h_pend, future_step)
+            if c_f + c_r + fut >= threshold:
                 continue
             o_dst[w] = k + 1
             o_parent[w] = parent
@@ -317,7 +368,11 @@ def expand_fifo(
                 continue
             # As for keep and offload: at least the wait for the queued copies at the end of each pass.
             floor = _end_waits(wdt, sd, stf, wht, sh, stream + recompute_s, fwd_prefix, bwd_prefix, b + 1)
-            if c_f + c_r + max(future[b + 1, min(int(child_ret / future_step), g_last)], floor) >= threshold:
+            if c_f + c_r + floor >= threshold:
+                continue
+            d_pend = pending_bytes(wdt, wdb, sd, stf, fluid_d2h_bw)
+            h_pend = pending_bytes(wht, whb, sh, stream + recompute_s, fluid_h2d_bw)
+            if c_f + c_r + to_come(future, future_pending, b + 1, child_ret, d_pend, h_pend, future_step) >= threshold:
                 continue
             _copy_queues(o_dqt[w], o_dqb[w], o_hqt[w], o_hqb[w], wdt, wdb, wht, whb)
             o_dst[w] = b + 1

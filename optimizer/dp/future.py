@@ -140,6 +140,15 @@ def _overlapped_row(
         out[g] = max(out[g], t)
 
 
+_NO_POOL = 1e300
+"""The pool of the pending tables' rows: no grid point is out of reach (pending bytes leave by the link)."""
+
+TABLES = 3
+"""future_table's tables: [FUTURE] the bound by retained bytes, [PENDING_F] / [PENDING_B] its forward / backward
+rows by retained plus pending bytes (docs/formulation.md, 'Pending copies in the future-cost bound')."""
+FUTURE, PENDING_F, PENDING_B = 0, 1, 2
+
+
 @njit(cache=True)
 def future_table(
     saved: np.ndarray,
@@ -157,15 +166,22 @@ def future_table(
     window: int,
     stride: int,
     boundaries: np.ndarray,
+    pending: bool,
 ) -> np.ndarray:  # pragma: no cover - compiled
-    """table[k, g]: a lower bound on the cost to come for a label at boundary k retaining g * step bytes.
+    """tables[FUTURE, k, g]: a lower bound on the cost to come for a label at boundary k retaining g * step bytes.
     Rows m in [k, k + window] are all considered, farther ones every `stride` layers and the last one (any
     subset of rows gives a valid bound; the subset keeps the table's cost near n * (window + n / stride)).
     Only the `boundaries` listed are computed; the others stay 0 (always a valid bound).
     Recomputing layer j frees s_j for at least rerun[j] <= fwd[j] seconds (what it costs as a segment's last
-    layer; inside a segment it costs fwd[j]), so rerun[j] / s_j is the rate that keeps the bound valid."""
+    layer; inside a segment it costs fwd[j]), so rerun[j] / s_j is the rate that keeps the bound valid.
+
+    `pending` (concurrent copies only): also tables[PENDING_F, k, g] and tables[PENDING_B, k, g], the forward rows
+    alone and the backward rows alone with no row out of reach. A label whose copies still hold p_f bytes in the
+    forward (p_b in reverse time) pays at least tables[PENDING_F, k, g(r + p_f)] and tables[PENDING_B, k,
+    g(r + p_b)]: those bytes hold memory until the link has moved them, first in its queue (pending_bytes)."""
     n = len(saved)
-    table = np.zeros((n + 1, grid + 1))
+    tables = np.zeros((TABLES, n + 1, grid + 1))
+    table = tables[FUTURE]
     rates = np.empty(n + 1)
     sizes = np.empty(n + 1)
     serial_rate = 1.0 / d2h_bw + 1.0 / h2d_bw
@@ -175,6 +191,8 @@ def future_table(
         sum_f = 0.0
         sum_b = 0.0
         row = table[k]
+        soft_f = tables[PENDING_F, k]
+        soft_b = tables[PENDING_B, k]
         for m in range(k, n):
             if m > k:
                 j = m - 1
@@ -196,4 +214,7 @@ def future_table(
             # B_m, read in reverse time: prefetches drain during the backwards of k..m-1 and during any paid
             # time (stalls and recomputations), so the paid time t bounds both at once.
             _overlapped_row(row, base_b, step, pool, h2d_bw * sum_b, h2d_bw, rates, sizes, count)
-    return table
+            if pending:
+                _additive_row(soft_f, base_f, step, _NO_POOL, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
+                _overlapped_row(soft_b, base_b, step, _NO_POOL, h2d_bw * sum_b, h2d_bw, rates, sizes, count)
+    return tables

@@ -42,6 +42,7 @@ def segment_children(
     trans_b: np.ndarray,
     row_floor: np.ndarray,
     future: np.ndarray,
+    future_pending: np.ndarray,
     future_step: float,
     backlog_prune: bool,
     fwd_left: np.ndarray,
@@ -71,7 +72,8 @@ def segment_children(
     retained, held (crossing[k] order), cost, d2h, h2d).
     `future[b, g]` bounds the cost to come from boundary b at g * future_step retained bytes (dp/future.py);
     where larger and `backlog_prune` holds, so do the stalls a child's backlogs force (DpProblem.backlog_bound,
-    from `fwd_left[b]` / `bwd_left[b]`: forward / backward seconds of layers b..n-1).
+    from `fwd_left[b]` / `bwd_left[b]`: forward / backward seconds of layers b..n-1) and the table's rows with
+    its backlogs held (`future_pending`, DpProblem.pending_bound).
     Stops before a label whose children might not fit in `capacity`; the caller resumes from there."""
     n = len(saved)
     o_dst = np.empty(capacity, np.int64)
@@ -146,7 +148,10 @@ def segment_children(
             to_come = future[b + 1, g]
             if backlog_prune:
                 forced = max(d / d2h_bw - fwd_left[b + 1], 0.0) + max(child_h / h2d_bw - bwd_left[b + 1], 0.0)
-                to_come = max(to_come, forced)
+                g_last = future.shape[1] - 1
+                held_f = future_pending[0, b + 1, min(int((child_ret + d) / future_step), g_last)]
+                held_b = future_pending[1, b + 1, min(int((child_ret + child_h) / future_step), g_last)]
+                to_come = max(to_come, forced, held_f, held_b)
             if child_cost + to_come >= threshold:
                 continue  # no completion beats the threshold (a longer segment may still: its row differs)
             o_dst[w] = b + 1

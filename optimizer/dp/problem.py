@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memsched.optimizer.dp.future import GRID_POINTS, future_table
+from memsched.optimizer.dp.future import FUTURE, GRID_POINTS, PENDING_F, TABLES, future_table
 from memsched.optimizer.simulate import (
     backward_transient,
     checkpoint_state_bytes,
@@ -136,6 +136,10 @@ class DpProblem:
     future: np.ndarray
     """float64 (n + 1, GRID_POINTS + 1): future[k, g] is a lower bound on the cost still to come for a label
     at boundary k retaining at least g * future_step bytes (optimizer/dp/future.py)."""
+    future_pending: np.ndarray
+    """float64 (2, n + 1, GRID_POINTS + 1): the forward rows [0] and the backward rows [1] of `future` alone, by
+    retained plus pending copy bytes, no row out of reach (future_table's PENDING_F / PENDING_B; zeros where
+    copies are serial or the time was short: always valid). See pending_bound."""
     future_step: float
     """Bytes between grid points of `future`."""
     _remaps: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict, repr=False)
@@ -218,6 +222,15 @@ class DpProblem:
     def bwd_left(self) -> np.ndarray:
         """float64, length n + 1: backward seconds of layers k..n-1."""
         return self.bwd_prefix[self.n] - self.bwd_prefix
+
+    def pending_bound(self, k: int, retained: np.ndarray, d2h: np.ndarray, h2d: np.ndarray) -> np.ndarray:
+        """The future table's forward / backward rows for labels at boundary k whose copies still hold `d2h` bytes
+        on the forward clock and `h2d` on the reverse one (fluid backlogs, or fifo_kernels.pending_bytes): those
+        bytes hold memory until the link moves them, ahead of any later copy."""
+        g_last = self.future.shape[1] - 1
+        g_f = np.minimum(((retained + d2h) / self.future_step).astype(np.int64), g_last)
+        g_b = np.minimum(((retained + h2d) / self.future_step).astype(np.int64), g_last)
+        return np.maximum(self.future_pending[0, k][g_f], self.future_pending[1, k][g_b])
 
     def future_bound(self, k: int, retained: np.ndarray) -> np.ndarray:
         """The future-cost bound of labels at boundary k (grid point at or below their retained bytes)."""
@@ -343,7 +356,9 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
     )
     window, stride = _future_rows(n)
 
-    def table(window: int, stride: int, boundaries: np.ndarray) -> np.ndarray:
+    concurrent = trace.device.concurrent_copies
+
+    def tables(window: int, stride: int, boundaries: np.ndarray, pending: bool) -> np.ndarray:
         return future_table(
             saved,
             fwd,
@@ -352,7 +367,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
             trans_f_rec,
             trans_b,
             limit,
-            not trace.device.concurrent_copies,
+            not concurrent,
             fluid_d2h_bw,
             fluid_h2d_bw,
             future_step,
@@ -360,22 +375,26 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
             window,
             stride,
             boundaries,
+            pending,
         )
 
     root_only = np.zeros(1, dtype=np.int64)
     if n <= FUTURE_MAX_LAYERS and _future_affordable(n, window, stride, deadline):
-        future = table(window, stride, np.arange(n))
+        # The pending tables triple the rows evaluated: only where that too is affordable.
+        pending = concurrent and _future_affordable(n, window, stride, deadline, rows_per_row=3)
+        built = tables(window, stride, np.arange(n), pending)
         if window < n and _future_affordable(1, n, 1, deadline, n):
             # The root with every row: one boundary is cheap, and its bound is the one reported where no sweep
             # finishes (synthetic 1,000-layer DAG at 20%: 0.0736 -> 0.0739 s).
-            future[0] = np.maximum(future[0], table(n, 1, root_only)[0])
+            built[FUTURE, 0] = np.maximum(built[FUTURE, 0], tables(n, 1, root_only, False)[FUTURE, 0])
     elif _future_affordable(1, n, 1, deadline, n):
         # Beyond FUTURE_MAX_LAYERS (or its time) the whole table costs too much, its root row alone does not: a
         # true bound where the sweep cannot finish (synthetic 3,000-layer chain at 20%: 0 -> 0.211 s, 0.2 s).
         # The other rows stay 0, a valid bound that prunes nothing.
-        future = table(n, 1, root_only)
+        built = tables(n, 1, root_only, False)
     else:  # no time even for its root: no future bound (zeros are always valid)
-        future = np.zeros((n + 1, GRID_POINTS + 1))
+        built = np.zeros((TABLES, n + 1, GRID_POINTS + 1))
+    future, future_pending = built[FUTURE], built[PENDING_F:]
     return DpProblem(
         n=n,
         limit=limit,
@@ -410,6 +429,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         bwd_prefix=np.concatenate([[0.0], np.cumsum(bwd)]),
         row_floor=row_floor,
         future=future,
+        future_pending=future_pending,
         future_step=future_step,
         ckpt_state=checkpoint_state_bytes(trace),
     )
@@ -450,13 +470,16 @@ _FUTURE_OPS_PER_S = 3e8
 second (2,000 layers, 196 rows each: 3.0 s)."""
 
 
-def _future_affordable(boundaries: int, window: int, stride: int, deadline: float | None, n: int | None = None) -> bool:
+def _future_affordable(
+    boundaries: int, window: int, stride: int, deadline: float | None, n: int | None = None, rows_per_row: int = 1
+) -> bool:
     """Whether the future-cost table's estimated cost, at `boundaries` boundaries of a trace of `n` layers
-    (default: every boundary, n = boundaries), fits in a quarter of the time left."""
+    (default: every boundary, n = boundaries), fits in a quarter of the time left. `rows_per_row`: row
+    evaluations per row read (3 with the pending tables)."""
     if deadline is None:
         return True
     n = boundaries if n is None else n
-    rows = min(n, window + n // stride)
+    rows = rows_per_row * min(n, window + n // stride)
     estimate_s = boundaries * rows * (n + GRID_POINTS) / _FUTURE_OPS_PER_S
     return estimate_s <= 0.25 * (deadline - time.perf_counter())
 

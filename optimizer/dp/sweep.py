@@ -148,12 +148,17 @@ class _Sweep:
         self, k: int, retained: np.ndarray, d2h: np.ndarray, h2d: np.ndarray, drained: bool = False
     ) -> np.ndarray:
         """A lower bound on the cost still to come for labels at boundary k: the future-cost table's, or where
-        larger, the stalls their backlogs force (DpProblem.backlog_bound). `drained`: the labels are past rows
-        F_k / B_k and layer k's compute (`_rows`), so their backlogs face the compute from k + 1 on."""
+        larger, the stalls their backlogs force (DpProblem.backlog_bound) and the table's rows with the backlogs
+        held (DpProblem.pending_bound). `drained`: the labels are past rows F_k / B_k and layer k's compute
+        (`_rows`), so their backlogs face the rows and the compute from k + 1 on (every child retains and holds
+        pending at least what the label does)."""
         fut = self.p.future_bound(k, retained)
         if not self._backlog_prune:
             return fut
-        return np.maximum(fut, self.p.backlog_bound(k + 1 if drained else k, d2h, h2d))
+        at = k + 1 if drained else k
+        return np.maximum(
+            np.maximum(fut, self.p.backlog_bound(at, d2h, h2d)), self.p.pending_bound(at, retained, d2h, h2d)
+        )
 
     def _push(self, dst: int, labels: Labels) -> None:
         m = len(labels)
@@ -307,6 +312,7 @@ class _Sweep:
                 p.trans_b,
                 p.row_floor,
                 p.future,
+                p.future_pending,
                 p.future_step,
                 self._backlog_prune,
                 p.fwd_left,

@@ -111,7 +111,14 @@ def test_fluid_link_slowed_by_latency_still_bounds_the_exact_optimum(
         FAR,
         incumbent_s=None,
         gap=0.0,
-        problem=replace(p, fluid_d2h_bw=p.d2h_bw, fluid_h2d_bw=p.h2d_bw, future=np.zeros_like(p.future), _remaps={}),
+        problem=replace(
+            p,
+            fluid_d2h_bw=p.d2h_bw,
+            fluid_h2d_bw=p.h2d_bw,
+            future=np.zeros_like(p.future),
+            future_pending=np.zeros_like(p.future_pending),
+            _remaps={},
+        ),
     )
     assert free.bound_s is not None and out.bound_s >= free.bound_s * (1 - 1e-9) - 1e-12
 
@@ -343,7 +350,8 @@ def test_future_root_sees_every_row_on_a_long_trace() -> None:
         window,
         stride,
         np.zeros(1, np.int64),
-    )
+        False,
+    )[0]
     assert p.future[0, 0] >= strided[0, 0] and p.future[0, 0] > 0.0
     saved_limit = problem_module.FUTURE_MAX_LAYERS
     problem_module.FUTURE_MAX_LAYERS = 500

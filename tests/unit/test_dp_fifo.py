@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -259,3 +260,41 @@ def test_the_probe_is_skipped_where_the_fluid_beams_price_their_plans_exactly(
     monkeypatch.setattr(solve_mod._Flow, "fifo_dp", lambda self, until: probed.append(until))
     flow.fifo_probe()
     assert bool(probed) == (not exact)
+
+
+@pytest.mark.parametrize("slow", [1.0, 0.2, 0.03])
+@pytest.mark.parametrize("seed", range(76, 96))
+def test_the_pending_copies_bound_keeps_the_optimum(seed: int, slow: float) -> None:
+    """Children are also pruned by the future table's forward / backward rows at their retained bytes plus the
+    bytes their queued copies still hold (fifo_kernels.pending_bytes): with links as profiled and slowed 5-33x,
+    a sweep pruned just above the unpruned optimum still finds it, and without the pending tables it keeps at
+    least as many labels."""
+    trace, budget = _case(seed)
+    trace.device.d2h_bytes_per_s *= slow
+    trace.device.h2d_bytes_per_s *= slow
+    p = build_problem(trace, budget)
+    plain = fifo_sweep(p, FAR, np.inf)
+    assert plain.finished and plain.finals
+    opt = plain.finals[0][0]
+    if opt <= 0.0:
+        return
+    high = fifo_sweep(p, FAR, opt * (1 + 1e-6) + 1e-12)
+    assert high.finals and high.finals[0][0] == pytest.approx(opt, rel=1e-9, abs=1e-12)
+    blind = fifo_sweep(replace(p, future_pending=np.zeros_like(p.future_pending)), FAR, opt * (1 + 1e-6) + 1e-12)
+    assert blind.finals and blind.finals[0][0] == pytest.approx(opt, rel=1e-9, abs=1e-12)
+    assert blind.total_labels >= high.total_labels
+
+
+def test_pending_bytes_count_what_the_link_cannot_have_moved() -> None:
+    """A copy in flight counts only what the link moves from the clock to its completion; later copies count
+    at most what it moves between completions; copies done by the clock count nothing."""
+    from memsched.optimizer.dp.fifo_kernels import pending_bytes
+
+    qt = np.array([1.0, 2.0, 5.0, 6.0])
+    qb = np.array([100, 400, 100, 300], dtype=np.int64)
+    # bw 100 B/s, clock 1.5: the first copy is done; the second has 0.5 s left (50 B); the third took 3 s
+    # after it (<= 100 B); the fourth 1 s (100 of its 300 B).
+    assert pending_bytes(qt, qb, 4, 1.5, 100.0) == pytest.approx(50.0 + 100.0 + 100.0)
+    assert pending_bytes(qt, qb, 4, 0.0, 1000.0) == pytest.approx(900.0)
+    assert pending_bytes(qt, qb, 4, 6.0, 100.0) == 0.0
+    assert pending_bytes(qt, qb, 2, 0.0, 100.0) == pytest.approx(100.0 + 100.0)
