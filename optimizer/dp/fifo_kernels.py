@@ -434,7 +434,7 @@ def _shifted_queue_no_worse(
             return True
 
 
-RING = 64
+RING = 256
 """Kept labels of the same held set each label is compared with (a missed dominance only costs time)."""
 
 
@@ -462,8 +462,8 @@ def dominance_fifo(
     hq_b: np.ndarray,
     hq_n: np.ndarray,
 ) -> np.ndarray:
-    """Keep-mask for labels sorted by (held, retained, cost): a label is dropped when one of the last RING
-    kept labels of its held set (so no more retained bytes) pays no more in any continuation
+    """Keep-mask for labels sorted by (held, retained, cost): a label is dropped when one of RING earlier kept
+    labels of its held set (so no more retained bytes) pays no more in any continuation
     (docs/formulation.md, 'Tier 2: FIFO copies', dominance): either it has no more forward and no more backward
     cost and queues that are no worse from the label's clocks on, or it costs no more in all and its queues, each
     seen from its own clock, are no worse than the label's seen from the label's."""
@@ -482,12 +482,10 @@ def dominance_fifo(
         d_tail[i], d_held[i] = _tail_and_pending(dq_t[i], dq_b[i], dq_n[i], fclock[i])
         h_tail[i], h_held[i] = _tail_and_pending(hq_t[i], hq_b[i], hq_n[i], bclock[i])
     fill = 0
-    pos = 0
     idle = np.inf  # least cost of a label of this held set so far whose copies are all done by its clocks
     for i in range(m):
         if i == 0 or held[i] != held[i - 1]:
             fill = 0
-            pos = 0
             idle = np.inf
         cost = cf[i] + cr[i]
         if idle <= cost:
@@ -501,6 +499,7 @@ def dominance_fifo(
         h_lim = max(h_tail[i], bclock[i])
         d_rel = max(d_tail[i] - fclock[i], 0.0)
         h_rel = max(h_tail[i] - bclock[i], 0.0)
+        hit = -1
         for s in range(fill):
             j = ring[s]
             if cf[j] <= cf[i] and cr[j] <= cr[i]:
@@ -529,10 +528,21 @@ def dominance_fifo(
                     hq_t[j], hq_b[j], hq_n[j], bclock[i] - bclock[j], hq_t[i], hq_b[i], hq_n[i], bclock[i]
                 )
             if dominated:
-                keep[i] = False
+                hit = s
                 break
-        if keep[i]:
-            ring[pos] = i
-            pos = (pos + 1) % RING
+        # The ring is kept in order of use: a label that dominated moves to the front, a kept one enters there
+        # and the least recently used drops out. Labels dominated by one another come in runs, so most are
+        # dropped by the first few compared (PipeDream ResNet-50, 2.25 GiB, 148k labels: 64 most recent keep
+        # 27,280; 256 by use keep 18,432 in less time; every earlier one, 18,082).
+        if hit >= 0:
+            keep[i] = False
+            j = ring[hit]
+            for s in range(hit, 0, -1):
+                ring[s] = ring[s - 1]
+            ring[0] = j
+        else:
+            for s in range(min(fill, RING - 1), 0, -1):
+                ring[s] = ring[s - 1]
+            ring[0] = i
             fill = min(fill + 1, RING)
     return keep

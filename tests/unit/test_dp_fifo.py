@@ -213,6 +213,26 @@ def test_a_label_that_stalled_its_queue_away_dominates_one_that_recomputes_more(
     assert keep.tolist() == [True, False]
 
 
+def test_a_label_that_keeps_dominating_stays_in_the_ring_past_many_kept_ones() -> None:
+    """The filter compares each label with RING earlier kept ones, in order of use: label A (1 s of backward
+    cost, one byte pending) dominates every D label (the same cost, 1,000 bytes pending), which come between
+    more than RING kept labels X that none dominates. The X labels cost less than A and D but hold more bytes,
+    and trade forward stall against backward cost and their queues' time left against bytes held, so none
+    dominates another; A, used by each D, stays at the ring's front and every D goes."""
+    from memsched.optimizer.dp.fifo_kernels import RING, dominance_fifo
+
+    many = RING + 44
+    cf, cr, dq = [0.0], [1.0], [[(1e-9, 1)]]  # A
+    for t in range(many):
+        x_cf = t * 1e-3
+        cf += [x_cf, 0.0]
+        cr += [(many - t) * 1e-3, 1.0]
+        dq += [[(x_cf + (1 + t) * 1e-3, 2000 + many - t)], [(1.0, 1000)]]  # X_t, then D_t
+    keep = dominance_fifo(*_labels(cf, cr, dq))
+    assert keep[0] and keep[1::2].all()  # A and every X
+    assert not keep[2::2].any()  # every D
+
+
 def test_a_probe_out_of_time_gets_the_time_the_fluid_sweep_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the probe stops at its share and the fluid sweep finishes with a loose bound, the FIFO sweep climbs
     from that bound with the time left and proves the answer (8-layer DAG: fluid optimum 0.00639 s, exact
