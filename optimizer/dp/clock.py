@@ -6,7 +6,8 @@ sweep that checked the clock only between boundaries overran its deadline by the
 expansions it started just before it (bert-large at 50%: 37.6 s for a 30 s limit). So a sweep asks this
 clock before every filter, and stops rather than start one that it predicts would end past the deadline.
 Stopping there is always sound: the labels not yet filtered are still pending, and the sweep's partial
-bound (the least cost on its frontier) covers them.
+bound (the least cost on its frontier) covers them. The FIFO filter's time per label varies with how far into
+its ring each label looks, so it also counts its work and stops at the budget the clock gives it (work_budget).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ _MIN_TIMED = 4096
 """Filters of fewer labels are too short to time reliably (and too short to matter)."""
 _SAFETY = 1.25
 """Predictions are scaled by this: a filter's time per label grows slowly with its size."""
+_S_PER_WORK = 2e-8
+"""Prior of the FIFO filter's seconds per unit of work (measured: 1-1.5e-8 on one core), until one is timed."""
+_MIN_WORK = 1 << 20
+"""Filters of less work are too short to time reliably."""
 
 
 @dataclass
@@ -28,6 +33,9 @@ class SweepClock:
     """time.perf_counter() value at which the sweep stops."""
     s_per_label: float
     """Seconds one filter spends per label: a prior until a filter of _MIN_TIMED labels or more is timed."""
+    s_per_work: float = _S_PER_WORK
+    """Seconds per unit of a filter's own work count (FIFO filter: labels plus comparisons), the most measured
+    so far: a filter that counts its work stops at the budget this gives (work_budget)."""
 
     def expired(self) -> bool:
         """Whether the deadline has passed."""
@@ -36,6 +44,17 @@ class SweepClock:
     def affordable(self, labels: int) -> bool:
         """Whether a filter of `labels` labels, started now, is predicted to end by the deadline."""
         return time.perf_counter() + _SAFETY * labels * self.s_per_label <= self.deadline
+
+    def work_budget(self) -> int:
+        """The work a filter started now may do and still end by the deadline (at least 1: it can start)."""
+        left = self.deadline - time.perf_counter()
+        return max(1, int(left / (_SAFETY * self.s_per_work))) if left > 0 else 0
+
+    def timed_work(self, work: int, seconds: float) -> None:
+        """Record a filter's measured work and time: the slowest rate seen sets the budget (its comparisons
+        cost more as its labels spread over memory)."""
+        if work >= _MIN_WORK:
+            self.s_per_work = max(self.s_per_work if self.s_per_work != _S_PER_WORK else 0.0, seconds / work)
 
     def timed(self, labels: int, seconds: float) -> None:
         """Record a filter's measured time (the latest large one sets the speed: it tracks the label shape)."""

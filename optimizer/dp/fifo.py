@@ -136,8 +136,12 @@ class _State:
         if not self.clock.affordable(len(lab)):
             raise FifoStop("deadline")
         t = time.perf_counter()
-        out = _filter(p, k, lab)
-        self.clock.timed(len(lab), time.perf_counter() - t)
+        out, work = _filter(p, k, lab, self.clock.work_budget())
+        seconds = time.perf_counter() - t
+        self.clock.timed_work(work, seconds)
+        if out is None:  # its work budget ran out: the deadline has come
+            raise FifoStop("deadline")
+        self.clock.timed(len(lab), seconds)
         return out
 
 
@@ -145,12 +149,13 @@ class FifoStop(Exception):
     """The deadline or the label cap stopped the sweep."""
 
 
-def _filter(p: DpProblem, k: int, lab: FifoLabels) -> FifoLabels:
+def _filter(p: DpProblem, k: int, lab: FifoLabels, max_work: int) -> tuple[FifoLabels | None, int]:
+    """The labels no other dominates, and the work done (dominance_fifo); None where `max_work` ran out first."""
     if len(lab) <= 1:
-        return lab
+        return lab, len(lab)
     order = np.lexsort((lab.cost, lab.retained, lab.held))
     lab = lab.take(order)
-    keep = dominance_fifo(
+    keep, done, work = dominance_fifo(
         lab.held,
         lab.cf,
         lab.cr,
@@ -162,8 +167,11 @@ def _filter(p: DpProblem, k: int, lab: FifoLabels) -> FifoLabels:
         lab.hq_t,
         lab.hq_b,
         lab.hq_n,
+        max_work,
     )
-    return lab.take(np.flatnonzero(keep))
+    if done < len(keep):
+        return None, work
+    return lab.take(np.flatnonzero(keep)), work
 
 
 def _queue_waits(p: DpProblem, k: int, lab: FifoLabels) -> np.ndarray:

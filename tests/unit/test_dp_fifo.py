@@ -187,6 +187,7 @@ def _labels(cf: list[float], cr: list[float], dq: list[list[tuple[float, int]]])
         zeros_t,
         zeros_b,
         np.zeros(m, np.int64),
+        1 << 62,  # no work budget
     )
 
 
@@ -197,19 +198,19 @@ def test_a_label_that_stalled_its_queue_away_dominates_one_that_recomputes_more(
     continuation: label 1 goes, although its forward clock is earlier."""
     from memsched.optimizer.dp.fifo_kernels import dominance_fifo
 
-    keep = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(1.0, 4)], [(1.0, 4)]]))
+    keep, _, _ = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(1.0, 4)], [(1.0, 4)]]))
     assert keep.tolist() == [True, False]
     # Cheaper in all, but its copy is further from done than label 1's: both stay.
-    keep = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(3.0, 4)], [(1.0, 4)]]))
+    keep, _, _ = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(3.0, 4)], [(1.0, 4)]]))
     assert keep.tolist() == [True, True]
     # Seen from its own clock its queue is the same as label 1's (1 s left of a 4-byte copy): label 1 goes.
-    keep = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(2.0, 4)], [(1.0, 4)]]))
+    keep, _, _ = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(2.0, 4)], [(1.0, 4)]]))
     assert keep.tolist() == [True, False]
     # Cheaper in all (labels come sorted by cost) with a copy pending past the other's clock, where the other
     # has none: both stay. (Were the copy done by 1.0, label 0 could wait for it and be label 1, cheaper.)
-    keep = dominance_fifo(*_labels([0.0, 1.0], [2.0, 2.0], [[(1.5, 4)], []]))
+    keep, _, _ = dominance_fifo(*_labels([0.0, 1.0], [2.0, 2.0], [[(1.5, 4)], []]))
     assert keep.tolist() == [True, True]
-    keep = dominance_fifo(*_labels([0.0, 1.0], [2.0, 2.0], [[(1.0, 4)], []]))
+    keep, _, _ = dominance_fifo(*_labels([0.0, 1.0], [2.0, 2.0], [[(1.0, 4)], []]))
     assert keep.tolist() == [True, False]
 
 
@@ -228,9 +229,54 @@ def test_a_label_that_keeps_dominating_stays_in_the_ring_past_many_kept_ones() -
         cf += [x_cf, 0.0]
         cr += [(many - t) * 1e-3, 1.0]
         dq += [[(x_cf + (1 + t) * 1e-3, 2000 + many - t)], [(1.0, 1000)]]  # X_t, then D_t
-    keep = dominance_fifo(*_labels(cf, cr, dq))
+    keep, _, _ = dominance_fifo(*_labels(cf, cr, dq))
     assert keep[0] and keep[1::2].all()  # A and every X
     assert not keep[2::2].any()  # every D
+
+
+def test_a_filter_stops_at_its_work_budget_and_so_by_the_deadline() -> None:
+    """The FIFO filter's time grows with the ring labels each label is compared with, which its label count
+    does not foresee (bert-large at 75% with a 256-deep scan: 60 s asked, 187 s taken, one filter of 2M labels).
+    It counts its work and stops where the clock's budget runs out: the sweep then stops with the labels still
+    pending. Where no label dominates another, its scan depth falls to _DEPTH_MIN."""
+    from memsched.optimizer.dp.clock import SweepClock
+    from memsched.optimizer.dp.fifo import FifoLabels, FifoStop, _State
+    from memsched.optimizer.dp.fifo_kernels import _DEPTH_MIN, _DEPTH_WINDOW, RING, dominance_fifo
+
+    # Labels none of which dominates another (forward stall against backward cost, a copy's time left against
+    # its bytes), each compared with the whole ring: about RING units of work a label.
+    m = 200_000
+    cf = np.linspace(0.0, 1.0, m)
+    args = _labels(list(cf), list(1.0 - cf), [[(2.0 * c + 1.0, 10 + m - t)] for t, c in enumerate(cf)])
+    keep, done, work = dominance_fifo(*args[:-1], m + 10_000)  # a unit per label, then per comparison
+    assert 0 < done < m and work > m + 10_000 and keep[:done].all()
+    keep, done, work = dominance_fifo(*args)
+    assert done == m and keep.all()
+    # No label finds a dominator, so the ring's scan depth falls to its least after a few windows.
+    assert work < m * (2 + _DEPTH_MIN) + 8 * _DEPTH_WINDOW * RING
+    lab = FifoLabels(
+        np.zeros(m, np.int64),
+        args[0],
+        args[1],
+        args[2],
+        args[5],
+        args[6],
+        args[7],
+        args[8],
+        args[9],
+        args[10],
+        np.zeros(m, np.int32),
+        np.zeros(m, np.int32),
+        np.zeros(m, np.int16),
+    )
+    p = build_problem(*_case(0))
+    p = replace(p, fwd_prefix=np.zeros(p.n + 1), bwd_prefix=np.zeros(p.n + 1))
+    clock = SweepClock(time.perf_counter() + 0.05, 1e-12)  # a label count that says: affordable
+    st = _State(pending=[], compact_at=[], clock=clock)
+    began = time.perf_counter()
+    with pytest.raises(FifoStop, match="deadline"):
+        st.filter(p, 0, lab)
+    assert time.perf_counter() - began < 0.05 + 0.25  # the gather and sort before the kernel, and its last label
 
 
 def test_a_probe_out_of_time_gets_the_time_the_fluid_sweep_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
