@@ -139,8 +139,9 @@ not (ResNet-50) its labels multiply and the fluid sweep, which is exact there, g
 _FIFO_MIN_S = 0.3
 _FIFO_LABELS_PER_S = 200_000
 """The FIFO sweep's label cap per second of its time: its dominance filter handles about 150,000 labels a second
-on one core and cannot stop part way, so a sweep that holds more than its time can filter is stopped by the cap,
-not by overrunning the limit (a sweep that needs more would not have finished in that time anyway)."""
+on one core (more where few labels dominate others), so a sweep that holds more than its time can filter would
+not have finished in that time anyway; the cap stops it before it fills memory. (The filter also stops at the
+work budget the sweep's clock gives it: SweepClock.work_budget.)"""
 _FIFO_MAX_LABELS = 2_000_000
 """At most this many FIFO labels (~660 MB)."""
 _FIFO_CLIMB_FIRST = 0.15

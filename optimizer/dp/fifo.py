@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memsched.optimizer.dp.clock import SweepClock
-from memsched.optimizer.dp.fifo_kernels import QUEUE, dominance_fifo, expand_fifo, pending_of
+from memsched.optimizer.dp.fifo_kernels import QUEUE, dominance_fifo, expand_fifo, to_come_of
 from memsched.optimizer.dp.labels import ACTION_KEEP, beam_select
 from memsched.optimizer.dp.problem import DpProblem
 from memsched.optimizer.dp.sweep import SweepResult
@@ -276,9 +276,25 @@ def _beam_score(p: DpProblem, k: int, lab: FifoLabels) -> np.ndarray:
 def _to_come(p: DpProblem, k: int, lab: FifoLabels) -> np.ndarray:
     """A lower bound on the cost still to come for labels at boundary k < n: the future-cost table's, or where
     larger its rows with the bytes their queues still hold (DpProblem.pending_bound, fifo_kernels.pending_bytes)."""
-    d_pend = pending_of(lab.dq_t, lab.dq_b, lab.dq_n, p.fwd_prefix[k] + lab.cf, p.fluid_d2h_bw)
-    h_pend = pending_of(lab.hq_t, lab.hq_b, lab.hq_n, p.bwd_prefix[k] + lab.cr, p.fluid_h2d_bw)
-    return np.maximum(p.future_bound(k, lab.retained), p.pending_bound(k, lab.retained, d_pend, h_pend))
+    return to_come_of(
+        p.future,
+        p.future_pending,
+        p.future_step,
+        k,
+        lab.retained,
+        lab.cf,
+        lab.cr,
+        float(p.fwd_prefix[k]),
+        float(p.bwd_prefix[k]),
+        p.fluid_d2h_bw,
+        p.fluid_h2d_bw,
+        lab.dq_t,
+        lab.dq_b,
+        lab.dq_n,
+        lab.hq_t,
+        lab.hq_b,
+        lab.hq_n,
+    )
 
 
 def _frontier(p: DpProblem, st: _State, start: int) -> float:
