@@ -176,6 +176,11 @@ every offload subset (optimizer/dp/problem.py, relaxed_problem): each finished s
 one a tighter bound. Measured on bert-large at 25%: 4 ranges finish in 0.1 s at a 11% gap, 12 in 0.3 s at
 4.9%; where copies are serial (no backlogs: few labels) 512 ranges finish too (a 16-block Llama: 0.13 s for
 4 to 32). The FIFO sweep, whose labels cost more, runs on the coarsest."""
+_FIFO_RELAXED_CELLS = 32
+"""The FIFO climb's byte ranges per relaxed layer: the finest the fluid ladder finished, at most this many
+(fifo_again). ResNet-50 (H100, 16 layers of many tensors) at 50%, one core: the FIFO optimum on 4 ranges (0.0048
+s) lies below the fluid bound on 512 (0.0074 s), so a climb there proves nothing; on 32 ranges a FIFO sweep
+proves 0.008 s in 0.6 s and 0.009 s in 6.5 s (128 ranges: the same)."""
 _LADDER_STEP_SHARE = 0.5
 """Each exact-resolution step of _RELAXED_LADDER but the last takes at most this share of the DP's time left. Their
 cost is not monotone in the ranges: on the H100 ResNet-50 trace at 75% (12-16 tensors a block) 4 ranges finish in
@@ -461,6 +466,9 @@ class _Flow:
         fluid model prices the plans that matter, and the FIFO probe is skipped (set by `beam`)."""
         self.fifo_note: str | None = None
         """Where the last FIFO sweep stopped, said in the answer only if the gap stays open."""
+        self.fluid_cells: int | None = None
+        """Byte ranges per relaxed layer of the finest exact DP sweep that finished (its bound is the fluid
+        optimum of that relaxation; bound_problem); None: none finished."""
         self.dp_seed: SimResult | None = None
         """The exact DP's decoded optimum where it is not the best plan (its copies' default timing made it
         dearer): the next local search starts from it first (`polish`)."""
@@ -733,14 +741,16 @@ class _Flow:
         the gap open, FIFO sweeps climb from the proven bound (`fifo_climb`): a loose fluid bound is what the FIFO
         sweep exists to replace, and each finished step proves its threshold, where one sweep at the incumbent
         proves nothing until it ends (PipeDream ResNet-50 at 2.25 GiB: 22 s at the incumbent on one core, 0.6 s
-        at 0.169 s, 1.15 s at 0.174 s)."""
-        fluid_done = self.dp is not None and not self.dp.timed_out and not self.dp.cap_hit
-        if not fluid_done or self.proven() or self.left() <= 1.0:
+        at 0.169 s, 1.15 s at 0.174 s). Where layers offload relaxed byte ranges, the probe ran on the coarsest
+        (_RELAXED_LADDER[0]), whose FIFO optimum can lie below the fluid bound of finer ranges; the climb then runs
+        on the finest ranges the fluid ladder finished, up to _FIFO_RELAXED_CELLS, whether the probe stopped or not."""
+        if self.fluid_cells is None or self.proven() or self.left() <= 1.0:
             return
-        if self.fifo_capped or self.fifo_timed_out:
-            self.fifo_climb(min(until, time.perf_counter() + _FIFO_CLIMB_SHARE * self.left()))
+        cells = min(self.fluid_cells, _FIFO_RELAXED_CELLS)
+        if self.fifo_capped or self.fifo_timed_out or cells > _RELAXED_LADDER[0]:
+            self.fifo_climb(min(until, time.perf_counter() + _FIFO_CLIMB_SHARE * self.left()), cells)
 
-    def fifo_climb(self, until: float) -> None:
+    def fifo_climb(self, until: float, cells: int = _RELAXED_LADDER[0]) -> None:
         """FIFO sweeps at thresholds climbing from the proven bound towards incumbent x (1 - gap), each step sized
         by its predicted time (dp.next_threshold). Each one that finishes proves its threshold, or finds the
         exact optimum below it. A step the clock or the label cap stops proves nothing new; the climb then falls
@@ -771,7 +781,7 @@ class _Flow:
                 began + share * seconds,
                 threshold,
                 0.0,
-                problem=self.bound_problem(_RELAXED_LADDER[0]),
+                problem=self.bound_problem(cells),
                 # Labels are bounded by memory only: the sweep's clock keeps it within its share, and a step
                 # that would pass the cap is one that failed.
                 max_labels=_FIFO_MAX_LABELS,
@@ -830,6 +840,8 @@ class _Flow:
                 proven_s=self.bound,
             )
             self.dp = out
+            if not out.timed_out and not out.cap_hit:
+                self.fluid_cells = cells
             if out.schedules:
                 self.add("dp", out.schedules[0])
                 if self.best.sim is not out.schedules[0] and fits_host(out.schedules[0], self.host):

@@ -79,7 +79,7 @@ def test_relaxed_bounds_never_exceed_the_exact_optimum(seed: int) -> None:
         draw += 1000
     assert max(len(x) for x in p.offload) == MAX_OFFLOAD_OPTIONS
     opt = exact_optimum(trace, budget)
-    for cells in (1, 4, 12):
+    for cells in (1, 4, 12, 32):  # 32: the FIFO climb's ranges (solve._FIFO_RELAXED_CELLS)
         rp = relaxed_problem(p, trace, cells)
         assert rp.offload_complete and rp.relaxed
         out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0, problem=rp)

@@ -109,3 +109,21 @@ def test_a_process_that_is_not_a_fresh_command_counts_from_the_import(monkeypatc
     monkeypatch.setattr(cli, "_IMPORTED_AT", time.perf_counter())
     monkeypatch.setattr(cli, "_FRESH_PROCESS_S", 0.0)  # this process started before "the import": not fresh
     assert cli._process_started_at() == cli._IMPORTED_AT
+
+
+def test_a_relaxed_trace_climbs_on_the_ranges_its_fluid_sweep_finished() -> None:
+    """ResNet-50 on an H100 (16 stages of many tensors each, 1.2 ms a copy) at 75%: the FIFO probe runs on 4 byte
+    ranges, whose FIFO optimum (0.0005 s) lies below the fluid bound of 512 ranges (0.0004 s there, the gap was
+    79%). The climb runs on the ranges the fluid ladder finished (at most 32), where copy latency is priced
+    exactly: the solve is proven within a few seconds, its answer 23% below the one before (0.00194 s)."""
+    from memsched.optimizer.budget import budget_between
+    from memsched.optimizer.solve import solve_report
+    from memsched.options import SolveOptions
+
+    prepare_kernels()
+    trace = Trace.model_validate_json(RESNET.read_text())
+    report = solve_report(trace, budget_between(trace, 0.75), SolveOptions(time_limit_s=10))
+    rec = report.schedule.solver
+    assert rec.status == SolverStatus.OPTIMAL, rec.message
+    assert rec.best_bound_s is not None and rec.best_bound_s >= rec.objective_s * 0.99
+    assert rec.objective_s < 0.00194 * 0.9
