@@ -68,6 +68,10 @@ class FifoLabels:
     def cost(self) -> np.ndarray:
         return self.cf + self.cr
 
+    def queues(self) -> tuple[np.ndarray, ...]:
+        """(dq_t, dq_b, dq_n, hq_t, hq_b, hq_n): both queues, in the order the kernels take them."""
+        return self.dq_t, self.dq_b, self.dq_n, self.hq_t, self.hq_b, self.hq_n
+
     def take(self, idx: np.ndarray) -> FifoLabels:
         return FifoLabels(*(getattr(self, f)[idx] for f in _FIELDS))
 
@@ -161,12 +165,7 @@ def _filter(p: DpProblem, k: int, lab: FifoLabels, max_work: int) -> tuple[FifoL
         lab.cr,
         float(p.fwd_prefix[k]),
         float(p.bwd_prefix[k]),
-        lab.dq_t,
-        lab.dq_b,
-        lab.dq_n,
-        lab.hq_t,
-        lab.hq_b,
-        lab.hq_n,
+        *lab.queues(),
         max_work,
     )
     if done < len(keep):
@@ -288,12 +287,7 @@ def _to_come(p: DpProblem, k: int, lab: FifoLabels) -> np.ndarray:
         float(p.bwd_prefix[k]),
         p.fluid_d2h_bw,
         p.fluid_h2d_bw,
-        lab.dq_t,
-        lab.dq_b,
-        lab.dq_n,
-        lab.hq_t,
-        lab.hq_b,
-        lab.hq_n,
+        *lab.queues(),
     )
 
 

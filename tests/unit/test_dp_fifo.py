@@ -17,6 +17,8 @@ from memsched.optimizer.budget import budget_between, keepall_activation_peak, m
 from memsched.optimizer.dp import build_problem, exact_search, fifo_search
 from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import fifo_sweep
+from memsched.optimizer.dp.problem import DpProblem
+from memsched.optimizer.dp.sweep import SweepResult
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
 from memsched.options import SolveOptions
@@ -86,6 +88,12 @@ def test_pruning_by_the_copies_waits_keeps_the_optimum_where_links_are_slow(seed
     """Every child, keep, offload or segment, is pruned by the larger of the future-cost table and the waits its
     queued copies force at the end of each pass: with links slowed 10-50x (copies outlast the compute left), a
     sweep pruned just above the unpruned optimum still finds it."""
+    _pruned_just_above_the_optimum(seed, slow)
+
+
+def _pruned_just_above_the_optimum(seed: int, slow: float) -> tuple[DpProblem, float, SweepResult] | None:
+    """_case(seed) with both links slowed by `slow`: its problem, the unpruned sweep's optimum, and a sweep pruned
+    just above it, which must find it (None where the optimum is 0)."""
     trace, budget = _case(seed)
     trace.device.d2h_bytes_per_s *= slow
     trace.device.h2d_bytes_per_s *= slow
@@ -94,9 +102,10 @@ def test_pruning_by_the_copies_waits_keeps_the_optimum_where_links_are_slow(seed
     assert plain.finished and plain.finals
     opt = plain.finals[0][0]
     if opt <= 0.0:
-        return
+        return None
     high = fifo_sweep(p, FAR, opt * (1 + 1e-6) + 1e-12)
     assert high.finals and high.finals[0][0] == pytest.approx(opt, rel=1e-9, abs=1e-12)
+    return p, opt, high
 
 
 def test_fifo_search_reports_a_stop_and_a_bound() -> None:
@@ -335,17 +344,10 @@ def test_the_pending_copies_bound_keeps_the_optimum(seed: int, slow: float) -> N
     bytes their queued copies still hold (fifo_kernels.pending_bytes): with links as profiled and slowed 5-33x,
     a sweep pruned just above the unpruned optimum still finds it, and without the pending tables it keeps at
     least as many labels."""
-    trace, budget = _case(seed)
-    trace.device.d2h_bytes_per_s *= slow
-    trace.device.h2d_bytes_per_s *= slow
-    p = build_problem(trace, budget)
-    plain = fifo_sweep(p, FAR, np.inf)
-    assert plain.finished and plain.finals
-    opt = plain.finals[0][0]
-    if opt <= 0.0:
+    found = _pruned_just_above_the_optimum(seed, slow)
+    if found is None:
         return
-    high = fifo_sweep(p, FAR, opt * (1 + 1e-6) + 1e-12)
-    assert high.finals and high.finals[0][0] == pytest.approx(opt, rel=1e-9, abs=1e-12)
+    p, opt, high = found
     blind = fifo_sweep(replace(p, future_pending=np.zeros_like(p.future_pending)), FAR, opt * (1 + 1e-6) + 1e-12)
     assert blind.finals and blind.finals[0][0] == pytest.approx(opt, rel=1e-9, abs=1e-12)
     assert blind.total_labels >= high.total_labels
