@@ -690,12 +690,17 @@ class _Flow:
         if res.improved:
             self.add("local-search", res.sim)
 
+    def fifo_applies(self) -> bool:
+        """Whether the FIFO sweep runs here: concurrent copies (with serial ones the fluid sweep is exact already)
+        and at most FIFO_MAX_LAYERS layers."""
+        return self.trace.n <= FIFO_MAX_LAYERS and self.trace.device.concurrent_copies
+
     def fifo_dp(self, until: float) -> None:
         """Tier 2: the exact sweep with FIFO copy queues until `until`; a proof where it finishes."""
         from memsched.optimizer.dp import fifo_search
 
-        if self.trace.n > FIFO_MAX_LAYERS or not self.trace.device.concurrent_copies:
-            return  # serial copies: the fluid sweep is exact already
+        if not self.fifo_applies():
+            return
         until = min(until, self.deadline - self.reserve)
         seconds = until - time.perf_counter()
         if seconds < 0.05:
@@ -744,7 +749,7 @@ class _Flow:
         at 0.169 s, 1.15 s at 0.174 s). Where layers offload relaxed byte ranges, the probe ran on the coarsest
         (_RELAXED_LADDER[0]), whose FIFO optimum can lie below the fluid bound of finer ranges; the climb then runs
         on the finest ranges the fluid ladder finished, up to _FIFO_RELAXED_CELLS, whether the probe stopped or not."""
-        if self.fluid_cells is None or self.proven() or self.left() <= 1.0:
+        if not self.fifo_applies() or self.fluid_cells is None or self.proven() or self.left() <= 1.0:
             return
         cells = min(self.fluid_cells, _FIFO_RELAXED_CELLS)
         if self.fifo_capped or self.fifo_timed_out or cells > _RELAXED_LADDER[0]:

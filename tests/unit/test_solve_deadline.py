@@ -127,3 +127,29 @@ def test_a_relaxed_trace_climbs_on_the_ranges_its_fluid_sweep_finished() -> None
     assert rec.status == SolverStatus.OPTIMAL, rec.message
     assert rec.best_bound_s is not None and rec.best_bound_s >= rec.objective_s * 0.99
     assert rec.objective_s < 0.00194 * 0.9
+
+
+def test_no_fifo_climb_where_copies_are_serial(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FIFO climb on relaxed ranges runs only where the FIFO sweep applies: with serial copies (a trace
+    measured on the CPU) the fluid sweep is exact and the FIFO sweep refuses the problem."""
+    from memsched.optimizer import solve as solve_mod
+    from memsched.optimizer.budget import budget_between
+    from memsched.optimizer.decisions import ALL_ACTIONS
+    from memsched.options import SolveOptions, SolveResources
+
+    trace = Trace.model_validate_json(RESNET.read_text())
+    climbs: list[int] = []
+    monkeypatch.setattr(solve_mod._Flow, "fifo_climb", lambda self, until, cells=4: climbs.append(cells))
+    for concurrent in (False, True):
+        trace.device.concurrent_copies = concurrent
+        flow = solve_mod._Flow(
+            trace,
+            budget_between(trace, 0.5),
+            SolveOptions(time_limit_s=10),
+            SolveResources(),
+            time.perf_counter(),
+            ALL_ACTIONS,
+        )
+        flow.fluid_cells = 128  # the fluid ladder finished 128 ranges, the gap open
+        flow.fifo_again(time.perf_counter() + 5.0)
+    assert climbs == [32]
