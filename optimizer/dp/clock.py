@@ -1,6 +1,6 @@
 """When a sweep must stop: its deadline, and the filters it must not start past it.
 
-The dominance filters are compiled loops that cannot stop part way, and on a boundary of a few hundred
+The dominance filters are compiled loops (the fluid one cannot stop part way), and on a boundary of a few hundred
 thousand labels one takes seconds (the FIFO filter handles about 170,000 labels a second on one core). A
 sweep that checked the clock only between boundaries overran its deadline by the length of the filters and
 expansions it started just before it (bert-large at 50%: 37.6 s for a 30 s limit). So a sweep asks this
