@@ -33,9 +33,10 @@ class SweepClock:
     """time.perf_counter() value at which the sweep stops."""
     s_per_label: float
     """Seconds one filter spends per label: a prior until a filter of _MIN_TIMED labels or more is timed."""
-    s_per_work: float = _S_PER_WORK
+    s_per_work: float | None = None
     """Seconds per unit of a filter's own work count (FIFO filter: labels plus comparisons), the most measured
-    so far: a filter that counts its work stops at the budget this gives (work_budget)."""
+    so far (None: none measured yet, _S_PER_WORK is assumed): a filter that counts its work stops at the budget
+    this gives (work_budget)."""
 
     def expired(self) -> bool:
         """Whether the deadline has passed."""
@@ -48,13 +49,13 @@ class SweepClock:
     def work_budget(self) -> int:
         """The work a filter started now may do and still end by the deadline (at least 1: it can start)."""
         left = self.deadline - time.perf_counter()
-        return max(1, int(left / (_SAFETY * self.s_per_work))) if left > 0 else 0
+        return max(1, int(left / (_SAFETY * (self.s_per_work or _S_PER_WORK)))) if left > 0 else 0
 
     def timed_work(self, work: int, seconds: float) -> None:
         """Record a filter's measured work and time: the slowest rate seen sets the budget (its comparisons
         cost more as its labels spread over memory)."""
         if work >= _MIN_WORK:
-            self.s_per_work = max(self.s_per_work if self.s_per_work != _S_PER_WORK else 0.0, seconds / work)
+            self.s_per_work = max(self.s_per_work or 0.0, seconds / work)
 
     def timed(self, labels: int, seconds: float) -> None:
         """Record a filter's measured time (the latest large one sets the speed: it tracks the label shape)."""

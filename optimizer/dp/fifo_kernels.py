@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from memsched.optimizer.dp.future import bound_at
 from memsched.optimizer.dp.kernels import checkpoint_bytes
 
 QUEUE = 8
@@ -117,25 +118,6 @@ def pending_bytes(qt: np.ndarray, qb: np.ndarray, n: int, clock: float, bw: floa
 
 
 @njit(cache=True)
-def to_come(
-    future: np.ndarray,
-    pending: np.ndarray,
-    b: int,
-    retained: float,
-    d_pending: float,
-    h_pending: float,
-    step: float,
-) -> float:  # pragma: no cover - compiled
-    """The future-cost bound of a label at boundary b retaining `retained` bytes whose copies still hold
-    `d_pending` bytes on the forward clock and `h_pending` on the reverse one (pending_bytes): the table by
-    retained bytes, and its forward / backward rows with the pending bytes held too."""
-    g_last = future.shape[1] - 1
-    out = future[b, min(int(retained / step), g_last)]
-    out = max(out, pending[0, b, min(int((retained + d_pending) / step), g_last)])
-    return max(out, pending[1, b, min(int((retained + h_pending) / step), g_last)])
-
-
-@njit(cache=True)
 def to_come_of(
     future: np.ndarray,
     pending: np.ndarray,
@@ -155,14 +137,14 @@ def to_come_of(
     hq_b: np.ndarray,
     hq_n: np.ndarray,
 ) -> np.ndarray:  # pragma: no cover - compiled
-    """to_come of each label at boundary k, its queues' pending bytes read at its own clocks (fwd_at + cf on
+    """future.bound_at of each label at boundary k, its queues' pending bytes read at its own clocks (fwd_at + cf on
     the forward, bwd_at + cr in reverse time). One pass, no temporaries: a stopped sweep's frontier can hold
     millions of labels."""
     out = np.empty(len(cf))
     for i in range(len(cf)):
         d_pend = pending_bytes(dq_t[i], dq_b[i], dq_n[i], fwd_at + cf[i], fluid_d2h_bw)
         h_pend = pending_bytes(hq_t[i], hq_b[i], hq_n[i], bwd_at + cr[i], fluid_h2d_bw)
-        out[i] = to_come(future, pending, k, float(retained[i]), d_pend, h_pend, step)
+        out[i] = bound_at(future, pending, k, float(retained[i]), d_pend, h_pend, step)
     return out
 
 
@@ -317,7 +299,7 @@ def expand_fifo(
                 continue
             d_pend = pending_bytes(o_dqt[w], o_dqb[w], m_d, tf, fluid_d2h_bw)
             h_pend = pending_bytes(o_hqt[w], o_hqb[w], m_h, tr, fluid_h2d_bw)
-            fut = to_come(future, future_pending, k + 1, child_ret, d_pend, h_pend, future_step)
+            fut = bound_at(future, future_pending, k + 1, child_ret, d_pend, h_pend, future_step)
             if c_f + c_r + fut >= threshold:
                 continue
             o_dst[w] = k + 1
@@ -394,7 +376,7 @@ def expand_fifo(
                 continue
             d_pend = pending_bytes(wdt, wdb, sd, stf, fluid_d2h_bw)
             h_pend = pending_bytes(wht, whb, sh, stream + recompute_s, fluid_h2d_bw)
-            if c_f + c_r + to_come(future, future_pending, b + 1, child_ret, d_pend, h_pend, future_step) >= threshold:
+            if c_f + c_r + bound_at(future, future_pending, b + 1, child_ret, d_pend, h_pend, future_step) >= threshold:
                 continue
             _copy_queues(o_dqt[w], o_dqb[w], o_hqt[w], o_hqb[w], wdt, wdb, wht, whb)
             o_dst[w] = b + 1

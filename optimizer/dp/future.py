@@ -218,3 +218,23 @@ def future_table(
                 _additive_row(soft_f, base_f, step, _NO_POOL, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
                 _overlapped_row(soft_b, base_b, step, _NO_POOL, h2d_bw * sum_b, h2d_bw, rates, sizes, count)
     return tables
+
+
+@njit(cache=True)
+def bound_at(
+    future: np.ndarray,
+    pending: np.ndarray,
+    b: int,
+    retained: float,
+    d_pending: float,
+    h_pending: float,
+    step: float,
+) -> float:  # pragma: no cover - compiled
+    """The future-cost bound of a label at boundary b retaining `retained` bytes whose copies still hold
+    `d_pending` bytes on the forward clock and `h_pending` on the reverse one: the table by retained bytes
+    (tables[FUTURE]), and its forward / backward rows with the pending bytes held too (`pending`:
+    tables[PENDING_F:])."""
+    g_last = future.shape[1] - 1
+    out = future[b, min(int(retained / step), g_last)]
+    out = max(out, pending[0, b, min(int((retained + d_pending) / step), g_last)])
+    return max(out, pending[1, b, min(int((retained + h_pending) / step), g_last)])

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from memsched.optimizer.dp.future import bound_at
+
 
 @njit(cache=True)
 def checkpoint_bytes(
@@ -144,14 +146,11 @@ def segment_children(
             if child_ret > limit - row_floor[b + 1]:
                 continue
             child_h = h if serial else max(h - h2d_bw * recompute_s, 0.0)
-            g = min(int(child_ret / future_step), future.shape[1] - 1)
-            to_come = future[b + 1, g]
             if backlog_prune:
                 forced = max(d / d2h_bw - fwd_left[b + 1], 0.0) + max(child_h / h2d_bw - bwd_left[b + 1], 0.0)
-                g_last = future.shape[1] - 1
-                held_f = future_pending[0, b + 1, min(int((child_ret + d) / future_step), g_last)]
-                held_b = future_pending[1, b + 1, min(int((child_ret + child_h) / future_step), g_last)]
-                to_come = max(to_come, forced, held_f, held_b)
+                to_come = max(bound_at(future, future_pending, b + 1, child_ret, d, child_h, future_step), forced)
+            else:
+                to_come = future[b + 1, min(int(child_ret / future_step), future.shape[1] - 1)]
             if child_cost + to_come >= threshold:
                 continue  # no completion beats the threshold (a longer segment may still: its row differs)
             o_dst[w] = b + 1
