@@ -20,6 +20,7 @@ import itertools
 import logging
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -230,6 +231,139 @@ def _retime(trace: Trace, budget_bytes: int, sim: SimResult, deadline: float) ->
     return best
 
 
+class LocalSearch:
+    """The local search from one start, resumable: each `run` searches until its limit and returns the best plan
+    so far, and the next `run` goes on where the last one stopped (mid-cycle: the current plan, its lambda and
+    the random stream are kept). A solve that splits its local search around other phases then loses nothing to
+    the split; restarting from the best plan instead re-begins the oscillation, whose cycles take seconds on a
+    1,000-layer trace. Deterministic for a given seed, up to where the time limits cut it."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        budget_bytes: int,
+        start: list[Decision],
+        seed: int = 0,
+        allowed: frozenset[Action] = ALL_ACTIONS,
+        host_budget: int | None = None,
+    ) -> None:
+        t0 = time.perf_counter()
+        self.trace, self.budget, self.host_budget = trace, budget_bytes, host_budget
+        self.ref = simulate(trace, start, budget_bytes, with_events=False)
+        """The start as simulated: the reference every result improves on."""
+        if not self.ref.feasible or not fits_host(self.ref, host_budget):
+            raise ValueError("polish needs a feasible start schedule (within the budget and the host budget)")
+        self._sim_s = time.perf_counter() - t0
+        """One Python simulation of this trace (the closing steps of a run simulate twice)."""
+        self.best = self.ref
+        """The best plan returned so far (the start until a run improves on it)."""
+        self.evaluations = 0
+        self.finished = False
+        """The search stopped by itself (_MAX_STALE_RESTARTS kicks in a row found nothing better)."""
+        self._options = _options(trace, allowed)
+        self._rng = random.Random(seed)
+        self._genes = _genes(start)
+        self._evaluate = _Evaluator(trace, budget_bytes, self._genes, host_budget)
+        self._deadline = 0.0
+        self._target: float | None = None
+        self._steps = self._search()
+        self._simulated_s = float("inf")
+        """The compiled simulator's cost of the last plan `_found` simulated."""
+
+    def run(self, time_limit_s: float, target_s: float | None = None) -> PolishResult:
+        """Search for `time_limit_s` more seconds, or until a plan costs at most `target_s` (what a known lower
+        bound proves good enough); `improved`: the result beats the best that the runs before returned."""
+        end = time.perf_counter() + max(0.0, time_limit_s)
+        # The loop checks the clock between evaluations; what follows it simulates twice with the Python
+        # simulator (timed on the start: ~16 ms on a 1,000-layer trace), so stop early enough for that.
+        self._deadline, self._target = end - 3 * self._sim_s, target_s
+        if not self.finished:
+            try:
+                next(self._steps)
+            except StopIteration:
+                self.finished = True
+        self.evaluations = self._evaluate.evaluations
+        found = self._found()
+        if found is not None and time.perf_counter() < self._deadline:
+            found = _retime(self.trace, self.budget, found, self._deadline)
+        if found is not None and found.overhead_s < self.best.overhead_s - 1e-15:
+            log.debug(
+                "polish: %.6g s -> %.6g s overhead in %d evaluations",
+                self.ref.overhead_s,
+                found.overhead_s,
+                self.evaluations,
+            )
+            self.best = found
+            return PolishResult(found, self.evaluations, True)
+        return PolishResult(self.best, self.evaluations, False)
+
+    @property
+    def found_s(self) -> float:
+        """The least overhead of a feasible plan the search has seen, with default_timing (inf: none yet)."""
+        return self._evaluate.best_overhead_s
+
+    def _paused(self) -> bool:
+        if self._target is not None and self._evaluate.best_overhead_s <= self._target:
+            return True
+        return time.perf_counter() >= self._deadline
+
+    def _search(self) -> Iterator[None]:
+        """The search (module docstring); it yields, pausing, wherever the run's deadline or target is reached,
+        and resumes there on the next run's next()."""
+        genes, evaluate, options, rng = self._genes, self._evaluate, self._options, self._rng
+        lam0 = _lambda0(self.trace)
+        stale = 0
+        while True:
+            before = evaluate.best_overhead_s
+            for mult in _CYCLE:
+                lam = lam0 * mult
+                while self._paused():
+                    yield
+                ovh, exc = evaluate.reset(genes)
+                score = ovh + lam * exc
+                moved = True
+                while moved:
+                    moved = False
+                    order = list(range(self.trace.n))
+                    rng.shuffle(order)
+                    for i in order:
+                        while self._paused():
+                            yield
+                        for g in options[i]:
+                            if g == genes[i] or (g == "R" and genes[i - 1] not in ("S", "R")):
+                                continue  # unchanged, or the same schedule as 'S'
+                            ovh, exc = evaluate.move(genes, i, g)
+                            if ovh + lam * exc < score - 1e-15:
+                                genes[i], score, moved = g, ovh + lam * exc, True
+                                evaluate.commit(i, g)
+            if evaluate.best_overhead_s < before - 1e-15:
+                stale = 0
+                continue
+            # A whole cycle found nothing better: it would repeat itself. Iterated local search: restart from the
+            # best plan with a random stretch of layers re-drawn, until that stops paying.
+            stale += 1
+            if evaluate.best_genes is None or stale > _MAX_STALE_RESTARTS:
+                return
+            genes[:] = _perturb(evaluate.best_genes, options, rng)
+
+    def _found(self) -> SimResult | None:
+        """The best feasible plan the search has seen, simulated (None: none, or none new since the last run)."""
+        evaluate = self._evaluate
+        if evaluate.best_genes is None or evaluate.best_overhead_s >= self._simulated_s:
+            return None
+        self._simulated_s = evaluate.best_overhead_s
+        found = simulate(self.trace, _decisions(self.trace, evaluate.best_genes), self.budget, with_events=False)
+        if abs(found.overhead_s - evaluate.best_overhead_s) > 1e-9 * max(1.0, found.overhead_s):
+            log.warning(
+                "polish: the compiled simulator said %.9g s, the simulator %.9g s; the simulator's verdict stands",
+                evaluate.best_overhead_s,
+                found.overhead_s,
+            )
+        if not found.feasible or not fits_host(found, self.host_budget):
+            return None
+        return found
+
+
 def polish(
     trace: Trace,
     budget_bytes: int,
@@ -245,75 +379,10 @@ def polish(
     `start` keeps its own timing as the reference; the search re-times every candidate with
     `default_timing`. Deterministic for a given seed, up to where the time limit cuts it. Moves use only the
     `allowed` actions (the start must too); with a `host_budget`, only plans that offload at most that many bytes
-    count as feasible (the start must too)."""
+    count as feasible (the start must too). One run of a LocalSearch."""
     t0 = time.perf_counter()
-    end = t0 + max(0.0, time_limit_s)
-    ref = simulate(trace, start, budget_bytes, with_events=False)
-    if not ref.feasible or not fits_host(ref, host_budget):
-        raise ValueError("polish needs a feasible start schedule (within the budget and the host budget)")
-    # The loop checks the clock between evaluations; what follows it simulates twice with the Python
-    # simulator (timed just now on the start: ~16 ms on a 1,000-layer trace), so stop early enough for that.
-    deadline = end - 3 * (time.perf_counter() - t0)
-    options = _options(trace, allowed)
-    rng = random.Random(seed)
-    genes = _genes(start)
-    evaluate = _Evaluator(trace, budget_bytes, genes, host_budget)
-    lam0 = _lambda0(trace)
-    stale = 0
-    while time.perf_counter() < deadline:
-        if target_s is not None and evaluate.best_overhead_s <= target_s:
-            break
-        before = evaluate.best_overhead_s
-        for mult in _CYCLE:
-            lam = lam0 * mult
-            ovh, exc = evaluate.reset(genes)
-            score = ovh + lam * exc
-            moved = True
-            while moved and time.perf_counter() < deadline:
-                moved = False
-                order = list(range(trace.n))
-                rng.shuffle(order)
-                for i in order:
-                    if time.perf_counter() >= deadline:
-                        break
-                    for g in options[i]:
-                        if g == genes[i] or (g == "R" and genes[i - 1] not in ("S", "R")):
-                            continue  # unchanged, or the same schedule as 'S'
-                        ovh, exc = evaluate.move(genes, i, g)
-                        if ovh + lam * exc < score - 1e-15:
-                            genes[i], score, moved = g, ovh + lam * exc, True
-                            evaluate.commit(i, g)
-        if evaluate.best_overhead_s < before - 1e-15:
-            stale = 0
-            continue
-        # A whole cycle found nothing better: it would repeat itself. Iterated local search: restart from the
-        # best plan with a random stretch of layers re-drawn, until that stops paying.
-        stale += 1
-        if evaluate.best_genes is None or stale > _MAX_STALE_RESTARTS:
-            break
-        genes = _perturb(evaluate.best_genes, options, rng)
-    found = None
-    if evaluate.best_genes is not None:
-        found = simulate(trace, _decisions(trace, evaluate.best_genes), budget_bytes, with_events=False)
-        if abs(found.overhead_s - evaluate.best_overhead_s) > 1e-9 * max(1.0, found.overhead_s):
-            log.warning(
-                "polish: the compiled simulator said %.9g s, the simulator %.9g s; the simulator's verdict stands",
-                evaluate.best_overhead_s,
-                found.overhead_s,
-            )
-        if not found.feasible or not fits_host(found, host_budget):
-            found = None
-    if found is not None and time.perf_counter() < deadline:
-        found = _retime(trace, budget_bytes, found, deadline)
-    if found is not None and found.overhead_s < ref.overhead_s - 1e-15:
-        log.debug(
-            "polish: %.6g s -> %.6g s overhead in %d evaluations",
-            ref.overhead_s,
-            found.overhead_s,
-            evaluate.evaluations,
-        )
-        return PolishResult(found, evaluate.evaluations, True)
-    return PolishResult(ref, evaluate.evaluations, False)
+    search = LocalSearch(trace, budget_bytes, start, seed, allowed, host_budget)
+    return search.run(time_limit_s - (time.perf_counter() - t0), target_s)
 
 
-__all__ = ["PolishResult", "polish"]
+__all__ = ["LocalSearch", "PolishResult", "polish"]

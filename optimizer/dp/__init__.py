@@ -197,6 +197,7 @@ def exact_search(
     climb: bool = False,
     proven_s: float = 0.0,
     backlog_quantum_bytes: int | None = None,
+    pace: float | None = None,
 ) -> DpOutcome:
     """Exact sweeps under rising thresholds up to incumbent x (1 - gap): _FIRST_THRESHOLD of it, then all of it,
     or with `climb` (where the incumbent is expected to lie well above the sweep's optimum: a host budget the
@@ -206,7 +207,8 @@ def exact_search(
     bytes and backlogs rounded down to its multiples from the start (a relaxation: fewer labels, a lower
     bound); `backlog_quantum_bytes`: the backlogs' own quantum (SweepConfig). `proven_s`: a bound the caller
     already holds (another relaxation's); a first sweep at or below it could prove nothing new, so the search
-    starts at the top threshold instead."""
+    starts at the top threshold instead. `pace`: each sweep stops as soon as its pace predicts that it cannot
+    finish by the deadline (SweepConfig.pace)."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     out = DpOutcome(notes=_approximation_notes(p))
@@ -221,7 +223,7 @@ def exact_search(
     timed: list[tuple[float, float]] = []  # (threshold, seconds) of the finished sweeps that found nothing below
     while threshold is not None:
         started = time.perf_counter()
-        res = _sweep_with_cap(p, out, deadline, threshold, max_labels, quantum_bytes, backlog_quantum_bytes)
+        res = _sweep_with_cap(p, out, deadline, threshold, max_labels, quantum_bytes, backlog_quantum_bytes, pace)
         log.debug(
             "exact DP: threshold %.6g s, %s in %.2f s",
             threshold,
@@ -231,11 +233,17 @@ def exact_search(
         if res.bound_s is not None and np.isfinite(res.bound_s):
             best_bound = max(best_bound, res.bound_s)
         if not res.finished:
-            out.notes.append(
-                f"the exact DP stopped at its deadline at layer {res.boundary_reached} of {p.n}"
-                if res.timed_out
-                else "the exact DP stopped at its label cap"
-            )
+            if res.paced:
+                out.notes.append(
+                    f"the exact DP stopped at layer {res.boundary_reached} of {p.n}: at its pace it would not have "
+                    "reached the last layer by its deadline"
+                )
+            else:
+                out.notes.append(
+                    f"the exact DP stopped at its deadline at layer {res.boundary_reached} of {p.n}"
+                    if res.timed_out
+                    else "the exact DP stopped at its label cap"
+                )
             break
         if res.finals and res.finals[0][0] < threshold:
             # Nothing below the threshold was pruned, so the cheapest plan found is the fluid optimum.
@@ -323,9 +331,11 @@ def _sweep_with_cap(
     max_labels: int,
     quantum: int = 1,
     backlog_quantum: int | None = None,
+    pace: float | None = None,
 ) -> SweepResult:
     """One exact sweep; where the label cap stops it, again at coarser byte quanta (each still a relaxation).
-    `backlog_quantum`: the backlogs' own quantum, never coarser than `quantum` (None: `quantum`)."""
+    `backlog_quantum`: the backlogs' own quantum, never coarser than `quantum` (None: `quantum`); `pace`:
+    SweepConfig.pace."""
     while True:
         cfg = SweepConfig(
             deadline=deadline,
@@ -333,6 +343,7 @@ def _sweep_with_cap(
             quantum_bytes=quantum,
             backlog_quantum_bytes=None if backlog_quantum is None else min(backlog_quantum, quantum),
             max_labels=max_labels,
+            pace=pace,
         )
         res = run_sweep(p, cfg)
         out.peak_labels, out.quantum_bytes = max(out.peak_labels, res.peak_labels), quantum

@@ -47,6 +47,10 @@ class SweepConfig:
     the bound by their copy time, where rounding retained bytes only loosens later rows."""
     max_labels: int = 30_000_000
     """Labels stored and pending together; past it the sweep stops with `cap_hit`."""
+    pace: float | None = None
+    """Stop early (`paced`) where the time per boundary so far, times the boundaries left, exceeds this many
+    times the time left to the deadline: a sweep that cannot finish then gives its time to the phases after it
+    (on long traces, the local search) at once instead of at its deadline. None: only the deadline stops it."""
 
 
 @dataclass
@@ -66,7 +70,9 @@ class SweepResult:
     cap_hit: bool = False
     """The label cap stopped the sweep."""
     timed_out: bool = False
-    """The deadline stopped the sweep."""
+    """The deadline stopped the sweep (or, with `paced`, its pace predicted that the deadline would)."""
+    paced: bool = False
+    """SweepConfig.pace stopped the sweep before its deadline (timed_out is set too)."""
     peak_labels: int = 0
     """Largest label count at one boundary after filtering."""
     total_labels: int = 0
@@ -75,6 +81,8 @@ class SweepResult:
     """The last boundary processed."""
 
 
+_PACE_MIN_S = 0.25
+"""A sweep's pace is judged only after it has run this long: its first boundaries are too quick to time."""
 _FILTER_S_PER_LABEL = 5e-7
 """Prior of the dominance filter's time per label (measured: about 1e-7 s on one core), until one is timed."""
 
@@ -380,6 +388,14 @@ class _Stop(Exception):
     pass
 
 
+def _behind(cfg: SweepConfig, started: float, now: float, k: int, n: int) -> bool:
+    """Whether a sweep at boundary k of n, at its pace so far, would take more than cfg.pace x its time left.
+    Labels pile up at the boundaries where many tensors are live at once, so a linear projection is rough either
+    way: the margin `pace` allows for it."""
+    assert cfg.pace is not None and k > 0
+    return (now - started) * (n - k) / k > cfg.pace * (cfg.deadline - now)
+
+
 def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
     """One sweep over all boundaries; stops early (with a valid partial bound) at the deadline or cap."""
     sw = _Sweep(p, cfg)
@@ -398,11 +414,15 @@ def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
     res = SweepResult(finished=False, bound_s=None)
     k = 0
     current_min = np.inf  # least cost at the boundary being expanded (its labels left the frontier)
+    started = time.perf_counter()
     try:
         for k in range(p.n):
             current_min = np.inf
-            if time.perf_counter() > cfg.deadline:
+            now = time.perf_counter()
+            if now > cfg.deadline:
                 raise _Stop("deadline")
+            if cfg.pace is not None and k > 0 and now - started > _PACE_MIN_S and _behind(cfg, started, now, k, p.n):
+                raise _Stop("pace")
             lab = sw.collect(k)
             res.stored.append((lab.parent, lab.parent_boundary, lab.action))
             res.peak_labels = max(res.peak_labels, len(lab))
@@ -425,7 +445,8 @@ def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
         res.bound_s = None if cfg.beam is not None else min(best, cfg.threshold)
     except _Stop as stop:
         res.cap_hit = str(stop) == "cap"
-        res.timed_out = str(stop) == "deadline"
+        res.paced = str(stop) == "pace"
+        res.timed_out = str(stop) == "deadline" or res.paced
         if cfg.beam is None:
             res.bound_s = min(sw.frontier_bound(k), current_min)
     res.boundary_reached = k

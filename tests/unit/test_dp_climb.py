@@ -22,6 +22,7 @@ from memsched.optimizer.dp import (
     fifo_search,
     next_threshold,
 )
+from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
@@ -54,6 +55,34 @@ def test_a_climb_cut_by_the_clock_keeps_a_true_bound_and_says_why() -> None:
         assert out.bound_s is not None and out.bound_s <= free.bound_s * (1 + 1e-9)
         if not out.fluid_optimum:
             assert out.timed_out and out.notes, out.notes
+
+
+def test_a_sweep_that_cannot_finish_stops_at_its_pace_with_a_true_bound() -> None:
+    # Long traces (solve's _LONG_PACE): a sweep whose time per layer so far, times the layers left, exceeds
+    # `pace` x its time left gives up at once, so that the local search gets the time back. The 1,000-layer chain
+    # at 20% with copies beside compute: its sweep at the keep-all cost reaches layer ~36 in 5 s.
+    trace = make_trace(1000, 1)
+    budget = budget_between(trace, 0.2)
+    deadline = time.perf_counter() + 4.0
+    out = exact_search(trace, budget, deadline, 1.0, 0.0, climb=True, pace=3.0)
+    left = deadline - time.perf_counter()
+    assert out.timed_out and not out.fluid_optimum
+    assert left > 2.0, "it stopped at its pace, well before its deadline"
+    assert any("at its pace" in note for note in out.notes), out.notes
+    greedy = heuristic(trace, budget).sim.overhead_s
+    assert out.bound_s is not None and 0.0 < out.bound_s <= greedy  # the frontier's bound: a true one
+    # A sweep that keeps up finishes as without the rule: the same optimum on a short trace.
+    short = make_trace(30, 2, copy_latency_s=10e-6)
+    b = budget_between(short, 0.3)
+    assert exact_search(short, b, FAR, None, 0.0, pace=3.0).bound_s == exact_search(short, b, FAR, None, 0.0).bound_s
+
+
+def test_pace_compares_the_linear_projection_with_the_time_left() -> None:
+    from memsched.optimizer.dp.sweep import SweepConfig, _behind
+
+    # 1 s to boundary 10 of 100 projects 9 s more: with 4 s left, behind at a margin of 2, not at 3.
+    assert _behind(SweepConfig(deadline=5.0, pace=2.0), 0.0, 1.0, 10, 100)
+    assert not _behind(SweepConfig(deadline=5.0, pace=3.0), 0.0, 1.0, 10, 100)
 
 
 def test_first_step_uses_the_prior_and_the_growth_allowed() -> None:

@@ -11,7 +11,7 @@ from test_dp import exact_optimum
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.decisions import KEEP, offload_subset
 from memsched.optimizer.heuristic import heuristic
-from memsched.optimizer.polish import polish
+from memsched.optimizer.polish import LocalSearch, polish
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.synthetic import make_trace
 
@@ -44,6 +44,26 @@ def test_reaches_the_proven_optimum_of_the_20_layer_chain() -> None:
     assert start.overhead_s > 0.03
     assert res.improved
     assert res.sim.overhead_s == pytest.approx(0.0016836088641569438, rel=1e-9)
+
+
+def test_a_resumed_search_goes_where_one_run_goes() -> None:
+    # A solve splits its local search around other phases (long traces: before and after the exact DP). Each run
+    # must go on where the last one stopped, mid-cycle: the same moves, in the same order, as one long run.
+    trace = make_trace(20, 1)
+    budget = trace.static.total + round(keepall_activation_peak(trace) * 0.4)
+    start = heuristic(trace, budget).sim.decisions
+    whole = LocalSearch(trace, budget, start)
+    whole.run(1e6)  # it stops by itself (test_reaches_the_proven_optimum_of_the_20_layer_chain)
+    assert whole.finished
+    split = LocalSearch(trace, budget, start)
+    runs = 0
+    while not split.finished and runs < 5000:  # a search that started again each run would never finish
+        res = split.run(0.005)
+        runs += 1
+        assert res.sim is split.best
+    assert 10 < runs < 5000  # paused and resumed, many times, and finished
+    assert (split.evaluations, split.found_s) == (whole.evaluations, whole.found_s)
+    assert not split.run(1e6).improved  # finished: nothing more to find
 
 
 def test_zero_time_returns_the_start() -> None:
