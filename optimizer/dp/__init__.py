@@ -208,7 +208,8 @@ def exact_search(
     bound); `backlog_quantum_bytes`: the backlogs' own quantum (SweepConfig). `proven_s`: a bound the caller
     already holds (another relaxation's); a first sweep at or below it could prove nothing new, so the search
     starts at the top threshold instead. `pace`: each sweep stops as soon as its pace predicts that it cannot
-    finish by the deadline (SweepConfig.pace)."""
+    finish by the deadline (SweepConfig.pace; projected on the shape of the last finished sweep's time where one
+    took long enough to have a shape)."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     out = DpOutcome(notes=_approximation_notes(p))
@@ -221,9 +222,12 @@ def exact_search(
     root_bound = float(p.future[0, 0])
     best_bound = 0.0
     timed: list[tuple[float, float]] = []  # (threshold, seconds) of the finished sweeps that found nothing below
+    profile: np.ndarray | None = None  # the shape of the last finished sweep's time (SweepConfig.pace_profile)
     while threshold is not None:
         started = time.perf_counter()
-        res = _sweep_with_cap(p, out, deadline, threshold, max_labels, quantum_bytes, backlog_quantum_bytes, pace)
+        res = _sweep_with_cap(
+            p, out, deadline, threshold, max_labels, quantum_bytes, backlog_quantum_bytes, pace, profile
+        )
         log.debug(
             "exact DP: threshold %.6g s, %s in %.2f s",
             threshold,
@@ -253,6 +257,8 @@ def exact_search(
         if threshold >= top:
             break
         timed.append((threshold, time.perf_counter() - started))
+        if timed[-1][1] >= _CLIMB_MIN_TIMED_S:  # shorter ones are fixed costs, not a shape
+            profile = res.profile
         if not climb:
             threshold = top
             continue
@@ -332,10 +338,11 @@ def _sweep_with_cap(
     quantum: int = 1,
     backlog_quantum: int | None = None,
     pace: float | None = None,
+    pace_profile: np.ndarray | None = None,
 ) -> SweepResult:
     """One exact sweep; where the label cap stops it, again at coarser byte quanta (each still a relaxation).
     `backlog_quantum`: the backlogs' own quantum, never coarser than `quantum` (None: `quantum`); `pace`:
-    SweepConfig.pace."""
+    SweepConfig.pace and its pace_profile."""
     while True:
         cfg = SweepConfig(
             deadline=deadline,
@@ -344,6 +351,7 @@ def _sweep_with_cap(
             backlog_quantum_bytes=None if backlog_quantum is None else min(backlog_quantum, quantum),
             max_labels=max_labels,
             pace=pace,
+            pace_profile=pace_profile,
         )
         res = run_sweep(p, cfg)
         out.peak_labels, out.quantum_bytes = max(out.peak_labels, res.peak_labels), quantum

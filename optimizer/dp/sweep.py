@@ -48,9 +48,14 @@ class SweepConfig:
     max_labels: int = 30_000_000
     """Labels stored and pending together; past it the sweep stops with `cap_hit`."""
     pace: float | None = None
-    """Stop early (`paced`) where the time per boundary so far, times the boundaries left, exceeds this many
+    """Stop early (`paced`) where the time the sweep is projected to need to its last boundary exceeds this many
     times the time left to the deadline: a sweep that cannot finish then gives its time to the phases after it
     (on long traces, the local search) at once instead of at its deadline. None: only the deadline stops it."""
+    pace_profile: np.ndarray | None = None
+    """The projection's shape: the share of a finished sweep's time (an earlier one of the same problem at a
+    lower threshold) spent before each boundary, n + 1 values from 0 to 1 (SweepResult.profile). None: linear in
+    the boundaries. Labels pile up where many tensors are live, at the same boundaries from one threshold to the
+    next (DenseNet-121: its first dense blocks), which a linear projection overrates."""
 
 
 @dataclass
@@ -79,8 +84,13 @@ class SweepResult:
     """Labels stored over all boundaries."""
     boundary_reached: int = 0
     """The last boundary processed."""
+    profile: np.ndarray | None = None
+    """Finished sweeps: the share of the sweep's time spent before each boundary, n + 1 values from 0 to 1
+    (SweepConfig.pace_profile of a later sweep)."""
 
 
+_PACE_MIN_SHARE = 0.01
+"""A profile's share before a boundary is taken as at least this (the first boundaries take no measurable time)."""
 _PACE_MIN_S = 0.25
 """A sweep's pace is judged only after it has run this long: its first boundaries are too quick to time."""
 _FILTER_S_PER_LABEL = 5e-7
@@ -389,11 +399,13 @@ class _Stop(Exception):
 
 
 def _behind(cfg: SweepConfig, started: float, now: float, k: int, n: int) -> bool:
-    """Whether a sweep at boundary k of n, at its pace so far, would take more than cfg.pace x its time left.
-    Labels pile up at the boundaries where many tensors are live at once, so a linear projection is rough either
-    way: the margin `pace` allows for it."""
+    """Whether a sweep at boundary k of n, at its pace so far, would take more than cfg.pace x its time left to
+    reach boundary n: linear in the boundaries, or shaped as an earlier sweep's time was (cfg.pace_profile). Either
+    projection is rough (the labels' growth with the threshold is not even over the boundaries): the margin
+    `pace` allows for it."""
     assert cfg.pace is not None and k > 0
-    return (now - started) * (n - k) / k > cfg.pace * (cfg.deadline - now)
+    done = k / n if cfg.pace_profile is None else max(float(cfg.pace_profile[k]), _PACE_MIN_SHARE)
+    return (now - started) * (1.0 - done) / done > cfg.pace * (cfg.deadline - now)
 
 
 def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
@@ -415,10 +427,12 @@ def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
     k = 0
     current_min = np.inf  # least cost at the boundary being expanded (its labels left the frontier)
     started = time.perf_counter()
+    reached = np.zeros(p.n + 1)  # seconds from the start to each boundary's expansion (0 at boundary 0)
     try:
         for k in range(p.n):
             current_min = np.inf
             now = time.perf_counter()
+            reached[k] = now - started if k else 0.0
             if now > cfg.deadline:
                 raise _Stop("deadline")
             if cfg.pace is not None and k > 0 and now - started > _PACE_MIN_S and _behind(cfg, started, now, k, p.n):
@@ -441,6 +455,8 @@ def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
         order = np.argsort(final, kind="stable")[:16]
         res.finals = [(float(final[i]), int(i)) for i in order]
         res.finished = True
+        reached[p.n] = time.perf_counter() - started
+        res.profile = reached / reached[p.n] if reached[p.n] > 0 else None
         best = float(final[order[0]]) if len(order) else np.inf
         res.bound_s = None if cfg.beam is not None else min(best, cfg.threshold)
     except _Stop as stop:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import memsched.optimizer.solve as solve_module
@@ -83,6 +84,20 @@ def test_pace_compares_the_linear_projection_with_the_time_left() -> None:
     # 1 s to boundary 10 of 100 projects 9 s more: with 4 s left, behind at a margin of 2, not at 3.
     assert _behind(SweepConfig(deadline=5.0, pace=2.0), 0.0, 1.0, 10, 100)
     assert not _behind(SweepConfig(deadline=5.0, pace=3.0), 0.0, 1.0, 10, 100)
+    # An earlier sweep spent 80% of its time before boundary 10: 0.25 s more, not behind even with 1 s left.
+    front = np.concatenate([np.linspace(0.0, 0.8, 11), np.linspace(0.8, 1.0, 91)[1:]])
+    assert not _behind(SweepConfig(deadline=2.0, pace=1.0, pace_profile=front), 0.0, 1.0, 10, 100)
+    assert _behind(SweepConfig(deadline=2.0, pace=1.0), 0.0, 1.0, 10, 100)
+
+
+def test_a_finished_sweep_records_the_shape_of_its_time() -> None:
+    from memsched.optimizer.dp import build_problem
+    from memsched.optimizer.dp.sweep import SweepConfig, run_sweep
+
+    trace = make_trace(40, 5, copy_latency_s=10e-6)
+    res = run_sweep(build_problem(trace, budget_between(trace, 0.3)), SweepConfig(deadline=FAR))
+    assert res.finished and res.profile is not None and len(res.profile) == trace.n + 1
+    assert res.profile[0] == 0.0 and res.profile[-1] == 1.0 and bool(np.all(np.diff(res.profile) >= 0.0))
 
 
 def test_first_step_uses_the_prior_and_the_growth_allowed() -> None:
