@@ -157,11 +157,13 @@ def test_every_plan_ends_by_the_deadline_and_backends_are_a_table(solver: Solver
     if solver == SolverName.HEURISTIC:
         assert phases == []
         return
-    assert [p.step for p in phases[:3]] == [Step.BEAM, Step.POLISH, Step.FIFO_PROBE]
+    probe = [Step.DP_PROBE] if n_layers <= 300 else []  # long traces: the DP after the local search (climbing)
+    first = [Step.BEAM, *probe, Step.POLISH, Step.FIFO_PROBE]
+    assert [p.step for p in phases[: len(first)]] == first
     milp = [p for p in phases if p.step == Step.MILP]
     assert all(p.backend in BACKENDS for p in milp)
     if solver in BACKENDS:  # a MILP asked for by name always runs, after a true bound from the DP
-        assert [p.step for p in phases[3:]] == [Step.EXACT_DP, Step.MILP] and not phases[-1].only_if_open
+        assert [p.step for p in phases[len(first) :]] == [Step.EXACT_DP, Step.MILP] and not phases[-1].only_if_open
     else:  # the exact-window MILP only on small traces under auto
         assert bool(milp) == (solver == SolverName.AUTO and n_layers <= 100)
 
@@ -198,6 +200,47 @@ def test_on_long_traces_the_exact_dp_leaves_the_local_search_its_time(solver: So
         assert plan_for(solver, 400)[-1].step == Step.POLISH
     else:  # a backend asked for by name gets what the DP leaves, on every trace
         assert dp_until(400, None) == dp_until(300, None)
+
+
+def test_where_the_fluid_model_prices_the_plans_the_exact_dp_proves_before_the_local_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # PipeDream ResNet-50 (176 layers) at 7.46 GiB: every fluid beam's plan simulates to its sweep cost, and the
+    # exact DP's sweep takes under a second; before the probe the solve spent 6.5 s of 12 on the link windows'
+    # Lagrangian and the local search first. Stalls at 2.25 GiB: the beams misprice their plans, no probe.
+    from helpers import require_pipedream
+    from memsched.optimizer import solve as solve_mod
+    from memsched.service.importers import import_pipedream
+
+    ran: list[str] = []
+    for name in ("polish", "lagrange", "dp_probe"):
+        real = getattr(solve_mod._Flow, name)
+
+        def spy(flow: solve_mod._Flow, until: float, name: str = name, real: object = real) -> None:
+            ran.append(name)
+            real(flow, until)  # type: ignore[operator]
+
+        monkeypatch.setattr(solve_mod._Flow, name, spy)
+    from memsched.optimizer import dp as dp_mod
+
+    real_search = dp_mod.exact_search
+
+    def search_spy(*args: object, **kwargs: object) -> object:
+        ran.append("exact_search")
+        return real_search(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dp_mod, "exact_search", search_spy)
+    resnet = import_pipedream(require_pipedream() / "resnet50.graph.txt", 128)
+    report = solve_mod.solve_report(resnet, 8_004_745_297, SolveOptions(time_limit_s=12.0))
+    assert report.schedule.solver.status == SolverStatus.OPTIMAL
+    # (an exact_search before the probe is the compiled kernels' warm-up)
+    assert ran[ran.index("dp_probe") :] == ["dp_probe", "exact_search"]
+    assert report.dp is not None and not report.dp.timed_out
+    assert report.schedule.solver.details[0] == "best schedule from dp"
+    ran.clear()
+    solve_mod.solve_report(resnet, 2_415_414_410, SolveOptions(time_limit_s=3.0))
+    after = ran[ran.index("dp_probe") :]
+    assert after[:3] == ["dp_probe", "lagrange", "polish"] and "exact_search" in after
 
 
 def test_the_link_lagrangian_is_skipped_where_stalls_decide_the_plans(monkeypatch: pytest.MonkeyPatch) -> None:
