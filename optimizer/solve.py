@@ -658,6 +658,10 @@ class _Flow:
             # the FIFO climb after it is what proves, and it gets this time.
             log.info("link windows' Lagrangian skipped: the fluid beam mispriced its plans (stalls decide them)")
             return
+        if kind == LagrangeKind.LINK and self.dp is not None and self.dp.fluid_optimum:
+            # The DP probe found the fluid optimum, which the LP of the same fluid model cannot pass.
+            log.info("link windows' Lagrangian skipped: the exact DP found the fluid optimum")
+            return
         strong = kind == LagrangeKind.ROWS
         until = min(until, self.deadline - self.reserve)
         if until - time.perf_counter() < _LAGRANGE_MIN_S:
@@ -878,6 +882,8 @@ class _Flow:
 
         # Where layers have too many saved tensors to enumerate, the sweep runs on relaxed byte ranges, coarse
         # first (it finishes fast and proves a bound), then finer while the gap is open and time remains.
+        if self.dp is not None and self.dp.fluid_optimum:
+            return  # the DP probe found the fluid optimum already: another sweep would prove nothing more
         relaxed = not self.problem().offload_complete
         # Long traces whose DP the memory rows' prices do not prune: climb, and stop at the pace (_LONG_TRACE).
         long_trace = self.trace.n > _LONG_TRACE and lagrange_kind(self.trace, self.allowed) != LagrangeKind.ROWS
