@@ -770,9 +770,15 @@ class _Flow:
         proved what it can; the exact DP phase runs again later, pruned by a better incumbent."""
         if not self.priced_exactly or self.host_binds or not self.problem().offload_complete:
             return
+        out = self._fluid_sweep(until, _RELAXED_LADDER[0])
+        log.info("exact DP probe: bound %s, %.2f s%s", out.bound_s, out.wall_s, " (cut)" * out.timed_out)
+
+    def _fluid_sweep(self, until: float, cells: int, climb: bool = False, pace: float | None = None) -> DpOutcome:
+        """The exact DP's sweeps (exact_search) on `cells` byte ranges per relaxed layer, pruned at the best
+        candidate; its plan joins the candidates (and seeds the next local search where it simulates dearer than
+        the best), its bound is proved."""
         from memsched.optimizer.dp import exact_search
 
-        cells = _RELAXED_LADDER[0]
         out = exact_search(
             self.trace,
             self.budget,
@@ -780,17 +786,19 @@ class _Flow:
             self.best.sim.overhead_s,
             self.options.gap,
             problem=self.bound_problem(cells),
+            climb=climb,
             proven_s=self.bound,
+            pace=pace,
         )
         self.dp = out
         if not out.timed_out and not out.cap_hit:
             self.fluid_cells = cells
         if out.schedules:
             self.add("dp", out.schedules[0])
-            if self.best.sim is not out.schedules[0]:
+            if self.best.sim is not out.schedules[0] and fits_host(out.schedules[0], self.host):
                 self.dp_seed = out.schedules[0]
         self.prove(out.bound_s, "dp")
-        log.info("exact DP probe: bound %s, %.2f s%s", out.bound_s, out.wall_s, " (cut)" * out.timed_out)
+        return out
 
     def fifo_probe(self) -> None:
         """The FIFO sweep first, for a share of the limit (see _FIFO_SHARE), unless the fluid beams priced their
@@ -878,8 +886,6 @@ class _Flow:
             )
 
     def exact_dp(self, until: float) -> None:
-        from memsched.optimizer.dp import exact_search
-
         # Where layers have too many saved tensors to enumerate, the sweep runs on relaxed byte ranges, coarse
         # first (it finishes fast and proves a bound), then finer while the gap is open and time remains.
         if self.dp is not None and self.dp.fluid_optimum:
@@ -899,25 +905,9 @@ class _Flow:
             capped = relaxed and i < len(ladder) - 1
             now = time.perf_counter()
             step_until = now + _LADDER_STEP_SHARE * (until - now) if capped else until
-            out = exact_search(
-                self.trace,
-                self.budget,
-                step_until,
-                self.best.sim.overhead_s,
-                self.options.gap,
-                problem=self.bound_problem(cells),
-                climb=self.host_binds or long_trace,
-                proven_s=self.bound,
-                pace=_LONG_PACE if long_trace else None,
+            out = self._fluid_sweep(
+                step_until, cells, climb=self.host_binds or long_trace, pace=_LONG_PACE if long_trace else None
             )
-            self.dp = out
-            if not out.timed_out and not out.cap_hit:
-                self.fluid_cells = cells
-            if out.schedules:
-                self.add("dp", out.schedules[0])
-                if self.best.sim is not out.schedules[0] and fits_host(out.schedules[0], self.host):
-                    self.dp_seed = out.schedules[0]
-            self.prove(out.bound_s, "dp")
             log.info(
                 "exact DP: %d ranges: bound %s, %.2f s%s", cells, out.bound_s, out.wall_s, " (cut)" * out.timed_out
             )
