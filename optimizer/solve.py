@@ -242,6 +242,14 @@ the limit (`_Flow.dp_probe`): the fluid optimum is then the answer, and the swee
 the time that the link windows' Lagrangian and the local search before it took. PipeDream ResNet-50 at 7.46 GiB,
 12 s, one core (2026-11-28): the DP's sweep 0.5 s, proven at 7.4 s of the solve, after 6.5 s of beam, Lagrangian
 and local search."""
+_PROBE_PACE = 1.0
+"""The probe climbs (each sweep's threshold sized by the last one's time, as on long traces) and its sweeps stop as
+soon as their pace says they cannot finish within its share (SweepConfig.pace): the probe is a bet on the beam's
+incumbent, which can lie far above the optimum, and a cut sweep's time is lost to the phases after it. ResNet-50
+at 56%, 10 s, one core: one sweep at 0.7 of the beam's incumbent and one at all of it: the second cut at its
+share (1.5 s), proven at 7.0 s of the solve; climbing: 0.0223 / 0.0261 / 0.0278 s in 0.13 / 0.41 / 0.64 s, the
+last finds the optimum (0.026937 s), proven at 3.3 s (5.3 s before the probe). At 41% the climb proves 0.0434 s
+in 1 s and stops (its next step would not fit): proven at 7.0 s (6.0 s before the probe)."""
 _FIFO_BEAM_FIRST = 16
 """The first FIFO beam's width, after the first fluid beam's (24); each later one is 4x wider, as the fluid
 beam's. Its labels carry whole copy queues and it expands every segment, so a label costs several times a fluid
@@ -770,7 +778,7 @@ class _Flow:
         proved what it can; the exact DP phase runs again later, pruned by a better incumbent."""
         if not self.priced_exactly or self.host_binds or not self.problem().offload_complete:
             return
-        out = self._fluid_sweep(until, _RELAXED_LADDER[0])
+        out = self._fluid_sweep(until, _RELAXED_LADDER[0], climb=True, pace=_PROBE_PACE)
         log.info("exact DP probe: bound %s, %.2f s%s", out.bound_s, out.wall_s, " (cut)" * out.timed_out)
 
     def _fluid_sweep(self, until: float, cells: int, climb: bool = False, pace: float | None = None) -> DpOutcome:

@@ -122,7 +122,9 @@ def test_a_relaxed_trace_climbs_on_the_ranges_its_fluid_sweep_finished() -> None
 
     prepare_kernels()
     trace = Trace.model_validate_json(RESNET.read_text())
-    report = solve_report(trace, budget_between(trace, 0.75), SolveOptions(time_limit_s=10))
+    # The climb's steps are sized by their measured times: on a machine busy with other work (CI's two test
+    # workers) 10 s did not always reach the optimum, so the limit leaves room; a proof ends the solve early.
+    report = solve_report(trace, budget_between(trace, 0.75), SolveOptions(time_limit_s=30))
     rec = report.schedule.solver
     assert rec.status == SolverStatus.OPTIMAL, rec.message
     assert rec.best_bound_s is not None and rec.best_bound_s >= rec.objective_s * 0.99
