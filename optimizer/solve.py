@@ -104,10 +104,13 @@ the exact DP, whose climb starts at 0.7 of its answer (the beam's can lie 3x abo
 (optimizer/polish.py's LocalSearch resumes where it stopped). Measured on one core (2026-11-28), against a
 local search of 75% first and the exact DP's two sweeps after it: DenseNet-121 at 75%, 10 s: gap 30.7% ->
 proven (the climb passes the fluid optimum, 0.002594 s, in 1.6-3 s; after the long local search it had 0.8 s
-for one sweep at the incumbent, which needs more); at 30 s proven in 17 s; at 50%, 30 s: 30.7 -> 13%; the answers
-the same. Before the local search resumed, splitting it around the DP lost 2-10% on the 1,000-layer chain at
-20%, 10 s (a new search re-begins the oscillation, whose cycles take seconds there)."""
+for one sweep at the incumbent, which needs more); at 30 s proven in 17 s; at 50%, 30 s: 22.0 -> 9.0%; the
+answers the same (bench/results/solver_bench_issue22.md). Before the local search resumed, splitting it around the
+DP lost 2-10% on the 1,000-layer chain at 20%, 10 s (a new search re-begins the oscillation, whose cycles take
+seconds there)."""
 _DP_UNTIL_LONG = 0.7
+"""On long traces the exact DP stops at this fraction of the limit (when its pace has not stopped it sooner): the
+local search after it improves the answers there (_POLISH_SHARE_LONG)."""
 _LONG_PACE = 3.0
 """On long traces each exact sweep stops where its time per layer so far, times the layers left, exceeds this many
 times its time left (SweepConfig.pace). The margin covers the bias of a linear projection: labels pile up where
