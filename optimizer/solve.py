@@ -1258,9 +1258,11 @@ def plan_for(
     # (_DP_UNTIL_LONG); the local search then goes on where it stopped. Where the memory rows' prices prune
     # the DP it finishes, as on short traces.
     dp_long = long_trace and lagrange != LagrangeKind.ROWS
-    polish_share = _POLISH_SHARE_LONG - (_LAGRANGE_SHARE if lagrange == LagrangeKind.LINK else 0.0)
+    polish_share = _POLISH_SHARE
+    if dp_long:
+        polish_share = _POLISH_SHARE_LONG - (_LAGRANGE_SHARE if lagrange == LagrangeKind.LINK else 0.0)
     # Before it only a Lagrangian can prove the requested gap; when one has, the answer is what was asked for.
-    searches.append(Phase(Step.POLISH, polish_share if dp_long else _POLISH_SHARE, only_if_open=lagrange is not None))
+    searches.append(Phase(Step.POLISH, polish_share, only_if_open=lagrange is not None))
     if allowed == ALL_ACTIONS:
         searches.append(Phase(Step.FIFO_PROBE, only_if_open=False))
     if solver in BACKENDS:

@@ -238,16 +238,15 @@ def exact_search(
             best_bound = max(best_bound, res.bound_s)
         if not res.finished:
             if res.paced:
-                out.notes.append(
+                note = (
                     f"the exact DP stopped at layer {res.boundary_reached} of {p.n}: at its pace it would not have "
                     "reached the last layer by its deadline"
                 )
+            elif res.timed_out:
+                note = f"the exact DP stopped at its deadline at layer {res.boundary_reached} of {p.n}"
             else:
-                out.notes.append(
-                    f"the exact DP stopped at its deadline at layer {res.boundary_reached} of {p.n}"
-                    if res.timed_out
-                    else "the exact DP stopped at its label cap"
-                )
+                note = "the exact DP stopped at its label cap"
+            out.notes.append(note)
             break
         if res.finals and res.finals[0][0] < threshold:
             # Nothing below the threshold was pruned, so the cheapest plan found is the fluid optimum.
