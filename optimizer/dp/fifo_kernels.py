@@ -393,49 +393,43 @@ def expand_fifo(
 
 
 @njit(cache=True)
-def _queue_no_worse(
-    at: np.ndarray, ab: np.ndarray, an: int, bt: np.ndarray, bb: np.ndarray, bn: int, b_clock: float
-) -> bool:
-    """Whether queue A holds no more bytes than queue B at every moment from B's clock on, and frees its
-    copy stream no later (A's clock is at or before B's)."""
-    return _shifted_queue_no_worse(at, ab, an, 0.0, bt, bb, bn, b_clock)
+def _delay(
+    at: np.ndarray, ab: np.ndarray, an: int, a_clock: float, bt: np.ndarray, bb: np.ndarray, bn: int, b_clock: float
+) -> float:  # pragma: no cover - compiled
+    """The least delay d >= 0 of A's clock after which A's queue, seen from its clock (a_clock + d), is no worse
+    than B's seen from b_clock: it holds no more bytes at any moment after the clock and frees its copy stream no
+    later (its last copy done by B's last or by B's clock). A longer delay only helps, so A is no worse exactly
+    when delayed by at least this.
 
-
-@njit(cache=True)
-def _shifted_queue_no_worse(
-    at: np.ndarray, ab: np.ndarray, an: int, shift: float, bt: np.ndarray, bb: np.ndarray, bn: int, b_clock: float
-) -> bool:
-    """_queue_no_worse with A's completion times moved by `shift` seconds (A's queue as seen from a clock `shift`
-    later than its own)."""
-    a_tail = at[an - 1] + shift if an > 0 else -np.inf
+    In B's frame A's completion times are at + (b_clock - a_clock - d). A's pending bytes minus B's can only
+    rise at B's clock or just after one of B's copies ends; at each such moment m, with pb bytes still pending in
+    B, A's oldest copies must be done until the rest hold at most pb, which bounds A's shift by m - (the last of
+    them). Both queues are in completion order and pb only falls from moment to moment: one pass over each."""
+    if an == 0:
+        return 0.0
     b_tail = bt[bn - 1] if bn > 0 else -np.inf
-    if a_tail > max(b_tail, b_clock):
-        return False
-    # A's pending bytes minus B's is largest at B's clock or just after one of B's copies finishes. Both queues
-    # are in completion order, so one merge-like pass over those moments keeps each side's pending bytes.
+    shift = max(b_tail, b_clock) - at[an - 1]  # the largest shift of A's times that passes every test
     pa = np.int64(0)
     for x in range(an):
         pa += ab[x]
     pb = np.int64(0)
     for x in range(bn):
         pb += bb[x]
-    ia = 0
+    done = 0  # A's oldest copies that must be complete by the moments so far
     ib = 0
-    e = -1
-    while True:
+    for e in range(-1, bn):
         moment = b_clock if e < 0 else bt[e]
-        if moment >= b_clock:
-            while ia < an and at[ia] + shift <= moment:
-                pa -= ab[ia]
-                ia += 1
-            while ib < bn and bt[ib] <= moment:
-                pb -= bb[ib]
-                ib += 1
-            if pa > pb:
-                return False
-        e += 1
-        if e >= bn:
-            return True
+        if moment < b_clock:
+            continue
+        while ib < bn and bt[ib] <= moment:
+            pb -= bb[ib]
+            ib += 1
+        while pa > pb:
+            pa -= ab[done]
+            done += 1
+        if done > 0:
+            shift = min(shift, moment - at[done - 1])
+    return max(b_clock - a_clock - shift, 0.0)
 
 
 RING = 256
@@ -447,16 +441,6 @@ _DEPTH_WINDOW = 2048
 _DEPTH_DEEP_HITS = 8
 """The ring's scan depth (dominance_fifo): where it starts, its least, the labels between changes, and the
 dominators found in its back half over them that double it."""
-
-
-@njit(cache=True)
-def _tail_and_pending(qt: np.ndarray, qb: np.ndarray, n: int, clock: float) -> tuple[float, np.int64]:
-    """A queue's last completion time (-inf when empty) and the bytes it still holds at `clock`."""
-    pending = np.int64(0)
-    for e in range(n):
-        if qt[e] > clock:
-            pending += qb[e]
-    return (qt[n - 1] if n > 0 else -np.inf), pending
 
 
 @njit(cache=True)
@@ -474,11 +458,14 @@ def dominance_fifo(
     hq_n: np.ndarray,
     max_work: int,
 ) -> tuple[np.ndarray, int, int]:
-    """Keep-mask for labels sorted by (held, retained, cost): a label is dropped when one of RING earlier kept
-    labels of its held set (so no more retained bytes) pays no more in any continuation
-    (docs/formulation.md, 'Tier 2: FIFO copies', dominance): either it has no more forward and no more backward
-    cost and queues that are no worse from the label's clocks on, or it costs no more in all and its queues, each
-    seen from its own clock, are no worse than the label's seen from the label's.
+    """Keep-mask for labels sorted by (held, retained, cost): a label i is dropped when one of RING earlier kept
+    labels j of its held set (so no more retained bytes) pays no more in any continuation (docs/formulation.md,
+    'Tier 2: FIFO copies', dominance). What a label still pays depends on its queues relative to its clocks, not
+    on when its future starts; and a label whose clock is delayed by d pays at most d more (every wait and copy of
+    a pass is a max of a clock and fixed completion times, so it ends no later for an earlier start). So j
+    dominates i when j's cost plus the least delays of its forward and reverse clocks after which each of its
+    queues is no worse than i's (holds no more bytes at any moment from the clock on, frees its stream no later)
+    is at most i's cost.
 
     Returns (keep, labels done, work done). Work counts a unit per label and per ring label compared with it;
     past `max_work` the filter stops before its next label (done < len: the mask is incomplete, the caller
@@ -488,17 +475,16 @@ def dominance_fifo(
     ring = np.empty(RING, np.int64)
     head = 0
     work = m
-    # Per label: its clocks, each queue's tail and the bytes it holds at the label's own clock. They give
-    # necessary conditions of both rules, checked before the queues are compared moment by moment.
+    # Per label: its clocks and each queue's tail, which bound the delays before the queues are compared.
     fclock = fwd_at + cf
     bclock = bwd_at + cr
-    d_tail = np.empty(m)
-    h_tail = np.empty(m)
-    d_held = np.empty(m, np.int64)
-    h_held = np.empty(m, np.int64)
+    d_tail = np.full(m, -np.inf)
+    h_tail = np.full(m, -np.inf)
     for i in range(m):
-        d_tail[i], d_held[i] = _tail_and_pending(dq_t[i], dq_b[i], dq_n[i], fclock[i])
-        h_tail[i], h_held[i] = _tail_and_pending(hq_t[i], hq_b[i], hq_n[i], bclock[i])
+        if dq_n[i] > 0:
+            d_tail[i] = dq_t[i, dq_n[i] - 1]
+        if hq_n[i] > 0:
+            h_tail[i] = hq_t[i, hq_n[i] - 1]
     fill = 0
     idle = np.inf  # least cost of a label of this held set so far whose copies are all done by its clocks
     # How far into the ring labels look: halved after _DEPTH_WINDOW labels that found no dominator in its back
@@ -525,13 +511,11 @@ def dominance_fifo(
         cost = cf[i] + cr[i]
         if idle <= cost:
             # An earlier label (no more retained bytes) with no copy pending and no more cost: nothing pending is
-            # no worse than any queue seen from any clock (the relative rule below).
+            # no worse than any queue seen from any clock (the rule below with no delay).
             keep[i] = False
             continue
         if d_tail[i] <= fclock[i] and h_tail[i] <= bclock[i]:
             idle = cost
-        d_lim = max(d_tail[i], fclock[i])
-        h_lim = max(h_tail[i], bclock[i])
         d_rel = max(d_tail[i] - fclock[i], 0.0)
         h_rel = max(h_tail[i] - bclock[i], 0.0)
         hit = -1
@@ -539,32 +523,14 @@ def dominance_fifo(
         work += scan
         for s in range(scan):
             j = ring[(head + s) & _RING_MASK]
-            if cf[j] <= cf[i] and cr[j] <= cr[i]:
-                # Each clock of j is no later than i's: j's queues are compared from i's clocks on.
-                if d_tail[j] > d_lim or h_tail[j] > h_lim:
-                    continue
-                dominated = _queue_no_worse(
-                    dq_t[j], dq_b[j], dq_n[j], dq_t[i], dq_b[i], dq_n[i], fclock[i]
-                ) and _queue_no_worse(hq_t[j], hq_b[j], hq_n[j], hq_t[i], hq_b[i], hq_n[i], bclock[i])
-            else:
-                # The future is the same from any start time: what a label still pays depends on its queues
-                # relative to its clocks. So j, costing no more in all, with queues no worse each seen from its
-                # own clock, pays no more than i in any continuation (a forward stall of j that drained its
-                # queue against a recomputation of i, say).
-                if (
-                    cf[j] + cr[j] > cost
-                    or d_tail[j] - fclock[j] > d_rel
-                    or h_tail[j] - bclock[j] > h_rel
-                    or d_held[j] > d_held[i]
-                    or h_held[j] > h_held[i]
-                ):
-                    continue
-                dominated = _shifted_queue_no_worse(
-                    dq_t[j], dq_b[j], dq_n[j], fclock[i] - fclock[j], dq_t[i], dq_b[i], dq_n[i], fclock[i]
-                ) and _shifted_queue_no_worse(
-                    hq_t[j], hq_b[j], hq_n[j], bclock[i] - bclock[j], hq_t[i], hq_b[i], hq_n[i], bclock[i]
-                )
-            if dominated:
+            base = cf[j] + cr[j]
+            # Each delay is at least what brings j's last copy, seen from its delayed clock, to i's.
+            if base + max(d_tail[j] - fclock[j] - d_rel, 0.0) + max(h_tail[j] - bclock[j] - h_rel, 0.0) > cost:
+                continue
+            d_f = _delay(dq_t[j], dq_b[j], dq_n[j], fclock[j], dq_t[i], dq_b[i], dq_n[i], fclock[i])
+            if base + d_f > cost:
+                continue
+            if base + d_f + _delay(hq_t[j], hq_b[j], hq_n[j], bclock[j], hq_t[i], hq_b[i], hq_n[i], bclock[i]) <= cost:
                 hit = s
                 break
         # The ring is kept in order of use: a label that dominated moves to the front, a kept one enters there

@@ -21,6 +21,7 @@ from memsched.optimizer.dp.problem import DpProblem
 from memsched.optimizer.dp.sweep import SweepResult
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
+from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
 from memsched.schema import SolverStatus, Trace
 
@@ -136,15 +137,16 @@ def _pending(times: list[float], sizes: list[int], moment: float) -> int:
     return sum(b for t, b in zip(times, sizes, strict=True) if t > moment)
 
 
-def test_queue_dominance_is_the_pointwise_comparison() -> None:
-    """_queue_no_worse(A, B) says A holds no more bytes than B at every moment from B's clock on and frees
-    its stream no later: checked against a dense scan of moments on 300 random pairs."""
+def test_queue_delay_is_the_least_that_passes_the_pointwise_comparison() -> None:
+    """_delay(A, B) is the least delay of A's clock after which A's queue, seen from its clock, holds no more
+    bytes than B's at every moment from B's clock on and frees its stream no later: checked against a dense scan
+    of moments and delays on 300 random pairs."""
     for seed in range(300):
         _check_queue_pair(random.Random(seed))
 
 
 def _check_queue_pair(rng: random.Random) -> None:
-    from memsched.optimizer.dp.fifo_kernels import QUEUE, _queue_no_worse, _shifted_queue_no_worse
+    from memsched.optimizer.dp.fifo_kernels import QUEUE, _delay
 
     def queue() -> tuple[np.ndarray, np.ndarray, int]:
         n = rng.randint(0, 4)
@@ -155,21 +157,21 @@ def _check_queue_pair(rng: random.Random) -> None:
         return t, b, n
 
     (at, ab, an), (bt, bb, bn) = queue(), queue()
-    clock = rng.choice([0.0, 0.75, 1.0, 2.0])
-    moments = [clock + 0.25 * i for i in range(20)]
-    a_tail = at[an - 1] if an else -np.inf
+    a_clock, b_clock = rng.choice([0.0, 0.75, 1.0, 2.0]), rng.choice([0.0, 0.75, 1.0, 2.0])
+    moments = [b_clock + 0.125 * i for i in range(60)]  # every event time below lies on this grid
     b_tail = bt[bn - 1] if bn else -np.inf
-    expected = a_tail <= max(b_tail, clock) and all(
-        _pending(list(at[:an]), list(ab[:an]), m) <= _pending(list(bt[:bn]), list(bb[:bn]), m) for m in moments
-    )
-    assert _queue_no_worse(at, ab, an, bt, bb, bn, clock) == expected
-    # Shifted: A's times moved by `shift` (A seen from a clock that much later than its own).
-    shift = rng.choice([-1.0, -0.5, 0.5, 1.0])
-    moved = at + shift
-    expected = (moved[an - 1] if an else -np.inf) <= max(b_tail, clock) and all(
-        _pending(list(moved[:an]), list(ab[:an]), m) <= _pending(list(bt[:bn]), list(bb[:bn]), m) for m in moments
-    )
-    assert _shifted_queue_no_worse(at, ab, an, shift, bt, bb, bn, clock) == expected
+
+    def no_worse(delay: float) -> bool:
+        moved = at + (b_clock - a_clock - delay)  # A's times in B's frame, its clock at b_clock
+        return (moved[an - 1] if an else -np.inf) <= max(b_tail, b_clock) and all(
+            _pending(list(moved[:an]), list(ab[:an]), m) <= _pending(list(bt[:bn]), list(bb[:bn]), m) for m in moments
+        )
+
+    least = _delay(at, ab, an, a_clock, bt, bb, bn, b_clock)
+    assert least >= 0.0 and no_worse(least)
+    for k in range(32):
+        delay = 0.125 * k
+        assert no_worse(delay) == (delay >= least), (delay, least)
 
 
 def _labels(cf: list[float], cr: list[float], dq: list[list[tuple[float, int]]]) -> tuple[np.ndarray, ...]:
@@ -209,18 +211,58 @@ def test_a_label_that_stalled_its_queue_away_dominates_one_that_recomputes_more(
 
     keep, _, _ = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(1.0, 4)], [(1.0, 4)]]))
     assert keep.tolist() == [True, False]
-    # Cheaper in all, but its copy is further from done than label 1's: both stay.
-    keep, _, _ = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(3.0, 4)], [(1.0, 4)]]))
-    assert keep.tolist() == [True, True]
     # Seen from its own clock its queue is the same as label 1's (1 s left of a 4-byte copy): label 1 goes.
     keep, _, _ = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(2.0, 4)], [(1.0, 4)]]))
     assert keep.tolist() == [True, False]
-    # Cheaper in all (labels come sorted by cost) with a copy pending past the other's clock, where the other
-    # has none: both stay. (Were the copy done by 1.0, label 0 could wait for it and be label 1, cheaper.)
+
+
+def test_a_cheaper_label_with_a_later_copy_dominates_when_waiting_for_it_costs_less_than_its_margin() -> None:
+    """Label 0 costs 1 s with 2 s of its copy left; label 1 costs 2 s with 1 s left of the same copy. Waiting 1 s
+    turns label 0 into label 1 (a wait it may always take: nothing in a pass ends later for an earlier start), so
+    label 0 pays at most 1 + 1 = 2 s in any continuation of label 1: label 1 goes. With 2.5 s left, the wait costs
+    1.5 s and label 0 may pay up to 2.5 s against label 1's 2: both stay."""
+    from memsched.optimizer.dp.fifo_kernels import dominance_fifo
+
+    keep, _, _ = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(3.0, 4)], [(1.0, 4)]]))
+    assert keep.tolist() == [True, False]
+    keep, _, _ = dominance_fifo(*_labels([1.0, 0.0], [0.0, 2.0], [[(3.5, 4)], [(1.0, 4)]]))
+    assert keep.tolist() == [True, True]
+    # Cheaper in all with a copy pending 1.5 s past its clock, where the other has none: waiting for it costs
+    # 1.5 s, more than the 1 s it saved: both stay. Done by 1.0, the wait costs 1 s and label 1 goes.
     keep, _, _ = dominance_fifo(*_labels([0.0, 1.0], [2.0, 2.0], [[(1.5, 4)], []]))
     assert keep.tolist() == [True, True]
     keep, _, _ = dominance_fifo(*_labels([0.0, 1.0], [2.0, 2.0], [[(1.0, 4)], []]))
     assert keep.tolist() == [True, False]
+    # A copy pending 2 s past label 0's clock against none: it must wait 2 s to hold nothing, more than the 1.5 s
+    # it saved: both stay.
+    keep, _, _ = dominance_fifo(*_labels([0.0, 1.5], [0.0, 0.0], [[(2.0, 3)], []]))
+    assert keep.tolist() == [True, True]
+
+
+@pytest.mark.parametrize("seed", [*range(120), 1433])
+def test_the_dominance_filter_keeps_the_optimum_of_an_exhaustive_sweep(seed: int) -> None:
+    """With no dominance filter the FIFO sweep enumerates every plan (pruned only by rows that do not fit), so its
+    optimum is the exact one. On stall-heavy random traces (links 5-50x slower than the compute, copy latency
+    up to 1 ms: where the delay rule drops labels) the filtered sweep finds the same optimum. (Seed 1433 is one
+    where a filter that left out the reverse clock's delay lost the optimum: 0.65528 s against 0.65392 s.)"""
+    import memsched.optimizer.dp.fifo as fifo
+
+    rng = random.Random(seed)
+    trace = make_trace(rng.randint(2, 7), seed, dag=rng.random() < 0.5, copy_latency_s=rng.choice([0.0, 2e-5, 1e-3]))
+    slow = rng.choice([5.0, 20.0, 50.0])
+    trace.device.h2d_bytes_per_s /= slow
+    trace.device.d2h_bytes_per_s /= slow
+    p = build_problem(trace, budget_between(trace, rng.uniform(0.0, 0.9)))
+    filtered = fifo_sweep(p, FAR, np.inf)
+    keep_all = fifo._filter
+    try:
+        fifo._filter = lambda p, k, lab, max_work: (lab, len(lab))  # type: ignore[assignment]
+        exhaustive = fifo_sweep(p, FAR, np.inf)
+    finally:
+        fifo._filter = keep_all
+    assert filtered.finished and exhaustive.finished and exhaustive.bound_s is not None
+    assert filtered.bound_s == pytest.approx(exhaustive.bound_s, rel=1e-9, abs=1e-12)
+    assert filtered.total_labels <= exhaustive.total_labels
 
 
 def test_a_label_that_keeps_dominating_stays_in_the_ring_past_many_kept_ones() -> None:
