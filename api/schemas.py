@@ -184,6 +184,11 @@ class SweepRequest(SolveOptions):
     points: int = Field(default=20, ge=2, le=200, description="how many budgets to solve (2-200)")
     budget_from: Budget | None = Field(default=None, description="the smallest budget (default: the smallest feasible)")
     budget_to: Budget | None = Field(default=None, description="the largest budget (default: keep-all's peak)")
+    refine: bool = Field(
+        default=True,
+        description="solve the points left outside the gap again with the time the sweep has left of its budget "
+        "(points x time_limit_s over the server's workers)",
+    )
 
     def options(self) -> SolveOptions:
         """The request's solve options alone."""

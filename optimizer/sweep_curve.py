@@ -10,6 +10,10 @@ only what the cost model makes sound, because the optimal overhead OPT(B) never 
   so a point's bound is the best bound proven at its own budget or at any larger one.
 
 After that exchange the curve is non-increasing and every bound is still a true bound.
+
+Points whose gap is still open when every budget is solved are solved again from scratch with the time the sweep
+has left of its budget, n_points x the limit per point over the `parallel` solves: `_refine`. The better schedule
+and the larger bound of the two solves are kept (both are true of that budget).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ log = logging.getLogger(__name__)
 Submit = Callable[[int], "Future[Schedule]"]
 """Starts the solve of one budget (bytes); its future holds the schedule, or InfeasibleBudgetError where none
 fits. The caller decides where it runs (this process, or a pool): the curve only decides which budgets."""
+Resubmit = Callable[[int, float], "Future[Schedule]"]
+"""Starts another solve of one budget (bytes) with the given time limit (seconds), where Submit runs it."""
 
 MIN_POINTS = 2
 MAX_POINTS = 200
@@ -42,6 +48,9 @@ _KNEE_DEPTH = 0.05
 x overhead range): a smaller sag is a gentle curve or the solver's gap, not a bend."""
 _FLAT_S = 1e-12
 """Overheads at or below this are zero (the simulator's rounding)."""
+_REFINE_MIN = 2.0
+"""A point is solved again only with at least this many times its first limit: a solve from scratch with about
+the same time ends about where the first one did."""
 
 
 @dataclass
@@ -149,10 +158,14 @@ def sweep(
     hi: int | None = None,
     gap: float = 0.01,
     parallel: int = 1,
+    refine: Resubmit | None = None,
+    point_limit_s: float | None = None,
 ) -> SweepCurve:
     """Solve `n_points` budgets in [lo, hi] (default: smallest feasible to keep-all), up to `parallel` at once:
     first an even grid, then, each time a solve ends, the middle of the interval where the curve bends most
-    (see `_priority`) among those no running solve is splitting already."""
+    (see `_priority`) among those no running solve is splitting already. With `refine` and `point_limit_s` (each
+    point's time limit), the points left outside `gap` are then solved again within the sweep's budget,
+    n_points x point_limit_s / parallel from its start (`_refine`)."""
     if not MIN_POINTS <= n_points <= MAX_POINTS:
         raise MemschedError(f"points: {n_points} is out of range; give {MIN_POINTS} to {MAX_POINTS}")
     t0 = time.perf_counter()
@@ -220,6 +233,9 @@ def sweep(
             points[b] = _point(sc, b)
             points[b].solve_s = time.perf_counter() - since
         _exchange(points, gap)
+    if refine is not None and point_limit_s is not None:
+        end_by = t0 + n_points * point_limit_s / parallel
+        _refine(points, refine, parallel, gap, end_by, point_limit_s, notes)
     if host_floor >= 0:
         notes.append(
             f"start raised to {start} bytes: at {host_floor} bytes and below no plan fits the host budget "
@@ -239,6 +255,72 @@ def sweep(
         wall_s=time.perf_counter() - t0,
         notes=notes,
     )
+
+
+def _open(p: CurvePoint) -> bool:
+    """Whether a point's answer is not proven within the sweep's gap (no bound, or a larger gap)."""
+    return p.status != SolverStatus.OPTIMAL
+
+
+def _refine(
+    points: dict[int, CurvePoint],
+    refine: Resubmit,
+    parallel: int,
+    gap: float,
+    end_by: float,
+    point_limit_s: float,
+    notes: list[str],
+) -> None:
+    """Solve the open points again, widest gap first, `parallel` at once, until `end_by` (time.perf_counter()):
+    each gets an even share of the time left, counted in rounds of `parallel` over the points still to start and
+    those running (at least _REFINE_MIN x its first limit, else it and the rest are not started). The better
+    schedule and the larger bound of a point's two solves are kept, and the exchange between budgets runs
+    again."""
+    todo = sorted((p for p in points.values() if _open(p)), key=lambda p: -(p.gap if p.gap is not None else math.inf))
+    running: dict[Future[Schedule], tuple[CurvePoint, float, float]] = {}
+    tried: list[tuple[CurvePoint, float]] = []
+    while todo or running:
+        while todo and len(running) < parallel:
+            now = time.perf_counter()
+            # The points still to start and those running share the slots in rounds of `parallel`.
+            limit = (end_by - now) / math.ceil((len(todo) + len(running)) / parallel)
+            if limit < _REFINE_MIN * point_limit_s:
+                todo = []  # the rest would get no more time than their first solve had
+                break
+            p = todo.pop(0)
+            running[refine(p.budget_bytes, limit)] = (p, now, limit)
+        if not running:
+            break
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for f in done:
+            p, since, limit = running.pop(f)
+            p.solve_s += time.perf_counter() - since
+            tried.append((p, limit))
+            _merge(p, f.result(), limit)
+        _exchange(points, gap)
+    if tried:
+        closed = sum(1 for p, _ in tried if not _open(p))
+        budgets = ", ".join(f"{p.budget_bytes} bytes ({limit:.0f} s)" for p, limit in tried)
+        notes.append(
+            f"solved again with the time the sweep had left (its points' limit, {point_limit_s:g} s each, over "
+            f"{parallel} at once): {budgets}; {closed} of {len(tried)} now within the gap"
+        )
+
+
+def _merge(p: CurvePoint, again: Schedule, limit: float) -> None:
+    """A point's second solve into it: the better schedule, the larger bound (both hold at this budget)."""
+    first = p.schedule.solver
+    if again.prediction.overhead_s < p.overhead_s * (1 - _REL_TOL):
+        p.schedule = again
+        p.reused_from = None
+    bound = again.solver.best_bound_s
+    if bound is not None and (p.bound_s is None or bound > p.bound_s):
+        p.bound_s = bound
+    gap = f"{100 * first.gap:.2f}%" if first.gap is not None else "no bound"
+    note = f"sweep: solved again with {limit:.1f} s, the time the sweep had left (the first solve: {gap})"
+    rec = p.schedule.solver
+    if note not in rec.details:
+        p.schedule.solver = rec.model_copy(update={"details": [*rec.details, note]})
 
 
 def solved_now(solve: Callable[[int], Schedule]) -> Submit:

@@ -61,7 +61,13 @@ async def create_sweep(req: SweepRequest, db: DatabaseDep, owner: OwnerDep, sett
             row, trace = resolve_trace(s, owner, settings, req.trace_id, req.trace)
         try:
             res = sweep_trace(
-                trace, options, points=req.points, lo=req.budget_from, hi=req.budget_to, workers=settings.workers
+                trace,
+                options,
+                points=req.points,
+                lo=req.budget_from,
+                hi=req.budget_to,
+                workers=settings.workers,
+                refine=req.refine,
             )
         except InfeasibleBudgetError as e:
             raise from_memsched_error(e, "budget_to") from None

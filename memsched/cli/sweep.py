@@ -42,6 +42,14 @@ def sweep_cmd(
     workers: Annotated[
         int | None, typer.Option("--workers", help="Solver processes (default: one per core this process may use).")
     ] = None,
+    refine: Annotated[
+        bool,
+        typer.Option(
+            "--refine/--no-refine",
+            help="Solve the points left outside the gap again with the time the sweep has left of its budget "
+            "(points x time limit over the workers).",
+        ),
+    ] = True,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the curve as JSON here.")] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Draw the curve as a PNG here.")] = None,
     html: Annotated[
@@ -71,6 +79,7 @@ def sweep_cmd(
         lo=parse_budget(lo) if lo is not None else None,
         hi=parse_budget(hi) if hi is not None else None,
         workers=workers if workers is not None else default_workers(),
+        refine=refine,
     )
     doc = res.model_dump(mode="json")
     if output is not None:

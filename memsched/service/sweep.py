@@ -124,9 +124,12 @@ def sweep_trace(
     lo: BudgetSpec | str | int | None = None,
     hi: BudgetSpec | str | int | None = None,
     workers: int = 1,
+    refine: bool = True,
 ) -> SweepResult:
     """Solve `points` budgets from `lo` (default: the smallest feasible) to `hi` (default: keep-all's peak),
     placed where the curve bends, each with `options` (its time limit per point), on `workers` processes.
+    `refine`: then solve the points left outside the gap again with the time the sweep has left of its budget,
+    points x the time limit over the workers (optimizer/sweep_curve.py, `_refine`).
 
     Raises MemschedError for an empty range or a bad count, InfeasibleBudgetError (with the smallest feasible
     budget) for a range wholly below it."""
@@ -137,16 +140,21 @@ def sweep_trace(
         raise MemschedError(f"workers: {workers} is out of range; give 1 or more")
     lo_b, hi_b = _resolve(lo, trace, "from"), _resolve(hi, trace, "to")
     workers = min(workers, points)
+    limit_s = options.time_limit_s if refine else None
     if workers == 1:
         submit = solved_now(lambda b: _solve(trace, b, options))
-        curve = sweep(trace, submit, points, lo_b, hi_b, options.gap)
+
+        def again(budget: int, seconds: float) -> Future[Schedule]:
+            return solved_now(lambda b: _solve(trace, b, _with_limit(options, seconds)))(budget)
+
+        curve = sweep(trace, submit, points, lo_b, hi_b, options.gap, refine=again, point_limit_s=limit_s)
     else:
         ctx = multiprocessing.get_context("spawn")  # the caller may hold threads (the service): never fork them
         with ProcessPoolExecutor(
             workers, mp_context=ctx, initializer=_init_worker, initargs=(trace.model_dump_json(), options)
         ) as pool:
 
-            def in_pool(budget: int) -> Future[Schedule]:
+            def in_pool(budget: int, seconds: float | None = None) -> Future[Schedule]:
                 out: Future[Schedule] = Future()
 
                 def done(f: Future[tuple[str, str | int]]) -> None:
@@ -160,10 +168,12 @@ def sweep_trace(
                     except (InfeasibleBudgetError, InfeasibleHostBudgetError) as e:
                         out.set_exception(e)
 
-                pool.submit(_solve_in_worker, budget).add_done_callback(done)
+                pool.submit(_solve_in_worker, budget, seconds).add_done_callback(done)
                 return out
 
-            curve = sweep(trace, in_pool, points, lo_b, hi_b, options.gap, parallel=workers)
+            curve = sweep(
+                trace, in_pool, points, lo_b, hi_b, options.gap, parallel=workers, refine=in_pool, point_limit_s=limit_s
+            )
     return _result(trace, options, curve, workers)
 
 
@@ -184,10 +194,18 @@ def _init_worker(trace_json: str, options: SolveOptions) -> None:
     prepare_solver()
 
 
-def _solve_in_worker(budget: int) -> tuple[str, str | int]:
+def _with_limit(options: SolveOptions, seconds: float) -> SolveOptions:
+    """The same options with another time limit (a point solved again)."""
+    return options.model_copy(update={"time_limit_s": seconds})
+
+
+def _solve_in_worker(budget: int, seconds: float | None = None) -> tuple[str, str | int]:
     """A picklable answer: ('ok', schedule JSON), ('infeasible', smallest feasible budget) or ('host', the
-    InfeasibleHostBudgetError's numbers as JSON)."""
+    InfeasibleHostBudgetError's numbers as JSON). `seconds`: another time limit than the sweep's (a point solved
+    again)."""
     trace, options = _WORKER["job"]
+    if seconds is not None:
+        options = _with_limit(options, seconds)
     try:
         return "ok", _solve(trace, budget, options).model_dump_json()
     except InfeasibleBudgetError as e:

@@ -56,6 +56,7 @@ def test_sweep_answers_the_curve(server: Server, trace_id: str) -> None:
         ({"gap": 2}, "gap", "less than 1"),
         ({"trace_id": None}, "trace_id", "exactly one of"),
         ({"colour": "red"}, "colour", "Extra inputs"),
+        ({"refine": "sometimes"}, "refine", "boolean"),
     ],
 )
 def test_bad_input_is_422(server: Server, trace_id: str, body: dict, field: str, needle: str) -> None:

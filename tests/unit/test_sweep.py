@@ -87,6 +87,96 @@ def test_exchange_reuses_smaller_budgets_schedule_and_larger_budgets_bound(trace
     assert middle.bound_s == 0.0 and middle.status in (SolverStatus.FEASIBLE, SolverStatus.OPTIMAL)
 
 
+def _no_bound(sc: Schedule) -> Schedule:
+    """The same schedule as an answer with no bound (a heuristic's): its point stays open."""
+    rec = sc.solver.model_copy(update={"status": SolverStatus.HEURISTIC, "best_bound_s": None, "gap": None})
+    return sc.model_copy(update={"solver": rec})
+
+
+def test_open_points_are_solved_again_with_the_time_the_sweep_has_left(trace: Trace) -> None:
+    """A point its first solve leaves open (a poor heuristic answer, no bound) is solved again, alone, with what is
+    left of the sweep's budget (3 points x 10 s, one at a time): the second answer is kept, the point is proven,
+    and both the point and the curve say so."""
+    lo, hi = min_feasible_budget(trace), trace.static.total + keepall_activation_peak(trace)
+    mid = (lo + hi) // 2
+    real = {b: solve(trace, b, OPTS) for b in (lo, mid, hi)}
+    assert all(sc.solver.status == SolverStatus.OPTIMAL for sc in real.values())
+    again: list[tuple[int, float]] = []
+
+    def resolve(budget: int, seconds: float):
+        again.append((budget, seconds))
+        return solved_now(lambda b: real[b])(budget)
+
+    first = solved_now(lambda b: real[b] if b != mid else _worse(trace, b))
+    c = sweep(trace, first, 3, lo, hi, gap=0.01, refine=resolve, point_limit_s=10.0)
+    assert [b for b, _ in again] == [mid] and 20.0 <= again[0][1] <= 30.0
+    middle = c.points[1]
+    assert middle.overhead_s == pytest.approx(real[mid].prediction.overhead_s, rel=1e-12)
+    assert middle.status == SolverStatus.OPTIMAL and middle.reused_from is None
+    assert any(d.startswith("sweep: solved again with") for d in middle.schedule.solver.details)
+    assert any("solved again with the time the sweep had left" in n and "1 of 1" in n for n in c.notes)
+    assert simulate(trace, middle.schedule).feasible
+
+
+def test_a_second_solve_keeps_the_better_schedule_and_the_larger_bound(trace: Trace) -> None:
+    """The first solve found the optimum but proved nothing; the second found a worse plan and proved the optimum's
+    bound: the point keeps the first's schedule with the second's bound."""
+    lo, hi = min_feasible_budget(trace), trace.static.total + keepall_activation_peak(trace)
+    mid = (lo + hi) // 2
+    real = {b: solve(trace, b, OPTS) for b in (lo, mid, hi)}
+    poor = _worse(trace, mid)
+    assert poor.prediction.overhead_s > real[mid].prediction.overhead_s
+    proven = poor.model_copy(
+        update={"solver": poor.solver.model_copy(update={"best_bound_s": real[mid].solver.best_bound_s})}
+    )
+    first = solved_now(lambda b: real[b] if b != mid else _no_bound(real[mid]))
+    c = sweep(
+        trace, first, 3, lo, hi, gap=0.01, refine=lambda b, s: solved_now(lambda x: proven)(b), point_limit_s=10.0
+    )
+    middle = c.points[1]
+    assert middle.overhead_s == real[mid].prediction.overhead_s
+    assert middle.bound_s == pytest.approx(real[mid].solver.best_bound_s) and middle.status == SolverStatus.OPTIMAL
+
+
+def test_no_second_solve_without_twice_a_points_time(trace: Trace) -> None:
+    """Two points on two workers: the sweep's budget is one point's limit, so an open point has no more time
+    than its first solve had and is left as it is (a solve from scratch with the same time ends where it did)."""
+    lo, hi = min_feasible_budget(trace), trace.static.total + keepall_activation_peak(trace)
+    again: list[int] = []
+
+    def resolve(budget: int, seconds: float):
+        again.append(budget)
+        return solved_now(lambda b: solve(trace, b, OPTS))(budget)
+
+    c = sweep(
+        trace,
+        solved_now(lambda b: _worse(trace, b)),
+        2,
+        lo,
+        hi,
+        gap=0.0,
+        parallel=2,
+        refine=resolve,
+        point_limit_s=10.0,
+    )
+    assert again == [] and any(p.status != SolverStatus.OPTIMAL for p in c.points)
+    assert not any("solved again" in n for n in c.notes)
+
+
+def test_a_point_solved_again_in_a_worker_gets_the_time_limit_it_is_given() -> None:
+    """The pool's worker holds the sweep's options (30 s here); a point solved again runs with the limit the sweep
+    gives it instead, and the solve ends within it."""
+    from memsched.service.sweep import _init_worker, _solve_in_worker, _unwrap
+
+    tr = make_trace(60, 3)
+    floor = min_feasible_budget(tr)
+    budget = floor + (tr.static.total + keepall_activation_peak(tr) - floor) // 5  # not proven at gap 0 in 30 s
+    _init_worker(tr.model_dump_json(), SolveOptions(time_limit_s=30.0, gap=0.0))
+    sc = _unwrap(budget, _solve_in_worker(budget, 0.5))
+    assert sc.budget_bytes == budget and sc.solver.wall_s <= 0.5 * 1.1 + 0.5
+    assert simulate(tr, sc).feasible
+
+
 def test_points_go_where_the_curve_bends(trace: Trace, curve) -> None:
     """Refinement never splits an interval whose ends cost the same (monotone: all between does too), so
     zero-overhead points are the first one and the starting grid's (start, middle, end)."""
