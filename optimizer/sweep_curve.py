@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError
 from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
 from memsched.schema import Schedule, SolverStatus, Trace
+from memsched.units import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +301,7 @@ def _refine(
         _exchange(points, gap)
     if tried:
         closed = sum(1 for p, _ in tried if not _open(p))
-        budgets = ", ".join(f"{p.budget_bytes} bytes ({limit:.0f} s)" for p, limit in tried)
+        budgets = ", ".join(f"{format_bytes(p.budget_bytes)} ({limit:.0f} s)" for p, limit in tried)
         notes.append(
             f"solved again with the time the sweep had left (its points' limit, {point_limit_s:g} s each, over "
             f"{parallel} at once): {budgets}; {closed} of {len(tried)} now within the gap"

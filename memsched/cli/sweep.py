@@ -109,6 +109,8 @@ def sweep_cmd(
             note.append("[bold red]knee[/]")
         if p.reused_from is not None:
             note.append(f"schedule of {format_bytes(p.reused_from)}")
+        if any(d.startswith("sweep: solved again") for d in p.schedule.solver.details):
+            note.append("solved again")
         t.add_row(
             format_bytes(p.budget_bytes),
             f"{format_seconds(p.overhead_s)} ({p.overhead_pct:+.2f}%)",
