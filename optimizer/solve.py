@@ -34,7 +34,7 @@ from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, Me
 from memsched.optimizer.actions import check_feasible, restrict
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import min_feasible_budget, min_feasible_decisions
-from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, uses_only
+from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, decisions_from_schedule, uses_only
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.host import (
     MAX_PRICES,
@@ -53,7 +53,7 @@ from memsched.optimizer.ilp.warm import representable
 from memsched.optimizer.polish import LocalSearch
 from memsched.optimizer.simulate import SimResult, make_schedule, simulate, stage_memory
 from memsched.options import SolveOptions, SolveResources, SolverName
-from memsched.schema import Action, Schedule, SolverRecord, SolverStatus, Trace
+from memsched.schema import Action, Schedule, SolverRecord, SolverStatus, Trace, check_schedule
 
 if TYPE_CHECKING:
     from memsched.optimizer.dp import DpOutcome, DpProblem
@@ -258,6 +258,16 @@ _FIFO_BEAM_FIRST = 16
 beam's. Its labels carry whole copy queues and it expands every segment, so a label costs several times a fluid
 one: PipeDream ResNet-50 at 2.25 GiB, one core, widths 16 / 64 / 256 in 0.11 / 0.30 / 0.92 s against the
 fluid beam's 24 / 96 / 384 in 0.15 / 0.21 / 0.36 s."""
+_PROVE_SHARE = 0.6
+"""A solve started from an earlier answer (solve_report's `start`: a sweep solving an open point again) first runs
+the exact sweep at that answer's threshold for up to this share of its limit (`_Flow.prove_start`): the answer is
+known, what it lacks is the bound, and that one sweep proves the gap or finds the optimum below it (PipeDream
+ResNet-50 at 2.62 GiB: the FIFO sweep at 0.99 x 0.11035 s ends in 10.8 s on one core, where a solve from scratch
+took 39 s to prove the point, 7 s of them in a probe cut by its share)."""
+
+_PROVE_TOP_SHARE = 0.5
+"""The share of _PROVE_SHARE the FIFO sweep at the start's threshold may take before the FIFO climb takes over."""
+
 _RESERVE_S = 0.05
 """Kept back at the end for building and simulating the returned schedule, plus _RESERVE_PER_LAYER_S per layer
 (a simulation with events of a 5,000-layer trace takes about 0.3 s)."""
@@ -302,6 +312,7 @@ _BOUND_SOURCES = {
     "cbc": "the CBC MILP",
     "highs": "the HiGHS MILP",
     "cpsat": "the CP-SAT model",
+    "start": "an earlier solve of this budget (with the schedule this one started from)",
 }
 """Where a proven bound came from, in words (solve()'s plain sentence)."""
 
@@ -774,6 +785,44 @@ class _Flow:
             out.message or "finished",
         )
 
+    def prove_start(self, until: float) -> None:
+        """Where the solve starts from an earlier answer (the best candidate then, its bound proved): the exact
+        sweeps up to its threshold, incumbent x (1 - gap), until `until` (_PROVE_SHARE). The fluid sweep first
+        (stopped at its pace where it cannot finish): finished, it proves the gap, or finds its optimum, which
+        proves the gap where the simulator prices that plan as the sweep does. Where the simulator prices it
+        dearer (by over _MISPRICED: stalls decide) and the FIFO sweep applies, the FIFO sweep at the threshold
+        with up to _PROVE_TOP_SHARE of the time: an answer that a whole solve left is near the optimum, and this
+        one sweep proves it or finds the optimum below it. Cut, FIFO sweeps climb from the bound proven so far
+        (`fifo_climb`) with the rest; what they leave open, the rest of the plan takes up as usual."""
+        from memsched.optimizer.dp import fifo_search
+
+        until = min(until, self.deadline - self.reserve)
+        fluid = self._fluid_sweep(until, _RELAXED_LADDER[0], pace=_LONG_PACE)
+        # The simulator's cost of the sweep's best plan over its bound (None: cut, or no plan below the threshold).
+        ratio = None
+        if fluid.schedules and fluid.bound_s and not (fluid.timed_out or fluid.cap_hit):
+            ratio = fluid.schedules[0].overhead_s / fluid.bound_s
+        log.info("prove from the start: exact DP, bound %s, %.2f s, its plan x%s", fluid.bound_s, fluid.wall_s, ratio)
+        fifo = self.fifo_applies() and self.allowed == ALL_ACTIONS and not self.host_binds
+        if self.proven() or not fifo or ratio is None or ratio <= 1.0 + _MISPRICED:
+            return
+        now = time.perf_counter()
+        out = fifo_search(
+            self.trace,
+            self.budget,
+            now + _PROVE_TOP_SHARE * (until - now),
+            self.best.sim.overhead_s,
+            self.options.gap,
+            problem=self.bound_problem(_RELAXED_LADDER[0]),
+            max_labels=_FIFO_MAX_LABELS,
+        )
+        for sim in out.schedules[:1]:
+            self.add("dp-fifo", sim)
+        self.prove(out.bound_s, "dp-fifo")
+        log.info("prove from the start: FIFO sweep at the threshold, bound %s, %.2f s", out.bound_s, out.wall_s)
+        if not self.proven() and not out.schedules:
+            self.fifo_climb(until, _RELAXED_LADDER[0])
+
     def dp_probe(self, until: float) -> None:
         """The exact DP before the bounds and the local search, where the fluid beams priced their plans exactly
         (`priced_exactly`), every layer's offload subsets are enumerated and no host budget binds: its optimum is
@@ -1163,6 +1212,7 @@ _HOST_NOTE = (
 class Step(StrEnum):
     """What a phase of the solve runs (the _Flow method of the same name)."""
 
+    PROVE = "prove"
     BEAM = "beam"
     DP_PROBE = "dp_probe"
     LAGRANGE = "lagrange"
@@ -1299,7 +1349,9 @@ def _run_phase(flow: _Flow, phase: Phase) -> None:
         until = min(flow.t0 + phase.share * flow.options.time_limit_s, flow.deadline - flow.reserve)
     else:
         until = flow.until(phase.share)
-    if phase.step == Step.BEAM:
+    if phase.step == Step.PROVE:
+        flow.prove_start(until)
+    elif phase.step == Step.BEAM:
         flow.beam(until)
     elif phase.step == Step.DP_PROBE:
         flow.dp_probe(until)
@@ -1319,18 +1371,22 @@ def _run_phase(flow: _Flow, phase: Phase) -> None:
 
 
 def solve_report(
-    trace: Trace, budget_bytes: int, options: SolveOptions | None = None, resources: SolveResources | None = None
+    trace: Trace,
+    budget_bytes: int,
+    options: SolveOptions | None = None,
+    resources: SolveResources | None = None,
+    start: Schedule | None = None,
 ) -> SolveReport:
     """solve(), with the phases' raw results kept."""
     options = options or SolveOptions()
-    report = _with_host_note(_solve_report(trace, budget_bytes, options, resources), options, trace)
+    report = _with_host_note(_solve_report(trace, budget_bytes, options, resources, start), options, trace)
     if options.host_budget is not None:  # the replay's pinned pool reads its limit from here
         report.schedule = report.schedule.model_copy(update={"host_budget_bytes": options.host_budget})
     return report
 
 
 def _solve_report(
-    trace: Trace, budget_bytes: int, options: SolveOptions, resources: SolveResources | None
+    trace: Trace, budget_bytes: int, options: SolveOptions, resources: SolveResources | None, start: Schedule | None
 ) -> SolveReport:
     now = time.perf_counter()
     # The limit counts from the caller's start where it gives one (the CLI: its process's start).
@@ -1363,6 +1419,8 @@ def _solve_report(
     if not cands and found is None and options.host_budget is not None:
         found = _host_feasible_plan(trace, budget_bytes, allowed, options.host_budget, feasibility_deadline)
     flow = _Flow(trace, budget_bytes, options, resources or SolveResources(), t0, allowed, found, cands)
+    if start is not None:
+        phases = _from_start(flow, start, phases)
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     if not phases:
@@ -1375,6 +1433,27 @@ def _solve_report(
         if flow.best.sim.overhead_s <= 0.0:
             return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     return flow.report()
+
+
+def _from_start(flow: _Flow, start: Schedule, phases: list[Phase]) -> list[Phase]:
+    """An earlier answer joins the candidates (it must be this trace's, and fit this budget and host budget), with
+    its bound where it was solved for this budget and host budget (the caller vouches for the rest of the
+    options: solve()'s `start` is an earlier answer of the same solve); the plan proves the best candidate first
+    (Step.PROVE). A heuristic-only plan stays as it is."""
+    check_schedule(start, flow.trace)
+    sim = simulate(flow.trace, decisions_from_schedule(start), flow.budget)
+    if not sim.feasible or not fits_host(sim, flow.host):
+        raise MemschedError(
+            f"start: the schedule to start from does not fit this budget ({flow.budget} bytes) or host budget; "
+            "give one solved for this budget or a smaller one"
+        )
+    flow.add("the schedule it started from", sim)
+    if start.budget_bytes == flow.budget and start.host_budget_bytes == flow.host:
+        flow.prove(start.solver.best_bound_s, "start")  # proved for this same problem before: it holds now
+    if not phases:
+        return phases
+    # Once the best is proven there is nothing to add: even the phases that otherwise always run (the beam) wait.
+    return [Phase(Step.PROVE, _PROVE_SHARE), *(dataclasses.replace(ph, only_if_open=True) for ph in phases)]
 
 
 def _host_feasible_plan(
@@ -1432,7 +1511,13 @@ def _with_host_note(report: SolveReport, options: SolveOptions, trace: Trace) ->
 
 
 def solve(
-    trace: Trace, budget_bytes: int, options: SolveOptions | None = None, resources: SolveResources | None = None
+    trace: Trace,
+    budget_bytes: int,
+    options: SolveOptions | None = None,
+    resources: SolveResources | None = None,
+    start: Schedule | None = None,
 ) -> Schedule:
-    """Return the best schedule found for the budget; InfeasibleBudgetError if none can fit."""
-    return solve_report(trace, budget_bytes, options, resources).schedule
+    """Return the best schedule found for the budget; InfeasibleBudgetError if none can fit. `start`: an earlier
+    answer of the same solve (trace, budget and options: a sweep's point solved again), a candidate from the
+    start with its bound, which the solve first tries to prove (_PROVE_SHARE)."""
+    return solve_report(trace, budget_bytes, options, resources, start).schedule

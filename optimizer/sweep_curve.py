@@ -11,9 +11,9 @@ only what the cost model makes sound, because the optimal overhead OPT(B) never 
 
 After that exchange the curve is non-increasing and every bound is still a true bound.
 
-Points whose gap is still open when every budget is solved are solved again from scratch with the time the sweep
-has left of its budget, n_points x the limit per point over the `parallel` solves: `_refine`. The better schedule
-and the larger bound of the two solves are kept (both are true of that budget).
+Points whose gap is still open when every budget is solved are solved again, from their answer so far, with the
+time the sweep has left of its budget, n_points x the limit per point over the `parallel` solves: `_refine`. The
+better schedule and the larger bound of the two solves are kept (both are true of that budget).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 Submit = Callable[[int], "Future[Schedule]"]
 """Starts the solve of one budget (bytes); its future holds the schedule, or InfeasibleBudgetError where none
 fits. The caller decides where it runs (this process, or a pool): the curve only decides which budgets."""
-Resubmit = Callable[[int, float], "Future[Schedule]"]
-"""Starts another solve of one budget (bytes) with the given time limit (seconds), where Submit runs it."""
+Resubmit = Callable[[int, float, Schedule], "Future[Schedule]"]
+"""Starts another solve of one budget (bytes) with the given time limit (seconds), from the given schedule (the
+point's answer so far), where Submit runs it."""
 
 MIN_POINTS = 2
 MAX_POINTS = 200
@@ -272,7 +273,8 @@ def _refine(
     point_limit_s: float,
     notes: list[str],
 ) -> None:
-    """Solve the open points again, widest gap first, `parallel` at once, until `end_by` (time.perf_counter()):
+    """Solve the open points again from their answers so far (solve()'s `start`: it tries to prove that answer
+    first), widest gap first, `parallel` at once, until `end_by` (time.perf_counter()):
     each gets an even share of the time left, counted in rounds of `parallel` over the points still to start and
     those running (at least _REFINE_MIN x its first limit, else it and the rest are not started). The better
     schedule and the larger bound of a point's two solves are kept, and the exchange between budgets runs
@@ -289,7 +291,7 @@ def _refine(
                 todo = []  # the rest would get no more time than their first solve had
                 break
             p = todo.pop(0)
-            running[refine(p.budget_bytes, limit)] = (p, now, limit)
+            running[refine(p.budget_bytes, limit, p.schedule)] = (p, now, limit)
         if not running:
             break
         done, _ = wait(running, return_when=FIRST_COMPLETED)

@@ -121,13 +121,15 @@ def solve_trace(
     budget: BudgetSpec | str | int,
     options: SolveOptions | None = None,
     resources: SolveResources | None = None,
+    start: Schedule | None = None,
 ) -> Schedule:
     """Resolve the budget and solve, for the device and link the options name (what-if hardware: the trace's
     copy rates replaced; the schedule records them in `planned_for` and still names the trace's own hash).
+    `start`: an earlier answer of the same solve to start from (a sweep's point solved again).
     Raises InfeasibleBudgetError with the smallest feasible budget."""
     options = options or SolveOptions()
     planned = what_if_device(trace, options.link, options.ranks_per_link)
-    sched = solve(planned_trace(trace, planned), resolve_budget(budget, trace), options, resources)
+    sched = solve(planned_trace(trace, planned), resolve_budget(budget, trace), options, resources, start)
     return sched.model_copy(update={"trace_hash": trace.content_hash(), "planned_for": planned})
 
 

@@ -144,8 +144,8 @@ def sweep_trace(
     if workers == 1:
         submit = solved_now(lambda b: _solve(trace, b, options))
 
-        def again(budget: int, seconds: float) -> Future[Schedule]:
-            return solved_now(lambda b: _solve(trace, b, _with_limit(options, seconds)))(budget)
+        def again(budget: int, seconds: float, start: Schedule) -> Future[Schedule]:
+            return solved_now(lambda b: _solve(trace, b, _with_limit(options, seconds), start))(budget)
 
         curve = sweep(trace, submit, points, lo_b, hi_b, options.gap, refine=again, point_limit_s=limit_s)
     else:
@@ -154,7 +154,7 @@ def sweep_trace(
             workers, mp_context=ctx, initializer=_init_worker, initargs=(trace.model_dump_json(), options)
         ) as pool:
 
-            def in_pool(budget: int, seconds: float | None = None) -> Future[Schedule]:
+            def in_pool(budget: int, seconds: float | None = None, start: Schedule | None = None) -> Future[Schedule]:
                 out: Future[Schedule] = Future()
 
                 def done(f: Future[tuple[str, str | int]]) -> None:
@@ -168,7 +168,8 @@ def sweep_trace(
                     except (InfeasibleBudgetError, InfeasibleHostBudgetError) as e:
                         out.set_exception(e)
 
-                pool.submit(_solve_in_worker, budget, seconds).add_done_callback(done)
+                start_json = start.model_dump_json() if start is not None else None
+                pool.submit(_solve_in_worker, budget, seconds, start_json).add_done_callback(done)
                 return out
 
             curve = sweep(
@@ -177,10 +178,10 @@ def sweep_trace(
     return _result(trace, options, curve, workers)
 
 
-def _solve(trace: Trace, budget: int, options: SolveOptions) -> Schedule:
+def _solve(trace: Trace, budget: int, options: SolveOptions, start: Schedule | None = None) -> Schedule:
     from memsched.service import solve_trace
 
-    return solve_trace(trace, budget, options)
+    return solve_trace(trace, budget, options, start=start)
 
 
 _WORKER: dict[str, tuple[Trace, SolveOptions]] = {}
@@ -199,15 +200,16 @@ def _with_limit(options: SolveOptions, seconds: float) -> SolveOptions:
     return options.model_copy(update={"time_limit_s": seconds})
 
 
-def _solve_in_worker(budget: int, seconds: float | None = None) -> tuple[str, str | int]:
+def _solve_in_worker(budget: int, seconds: float | None = None, start_json: str | None = None) -> tuple[str, str | int]:
     """A picklable answer: ('ok', schedule JSON), ('infeasible', smallest feasible budget) or ('host', the
-    InfeasibleHostBudgetError's numbers as JSON). `seconds`: another time limit than the sweep's (a point solved
-    again)."""
+    InfeasibleHostBudgetError's numbers as JSON). A point solved again: `seconds`, its time limit instead of the
+    sweep's, and `start_json`, its earlier answer to start from."""
     trace, options = _WORKER["job"]
     if seconds is not None:
         options = _with_limit(options, seconds)
+    start = Schedule.model_validate_json(start_json) if start_json is not None else None
     try:
-        return "ok", _solve(trace, budget, options).model_dump_json()
+        return "ok", _solve(trace, budget, options, start).model_dump_json()
     except InfeasibleBudgetError as e:
         return "infeasible", e.min_feasible_bytes if e.proven else -e.min_feasible_bytes
     except InfeasibleHostBudgetError as e:

@@ -103,7 +103,8 @@ def test_open_points_are_solved_again_with_the_time_the_sweep_has_left(trace: Tr
     assert all(sc.solver.status == SolverStatus.OPTIMAL for sc in real.values())
     again: list[tuple[int, float]] = []
 
-    def resolve(budget: int, seconds: float):
+    def resolve(budget: int, seconds: float, start: Schedule):
+        assert start.budget_bytes == budget and start.solver.status != SolverStatus.OPTIMAL  # its answer so far
         again.append((budget, seconds))
         return solved_now(lambda b: real[b])(budget)
 
@@ -131,7 +132,14 @@ def test_a_second_solve_keeps_the_better_schedule_and_the_larger_bound(trace: Tr
     )
     first = solved_now(lambda b: real[b] if b != mid else _no_bound(real[mid]))
     c = sweep(
-        trace, first, 3, lo, hi, gap=0.01, refine=lambda b, s: solved_now(lambda x: proven)(b), point_limit_s=10.0
+        trace,
+        first,
+        3,
+        lo,
+        hi,
+        gap=0.01,
+        refine=lambda b, s, start: solved_now(lambda x: proven)(b),
+        point_limit_s=10.0,
     )
     middle = c.points[1]
     assert middle.overhead_s == real[mid].prediction.overhead_s
@@ -144,7 +152,7 @@ def test_no_second_solve_without_twice_a_points_time(trace: Trace) -> None:
     lo, hi = min_feasible_budget(trace), trace.static.total + keepall_activation_peak(trace)
     again: list[int] = []
 
-    def resolve(budget: int, seconds: float):
+    def resolve(budget: int, seconds: float, start: Schedule):
         again.append(budget)
         return solved_now(lambda b: solve(trace, b, OPTS))(budget)
 
