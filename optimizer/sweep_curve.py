@@ -298,8 +298,14 @@ def _refine(
         for f in done:
             p, since, limit = running.pop(f)
             p.solve_s += time.perf_counter() - since
+            try:
+                again = f.result()
+            except MemschedError as e:  # the first answer stands: a second solve only ever adds to it
+                log.warning("sweep: solving %d bytes again failed: %s", p.budget_bytes, e)
+                notes.append(f"solving {format_bytes(p.budget_bytes)} again failed ({e}); its first answer stands")
+                continue
             tried.append((p, limit))
-            _merge(p, f.result(), limit)
+            _merge(p, again, limit)
         _exchange(points, gap)
     if tried:
         closed = sum(1 for p, _ in tried if not _open(p))

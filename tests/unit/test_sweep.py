@@ -146,6 +146,27 @@ def test_a_second_solve_keeps_the_better_schedule_and_the_larger_bound(trace: Tr
     assert middle.bound_s == pytest.approx(real[mid].solver.best_bound_s) and middle.status == SolverStatus.OPTIMAL
 
 
+def test_a_second_solve_that_fails_leaves_the_first_answer(trace: Trace) -> None:
+    """A point's second solve that raises (here: the solver refuses the start) loses nothing: the point keeps its
+    first answer and the curve says what failed."""
+    lo, hi = min_feasible_budget(trace), trace.static.total + keepall_activation_peak(trace)
+    mid = (lo + hi) // 2
+    real = {b: solve(trace, b, OPTS) for b in (lo, hi)}
+    poor = _worse(trace, mid)
+
+    def refused(budget: int) -> Schedule:
+        raise MemschedError("start: refused")
+
+    def refuse(budget: int, seconds: float, start: Schedule):
+        return solved_now(refused)(budget)
+
+    first = solved_now(lambda b: real[b] if b != mid else poor)
+    c = sweep(trace, first, 3, lo, hi, gap=0.01, refine=refuse, point_limit_s=10.0)
+    middle = c.points[1]
+    assert middle.overhead_s <= poor.prediction.overhead_s and simulate(trace, middle.schedule).feasible
+    assert any("again failed (start: refused); its first answer stands" in n for n in c.notes)
+
+
 def test_no_second_solve_without_twice_a_points_time(trace: Trace) -> None:
     """Two points on two workers: the sweep's budget is one point's limit, so an open point has no more time
     than its first solve had and is left as it is (a solve from scratch with the same time ends where it did)."""
