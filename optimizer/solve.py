@@ -749,10 +749,27 @@ class _Flow:
         and at most FIFO_MAX_LAYERS layers."""
         return self.trace.n <= FIFO_MAX_LAYERS and self.trace.device.concurrent_copies
 
-    def fifo_dp(self, until: float) -> None:
-        """Tier 2: the exact sweep with FIFO copy queues until `until`; a proof where it finishes."""
+    def _fifo_sweep(self, until: float, incumbent_s: float, gap: float, cells: int, max_labels: int) -> DpOutcome:
+        """One FIFO sweep (dp.fifo_search) pruned at incumbent x (1 - gap), on `cells` byte ranges per relaxed
+        layer: its best plan joins the candidates, its bound is proved."""
         from memsched.optimizer.dp import fifo_search
 
+        out = fifo_search(
+            self.trace,
+            self.budget,
+            until,
+            incumbent_s,
+            gap,
+            problem=self.bound_problem(cells),
+            max_labels=max_labels,
+        )
+        for sim in out.schedules[:1]:
+            self.add("dp-fifo", sim)
+        self.prove(out.bound_s, "dp-fifo")
+        return out
+
+    def fifo_dp(self, until: float) -> None:
+        """Tier 2: the exact sweep with FIFO copy queues until `until`; a proof where it finishes."""
         if not self.fifo_applies():
             return
         until = min(until, self.deadline - self.reserve)
@@ -760,20 +777,9 @@ class _Flow:
         if seconds < 0.05:
             return
         cap = max(20_000, min(_FIFO_MAX_LABELS, int(_FIFO_LABELS_PER_S * seconds)))
-        out = fifo_search(
-            self.trace,
-            self.budget,
-            until,
-            self.best.sim.overhead_s,
-            self.options.gap,
-            problem=self.bound_problem(_RELAXED_LADDER[0]),
-            max_labels=cap,
-        )
+        out = self._fifo_sweep(until, self.best.sim.overhead_s, self.options.gap, _RELAXED_LADDER[0], cap)
         self.fifo_timed_out = out.timed_out
         self.fifo_capped = out.cap_hit
-        for sim in out.schedules[:1]:
-            self.add("dp-fifo", sim)
-        self.prove(out.bound_s, "dp-fifo")
         if out.schedules or self.proven():
             self.dp = out
         self.fifo_note = out.message or None
@@ -794,8 +800,6 @@ class _Flow:
         with up to _PROVE_TOP_SHARE of the time: an answer that a whole solve left is near the optimum, and this
         one sweep proves it or finds the optimum below it. Cut, FIFO sweeps climb from the bound proven so far
         (`fifo_climb`) with the rest; what they leave open, the rest of the plan takes up as usual."""
-        from memsched.optimizer.dp import fifo_search
-
         until = min(until, self.deadline - self.reserve)
         fluid = self._fluid_sweep(until, _RELAXED_LADDER[0], pace=_LONG_PACE)
         # The simulator's cost of the sweep's best plan over its bound (None: cut, or no plan below the threshold).
@@ -807,18 +811,10 @@ class _Flow:
         if self.proven() or not fifo or ratio is None or ratio <= 1.0 + _MISPRICED:
             return
         now = time.perf_counter()
-        out = fifo_search(
-            self.trace,
-            self.budget,
-            now + _PROVE_TOP_SHARE * (until - now),
-            self.best.sim.overhead_s,
-            self.options.gap,
-            problem=self.bound_problem(_RELAXED_LADDER[0]),
-            max_labels=_FIFO_MAX_LABELS,
+        top_until = now + _PROVE_TOP_SHARE * (until - now)
+        out = self._fifo_sweep(
+            top_until, self.best.sim.overhead_s, self.options.gap, _RELAXED_LADDER[0], _FIFO_MAX_LABELS
         )
-        for sim in out.schedules[:1]:
-            self.add("dp-fifo", sim)
-        self.prove(out.bound_s, "dp-fifo")
         log.info("prove from the start: FIFO sweep at the threshold, bound %s, %.2f s", out.bound_s, out.wall_s)
         if not self.proven() and not out.schedules:
             self.fifo_climb(until, _RELAXED_LADDER[0])
@@ -890,7 +886,7 @@ class _Flow:
         exact optimum below it. A step the clock or the label cap stops proves nothing new; the climb then falls
         back to a third of the way from the last proven threshold to the one that failed (_FIFO_CLIMB_RETRIES
         times), so a prediction that was too bold costs one step's share, not the rest of the climb."""
-        from memsched.optimizer.dp import fifo_search, next_threshold
+        from memsched.optimizer.dp import next_threshold
 
         start = self.bound
         top = self.best.sim.overhead_s * (1.0 - self.options.gap)
@@ -909,20 +905,9 @@ class _Flow:
             # No step takes all the time left: the first has no timing to be sized by, and a later one's
             # prediction may be off; what a cut step leaves goes to the fallback or the phases after the climb.
             share = _FIFO_CLIMB_STEP_SHARE if timed else _FIFO_CLIMB_FIRST_SHARE
-            out = fifo_search(
-                self.trace,
-                self.budget,
-                began + share * seconds,
-                threshold,
-                0.0,
-                problem=self.bound_problem(cells),
-                # Labels are bounded by memory only: the sweep's clock keeps it within its share, and a step
-                # that would pass the cap is one that failed.
-                max_labels=_FIFO_MAX_LABELS,
-            )
-            for sim in out.schedules[:1]:
-                self.add("dp-fifo", sim)
-            self.prove(out.bound_s, "dp-fifo")
+            # Labels are bounded by memory only: the sweep's clock keeps it within its share, and a step that
+            # would pass the cap is one that failed.
+            out = self._fifo_sweep(began + share * seconds, threshold, 0.0, cells, _FIFO_MAX_LABELS)
             log.info("fifo climb: threshold %.6g s, bound %s, %.2f s", threshold, out.bound_s, out.wall_s)
             if out.schedules:
                 break  # the exact optimum lies below this threshold: found
