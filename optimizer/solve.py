@@ -22,6 +22,7 @@ bound). `optimal` means that bound proves the requested gap. The time limit boun
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -207,6 +208,11 @@ _LADDER_STEP_SHARE = 0.5
 cost is not monotone in the ranges: on the H100 ResNet-50 trace at 75% (12-16 tensors a block) 4 ranges finish in
 0.4 s with a bound of 0, 12 need 28 s (6 million labels) and 32 finish in 0.35 s with the best bound (0.00348
 s); on a CPU Llama of 48 blocks 12 / 32 / 128 / 512 take 0.05 / 0.2 / 0.8 / 7 s, and 128 proves the gap."""
+_NEAR_EXACT_CELLS = (8, 16, 32, 64, 128)
+"""Byte ranges tried for a near-exact relaxation (relaxed_ladder). Where one is, the ladder is the coarsest step
+and that one: the steps between prove less and cost as much (gpt2-medium on an H100 at 75%, one core: 4 / 12 /
+32 / 64 ranges 0.04 / 0.44 / 0.95 / 2.5 s, bounds 0.0023 / 0.0116 / 0.0139 / 0.0160 s; its 64 ranges span at most
+1.6 MiB of a 1.2 GB block each). Beyond 128, options are as many as the ranges and the sweep as costly as any."""
 _COARSE_LADDER = ((16, 8, 8), (32, 10, 10), (64, 10, 10), (64, 10, 14), (64, 12, 12))
 """(byte ranges per relaxed layer, retained-bytes quantum as limit >> shift, backlog quantum as limit >> shift) of
 the coarse sweeps run, coarsest first, before _RELAXED_LADDER where some layer has too many saved tensors:
@@ -940,7 +946,7 @@ class _Flow:
         long_trace = self.trace.n > _LONG_TRACE and lagrange_kind(self.trace, self.allowed) != LagrangeKind.ROWS
         if relaxed:
             self._coarse_dp(until)
-        ladder = _RELAXED_LADDER if relaxed else _RELAXED_LADDER[:1]
+        ladder = self.relaxed_ladder() if relaxed else _RELAXED_LADDER[:1]
         for i, cells in enumerate(ladder):
             if self.proven() or (i > 0 and until - time.perf_counter() < 0.05):
                 break
@@ -962,6 +968,18 @@ class _Flow:
             self.notes.append(self.dp.message)
         if self.host_binds and not self.proven() and self.dp is not None and not self.dp.timed_out:
             self.lagrangian(until, cells)
+
+    def relaxed_ladder(self) -> tuple[int, ...]:
+        """The byte ranges of the exact DP's successive relaxed sweeps: the coarsest, then the fewest ranges at
+        which the relaxation is near exact (_near_exact_cells) as the last step; _RELAXED_LADDER where no
+        number of ranges up to _NEAR_EXACT_CELLS' largest is."""
+        near = self.near_exact_cells
+        return _RELAXED_LADDER if near is None else (_RELAXED_LADDER[0], near)
+
+    @functools.cached_property
+    def near_exact_cells(self) -> int | None:
+        """_near_exact_cells of this trace (computed once)."""
+        return _near_exact_cells(self.trace)
 
     def lagrangian(self, until: float, cells: int) -> None:
         """The host budget priced into the exact DP (optimizer/host.py): each price lambda gives the bound
@@ -1003,10 +1021,13 @@ class _Flow:
     def _coarse_dp(self, until: float) -> None:
         """Coarse relaxed sweeps first (_COARSE_LADDER), coarsest first, each with the time left: each finished
         one proves a bound (the best is kept: every step is a relaxation of the real problem), and the first that
-        the clock stops ends the ladder, as a finer one would not finish either. A step whose first threshold
-        lies at or below the bound proven so far starts at the top threshold (exact_search's proven_s)."""
+        the clock stops ends the ladder, as a finer one would not finish either; so does, where the ranges are
+        near exact, a finished step that proves no more than the one before. A step whose first threshold lies at
+        or below the bound proven so far starts at the top threshold (exact_search's proven_s)."""
         from memsched.optimizer.dp import exact_search
 
+        previous: float | None = None  # the last finished step's bound
+        near_exact = self.near_exact_cells is not None
         for cells, shift, backlog_shift in _COARSE_LADDER:
             if until - time.perf_counter() < 0.05 or self.proven():
                 return
@@ -1036,6 +1057,15 @@ class _Flow:
             )
             if out.timed_out or out.cap_hit:
                 return
+            bound = out.bound_s or 0.0
+            if near_exact and previous is not None and bound <= previous:
+                # A finer step that proves no more than the one before, where the exact sweeps after the ladder
+                # run on near-exact ranges: they prove more than the rounding lets any coarse step prove, and get
+                # the time (gpt2-medium on an H100 at 75%: 0.0138 s at 32 and at 64 ranges, then 0.0143 s at
+                # limit / 2^12 in 1.7 s, where the near-exact sweep proves 0.0160 s in 2-2.5 s). Elsewhere the
+                # finer quanta still pay (a CPU Llama of 48 blocks at 50%: 0.0303 s twice, then 0.0308 s).
+                return
+            previous = bound
 
     def milp(self, backend: SolverName, exact_windows: bool = False) -> None:
         """A MILP backend with what is left; `exact_windows`: W = L = n, so the model covers every schedule."""
@@ -1246,6 +1276,14 @@ def lagrange_kind(trace: Trace, allowed: frozenset[Action]) -> LagrangeKind | No
     return None
 
 
+def _near_exact_cells(trace: Trace) -> int | None:
+    """The fewest byte ranges of _NEAR_EXACT_CELLS at which the relaxed offload options are near exact
+    (optimizer/dp/problem.py, near_exact_cells), if any."""
+    from memsched.optimizer.dp.problem import near_exact_cells
+
+    return near_exact_cells(trace, [c for c in _NEAR_EXACT_CELLS if c > _RELAXED_LADDER[0]])
+
+
 def _relaxed_offload(options: SolveOptions, trace: Trace, allowed: frozenset[Action]) -> bool:
     """Whether plan_for's `relaxed` matters and holds: auto on a trace short enough for the exact-window MILP, with
     offload allowed, a limit that leaves the MILP time to run (_MILP_MIN_LEFT_S), and some layer whose offload
@@ -1257,7 +1295,9 @@ def _relaxed_offload(options: SolveOptions, trace: Trace, allowed: frozenset[Act
         return False
     from memsched.optimizer.dp.problem import offload_enumerable
 
-    return not offload_enumerable(trace)
+    # A near-exact relaxation's sweep proves more than the MILP's bound where it finishes (gpt2-medium on an
+    # H100 at 75%: 0.0160 s against CBC's 0.0144 s), so there the DP keeps _DP_UNTIL.
+    return not offload_enumerable(trace) and _near_exact_cells(trace) is None
 
 
 def plan_for(

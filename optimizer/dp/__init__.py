@@ -23,7 +23,7 @@ import numpy as np
 from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import DEFAULT_MAX_LABELS as FIFO_MAX_LABELS
 from memsched.optimizer.dp.fifo import fifo_sweep
-from memsched.optimizer.dp.problem import DpProblem, build_problem, relaxed_problem
+from memsched.optimizer.dp.problem import DpProblem, build_problem, near_exact_cells, relaxed_problem
 from memsched.optimizer.dp.sweep import SweepConfig, SweepResult, run_sweep
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Trace
@@ -375,6 +375,7 @@ __all__ = [
     "exact_search",
     "fifo_beam_search",
     "fifo_search",
+    "near_exact_cells",
     "next_threshold",
     "relaxed_problem",
 ]

@@ -11,6 +11,7 @@ import functools
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -539,6 +540,34 @@ def relaxed_options(tensors: tuple[int, ...], cells: int = RELAXED_CELLS) -> lis
     if tail:  # subsets of the tail alone
         options.append(OffloadOption(tail_bytes, tuple(sorted(tail_idx)), copied=min(t for t, _ in tail)))
     return sorted(options, key=lambda o: (o.nbytes, o.copy_bytes))
+
+
+NEAR_EXACT_SHARE = 1.0 / 256
+"""A relaxation is near exact when each of its options stands for subset sums that differ by at most this share
+of their layer's saved bytes (near_exact_cells): finer ranges would then move each option by less."""
+
+
+def near_exact_cells(trace: Trace, candidates: Sequence[int]) -> int | None:
+    """The fewest byte ranges among `candidates` at which relaxed_problem is near exact: every relaxed layer's
+    options each span at most NEAR_EXACT_SHARE of the layer's saved bytes (hi - lo, docs/formulation.md, 'Many
+    saved tensors'). A layer whose tensors repeat a few sizes, as a transformer block's do, has subset sums in a
+    few dozen tight clusters (the small tensors' sums spread each one a little), and the ranges that hold one
+    cluster each are nearly exact. None: no candidate is (sums spread evenly), or nothing is relaxed."""
+    relaxed = [
+        tensors
+        for i, x in enumerate(trace.layers)
+        if _may_offload(trace, i) and not _offload_options(tensors := tuple(x.tensors))[1]
+    ]
+    if not relaxed:
+        return None
+    for cells in sorted(candidates):
+        if all(
+            max(o.nbytes - o.copy_bytes for o in relaxed_options(tensors, cells))
+            <= NEAR_EXACT_SHARE * sum(t for t in tensors if t > 0)
+            for tensors in relaxed
+        ):
+            return cells
+    return None
 
 
 def relaxed_problem(p: DpProblem, trace: Trace, cells: int = RELAXED_CELLS) -> DpProblem:

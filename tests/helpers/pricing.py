@@ -146,6 +146,27 @@ def many_tensor_trace(n: int, seed: int, serial: bool, latency: bool) -> Trace:
     return Trace.model_validate(doc)
 
 
+def block_tensor_trace(n: int, seed: int, serial: bool, latency: bool) -> Trace:
+    """make_trace's layers, each one's saved bytes split as a transformer block's are: a few sizes repeated (two
+    of 4 units, three of 2, four of 1) and a handful of tiny tensors (a mask, a scale). Their subset sums number
+    in the hundreds but lie in 19 tight clusters, one per multiple of the unit."""
+    rng = random.Random(seed)
+    base = make_trace(n, seed, dag=seed % 3 == 0, copy_latency_s=20e-6 if latency else 0.0)
+    doc = base.model_dump()
+    doc["device"]["concurrent_copies"] = not serial
+    for layer in doc["layers"]:
+        total = layer["saved_bytes"]
+        if total <= 0:
+            continue
+        tiny = [rng.randint(1, 64) * 8 for _ in range(rng.randint(3, 5))]
+        unit = (total - sum(tiny)) // 18
+        assert unit > 10 * sum(tiny), "make_trace's layers save megabytes"
+        sizes = [4 * unit] * 2 + [2 * unit] * 3 + [unit] * 4 + tiny
+        sizes[-1] += total - sum(sizes)
+        layer["saved_tensor_bytes"] = sizes
+    return Trace.model_validate(doc)
+
+
 def every_action_plan(trace: Trace) -> list[list[Decision]]:
     """Every plan of whole-layer keep / recompute segments / offload of any tensor subset (timing: the
     simulator's default, which is optimal per action choice: tests/unit/test_dp.py checks it)."""

@@ -6,16 +6,24 @@ schedule, solved to gap 0)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 
 import numpy as np
 import pytest
 
-from helpers.pricing import many_tensor_trace
+from helpers.pricing import block_tensor_trace, many_tensor_trace
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.dp import _FIRST_THRESHOLD, DpOutcome, build_problem, exact_search, fifo_search
-from memsched.optimizer.dp.problem import MAX_OFFLOAD_OPTIONS, DpProblem, relaxed_options, relaxed_problem
+from memsched.optimizer.dp.problem import (
+    MAX_OFFLOAD_OPTIONS,
+    NEAR_EXACT_SHARE,
+    DpProblem,
+    near_exact_cells,
+    relaxed_options,
+    relaxed_problem,
+)
 from memsched.optimizer.dp.sweep import SweepConfig, SweepResult
 from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.ilp.pulp_backend import solve_pulp
@@ -197,3 +205,102 @@ def test_a_relaxed_ladder_step_cut_by_its_share_makes_way_for_the_next(monkeypat
     # the optimum (gap 0).
     assert len(exact_ranges) == len(solve_module._RELAXED_LADDER), exact_ranges
     assert exact_ranges == sorted(exact_ranges) and rec.status == SolverStatus.OPTIMAL, (exact_ranges, rec.status)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_near_exact_cells_is_the_fewest_ranges_whose_options_are_tight(seed: int) -> None:
+    candidates = (8, 16, 32, 64, 128)
+    trace = block_tensor_trace(3, seed, seed % 2 == 0, False)
+    cells = near_exact_cells(trace, candidates)
+    assert cells is not None
+    relaxed = [tuple(x.tensors) for x in trace.layers[:-1] if x.saved_bytes > 0]
+    for tensors in relaxed:  # every option at `cells` spans at most NEAR_EXACT_SHARE of its layer's bytes
+        widths = [o.nbytes - o.copy_bytes for o in relaxed_options(tensors, cells)]
+        assert max(widths) <= NEAR_EXACT_SHARE * sum(tensors)
+    coarser = [c for c in candidates if c < cells]
+    for c in coarser:  # and at fewer ranges some option of some layer spans more
+        assert any(
+            max(o.nbytes - o.copy_bytes for o in relaxed_options(tensors, c)) > NEAR_EXACT_SHARE * sum(tensors)
+            for tensors in relaxed
+        ), c
+    # Sums spread evenly (uneven random sizes) have no near-exact ranges; one tensor a layer has nothing relaxed.
+    assert near_exact_cells(many_tensor_trace(3, seed, False, False), candidates) is None
+    assert near_exact_cells(make_trace(6, seed), candidates) is None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_on_block_like_layers_the_ladder_ends_at_its_near_exact_ranges_and_the_bound_holds(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layers whose tensors repeat a few sizes (block_tensor_trace): the exact DP's ladder is the coarsest ranges
+    and then the near-exact ones (solve._Flow.relaxed_ladder), and every bound stays below the exact optimum."""
+    import memsched.optimizer.dp as dp_module
+    import memsched.optimizer.solve as solve_module
+
+    rng = random.Random(3000 + seed)
+    serial, latency = seed % 2 == 0, seed % 4 == 1
+    draw = seed
+    while True:  # a draw with a layer to relax and a budget that costs something
+        trace = block_tensor_trace(rng.randint(2, 4), draw, serial, latency)
+        budget = budget_between(trace, rng.uniform(0.05, 0.6))
+        p = build_problem(trace, budget)
+        if not p.offload_complete and exact_search(trace, budget, FAR, None, 0.0, problem=p).bound_s:
+            break
+        draw += 1000
+    near = solve_module._near_exact_cells(trace)
+    assert near is not None
+    opt = exact_optimum(trace, budget)
+    out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0, problem=relaxed_problem(p, trace, near))
+    assert out.bound_s is not None and out.bound_s <= opt * (1 + 1e-9) + 1e-12, (out.bound_s, opt)
+
+    options: list[int] = []  # option counts of the exact-resolution sweeps on relaxed problems, in order
+    real_search = dp_module.exact_search
+
+    def recording_search(*args: object, **kwargs: object) -> DpOutcome:
+        q = kwargs["problem"]
+        assert isinstance(q, DpProblem)
+        if q.relaxed and int(kwargs.get("quantum_bytes", 1)) == 1:  # type: ignore[call-overload]
+            options.append(max(len(opts) for opts in q.offload))
+        return real_search(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dp_module, "exact_search", recording_search)
+    rec = solve_report(trace, budget, SolveOptions(time_limit_s=10, gap=0.0)).schedule.solver
+    assert rec.best_bound_s is not None and rec.best_bound_s <= opt * (1 + 1e-9) + 1e-12
+    assert rec.objective_s >= opt * (1 - 1e-9) - 1e-12
+    counts = [max(len(relaxed_options(tuple(x.tensors), c)) for x in trace.layers) for c in (4, near)]
+    # (A solve that proves its answer optimal before the ladder runs none of it.)
+    assert options[-len(counts) :] == counts or (not options and rec.status == SolverStatus.OPTIMAL), (options, counts)
+
+
+def test_the_coarse_ladder_stops_at_a_step_that_proves_no_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memsched.optimizer.dp as dp_module
+    import memsched.optimizer.solve as solve_module
+
+    coarse: list[float] = []  # bounds of the coarse steps (bytes rounded to a quantum), in order
+    real_search = dp_module.exact_search
+
+    def recording_search(*args: object, **kwargs: object) -> DpOutcome:
+        out = real_search(*args, **kwargs)  # type: ignore[arg-type]
+        if int(kwargs.get("quantum_bytes", 1)) > 1:  # type: ignore[call-overload]
+            assert not out.timed_out and not out.cap_hit
+            coarse.append(out.bound_s or 0.0)
+        return out
+
+    monkeypatch.setattr(dp_module, "exact_search", recording_search)
+    stopped = 0
+    for seed in range(12):
+        rng = random.Random(seed)
+        trace = block_tensor_trace(rng.randint(2, 4), seed, seed % 2 == 0, seed % 4 == 1)
+        budget = budget_between(trace, rng.uniform(0.05, 0.6))
+        if build_problem(trace, budget).offload_complete:
+            continue
+        coarse.clear()
+        rec = solve_report(trace, budget, SolveOptions(time_limit_s=10, gap=0.0)).schedule.solver
+        assert rec.best_bound_s is not None and rec.best_bound_s <= exact_optimum(trace, budget) * (1 + 1e-9) + 1e-12
+        # Every step but the last proved more than the one before; a last step that proved no more ended the
+        # ladder before its end.
+        assert all(b > a for a, b in itertools.pairwise(coarse[:-1])), coarse
+        if len(coarse) >= 2 and coarse[-1] <= coarse[-2]:
+            assert len(coarse) < len(solve_module._COARSE_LADDER), coarse
+            stopped += 1
+    assert stopped >= 2  # the rule acted on some of these traces
