@@ -145,7 +145,8 @@ relaxed byte ranges: `_COARSE_LADDER`) and the exact-window MILP follows, the DP
 _DP_UNTIL, so that the MILP gets the last 30% of the limit. There the DP's finer steps rarely move its bound,
 while the MILP's (whole copies on their stream, with latency) lies above it and the MILP's own plans can beat
 the local search's. Measured on the H100 decoders at 10 s (2026-11-25), gap at _DP_UNTIL -> here: gpt2-medium
-75 / 50% 14.3 / 6.3 -> 11.0 / 7.4%, bert-large 75 / 50 / 25% 23.9 / 7.9 / 4.9 -> 16.8 / 4.3 / 4.9%."""
+75 / 50% 14.3 / 6.3 -> 11.0 / 7.4%, bert-large 75 / 50 / 25% 23.9 / 7.9 / 4.9 -> 16.8 / 4.3 / 4.9%. Not where the
+ranges are near exact (_NEAR_EXACT_CELLS): a finished sweep on them proves more than the MILP (_relaxed_offload)."""
 _DP_UNTIL = 0.95
 """Under auto, the exact DP stops at this fraction of the limit if it has not finished. Where it finishes
 early with a gap (a loose fluid bound: stall-heavy traces) the rest goes to the exact-window MILP, so a late
