@@ -195,19 +195,32 @@ _EMULATED = ["keep", "offload", "recompute"]
 DECODER_LIMIT_S = 10.0
 
 
-def trace_cpu_decoder(model: str, layers: int, out_dir: Path) -> Path:
-    """Record a small CPU trace with the tracer (one torch thread; about 5-40 s each)."""
-    path = out_dir / f"{model}-small{layers}-b8-s128-cpu.json"
+DECODER_SUBMODULE_MODELS = (("llama", 48), ("gpt2", 96))
+"""(model, blocks) traced per sub-module (attention and MLP apart: 96 and 192 layers), issue 22's second row."""
+SUBMODULE_PATTERNS = {
+    "llama": (r"model\.layers\.\d+\.self_attn$", r"model\.layers\.\d+\.mlp$"),
+    "gpt2": (r"transformer\.h\.\d+\.attn$", r"transformer\.h\.\d+\.mlp$"),
+}
+"""`--layer-pattern`s that select each block's attention and MLP as layers of their own."""
+
+
+def trace_cpu_decoder(model: str, layers: int, out_dir: Path, per_submodule: bool = False) -> Path:
+    """Record a small CPU trace with the tracer (one torch thread; about 5-40 s each); `per_submodule`: each
+    block's attention and MLP as layers of their own (SUBMODULE_PATTERNS)."""
+    path = out_dir / f"{model}-small{layers}{'-sub' if per_submodule else ''}-b8-s128-cpu.json"
     if not path.exists():
         cmd = ["memsched", "trace", model, "--small", "--layers", str(layers), "--batch-size", "8"]
         cmd += ["--seq-len", "128", "--steps", "3", "--warmup", "1", "--threads", "1", "-o", str(path)]
+        for pattern in SUBMODULE_PATTERNS[model] if per_submodule else ():
+            cmd += ["--layer-pattern", pattern]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
     return path
 
 
 def decoder_jobs(trace_dir: Path) -> list[tuple[str, Trace, int, float, list[str] | None]]:
-    """Issue 22's row 'tracer traces of transformers decoders, 75/50/25%': the GPU traces in traces/ and
-    small CPU traces recorded now (offload emulated)."""
+    """Issue 22's rows 'tracer traces of transformers decoders, 75/50/25%' and 'the same models traced per
+    sub-module': the GPU traces in traces/, and small CPU traces recorded now (offload emulated), per block and
+    per sub-module."""
     jobs: list[tuple[str, Trace, int, float, list[str] | None]] = []
     for name in DECODER_GPU_TRACES:
         t = Trace.model_validate_json((TRACES / name).read_text())
@@ -217,6 +230,19 @@ def decoder_jobs(trace_dir: Path) -> list[tuple[str, Trace, int, float, list[str
         t = Trace.model_validate_json(path.read_text())
         jobs += [
             (f"{model}-small{layers} (cpu, offload emulated)@{pct}%", t, pct_budget(t, pct), DECODER_LIMIT_S, _EMULATED)
+            for pct in (75, 50, 25)
+        ]
+    for model, blocks in DECODER_SUBMODULE_MODELS:
+        path = trace_cpu_decoder(model, blocks, trace_dir, per_submodule=True)
+        t = Trace.model_validate_json(path.read_text())
+        jobs += [
+            (
+                f"{model}-small{blocks} per sub-module ({t.n} layers, cpu, offload emulated)@{pct}%",
+                t,
+                pct_budget(t, pct),
+                DECODER_LIMIT_S,
+                _EMULATED,
+            )
             for pct in (75, 50, 25)
         ]
     return jobs
