@@ -286,10 +286,20 @@ def _may_offload(trace: Trace, i: int) -> bool:
     return i < trace.n - 1 and trace.layers[i].saved_bytes > 0
 
 
+def _relaxed_layers(trace: Trace) -> list[tuple[int, ...]]:
+    """The saved tensors of each layer that may offload and has more distinct subset sums than
+    MAX_OFFLOAD_OPTIONS: the layers relaxed_problem relaxes."""
+    return [
+        tensors
+        for i, x in enumerate(trace.layers)
+        if _may_offload(trace, i) and not _offload_options(tensors := tuple(x.tensors))[1]
+    ]
+
+
 def offload_enumerable(trace: Trace) -> bool:
     """Whether every layer's offload subsets can be tried (at most MAX_OFFLOAD_OPTIONS distinct sums each): the
     problem's offload_complete, without building it. False: its bounds come from relaxed_problem."""
-    return all(_offload_options(tuple(x.tensors))[1] for i, x in enumerate(trace.layers) if _may_offload(trace, i))
+    return not _relaxed_layers(trace)
 
 
 def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None) -> DpProblem:
@@ -553,11 +563,7 @@ def near_exact_cells(trace: Trace, candidates: Sequence[int]) -> int | None:
     saved tensors'). A layer whose tensors repeat a few sizes, as a transformer block's do, has subset sums in a
     few dozen tight clusters (the small tensors' sums spread each one a little), and the ranges that hold one
     cluster each are nearly exact. None: no candidate is (sums spread evenly), or nothing is relaxed."""
-    relaxed = [
-        tensors
-        for i, x in enumerate(trace.layers)
-        if _may_offload(trace, i) and not _offload_options(tensors := tuple(x.tensors))[1]
-    ]
+    relaxed = _relaxed_layers(trace)
     if not relaxed:
         return None
     for cells in sorted(candidates):
