@@ -19,8 +19,8 @@ import numpy as np
 
 from memsched.optimizer.dp.clock import SweepClock
 from memsched.optimizer.dp.fifo_kernels import QUEUE, dominance_fifo, expand_fifo, to_come_of
-from memsched.optimizer.dp.labels import ACTION_KEEP, beam_select
-from memsched.optimizer.dp.problem import DpProblem
+from memsched.optimizer.dp.labels import ACTION_KEEP, ACTION_SEGMENT, beam_select
+from memsched.optimizer.dp.problem import AFTER_SEGMENT_BIT, DpProblem
 from memsched.optimizer.dp.sweep import SweepResult
 
 _CHUNK = 1 << 15
@@ -157,7 +157,8 @@ def _filter(p: DpProblem, k: int, lab: FifoLabels, max_work: int) -> tuple[FifoL
     """The labels no other dominates, and the work done (dominance_fifo); None where `max_work` ran out first."""
     if len(lab) <= 1:
         return lab, len(lab)
-    order = np.lexsort((lab.cost, lab.retained, lab.held))
+    # Flagged labels (AFTER_SEGMENT_BIT) are compared with the others of their held set (dominance_fifo).
+    order = np.lexsort((lab.cost, lab.retained, lab.held & ~AFTER_SEGMENT_BIT))
     lab = lab.take(order)
     keep, done, work = dominance_fifo(
         lab.held,
@@ -166,6 +167,9 @@ def _filter(p: DpProblem, k: int, lab: FifoLabels, max_work: int) -> tuple[FifoL
         float(p.fwd_prefix[k]),
         float(p.bwd_prefix[k]),
         *lab.queues(),
+        lab.retained,
+        int(p.shared_hold[k]) if k < p.n else 0,
+        int(AFTER_SEGMENT_BIT),
         max_work,
     )
     if done < len(keep):
@@ -346,6 +350,8 @@ def _expand(
             p.external,
             p.ckpt_state,
             int(p.input_saved[k]),
+            int(p.shared_hold[k]),
+            int(AFTER_SEGMENT_BIT),
             bits_at,
             out_bytes_bit,
             offload_bytes,
@@ -377,6 +383,8 @@ def _expand(
             bit = p.keep_bit(k) if b1 == k + 1 else 0
             if bit:  # a kept layer whose saved tensors hold its whole output: no checkpoint charges it again
                 held_part = np.where(action[lo:hi] == ACTION_KEEP, held_part | bit, held_part)
+            if b1 < p.n and p.shared_hold[b1]:  # segments ending at b1 - 1 (DpProblem.after_segment)
+                held_part = np.where(action[lo:hi] == ACTION_SEGMENT, p.after_segment(held_part, b1), held_part)
             part = FifoLabels(
                 ret[lo:hi],
                 held_part,

@@ -175,6 +175,8 @@ def expand_fifo(
     external: np.ndarray,
     state: int,
     overlap: int,
+    shared_k: int,
+    after_bit: int,
     bits_at: np.ndarray,
     out_bytes_bit: np.ndarray,
     offload_bytes: np.ndarray,
@@ -217,7 +219,9 @@ def expand_fifo(
     (next label to expand, children written, destination, parent, action, retained, held, cf, cr, then the
     children's queues). `state`: what a recompute segment holds from F_k through B_k beyond its inputs
     (kernels.segment_children); rows F_k / B_k are checked with it for segments, their queue waits are not
-    replayed (nonzero on CPU traces only, which the FIFO sweep, for concurrent copies, does not see)."""
+    replayed (nonzero on CPU traces only, which the FIFO sweep, for concurrent copies, does not see).
+    `shared_k`: what keeping or offloading layer k also retains for a label flagged `after_bit` (it arrived by a
+    segment ending at k - 1: DpProblem.shared_hold, AFTER_SEGMENT_BIT)."""
     n = len(saved)
     q = dq_t.shape[1]
     g_last = future.shape[1] - 1
@@ -285,7 +289,7 @@ def expand_fifo(
         for o in range(-1, len(offload_bytes) if kept_rows else -1):
             x = 0 if o < 0 else offload_bytes[o]
             c = 0 if o < 0 else copy_bytes[o]  # what the copies carry: x, or less on a relaxed option
-            child_ret = r + saved[k] - x
+            child_ret = r + saved[k] - x + (shared_k if held[parent] & after_bit else 0)
             if child_ret > limit - row_floor[k + 1]:
                 continue
             _copy_queues(o_dqt[w], o_dqb[w], o_hqt[w], o_hqb[w], bdt, bdb, bht, bhb)
@@ -456,10 +460,14 @@ def dominance_fifo(
     hq_t: np.ndarray,
     hq_b: np.ndarray,
     hq_n: np.ndarray,
+    retained: np.ndarray,
+    shared_k: int,
+    after_bit: int,
     max_work: int,
 ) -> tuple[np.ndarray, int, int]:
-    """Keep-mask for labels sorted by (held, retained, cost): a label i is dropped when one of RING earlier kept
-    labels j of its held set (so no more retained bytes) pays no more in any continuation (docs/formulation.md,
+    """Keep-mask for labels sorted by (held less `after_bit`, retained, cost): a label i is dropped when one of
+    RING earlier kept labels j of its held set (so no more retained bytes) pays no more in any continuation
+    (docs/formulation.md,
     'Tier 2: FIFO copies', dominance). What a label still pays depends on its queues relative to its clocks, not
     on when its future starts; and a label whose clock is delayed by d pays at most d more (every wait and copy of
     a pass is a max of a clock and fixed completion times, so it ends no later for an earlier start). So j
@@ -469,7 +477,11 @@ def dominance_fifo(
 
     Returns (keep, labels done, work done). Work counts a unit per label and per ring label compared with it;
     past `max_work` the filter stops before its next label (done < len: the mask is incomplete, the caller
-    stops the sweep): its time grows with the ring labels compared, which a label count cannot foresee."""
+    stops the sweep): its time grows with the ring labels compared, which a label count cannot foresee.
+
+    A label flagged `after_bit` (it arrived by a segment ending at k - 1) retains `shared_k` more bytes if it
+    keeps or offloads layer k (DpProblem.shared_hold): any earlier label of its held set may drop it, but it drops
+    an unflagged label only with those bytes added to its own retained bytes."""
     m = len(cf)
     keep = np.ones(m, dtype=np.bool_)
     ring = np.empty(RING, np.int64)
@@ -487,6 +499,8 @@ def dominance_fifo(
             h_tail[i] = hq_t[i, hq_n[i] - 1]
     fill = 0
     idle = np.inf  # least cost of a label of this held set so far whose copies are all done by its clocks
+    idle_plain = np.inf  # the same among unflagged labels (those that may drop an unflagged one at any bytes)
+    group_mask = ~np.int64(after_bit)
     # How far into the ring labels look: halved after _DEPTH_WINDOW labels that found no dominator in its back
     # half, doubled (up to RING) after _DEPTH_WINDOW with _DEPTH_DEEP_HITS there. Where labels seldom dominate
     # one another every kept label scans the whole ring for nothing (bert-large at 75%: 99% kept).
@@ -505,17 +519,21 @@ def dominance_fifo(
             deep_hits = 0
         seen += 1
         work += 1
-        if i == 0 or held[i] != held[i - 1]:
+        if i == 0 or (held[i] & group_mask) != (held[i - 1] & group_mask):
             fill = 0
             idle = np.inf
+            idle_plain = np.inf
         cost = cf[i] + cr[i]
-        if idle <= cost:
+        flagged = held[i] & after_bit
+        if (idle if flagged else idle_plain) <= cost:
             # An earlier label (no more retained bytes) with no copy pending and no more cost: nothing pending is
             # no worse than any queue seen from any clock (the rule below with no delay).
             keep[i] = False
             continue
         if d_tail[i] <= fclock[i] and h_tail[i] <= bclock[i]:
             idle = cost
+            if not flagged:
+                idle_plain = cost
         d_rel = max(d_tail[i] - fclock[i], 0.0)
         h_rel = max(h_tail[i] - bclock[i], 0.0)
         hit = -1
@@ -523,6 +541,8 @@ def dominance_fifo(
         work += scan
         for s in range(scan):
             j = ring[(head + s) & _RING_MASK]
+            if not flagged and held[j] & after_bit and retained[j] + shared_k > retained[i]:
+                continue
             base = cf[j] + cr[j]
             # Each delay is at least what brings j's last copy, seen from its delayed clock, to i's.
             if base + max(d_tail[j] - fclock[j] - d_rel, 0.0) + max(h_tail[j] - bclock[j] - h_rel, 0.0) > cost:

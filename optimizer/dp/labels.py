@@ -123,6 +123,7 @@ def _fenwick_put(tree: np.ndarray, i: int, j: int, value: float) -> None:  # pra
 @njit(cache=True)
 def _pareto_sorted(
     held: np.ndarray,
+    retained: np.ndarray,
     cost: np.ndarray,
     d2h: np.ndarray,
     h2d: np.ndarray,
@@ -130,38 +131,50 @@ def _pareto_sorted(
     grid_h: np.ndarray,
     d2h_bw: float,
     h2d_bw: float,
+    flag: int,
+    flag_bytes: int,
 ) -> np.ndarray:  # pragma: no cover - compiled
-    """Keep-mask for labels sorted by (held, retained): a label is dropped when an earlier one of the same
-    held set (so no more retained bytes) is no worse on cost and both backlogs.
+    """Keep-mask for labels sorted by (held less `flag`, retained): a label is dropped when an earlier one of
+    the same held set (so no more retained bytes) is no worse on cost and both backlogs. A label with `flag`
+    set retains `flag_bytes` more if its next layer is kept or offloaded (DpProblem.shared_hold): any earlier
+    label may drop it, but it drops an unflagged label only with those bytes added to its own.
 
-    The earlier labels sit in a 2-D Fenwick tree of least cost over a grid of backlog values: a label is
-    stored at the grid cell just *above* its backlogs and looked up at the cell just *below* its own, so any
-    cost found there belongs to a label with backlogs no larger (sound; two labels in one cell are left to
-    the ring)."""
+    The earlier labels sit in 2-D Fenwick trees of least cost over a grid of backlog values (one of every label,
+    one of the unflagged ones): a label is stored at the grid cell just *above* its backlogs and looked up at
+    the cell just *below* its own, so any cost found there belongs to a label with backlogs no larger (sound;
+    two labels in one cell are left to the ring)."""
     n = len(cost)
     g_d = len(grid_d)
     g_h = len(grid_h)
     keep = np.ones(n, dtype=np.bool_)
+    group_mask = ~np.int64(flag)
     # One axis per grid: the two grids differ in length (np.unique merges equal quantiles per axis).
     tree = np.full((g_d + 1, g_h + 1), np.inf)
+    any_flag = flag != 0 and flag_bytes > 0
+    tree_plain = np.full((g_d + 1, g_h + 1) if any_flag else (1, 1), np.inf)
     ring_c = np.empty(_RING)
     ring_d = np.empty(_RING)
     ring_h = np.empty(_RING)
+    ring_r = np.empty(_RING, np.int64)  # retained bytes, plus flag_bytes where flagged (what it may drop)
     fill = 0
     pos = 0
     for i in range(n):
-        if i == 0 or held[i] != held[i - 1]:
+        if i == 0 or (held[i] & group_mask) != (held[i - 1] & group_mask):
             tree[:, :] = np.inf
+            tree_plain[:, :] = np.inf
             fill = 0
             pos = 0
         c, d, h = cost[i], d2h[i], h2d[i]
+        flagged = any_flag and (held[i] & flag) != 0
         lo_d = np.searchsorted(grid_d, d, side="right")  # grid lines <= d: cells 1..lo_d
         lo_h = np.searchsorted(grid_h, h, side="right")
-        if _fenwick_min(tree, lo_d, lo_h) <= c:
+        if _fenwick_min(tree if flagged or not any_flag else tree_plain, lo_d, lo_h) <= c:
             keep[i] = False
             continue
         dominated = False
         for r in range(fill):
+            if not flagged and ring_r[r] > retained[i]:
+                continue  # a flagged label with its bytes added retains more than this unflagged one
             # Ring labels are also compared with stalls allowed: one that drains its larger backlogs now
             # (a stall of excess / bandwidth) and still costs no more is at least as good.
             extra = max(ring_d[r] - d, 0.0) / d2h_bw + max(ring_h[r] - h, 0.0) / h2d_bw
@@ -175,9 +188,14 @@ def _pareto_sorted(
         up_h = np.searchsorted(grid_h, h, side="left")
         if up_d < g_d and up_h < g_h:
             _fenwick_put(tree, up_d + 1, up_h + 1, c)
+            if any_flag and not flagged:
+                _fenwick_put(tree_plain, up_d + 1, up_h + 1, c)
         ring_c[pos] = c
         ring_d[pos] = d
         ring_h[pos] = h
+        # Against a flagged label i every earlier one may count (retained[i] is no less): compare bytes only
+        # where i is unflagged, by storing a flagged one's retained bytes with flag_bytes added.
+        ring_r[pos] = retained[i] + (flag_bytes if flagged else 0)
         pos = (pos + 1) % _RING
         fill = min(fill + 1, _RING)
     return keep
@@ -212,14 +230,20 @@ def _held_groups(held: np.ndarray) -> tuple[np.ndarray | None, int]:
     return group, groups
 
 
-def pareto_filter(labels: Labels, d2h_bw: float = np.inf, h2d_bw: float = np.inf) -> Labels:
+def pareto_filter(
+    labels: Labels, d2h_bw: float = np.inf, h2d_bw: float = np.inf, flag: int = 0, flag_bytes: int = 0
+) -> Labels:
     """The labels no other label dominates (up to the ring's reach for unsettled ones), sorted by
-    (held, retained)."""
+    (held, retained). Labels with held bit `flag` retain `flag_bytes` more if they keep or offload their next
+    layer (DpProblem.shared_hold, AFTER_SEGMENT_BIT): they are compared with the others of their held set as
+    _pareto_sorted says."""
     if len(labels) <= 1:
         return labels
-    order = _filter_order(labels)
+    flag = flag if flag_bytes > 0 else 0
+    order = _filter_order(labels, flag)
     keep = _pareto_sorted(
         labels.held[order],
+        labels.retained[order],
         labels.cost[order],
         labels.d2h[order],
         labels.h2d[order],
@@ -227,15 +251,17 @@ def pareto_filter(labels: Labels, d2h_bw: float = np.inf, h2d_bw: float = np.inf
         _grid(labels.h2d),
         d2h_bw,
         h2d_bw,
+        flag,
+        flag_bytes,
     )
     return labels.take(order[keep])
 
 
-def _filter_order(labels: Labels) -> np.ndarray:
-    """Order by (held set, retained bytes, cost): one stable sort of a packed int64 key where it fits, a lexsort
-    otherwise. Within a tie of the key the order only affects how many dominated labels the Fenwick grid and
-    the ring catch, never which undominated ones survive (see _scramble)."""
-    group, groups = _held_groups(labels.held)
+def _filter_order(labels: Labels, flag: int = 0) -> np.ndarray:
+    """Order by (held set less `flag`, retained bytes, cost): one stable sort of a packed int64 key where it
+    fits, a lexsort otherwise. Within a tie of the key the order only affects how many dominated labels the
+    Fenwick grid and the ring catch, never which undominated ones survive (see _scramble)."""
+    group, groups = _held_groups(labels.held & ~np.int64(flag) if flag else labels.held)
     # The key's bits, high to low: the held group (as few bits as the groups need), retained bytes, the cost's
     # rank within [min, max] in what is left of 63 (the key is a signed int64; at most 40), then the tie bits.
     # Where fewer than 16 bits are left for the cost, the tie bits give way first (down to _MIN_TIE_BITS): the

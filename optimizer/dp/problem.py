@@ -33,6 +33,11 @@ MAX_HELD_BITS = 62
 """Producers tracked per boundary in a label's held-set mask (an int64 bitmask). Beyond this the DP treats
 the extra producers as already held: optimistic for the bound, and the simulator judges the schedule."""
 
+AFTER_SEGMENT_BIT = np.int64(1) << np.int64(MAX_HELD_BITS)
+"""Held-mask flag of a label at boundary c that arrived by a recompute segment ending at c - 1, set only where
+DpProblem.shared_hold[c] > 0: keeping or offloading c then retains those bytes too. Above every producer bit,
+so remap_held drops it and labels with and without it are never compared (a finer dominance, still sound)."""
+
 MAX_OFFLOAD_OPTIONS = 64
 """Distinct offloaded byte counts tried per layer (subset sums of its saved tensors). A layer with more is
 searched over its largest ones only, and the DP's bound is then not claimed (it would not cover every subset)."""
@@ -97,6 +102,12 @@ class DpProblem:
     """int64 bytes of each layer's saved tensors that are its inputs (Layer.input_saved_bytes): a segment [k..b]
     re-runs k, which saves the storages its checkpoint holds, so rows B_m (k < m <= b) count them once
     (simulate.rerun_input_overlap)."""
+    shared_hold: np.ndarray
+    """int64 bytes layer c holds from F_c through B_c where it is kept or offloaded and layer c - 1, one of its
+    producers, is recomputed: its Layer.shared_input_bytes (simulate.shared_input_holders). Rows F_c and B_c
+    have them already (the consumer's workspace); the labels past c retain them (AFTER_SEGMENT_BIT). The
+    simulator also charges them where only an earlier producer is recomputed: the DP leaves that out, a
+    relaxation (docs/cost-model.md, 'Saved twice')."""
     deps: list[list[int]]
     """Producers of each layer."""
     consumers: list[list[int]]
@@ -181,6 +192,16 @@ class DpProblem:
         for b, q in pairs:
             out |= ((held >> b) & 1) << q
         return out
+
+    def after_segment(self, held: np.ndarray, dst: int) -> np.ndarray:
+        """`held` (crossing[dst] order) of labels that a recompute segment ending at dst - 1 takes to boundary
+        dst, flagged (AFTER_SEGMENT_BIT) where layer dst holds bytes for it if not recomputed (shared_hold)."""
+        return held | AFTER_SEGMENT_BIT if dst < self.n and self.shared_hold[dst] else held
+
+    def shared_held(self, held: np.ndarray, k: int) -> np.ndarray:
+        """What keeping or offloading layer k adds to retained bytes for labels with `held`: shared_hold[k] where
+        the label arrived by a segment ending at k - 1 (AFTER_SEGMENT_BIT)."""
+        return np.where(held & AFTER_SEGMENT_BIT, self.shared_hold[k], 0)
 
     def keep_bit(self, k: int) -> np.int64:
         """The held-mask bit (crossing[k + 1] order) that keeping layer k sets: its own saved tensors hold its
@@ -423,6 +444,9 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         output_relaxed=not all(whole) or _unpriced_holds_possible(trace),
         external=np.array([external_input_bytes(trace, i) for i in range(n)], dtype=np.int64),
         input_saved=np.array([x.input_saved for x in layers], dtype=np.int64),
+        shared_hold=np.array(
+            [x.shared_input if c > 0 and c - 1 in x.deps else 0 for c, x in enumerate(layers)], dtype=np.int64
+        ),
         deps=[list(x.deps) for x in layers],
         consumers=consumers,
         offload=offload,

@@ -25,7 +25,7 @@ import numpy as np
 from memsched.optimizer.dp.clock import SweepClock
 from memsched.optimizer.dp.kernels import segment_children
 from memsched.optimizer.dp.labels import ACTION_KEEP, ACTION_SEGMENT, Labels, beam_select, pareto_filter
-from memsched.optimizer.dp.problem import DpProblem
+from memsched.optimizer.dp.problem import AFTER_SEGMENT_BIT, DpProblem
 
 
 @dataclass(frozen=True)
@@ -193,19 +193,20 @@ class _Sweep:
     def _compact(self, dst: int) -> None:
         """Filter a boundary's pending labels early, so segments emitted from many boundaries do not pile up."""
         parts = self.pending[dst]
-        merged = self._filter(Labels.concat(parts))
+        merged = self._filter(Labels.concat(parts), dst)
         self.pending[dst] = [merged]
         self.pending_count += len(merged) - self.pending_sizes[dst]
         self.pending_sizes[dst] = len(merged)
         self.compact_at[dst] = max(self.compact_at[dst], 2 * len(merged))
 
-    def _filter(self, labels: Labels) -> Labels:
-        """The dominance filter, started only if it is predicted to end by the deadline (optimizer/dp/clock.py):
-        the labels stay pending otherwise, so the partial bound still covers them."""
+    def _filter(self, labels: Labels, k: int) -> Labels:
+        """The dominance filter of boundary k's labels, started only if it is predicted to end by the deadline
+        (optimizer/dp/clock.py): the labels stay pending otherwise, so the partial bound still covers them."""
         if not self.clock.affordable(len(labels)):
             raise _Stop("deadline")
         t = time.perf_counter()
-        out = pareto_filter(labels, *self._bandwidths)
+        shared = int(self.p.shared_hold[k]) if k < self.p.n else 0
+        out = pareto_filter(labels, *self._bandwidths, int(AFTER_SEGMENT_BIT), shared)
         self.clock.timed(len(labels), time.perf_counter() - t)
         return out
 
@@ -223,7 +224,7 @@ class _Sweep:
         parts = self.pending[k]
         if not parts:
             return Labels.empty()
-        labels = self._filter(Labels.concat(parts))  # may stop the sweep: the parts are still pending then
+        labels = self._filter(Labels.concat(parts), k)  # may stop the sweep: the parts are still pending then
         self.pending[k] = []
         self.pending_count -= self.pending_sizes[k]
         self.pending_sizes[k] = 0
@@ -278,6 +279,8 @@ class _Sweep:
         p = self.p
         idx, retained, held, cost, d2h, h2d = rows
         held_next = self.p.remap_held(held, k, k + 1)
+        # Arrived by a segment ending at k - 1: keeping or offloading k holds its shared inputs (shared_hold).
+        retained = retained + p.shared_held(held, k) if p.shared_hold[k] else retained
         # The clock is read before each emission: on a boundary of 10^5 labels with 64 offload options each
         # emission filters and copies that many children (stopping between them leaves a valid frontier, as
         # this boundary's labels count in the partial bound).
@@ -362,6 +365,7 @@ class _Sweep:
             for lo, hi in itertools.pairwise(cuts):
                 b1 = int(dst[lo])
                 held_b = self.p.remap_held(hd[lo:hi], k, b1) if any_held else hd[lo:hi]
+                held_b = self.p.after_segment(held_b, b1)
                 self._push(
                     b1,
                     Labels(
