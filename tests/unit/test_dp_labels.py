@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from memsched.optimizer.dp.labels import Labels, _filter_order, pareto_filter
+from memsched.optimizer.dp.problem import AFTER_SEGMENT_BIT
 
 BW = 12e9
 
@@ -89,3 +90,42 @@ def test_the_filter_order_is_by_held_set_then_retained_then_cost(unit: int, grou
         assert np.all(np.diff(retained[part]) >= 0)
         ties = part[:-1][np.diff(retained[part]) == 0]
         assert np.all(cost[ties] <= cost[ties + 1])  # costs 1 ms apart: every rank tells them apart
+
+
+FLAG = int(AFTER_SEGMENT_BIT)
+
+
+def _flag_dominated_by(a: int, b: int, lab: Labels, flag_bytes: int) -> bool:
+    """With flagged labels (AFTER_SEGMENT_BIT, `flag_bytes` more retained if they keep their next layer): b makes a
+    redundant when their held sets match less the flag and b's retained bytes, with flag_bytes added where b is
+    flagged and a is not, are no more than a's."""
+    fa, fb = bool(lab.held[a] & FLAG), bool(lab.held[b] & FLAG)
+    if (lab.held[a] & ~FLAG) != (lab.held[b] & ~FLAG):
+        return False
+    if lab.retained[b] + (flag_bytes if fb and not fa else 0) > lab.retained[a]:
+        return False
+    extra = max(lab.d2h[b] - lab.d2h[a], 0.0) / BW + max(lab.h2d[b] - lab.h2d[a], 0.0) / BW
+    return bool(lab.cost[b] + extra <= lab.cost[a])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_flagged_labels_are_dropped_only_by_labels_no_worse_in_every_continuation(seed: int) -> None:
+    """Labels a segment took to a layer that then holds saved-twice bytes (optimizer/dp/problem.py,
+    AFTER_SEGMENT_BIT): a flagged label is dropped by any no-worse label of its held set; an unflagged one by a
+    flagged label only where that one's retained bytes plus the layer's saved-twice bytes are no more than its
+    own. Checked against brute force; and labels across the flag drop one another (fewer survive than where the
+    flag splits the held set)."""
+    rng = np.random.default_rng(100 + seed)
+    lab = _labels(rng, 300, held_groups=1 + seed % 3)
+    lab.held = np.where(rng.random(len(lab)) < 0.5, lab.held | FLAG, lab.held)
+    flag_bytes = 1_000_000 * (1 + seed % 2)
+    kept = pareto_filter(lab, BW, BW, FLAG, flag_bytes)
+    keys = {
+        (int(r), int(h), float(c), float(d), float(x))
+        for r, h, c, d, x in zip(kept.retained, kept.held, kept.cost, kept.d2h, kept.h2d, strict=True)
+    }
+    for a in range(len(lab)):
+        key = (int(lab.retained[a]), int(lab.held[a]), float(lab.cost[a]), float(lab.d2h[a]), float(lab.h2d[a]))
+        if key not in keys:
+            assert any(_flag_dominated_by(a, b, lab, flag_bytes) for b in range(len(lab)) if b != a)
+    assert len(kept) < len(pareto_filter(lab, BW, BW))
