@@ -67,12 +67,11 @@ def dp_verdict(trace: Trace, budget_bytes: int, allowed: frozenset[Action], dead
     out = exact_search(trace, budget_bytes, deadline, None, 0.0, problem=p)
     if out.schedules:
         return Verdict(True, out.schedules[0])
-    # A finished sweep at byte resolution with no final label proves that nothing fits; one cut by the clock,
-    # or coarsened by the label cap (whose finals may not decode within the budget), proves nothing; nor do
-    # finals that the simulator finds over the budget (the DP leaves out bytes a layer holds for a recomputed
-    # producer, simulate.shared_input_holders: its memory is a relaxation there). With no incumbent, a sweep
-    # that ended with finals marks its optimum fluid_optimum.
-    return Verdict(False if not (out.timed_out or out.cap_hit or out.fluid_optimum) else None)
+    # A finished sweep with no final label proves that nothing fits (its memory is a relaxation, so it drops no
+    # plan that fits); one cut by the clock, or coarsened by the label cap, proves nothing; nor do finals that
+    # the simulator finds over the budget (where the DP leaves bytes out: a producer recomputed before the layer
+    # before, simulate.shared_input_holders; an output held past its reader, DpProblem.output_relaxed).
+    return Verdict(False if not (out.timed_out or out.cap_hit or out.found_plans) else None)
 
 
 def recompute_baselines(trace: Trace, allowed: frozenset[Action]) -> list[SimResult]:
@@ -127,8 +126,9 @@ def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], 
     what = "keep and recompute" if Action.RECOMPUTE in allowed else "keep alone"
     if verdict.feasible is None:
         raise MemschedError(
-            f"budget: no plan of {what} under {format_bytes(budget_bytes)} was found or ruled out within the time "
-            f"limit; the smallest budget memsched found for them is {format_bytes(best[0].peak_bytes)} "
+            f"budget: no plan of {what} under {format_bytes(budget_bytes)} was found or ruled out (the exact DP ran "
+            "out of time, or the cheapest plans it found did not fit once simulated); the smallest budget memsched "
+            f"found for them is {format_bytes(best[0].peak_bytes)} "
             f"({best[0].peak_bytes} bytes). Raise the budget, give a longer time limit, or allow offload "
             "(--actions keep,offload,recompute)"
         )

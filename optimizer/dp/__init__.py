@@ -46,6 +46,9 @@ class DpOutcome:
     fluid_optimum: bool = False
     """The bound is the fluid relaxation's exact optimum (the sweep finished at byte resolution, unpruned
     below the threshold)."""
+    found_plans: bool = False
+    """The last sweep finished with complete plans below its threshold (whether or not they decode within the
+    budget: `schedules` holds those that do). A finished sweep without any proves that nothing fits."""
     cap_hit: bool = False
     """The label cap stopped a sweep (a coarser one may have followed)."""
     timed_out: bool = False
@@ -251,6 +254,7 @@ def exact_search(
         if res.finals and res.finals[0][0] < threshold:
             # Nothing below the threshold was pruned, so the cheapest plan found is the fluid optimum.
             out.fluid_optimum = out.quantum_bytes == 1 and not p.relaxed and not p.output_relaxed
+            out.found_plans = True
             out.schedules = _decode_finals(trace, p, res, budget_bytes)
             break
         if threshold >= top:

@@ -13,6 +13,7 @@ import pytest
 
 from helpers import tiny_trace
 from memsched.optimizer.actions import dp_verdict
+from memsched.optimizer.baselines import checkpoint_all
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.decisions import KEEP, Decision, offload_subset, recompute
 from memsched.optimizer.dp import build_problem, exact_search
@@ -20,7 +21,7 @@ from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.ilp.pulp_backend import solve_pulp
-from memsched.optimizer.simulate import simulate
+from memsched.optimizer.simulate import forward_stage_memory, simulate
 from memsched.optimizer.synthetic import make_trace
 from memsched.schema import Action, SolverStatus, Trace
 
@@ -179,3 +180,26 @@ def every_action_plan(trace: Trace) -> list[list[Decision]]:
             g += [c for r in range(1, len(pos) + 1) for c in itertools.combinations(pos, r)]
         genes.append(g)
     return [plan_of(combo, trace) for combo in itertools.product(*genes)]
+
+
+def every_rule_trace(tr: Trace, seed: int) -> Trace:
+    """`tr` with the fields that change stage memory set at random: saved inputs (the re-run overlap, which lowers
+    B stages), self-saved outputs, saved-twice storages, side inputs, changed buffers, the code holding a skip,
+    early-stopping re-runs and measured forward cuts (which lower F stages)."""
+    rng = random.Random(seed)
+    doc = tr.model_dump(mode="json")
+    for j, layer in enumerate(doc["layers"]):
+        saved, out, inp = layer["saved_bytes"], layer["output_bytes"], layer["input_bytes"]
+        layer["input_saved_bytes"] = rng.choice([None, min(inp, saved), min(inp, saved) // 2])
+        layer["output_saved_bytes"] = rng.choice([None, min(out, saved), min(out, saved) // 3])
+        layer["shared_input_bytes"] = rng.choice([None, min(inp, saved) // 4])
+        layer["side_input_bytes"] = rng.choice([None, 0, 500])
+        layer["changed_buffer_bytes"] = rng.choice([None, 0, 300])
+        layer["recompute_s"] = rng.choice([None, layer["forward_s"] * 0.6])
+        if j + 2 < len(doc["layers"]):
+            layer["output_held_until"] = rng.choice([None, j + 2])
+    out_tr = Trace.model_validate(doc)
+    uncut = forward_stage_memory(out_tr, checkpoint_all(out_tr), cuts=[0] * out_tr.n)
+    for layer, charged in zip(out_tr.layers, uncut, strict=True):
+        layer.checkpointed_forward_bytes = rng.choice([None, charged - layer.saved_bytes // 2, charged])
+    return out_tr

@@ -12,43 +12,26 @@ import time
 
 import pytest
 
-from helpers.pricing import cpu_trace, every_action_plan, keep_recompute_plans, many_tensor_trace, milp_optimum
+from helpers.pricing import (
+    cpu_trace,
+    every_action_plan,
+    every_rule_trace,
+    keep_recompute_plans,
+    many_tensor_trace,
+    milp_optimum,
+)
 from memsched.optimizer.actions import restrict
-from memsched.optimizer.baselines import checkpoint_all
 from memsched.optimizer.budget import budget_between, keepall_activation_peak
 from memsched.optimizer.dp import build_problem, exact_search
 from memsched.optimizer.dp.lagrange import lagrange_arrays, lagrangian_bound, link_lagrangian_bound, raise_future
 from memsched.optimizer.dp.problem import relaxed_problem
-from memsched.optimizer.simulate import forward_stage_memory, simulate
+from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
 from memsched.schema import Action, SolverStatus, Trace
 
 FAR = time.perf_counter() + 10**6
-
-
-def _every_rule(tr: Trace, seed: int) -> Trace:
-    """`tr` with the fields that change stage memory set at random: saved inputs (the re-run overlap, which lowers
-    B stages), self-saved outputs, saved-twice storages, side inputs, changed buffers, the code holding a skip,
-    early-stopping re-runs and measured forward cuts (which lower F stages)."""
-    rng = random.Random(seed)
-    doc = tr.model_dump(mode="json")
-    for j, layer in enumerate(doc["layers"]):
-        saved, out, inp = layer["saved_bytes"], layer["output_bytes"], layer["input_bytes"]
-        layer["input_saved_bytes"] = rng.choice([None, min(inp, saved), min(inp, saved) // 2])
-        layer["output_saved_bytes"] = rng.choice([None, min(out, saved), min(out, saved) // 3])
-        layer["shared_input_bytes"] = rng.choice([None, min(inp, saved) // 4])
-        layer["side_input_bytes"] = rng.choice([None, 0, 500])
-        layer["changed_buffer_bytes"] = rng.choice([None, 0, 300])
-        layer["recompute_s"] = rng.choice([None, layer["forward_s"] * 0.6])
-        if j + 2 < len(doc["layers"]):
-            layer["output_held_until"] = rng.choice([None, j + 2])
-    out_tr = Trace.model_validate(doc)
-    uncut = forward_stage_memory(out_tr, checkpoint_all(out_tr), cuts=[0] * out_tr.n)
-    for layer, charged in zip(out_tr.layers, uncut, strict=True):
-        layer.checkpointed_forward_bytes = rng.choice([None, charged - layer.saved_bytes // 2, charged])
-    return out_tr
 
 
 def _bound(tr: Trace, budget: int, upper: float, offload: bool = True, cells: int = 32) -> float:
@@ -65,11 +48,11 @@ def _keep_recompute_optimum(tr: Trace, budget: int) -> float | None:
 
 
 @pytest.mark.parametrize("seed", range(16))
-def test_keep_recompute_bound_is_below_the_brute_force_optimum_with_every_rule(seed: int) -> None:
+def test_keep_recompute_bound_is_below_the_brute_force_optimum_withevery_rule_trace(seed: int) -> None:
     rng = random.Random(seed)
     n = rng.randint(3, 6)
     base = cpu_trace(n, seed) if seed % 2 else make_trace(n, seed, dag=seed % 4 == 0)
-    tr = _every_rule(base, seed) if seed % 3 else base
+    tr = every_rule_trace(base, seed) if seed % 3 else base
     for frac in (0.05, 0.2, 0.4, 0.7):
         budget = budget_between(tr, frac)
         opt = _keep_recompute_optimum(tr, budget)
@@ -149,7 +132,7 @@ def test_the_exact_dp_pruned_by_the_completion_bound_stays_exact(seed: int) -> N
     if serial_offload:
         base = make_trace(n, seed)
         base.device.concurrent_copies = False
-    tr = _every_rule(base, seed) if seed % 3 == 1 else base
+    tr = every_rule_trace(base, seed) if seed % 3 == 1 else base
     for frac in (0.1, 0.3, 0.5):
         budget = budget_between(tr, frac)
         opt = milp_optimum(tr, budget) if serial_offload else _keep_recompute_optimum(tr, budget)
@@ -186,7 +169,7 @@ def test_link_bound_is_below_the_exact_optimum(seed: int) -> None:
         tr = make_trace(n, 200 + seed, dag=seed % 2 == 0, copy_latency_s=rng.choice([0.0, 2e-4]))
         tr.device.d2h_bytes_per_s = tr.device.h2d_bytes_per_s = rng.choice([12e9, 3e9])
         if seed % 3 == 1:
-            tr = _every_rule(tr, seed)
+            tr = every_rule_trace(tr, seed)
     for frac in (0.05, 0.3, 0.6):
         budget = budget_between(tr, frac)
         milp = milp_optimum(tr, budget)

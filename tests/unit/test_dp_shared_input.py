@@ -11,8 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from helpers.pricing import FAR, KEEP_RECOMPUTE, cpu_trace, every_action_plan, keep_recompute_plans
-from memsched.optimizer.actions import restricted_problem
+from helpers.pricing import FAR, KEEP_RECOMPUTE, cpu_trace, every_action_plan, every_rule_trace, keep_recompute_plans
+from memsched.optimizer.actions import dp_verdict, restricted_problem
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.dp import build_problem, exact_search
 from memsched.optimizer.dp.decode import decode
@@ -163,3 +163,35 @@ def test_where_an_earlier_producer_is_recomputed_both_sweeps_stay_below_the_opti
         if tr.device.concurrent_copies:
             res = fifo_sweep(build_problem(tr, budget), FAR, np.inf)
             assert res.bound_s is not None and res.bound_s <= best[0] * (1 + 1e-6) + 1e-12
+
+
+def _mixed_trace(seed: int) -> Trace:
+    """Chains measured on the CPU, chains and DAGs with concurrent or serial copies; most with every cost-model
+    rule set at random, all with saved-twice storages."""
+    rng = random.Random(seed)
+    kind = seed % 4
+    base = cpu_trace(rng.randint(3, 6), seed) if kind == 0 else make_trace(rng.randint(3, 5), 400 + seed, dag=kind != 1)
+    if kind == 3:
+        base.device.concurrent_copies = False
+    return _with_shared(every_rule_trace(base, seed) if seed % 5 else base, seed, share=rng.choice([0.3, 0.8]))
+
+
+@pytest.mark.parametrize("seed", range(48))
+def test_the_dp_never_claims_that_no_plan_fits_where_one_does(seed: int) -> None:
+    """dp_verdict (what smallest_budget bisects with, and what refuses a budget as proven infeasible): where the
+    DP's memory leaves bytes out (saved twice after an earlier producer, outputs a later layer holds), its
+    cheapest finals can decode over the budget, which proves nothing. Brute force over keep / recompute plans.
+    (Before: seed 42 at 30% was refused as proven infeasible with a plan of 0.006 s fitting; so was a CPU-traced
+    ResNet-50, 16 blocks at batch 4, at 526,887,028 bytes, where a plan fits exactly.)"""
+    tr = _mixed_trace(seed)
+    plans = keep_recompute_plans(tr.n)
+    for frac in (0.0, 0.1, 0.3):
+        budget = budget_between(tr, frac)
+        best = _optimum(tr, budget, plans)
+        verdict = dp_verdict(tr, budget, KEEP_RECOMPUTE, FAR)
+        if best is not None:
+            assert verdict.feasible is not False, "a plan fits"
+        else:
+            assert verdict.feasible is not True
+        if verdict.feasible:
+            assert verdict.sim is not None and verdict.sim.feasible and verdict.sim.peak_bytes <= budget
