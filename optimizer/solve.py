@@ -1101,11 +1101,12 @@ class _Flow:
                 # The MILP's host row holds its solution within the budget up to the solver's tolerance.
                 self.notes.append(f"{backend} returned a schedule over the host budget (discarded)")
             elif not sim.feasible:
-                # Expected where the trace has Layer.shared_input_bytes: the MILP leaves out what a layer holds
-                # for a recomputed producer (docs/cost-model.md, 'Saved twice'); else the solver's tolerance.
+                # The MILP's memory leaves out the last layer's saved-twice hold at the loss point
+                # (docs/formulation.md, 'Saved twice') and relaxes a few holds (DpProblem.output_relaxed's);
+                # else the solver's tolerance.
                 log.info(
-                    "%s incumbent simulates over budget (%d > %d bytes): the MILP's memory leaves out bytes saved "
-                    "twice, or its tolerance; discarded",
+                    "%s incumbent simulates over budget (%d > %d bytes): a hold the MILP's memory leaves out, or "
+                    "its tolerance; discarded",
                     backend,
                     sim.peak_bytes,
                     self.budget,

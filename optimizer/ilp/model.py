@@ -186,6 +186,7 @@ def build_model(
     _add_prefetch_at_vars(m, off)
     _add_prefetch_order_rows(m, off)
     held_inc = _add_checkpoint_inputs(m)
+    _add_saved_twice(m, covering, held_inc)
     acc, held = _add_cumulative_bytes(m, off, covering, x_terms, held_inc)
     _add_memory_rows(m, off, limit, x_terms, acc, held)
     _add_host_budget_row(m, x_terms, host_budget)
@@ -338,6 +339,29 @@ def _add_checkpoint_inputs(m: MilpModel) -> dict[int, Terms]:
                     held_inc.setdefault(a, []).append((u, own))
                 prev_u = u
     return held_inc
+
+
+def _add_saved_twice(m: MilpModel, covering: dict[int, list[int]], held_inc: dict[int, Terms]) -> None:
+    """'Saved twice' (docs/cost-model.md; simulate.shared_input_holders): w[c] = layer c is not recomputed and a
+    producer among its deps is, so c alone holds the storages both saved (Layer.shared_input_bytes) at the
+    stages of layers > c (F_c and B_c carry them in c's workspace). w[c] >= rec_j - rec_c for each dep j, where
+    rec_i = sum of the segments containing i; the rows only ever want w small, so w takes max(0, ...), the
+    simulator's rule. (The loss point past B_{n-1} is left out for c = n - 1: a relaxation.)"""
+    for c, layer in enumerate(m.trace.layers):
+        if not layer.shared_input or not layer.deps or c == m.trace.n - 1:
+            continue
+        deps = [j for j in layer.deps if covering[j]]
+        if not deps:
+            continue  # no producer of c can be recomputed (segment length or window)
+        w = m.add_var(f"w_{c}", FRAC, 0, 1)
+        for j in deps:
+            # A segment containing both j and c cancels out (one term per variable).
+            coef = dict.fromkeys(covering[j], -1.0)
+            for v in covering[c]:
+                coef[v] = coef.get(v, 0.0) + 1.0
+            terms = [(w, 1.0)] + [(v, x) for v, x in coef.items() if x]
+            m.add_row(Row(f"saved_twice_{c}_{j}", terms, 0.0, ">=", ONE))
+        held_inc.setdefault(c, []).append((w, float(layer.shared_input)))
 
 
 def _add_cumulative_bytes(

@@ -11,7 +11,15 @@ import random
 import numpy as np
 import pytest
 
-from helpers.pricing import FAR, KEEP_RECOMPUTE, cpu_trace, every_action_plan, every_rule_trace, keep_recompute_plans
+from helpers.pricing import (
+    FAR,
+    KEEP_RECOMPUTE,
+    cpu_trace,
+    every_action_plan,
+    every_rule_trace,
+    keep_recompute_plans,
+    milp_optimum,
+)
 from memsched.optimizer.actions import dp_verdict, restricted_problem
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.dp import build_problem, exact_search
@@ -195,3 +203,25 @@ def test_the_dp_never_claims_that_no_plan_fits_where_one_does(seed: int) -> None
             assert verdict.feasible is not True
         if verdict.feasible:
             assert verdict.sim is not None and verdict.sim.feasible and verdict.sim.peak_bytes <= budget
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_milp_prices_saved_twice_bytes_as_the_simulator(seed: int) -> None:
+    """The exact-window MILP at gap 0 (optimizer/ilp/model.py, _add_saved_twice) on chains and DAGs with
+    saved-twice storages (none on the last layer, whose loss-point hold the MILP leaves out): its optimum is the
+    brute-force optimum over every action, and its plan fits."""
+    rng = random.Random(seed)
+    base = make_trace(rng.randint(3, 4), 500 + seed, dag=seed % 2 == 0, copy_latency_s=rng.choice([0.0, 2e-4]))
+    if seed % 3 == 0:
+        base.device.concurrent_copies = False
+    tr = _with_shared(base, seed, share=0.8)
+    tr.layers[-1].shared_input_bytes = None
+    plans = every_action_plan(tr)
+    for frac in (0.1, 0.3, 0.5):
+        budget = budget_between(tr, frac)
+        best = _optimum(tr, budget, plans)
+        milp = milp_optimum(tr, budget)  # asserts that its plan fits
+        if best is None:
+            assert milp is None
+            continue
+        assert milp == pytest.approx(best[0], rel=1e-6, abs=1e-9)
