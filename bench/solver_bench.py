@@ -318,11 +318,12 @@ STALL_ROWS: tuple[tuple[str, float, float], ...] = (
     *(("traces/gpt2-medium-bf16-b20-s1024-h100", pct, 10.0) for pct in (75, 50)),
     *(("traces/bert-large-bf16-b32-s512-h100", pct, 10.0) for pct in (75, 50, 25)),
     *(("traces/resnet50-bf16-b256-h100", pct, 10.0) for pct in (75, 50)),
+    *(("traces/resnet50-bf16-b256-h100-retraced", pct, 10.0) for pct in (75, 50, 25)),
 )
 """(trace, %, time limit s): traces of up to 300 layers whose copies run beside compute, where stalls shape the
 plans (the FIFO beam, optimizer/dp/fifo.py): PipeDream ResNet-50 at the budgets of the sweep's lower half
 (12-56% = 1.6-6.0 GiB), the other PipeDream profiles at 25%, the 200-layer synthetic traces at 20%, and the H100
-traces in traces/."""
+traces in traces/ (the retraced ResNet-50 has saved-twice bytes: Layer.shared_input_bytes)."""
 
 CONVENTION_ROWS: tuple[tuple[str, float, float], ...] = tuple(
     (f"{kind}/resnet50", pct, 10.0)
