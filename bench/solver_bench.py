@@ -7,6 +7,7 @@ for each backend. Writes bench/results/solver_bench.{md,json} naming the machine
     taskset -c 1 python bench/solver_bench.py --issue22 --before DIR [--after DIR]   # long traces, default actions
     taskset -c 1 python bench/solver_bench.py --stalls --before DIR [--after DIR]    # stall-heavy traces, <= 300 layers
     taskset -c 1 python bench/solver_bench.py --conventions --before DIR [--after DIR]  # other byte conventions
+    taskset -c 1 python bench/solver_bench.py --saved-twice --before DIR [--after DIR]  # ResNets, shared inputs
 
 Every row solves through memsched.optimizer.solve (warm start, fallback and the baseline guard included)
 and reports the simulator's overhead of the returned schedule, the solver's proven bound and the gap.
@@ -334,6 +335,15 @@ CONVENTION_ROWS: tuple[tuple[str, float, float], ...] = tuple(
 convention than the importer's: every layer saves exactly its own output (`outputs_saved`), with the importer's
 10 us copy latency and with 100 us."""
 
+SAVED_TWICE_ROWS: tuple[tuple[str, float, float], ...] = tuple(
+    (f"traces/{name}", pct, 10.0)
+    for name in ("resnet50-bf16-b256-h100-retraced", "resnet50-b4-cpu", "resnet50-sub-b2-cpu")
+    for pct in (75, 50, 25)
+)
+"""(trace, %, time limit s): traces with saved-twice bytes (Layer.shared_input_bytes: every ResNet the tracer
+records), where the DP and the MILP price what a kept layer holds after a recomputed producer: ResNet-50 on the
+H100 (16 blocks) and on the CPU per block (16) and per convolution stack and shortcut (64 layers)."""
+
 
 def outputs_saved(trace: Trace, latency_s: float | None = None) -> Trace:
     """The same network under another byte convention: every layer saves exactly its own output, as a framework
@@ -375,6 +385,7 @@ SIDE_BY_SIDE = {
     "issue22": SideBySide(ISSUE22_ROWS, None, "solver_bench_issue22", ((30, 2.0), (160, 1.0))),
     "stalls": SideBySide(STALL_ROWS, None, "solver_bench_stalls", ((30, 2.0), (160, 1.0))),
     "conventions": SideBySide(CONVENTION_ROWS, None, "solver_bench_conventions", ((30, 2.0), (160, 1.0))),
+    "saved_twice": SideBySide(SAVED_TWICE_ROWS, None, "solver_bench_saved_twice", ((30, 2.0),)),
 }
 _BOUND_FROM = re.compile(r"lower bound \S+ s from (\S+)")
 
@@ -578,6 +589,12 @@ def main() -> None:
         action="store_true",
         help="ResNet-50 with every layer's output saved, 10 / 100 us copy latency (CONVENTION_ROWS), with "
         "--before's checkout and --after's: writes solver_bench_conventions.{md,json}",
+    )
+    ap.add_argument(
+        "--saved-twice",
+        action="store_true",
+        help="ResNet-50 traces with saved-twice bytes (SAVED_TWICE_ROWS), with --before's checkout and --after's: "
+        "writes solver_bench_saved_twice.{md,json}",
     )
     ap.add_argument("--before", type=Path, help="a checkout with its own .venv (the code before a change)")
     ap.add_argument("--after", type=Path, help="a checkout with its own .venv (default: this interpreter's code)")
