@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
-from memsched.errors import InfeasibleBudgetError
+from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.io import load_trace
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
@@ -387,6 +387,8 @@ SIDE_BY_SIDE = {
     "conventions": SideBySide(CONVENTION_ROWS, None, "solver_bench_conventions", ((30, 2.0), (160, 1.0))),
     "saved_twice": SideBySide(SAVED_TWICE_ROWS, None, "solver_bench_saved_twice", ((30, 2.0),)),
 }
+_NO_PLAN = {"infeasible", "refused"}
+"""side_row statuses without a schedule."""
 _BOUND_FROM = re.compile(r"lower bound \S+ s from (\S+)")
 
 
@@ -432,6 +434,17 @@ def side_row(mode: str, i: int, pipedream: Path) -> dict[str, object]:
             "min_feasible_bytes": e.min_feasible_bytes,
             "min_proven": e.proven,
         }
+    except MemschedError as e:
+        # Refused without a proof either way (check_feasible: the DP neither found a plan nor ruled one out).
+        return {
+            "trace": name,
+            "layers": trace.n,
+            "budget_bytes": budget,
+            "time_limit_s": limit,
+            "code": code,
+            "status": "refused",
+            "message": str(e),
+        }
     found = _BOUND_FROM.search(" ".join(row["details"]))  # type: ignore[arg-type]
     row["bound_from"] = found.group(1) if found else "none"
     row["within_limit"] = float(row["wall_s"]) <= limit * 1.1 + 0.5  # type: ignore[arg-type]
@@ -470,7 +483,7 @@ def side_by_side_bench(mode: str, pipedream: Path, before: Path, after: Path | N
 def _bound_above_answer(r: dict[str, object], b: dict[str, object]) -> list[str]:
     """The sides whose proven bound exceeds the smaller of the two sides' overheads (a bug: a bound is never above
     an answer), beyond a relative 1e-9."""
-    sides = [(s, x) for s, x in (("before", b), ("after", r)) if x["status"] != "infeasible"]
+    sides = [(s, x) for s, x in (("before", b), ("after", r)) if x["status"] not in _NO_PLAN]
     if not sides:
         return []
     best = min(float(x["overhead_s"]) for _, x in sides)  # type: ignore[arg-type]
@@ -487,6 +500,8 @@ def _side_by_side_table(meta: dict[str, object], rows: list[dict[str, object]]) 
     def cells(r: dict[str, object]) -> list[str]:
         if r["status"] == "infeasible":
             return ["infeasible", f"smallest feasible {r['min_feasible_bytes']} B", "", ""]
+        if r["status"] == "refused":
+            return ["refused", "no plan found or ruled out (an error to the user)", "", ""]
         gap = f"{100 * float(r['gap']):.2f}%" if r["gap"] is not None else ""  # type: ignore[arg-type]
         bound = f"{float(r['bound_s']):.5f}" if r["bound_s"] is not None else ""  # type: ignore[arg-type]
         over = f"{float(r['overhead_s']):.5f}"  # type: ignore[arg-type]
@@ -494,7 +509,7 @@ def _side_by_side_table(meta: dict[str, object], rows: list[dict[str, object]]) 
         return [str(r["status"]), f"{over} / {bound} / {gap}", str(r["bound_from"]), f"{r['wall_s']} ({ok})"]
 
     def gain(r: dict[str, object], b: dict[str, object]) -> str:
-        if "infeasible" in (r["status"], b["status"]) or not float(b["overhead_s"]):  # type: ignore[arg-type]
+        if {r["status"], b["status"]} & _NO_PLAN or not float(b["overhead_s"]):  # type: ignore[arg-type]
             return ""
         return f"{100 * (float(r['overhead_s']) / float(b['overhead_s']) - 1):+.2f}%"  # type: ignore[arg-type]
 
@@ -516,16 +531,23 @@ def _side_by_side_table(meta: dict[str, object], rows: list[dict[str, object]]) 
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     above: list[str] = []
+    wrong: list[str] = []
     for r in rows:
         b = r["before"]
         assert isinstance(b, dict)
         head = [str(r["trace"]), str(r["layers"]), str(r["budget_bytes"]), str(r["time_limit_s"])]
         lines.append("| " + " | ".join([*head, *cells(b), *cells(r), gain(r, b)]) + " |")
         above += [f"{r['trace']} ({r['time_limit_s']} s): {x}" for x in _bound_above_answer(r, b)]
+        statuses = {str(r["status"]), str(b["status"])}
+        if "infeasible" in statuses and not statuses <= _NO_PLAN:
+            wrong.append(f"{r['trace']} ({r['time_limit_s']} s)")
     lines += [
         "",
         "Bounds above the smaller of the two sides' overheads (a bug if any): "
         + ("; ".join(above) if above else "none."),
+        "",
+        "Budgets refused as infeasible on one side where the other found a plan (a bug if any): "
+        + ("; ".join(wrong) if wrong else "none."),
     ]
     return lines
 
