@@ -7,6 +7,7 @@ the optimum."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +21,9 @@ from helpers.pricing import (
     keep_recompute_plans,
     milp_optimum,
 )
+from memsched.io import load_trace
 from memsched.optimizer.actions import dp_verdict, restricted_problem
-from memsched.optimizer.budget import budget_between
+from memsched.optimizer.budget import budget_between, keepall_activation_peak
 from memsched.optimizer.dp import build_problem, exact_search
 from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import fifo_sweep
@@ -225,3 +227,15 @@ def test_the_milp_prices_saved_twice_bytes_as_the_simulator(seed: int) -> None:
             assert milp is None
             continue
         assert milp == pytest.approx(best[0], rel=1e-6, abs=1e-9)
+
+
+def test_a_resnet50_traced_per_convolution_stack_gets_a_proven_plan_at_half_its_activations() -> None:
+    """traces/resnet50-sub-b2-cpu.json (the tracer's ResNet-50 on the CPU, 64 layers, 36 with saved-twice bytes) at
+    half its keep-all activations: the exact DP finds a plan of keep and recompute that fits, and proves it within
+    1%. Before the DP priced those bytes, every plan it decoded there simulated over the budget, and the CLI
+    refused the budget ('no plan of keep and recompute ... was found or ruled out')."""
+    tr = load_trace(Path(__file__).resolve().parents[2] / "traces" / "resnet50-sub-b2-cpu.json")
+    budget = tr.static.total + keepall_activation_peak(tr) // 2
+    out = exact_search(tr, budget, FAR, None, 0.0, problem=restricted_problem(tr, budget, KEEP_RECOMPUTE))
+    assert out.schedules and out.schedules[0].feasible and out.schedules[0].peak_bytes <= budget
+    assert out.bound_s is not None and out.bound_s >= 0.99 * out.schedules[0].overhead_s
