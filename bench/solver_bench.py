@@ -420,31 +420,15 @@ def side_row(mode: str, i: int, pipedream: Path) -> dict[str, object]:
     budget = pct_budget(trace, pct)
     name = f"{key}@{pct:g}%"
     code = str(Path(sys.modules[solve.__module__].__file__ or "?").parents[1])
+    head = {"trace": name, "layers": trace.n, "budget_bytes": budget, "time_limit_s": limit, "code": code}
     try:
         row = run_one(name, trace, budget, "auto", limit, spec.actions)
     except InfeasibleBudgetError as e:
         # pct_budget raises to the smallest budget with offload; keep / recompute alone may need more.
-        return {
-            "trace": name,
-            "layers": trace.n,
-            "budget_bytes": budget,
-            "time_limit_s": limit,
-            "code": code,
-            "status": "infeasible",
-            "min_feasible_bytes": e.min_feasible_bytes,
-            "min_proven": e.proven,
-        }
+        return {**head, "status": "infeasible", "min_feasible_bytes": e.min_feasible_bytes, "min_proven": e.proven}
     except MemschedError as e:
         # Refused without a proof either way (check_feasible: the DP neither found a plan nor ruled one out).
-        return {
-            "trace": name,
-            "layers": trace.n,
-            "budget_bytes": budget,
-            "time_limit_s": limit,
-            "code": code,
-            "status": "refused",
-            "message": str(e),
-        }
+        return {**head, "status": "refused", "message": str(e)}
     found = _BOUND_FROM.search(" ".join(row["details"]))  # type: ignore[arg-type]
     row["bound_from"] = found.group(1) if found else "none"
     row["within_limit"] = float(row["wall_s"]) <= limit * 1.1 + 0.5  # type: ignore[arg-type]
