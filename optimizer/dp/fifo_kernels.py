@@ -467,13 +467,12 @@ def dominance_fifo(
 ) -> tuple[np.ndarray, int, int]:
     """Keep-mask for labels sorted by (held less `after_bit`, retained, cost): a label i is dropped when one of
     RING earlier kept labels j of its held set (so no more retained bytes) pays no more in any continuation
-    (docs/formulation.md,
-    'Tier 2: FIFO copies', dominance). What a label still pays depends on its queues relative to its clocks, not
-    on when its future starts; and a label whose clock is delayed by d pays at most d more (every wait and copy of
-    a pass is a max of a clock and fixed completion times, so it ends no later for an earlier start). So j
-    dominates i when j's cost plus the least delays of its forward and reverse clocks after which each of its
-    queues is no worse than i's (holds no more bytes at any moment from the clock on, frees its stream no later)
-    is at most i's cost.
+    (docs/formulation.md, 'Tier 2: FIFO copies', dominance). What a label still pays depends on its queues
+    relative to its clocks, not on when its future starts; and a label whose clock is delayed by d pays at most
+    d more (every wait and copy of a pass is a max of a clock and fixed completion times, so it ends no later
+    for an earlier start). So j dominates i when j's cost plus the least delays of its forward and reverse
+    clocks after which each of its queues is no worse than i's (holds no more bytes at any moment from the clock
+    on, frees its stream no later) is at most i's cost.
 
     Returns (keep, labels done, work done). Work counts a unit per label and per ring label compared with it;
     past `max_work` the filter stops before its next label (done < len: the mask is incomplete, the caller

@@ -36,7 +36,8 @@ the extra producers as already held: optimistic for the bound, and the simulator
 AFTER_SEGMENT_BIT = np.int64(1) << np.int64(MAX_HELD_BITS)
 """Held-mask flag of a label at boundary c that arrived by a recompute segment ending at c - 1, set only where
 DpProblem.shared_hold[c] > 0: keeping or offloading c then retains those bytes too. Above every producer bit,
-so remap_held drops it and labels with and without it are never compared (a finer dominance, still sound)."""
+so remap_held drops it at the next boundary. The dominance filters compare flagged and unflagged labels of one
+held set asymmetrically (labels.pareto_filter, fifo_kernels.dominance_fifo)."""
 
 MAX_OFFLOAD_OPTIONS = 64
 """Distinct offloaded byte counts tried per layer (subset sums of its saved tensors). A layer with more is
