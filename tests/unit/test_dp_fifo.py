@@ -198,6 +198,9 @@ def _labels(cf: list[float], cr: list[float], dq: list[list[tuple[float, int]]])
         zeros_t,
         zeros_b,
         np.zeros(m, np.int64),
+        np.zeros(m, np.int64),  # retained bytes (the same: sorted)
+        0,  # no saved-twice bytes at this boundary
+        0,  # and no flagged labels
         1 << 62,  # no work budget
     )
 
@@ -322,12 +325,21 @@ def test_a_filter_stops_at_its_work_budget_and_so_by_the_deadline() -> None:
     )
     p = build_problem(*_case(0))
     p = replace(p, fwd_prefix=np.zeros(p.n + 1), bwd_prefix=np.zeros(p.n + 1))
+    # The clock's budget is work x its rate: this machine's rate for these labels is timed here (about 1.5e-7 s a
+    # unit on a loaded 2-core machine, against the 2e-8 prior of real sweeps), so that the bound below tests the
+    # kernel's stop at its budget, not the machine's speed.
+    t = time.perf_counter()
+    _, _, timed_work = dominance_fifo(*args[:-1], 200_000)
+    rate = (time.perf_counter() - t) / timed_work
     clock = SweepClock(time.perf_counter() + 0.05, 1e-12)  # a label count that says: affordable
+    clock.s_per_work = rate
     st = _State(pending=[], compact_at=[], clock=clock)
     began = time.perf_counter()
     with pytest.raises(FifoStop, match="deadline"):
         st.filter(p, 0, lab)
-    assert time.perf_counter() - began < 0.05 + 0.25  # the gather and sort before the kernel, and its last label
+    # The deadline, the sort and gather before the kernel, and its last label. Had it not stopped at its work
+    # budget, it would compare 200,000 labels with a ring of up to 256 (3.7 million units: 0.56 s at 1.5e-7).
+    assert time.perf_counter() - began < 0.05 + 0.25
 
 
 def test_a_probe_out_of_time_gets_the_time_the_fluid_sweep_leaves(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -107,12 +107,14 @@ def test_bound_is_strong_on_a_recompute_only_chain(seed: int) -> None:
 
 
 def test_solve_proves_a_long_chain_the_exact_sweep_alone_cannot() -> None:
-    """A 400-layer chain planned with keep and recompute, 8 s: proven within 1%. The Lagrangian runs first and
+    """A 400-layer chain planned with keep and recompute, 12 s: proven within 1%. The Lagrangian runs first and
     its completion bound prunes the exact DP (measured with a near-optimal incumbent: 1.2 s with it, 3.2 s without;
-    at 1,000 layers 20 s with it, and not finished in 40 s without)."""
+    at 1,000 layers 20 s with it, and not finished in 40 s without). The whole solve took 7.5-7.8 s alone on a
+    slow day of this 2-core machine (2026-11-28; an 8 s limit failed there once in four, before and after that
+    day's change alike, and beside another worker in CI): it runs with the wallclock tests (conftest)."""
     tr = make_trace(400, 1)
     rep = solve_report(
-        tr, budget_between(tr, 0.2), SolveOptions(time_limit_s=8, actions=["keep", "recompute"], gap=0.01)
+        tr, budget_between(tr, 0.2), SolveOptions(time_limit_s=12, actions=["keep", "recompute"], gap=0.01)
     )
     rec = rep.schedule.solver
     assert rec.best_bound_s is not None and rec.objective_s is not None

@@ -186,11 +186,12 @@ def _mixed_trace(seed: int) -> Trace:
     return _with_shared(every_rule_trace(base, seed) if seed % 5 else base, seed, share=rng.choice([0.3, 0.8]))
 
 
-@pytest.mark.parametrize("seed", range(48))
+@pytest.mark.parametrize("seed", [*range(20), 42])
 def test_the_dp_never_claims_that_no_plan_fits_where_one_does(seed: int) -> None:
     """dp_verdict (what smallest_budget bisects with, and what refuses a budget as proven infeasible): where the
     DP's memory leaves bytes out (saved twice after an earlier producer, outputs a later layer holds), its
-    cheapest finals can decode over the budget, which proves nothing. Brute force over keep / recompute plans.
+    cheapest finals can decode over the budget, which proves nothing. Brute force over keep / recompute plans
+    (seed 42: the case of 1 in 480 budgets over 80 seeds where the old verdict was wrong).
     (Before: seed 42 at 30% was refused as proven infeasible with a plan of 0.006 s fitting; so was a CPU-traced
     ResNet-50, 16 blocks at batch 4, at 526,887,028 bytes, where a plan fits exactly.)"""
     tr = _mixed_trace(seed)
