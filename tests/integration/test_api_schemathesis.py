@@ -1,8 +1,8 @@
 """Property-based tests of the live service against its own OpenAPI schema (schemathesis): for generated valid
 and invalid requests to every operation, no 5xx, and every response conforms to the schema (status code,
-content type, body). Run against both modes: the embedded one (one server, its own solver pool; SQLite and
-PostgreSQL) and the distributed one (2 API replicas and a Celery worker over the real Redis and PostgreSQL,
-requests alternating between the replicas). Bounded (few examples per operation)."""
+content type, body). Run against both modes: the embedded one (one server, its own solver pool, on SQLite) and
+the distributed one (2 API replicas and a Celery worker over the real Redis and PostgreSQL, requests alternating
+between the replicas). Between them every route runs on both databases. Bounded (few examples per operation)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ CHECK_NAMES = (
     "response_headers_conformance",
     "negative_data_rejection",
 )
+
+
+@pytest.fixture(scope="module")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The embedded server on SQLite only: the distributed test below fuzzes the same routes and job store on
+    PostgreSQL (its replicas run on it), so a second embedded run there repeated that for 30 s of the suite."""
+    return f"sqlite:///{tmp_path_factory.mktemp('db') / 'memsched.db'}"
 
 
 @pytest.fixture(scope="module")
