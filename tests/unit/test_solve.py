@@ -10,7 +10,7 @@ import pytest
 from helpers import PIPEDREAM as SHARED_PIPEDREAM
 from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.baselines import evaluate_baselines
-from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
+from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget, resolve_budget
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve
@@ -241,6 +241,15 @@ def test_where_the_fluid_model_prices_the_plans_the_exact_dp_proves_before_the_l
     solve_mod.solve_report(resnet, 2_415_414_410, SolveOptions(time_limit_s=3.0))
     after = ran[ran.index("dp_probe") :]
     assert after[:3] == ["dp_probe", "lagrange", "polish"] and "exact_search" in after
+    # At 25% the narrowest beam's plan simulates 0.18% above its sweep cost, the wider ones' exactly: the fluid
+    # model still prices the plans that matter, the probe proves the gap and nothing else runs (before, with the
+    # rule at 0.1%: a Lagrangian, a local search and a FIFO probe that each took a share of the limit came first,
+    # proven at 43.5 s of a 150 s limit, 6.7 s with the probe).
+    ran.clear()
+    report = solve_mod.solve_report(resnet, resolve_budget("25%", resnet), SolveOptions(time_limit_s=60.0))
+    assert report.schedule.solver.status == SolverStatus.OPTIMAL
+    after = ran[ran.index("dp_probe") :]
+    assert "exact_search" in after and "lagrange" not in after and "polish" not in after, after
 
 
 def test_the_link_lagrangian_is_skipped_where_stalls_decide_the_plans(monkeypatch: pytest.MonkeyPatch) -> None:
