@@ -138,7 +138,7 @@ an answer of 0.0312 s (the sweeps' bound: 0.0185 s); DenseNet-121 at 50% / 25%, 
 0.0209 / 0.0511 s (before: 0.0102 / 0.0232 s)."""
 _LINK_MAX_LAYERS = 2000
 """Beyond this many layers its O(n^2) path per step leaves too few steps in a time limit of minutes."""
-_DP_FIRST_SHARE = 0.15
+_DP_FIRST_SHARE = 0.25
 """On the memory rows (`LagrangeKind.ROWS`: plans without offload, or copies on the compute thread) of traces of up
 to _LONG_TRACE layers, the exact DP runs right after the Lagrangian for up to this share, before the local search:
 pruned by the Lagrangian's prices it finishes in a fraction of a second there, at the beam's incumbent, and the
@@ -1351,10 +1351,10 @@ def plan_for(
         searches.append(Phase(Step.DP_PROBE, _DP_PROBE_SHARE))
     if lagrange == LagrangeKind.ROWS:
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE_LONG if long_trace else _LAGRANGE_SHARE))
-        if not long_trace:  # pruned by the Lagrangian's prices, the exact DP proves before any local search
-            searches.append(Phase(Step.EXACT_DP, _DP_FIRST_SHARE))
     elif lagrange == LagrangeKind.LINK:
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE))
+    if not long_trace:  # the exact DP proves before any local search (_DP_FIRST_SHARE)
+        searches.append(Phase(Step.EXACT_DP, _DP_FIRST_SHARE))
     # On long traces the exact DP, after this local search, climbs and stops at its pace where it cannot finish
     # (_DP_UNTIL_LONG); the local search then goes on where it stopped. Where the memory rows' prices prune
     # the DP it finishes, as on short traces.
@@ -1363,9 +1363,9 @@ def plan_for(
     if dp_long:
         polish_share = _POLISH_SHARE_LONG - (_LAGRANGE_SHARE if lagrange == LagrangeKind.LINK else 0.0)
     # Before it only a Lagrangian can prove the requested gap; when one has, the answer is what was asked for.
-    searches.append(Phase(Step.POLISH, polish_share, only_if_open=lagrange is not None))
+    searches.append(Phase(Step.POLISH, polish_share, only_if_open=lagrange is not None or not long_trace))
     if allowed == ALL_ACTIONS:
-        searches.append(Phase(Step.FIFO_PROBE, only_if_open=False))
+        searches.append(Phase(Step.FIFO_PROBE))
     if solver in BACKENDS:
         if Action.RECOMPUTE not in allowed:
             raise MemschedError(
