@@ -856,6 +856,16 @@ class _Flow:
         out = self._fluid_sweep(until, _RELAXED_LADDER[0], climb=True, pace=_PROBE_PACE)
         log.info("exact DP probe: bound %s, %.2f s%s", out.bound_s, out.wall_s, " (cut)" * out.timed_out)
 
+    def dp_first(self, until: float) -> None:
+        """The exact DP before the local search (_DP_FIRST_SHARE), where the fluid sweeps finish fast and prove: on
+        the memory rows (no copies beside compute: the fluid model is exact, and the Lagrangian's prices prune it),
+        and where some layer has too many saved tensors to try every offload subset (its relaxed sweeps, coarse
+        first, are what proves there; the FIFO probe runs on their coarsest ranges). Not on the other traces with
+        copies beside compute: where stalls decide, the FIFO probe and climb prove, and need the time."""
+        rows = not self.trace.device.concurrent_copies or Action.OFFLOAD not in self.allowed
+        if rows or not self.problem().offload_complete:
+            self.exact_dp(until)
+
     def _fluid_sweep(self, until: float, cells: int, climb: bool = False, pace: float | None = None) -> DpOutcome:
         """The exact DP's sweeps (exact_search) on `cells` byte ranges per relaxed layer, pruned at the best
         candidate; its plan joins the candidates (and seeds the next local search where it simulates dearer than
@@ -1254,6 +1264,7 @@ class Step(StrEnum):
     PROVE = "prove"
     BEAM = "beam"
     DP_PROBE = "dp_probe"
+    DP_FIRST = "dp_first"
     LAGRANGE = "lagrange"
     POLISH = "polish"
     FIFO_PROBE = "fifo_probe"
@@ -1353,8 +1364,8 @@ def plan_for(
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE_LONG if long_trace else _LAGRANGE_SHARE))
     elif lagrange == LagrangeKind.LINK:
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE))
-    if not long_trace:  # the exact DP proves before any local search (_DP_FIRST_SHARE)
-        searches.append(Phase(Step.EXACT_DP, _DP_FIRST_SHARE))
+    if not long_trace:  # where the fluid model prices the plans, the exact DP proves before any local search
+        searches.append(Phase(Step.DP_FIRST, _DP_FIRST_SHARE))
     # On long traces the exact DP, after this local search, climbs and stops at its pace where it cannot finish
     # (_DP_UNTIL_LONG); the local search then goes on where it stopped. Where the memory rows' prices prune
     # the DP it finishes, as on short traces.
@@ -1404,6 +1415,8 @@ def _run_phase(flow: _Flow, phase: Phase) -> None:
         flow.prove_start(until)
     elif phase.step == Step.BEAM:
         flow.beam(until)
+    elif phase.step == Step.DP_FIRST:
+        flow.dp_first(until)
     elif phase.step == Step.DP_PROBE:
         flow.dp_probe(until)
     elif phase.step == Step.LAGRANGE:
