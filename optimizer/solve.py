@@ -139,16 +139,20 @@ an answer of 0.0312 s (the sweeps' bound: 0.0185 s); DenseNet-121 at 50% / 25%, 
 _LINK_MAX_LAYERS = 2000
 """Beyond this many layers its O(n^2) path per step leaves too few steps in a time limit of minutes."""
 _DP_FIRST_SHARE = 0.25
-"""On the memory rows (`LagrangeKind.ROWS`: plans without offload, or copies on the compute thread) of traces of up
-to _LONG_TRACE layers, the exact DP runs right after the Lagrangian for up to this share, before the local search:
-pruned by the Lagrangian's prices it finishes in a fraction of a second there, at the beam's incumbent, and the
-fluid model is exact there, so its optimum ends the solve. Before, the local search's share (_POLISH_SHARE) came
-first and rarely moved the answer. One core, 10 s limits (2026-11-28), proven at: PipeDream ResNet-50, keep /
-recompute, 75 / 50%: 2.6 / 2.2 s -> 1.2 / 0.7 s; the tracer's CPU decoders (offload emulated: serial copies) at
-75 / 50%, Llama of 16 / 48 blocks 2.2 / 3.0 s -> 0.7 / 1.4 s, GPT-2 of 16 blocks 2.0 -> 0.5 s, GPT-2 of 96 blocks
-per sub-module 4.0 / 4.6 s -> 2.6 / 3.1 s; the same answers or better. Not on long traces: the 1,000-layer chain
-at 20% (60 s) needs the local search's answer (0.980 s, the beam's 1.222 s) for the DP to finish (7.5 s); at the
-beam's it was cut at its share (9.5 s), and the solve was proven at 40.3 s instead of 33.8 s."""
+"""On traces of up to _LONG_TRACE layers, the exact DP runs before the local search for up to this share (`dp_first`)
+where its sweeps are what proves and finish fast, so that its optimum or bound usually ends the solve: on the memory
+rows (`LagrangeKind.ROWS`: the fluid model is exact there, and the Lagrangian's prices prune the sweep at the beam's
+answer) and where some layer offloads relaxed byte ranges (many saved tensors: the relaxed sweeps, coarse first,
+prove there). Before, the local search's share (_POLISH_SHARE) came first and rarely moved the answer. One core,
+10 s (2026-11-28), proven at: PipeDream ResNet-50, keep / recompute, 75 / 50%: 2.6 / 2.2 s -> 1.2 / 0.7 s; the
+tracer's CPU decoders (offload emulated: serial copies), Llama of 16 / 48 blocks at 75 / 50% 2.2 / 3.0 s -> 0.7 /
+1.4 s, GPT-2 of 96 blocks per sub-module 4.0 / 4.6 s -> 2.6 / 3.1 s; GPT-2 medium on an H100 at 75 / 50% 5.1 / 3.4 s
+-> 2.8 / 1.6 s (bench/results/solver_bench_stalls.md). A quarter, not 15%: at 15% GPT-2 medium's 64-range sweep
+(1.3 s) was cut with 0.9 s left, and the exact DP phase ran it again after the local search (5.6 -> 6.9 s). Not on
+long traces: the 1,000-layer chain at 20% (60 s) needs the local search's answer (0.980 s, the beam's 1.222 s) for the
+DP to finish (7.5 s); at the beam's it was cut at its share, and the solve was proven at 40.3 s instead of 33.8 s. Not
+where copies run beside compute and every offload subset is tried (one tensor a layer): where stalls decide there,
+the FIFO probe and climb prove and need the time (PipeDream ResNet-50 at 19%: gap 1.7 -> 4.6%)."""
 _DP_SHARE_BEFORE_MILP = 0.3
 _DP_UNTIL_RELAXED = 0.7
 """Under auto, where some layer has too many saved tensors to try every offload subset (the DP's sweeps run on
@@ -862,7 +866,7 @@ class _Flow:
         and where some layer has too many saved tensors to try every offload subset (its relaxed sweeps, coarse
         first, are what proves there; the FIFO probe runs on their coarsest ranges). Not on the other traces with
         copies beside compute: where stalls decide, the FIFO probe and climb prove, and need the time."""
-        rows = not self.trace.device.concurrent_copies or Action.OFFLOAD not in self.allowed
+        rows = lagrange_kind(self.trace, self.allowed) == LagrangeKind.ROWS
         if rows or not self.problem().offload_complete:
             self.exact_dp(until)
 
@@ -1344,7 +1348,8 @@ def plan_for(
 ) -> list[Phase]:
     """The phases `solver` runs on a trace of `n_layers` layers, in order (docs/formulation.md, 'How solve()
     proceeds'). Candidates first (beam DP, local search; long traces give the local search the larger share,
-    as the exact DP rarely finishes there), then the FIFO sweep's probe, then what proves the bound.
+    as the exact DP rarely finishes there), then the FIFO sweep's probe, then what proves the bound. On short traces
+    the exact DP runs before the local search where its sweeps are what proves (`Step.DP_FIRST`, _DP_FIRST_SHARE).
     `lagrange`: the Lagrangian bound to run (`lagrange_kind`). On the memory rows its prices bound every
     completion and the exact DP finishes on long traces too, so they keep the local search's short share; the
     link windows' share comes out of the local search's long share, so the exact DP keeps its time.
@@ -1373,7 +1378,8 @@ def plan_for(
     polish_share = _POLISH_SHARE
     if dp_long:
         polish_share = _POLISH_SHARE_LONG - (_LAGRANGE_SHARE if lagrange == LagrangeKind.LINK else 0.0)
-    # Before it only a Lagrangian can prove the requested gap; when one has, the answer is what was asked for.
+    # Before it a Lagrangian or (short traces) the exact DP can prove the requested gap; when one has, the answer is
+    # what was asked for.
     searches.append(Phase(Step.POLISH, polish_share, only_if_open=lagrange is not None or not long_trace))
     if allowed == ALL_ACTIONS:
         searches.append(Phase(Step.FIFO_PROBE))
