@@ -1369,7 +1369,7 @@ def plan_for(
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE_LONG if long_trace else _LAGRANGE_SHARE))
     elif lagrange == LagrangeKind.LINK:
         searches.append(Phase(Step.LAGRANGE, _LAGRANGE_SHARE))
-    if not long_trace:  # where the fluid model prices the plans, the exact DP proves before any local search
+    if not long_trace:  # the exact DP before any local search, where its sweeps are what proves (dp_first)
         searches.append(Phase(Step.DP_FIRST, _DP_FIRST_SHARE))
     # On long traces the exact DP, after this local search, climbs and stops at its pace where it cannot finish
     # (_DP_UNTIL_LONG); the local search then goes on where it stopped. Where the memory rows' prices prune
