@@ -206,6 +206,22 @@ def test_on_long_traces_the_exact_dp_leaves_the_local_search_its_time(solver: So
         assert dp_until(400, None) == dp_until(300, None)
 
 
+def _spy_phases(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> list[str]:
+    """The names of the _Flow methods among `names` in the order a solve calls them."""
+    from memsched.optimizer import solve as solve_mod
+
+    ran: list[str] = []
+    for name in names:
+        real = getattr(solve_mod._Flow, name)
+
+        def spy(flow: solve_mod._Flow, *args: object, name: str = name, real: object = real, **kw: object) -> object:
+            ran.append(name)
+            return real(flow, *args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(solve_mod._Flow, name, spy)
+    return ran
+
+
 def test_where_the_fluid_model_prices_the_plans_the_exact_dp_proves_before_the_local_search(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -216,15 +232,7 @@ def test_where_the_fluid_model_prices_the_plans_the_exact_dp_proves_before_the_l
     from memsched.optimizer import solve as solve_mod
     from memsched.service.importers import import_pipedream
 
-    ran: list[str] = []
-    for name in ("polish", "lagrange", "dp_probe"):
-        real = getattr(solve_mod._Flow, name)
-
-        def spy(flow: solve_mod._Flow, until: float, name: str = name, real: object = real) -> None:
-            ran.append(name)
-            real(flow, until)  # type: ignore[operator]
-
-        monkeypatch.setattr(solve_mod._Flow, name, spy)
+    ran = _spy_phases(monkeypatch, ("polish", "lagrange", "dp_probe"))
     from memsched.optimizer import dp as dp_mod
 
     real_search = dp_mod.exact_search
@@ -254,22 +262,6 @@ def test_where_the_fluid_model_prices_the_plans_the_exact_dp_proves_before_the_l
     assert report.schedule.solver.status == SolverStatus.OPTIMAL
     after = ran[ran.index("dp_probe") :]
     assert "exact_search" in after and "lagrange" not in after and "polish" not in after, after
-
-
-def _spy_phases(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> list[str]:
-    """The names of the _Flow methods among `names` in the order a solve calls them."""
-    from memsched.optimizer import solve as solve_mod
-
-    ran: list[str] = []
-    for name in names:
-        real = getattr(solve_mod._Flow, name)
-
-        def spy(flow: solve_mod._Flow, *args: object, name: str = name, real: object = real, **kw: object) -> object:
-            ran.append(name)
-            return real(flow, *args, **kw)  # type: ignore[operator]
-
-        monkeypatch.setattr(solve_mod._Flow, name, spy)
-    return ran
 
 
 def test_on_the_memory_rows_the_exact_dp_proves_before_the_local_search(monkeypatch: pytest.MonkeyPatch) -> None:
