@@ -61,6 +61,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SweepKey = tuple[int, int | None, int | None]
+"""An exact DP sweep: byte ranges per relaxed layer, and the coarse ladder's retained-bytes and backlog quanta as
+limit >> shift (None: exact bytes)."""
+
 AUTO_BACKEND = SolverName.CBC  # measured fastest on our 2-core machine (bench/results/solver_bench.md)
 _REL_TOL = 1e-9
 
@@ -543,10 +547,12 @@ class _Flow:
         self.fluid_cells: int | None = None
         """Byte ranges per relaxed layer of the finest exact DP sweep that finished (its bound is the fluid
         optimum of that relaxation; bound_problem); None: none finished."""
-        self.dp_exhausted = False
-        """Every sweep of the exact DP's last run finished (none cut by the clock or the label cap): another run
-        at a lower incumbent proves no more (a finished sweep's bound is the smaller of its fluid optimum and its
-        threshold), so a later exact DP phase is skipped (`exact_dp`)."""
+        self.finished_sweeps: dict[SweepKey, float] = {}
+        """The exact DP's sweeps that finished (none cut by the clock or the label cap), with the bound each
+        proved. Another run of one at a lower incumbent proves no more (a finished sweep's bound is the smaller of
+        its fluid optimum and its threshold), so a later exact DP phase skips it (`exact_dp`, `_coarse_dp`). Not
+        kept where the host budget binds: there the sweeps climb, and the priced sweeps after them start from the
+        last one's outcome."""
         self.dp_seed: SimResult | None = None
         """The exact DP's decoded optimum where it is not the best plan (its copies' default timing made it
         dearer): the next local search starts from it first (`polish`)."""
@@ -890,6 +896,7 @@ class _Flow:
         self.dp = out
         if not out.timed_out and not out.cap_hit:
             self.fluid_cells = cells
+            self._finished((cells, None, None), out)
         if out.schedules:
             self.add("dp", out.schedules[0])
             if self.best.sim is not out.schedules[0] and fits_host(out.schedules[0], self.host):
@@ -974,18 +981,19 @@ class _Flow:
     def exact_dp(self, until: float) -> None:
         # Where layers have too many saved tensors to enumerate, the sweep runs on relaxed byte ranges, coarse
         # first (it finishes fast and proves a bound), then finer while the gap is open and time remains.
-        if self.dp is not None and (self.dp.fluid_optimum or (self.dp_exhausted and not self.host_binds)):
-            return  # an earlier run found the fluid optimum or finished every sweep: another would prove no more
+        if self.dp is not None and self.dp.fluid_optimum:
+            return  # an earlier run found the fluid optimum: another would prove no more
         relaxed = not self.problem().offload_complete
         # Long traces whose DP the memory rows' prices do not prune: climb, and stop at the pace (_LONG_TRACE).
         long_trace = self.trace.n > _LONG_TRACE and lagrange_kind(self.trace, self.allowed) != LagrangeKind.ROWS
         if relaxed:
             self._coarse_dp(until)
         ladder = self.relaxed_ladder() if relaxed else _RELAXED_LADDER[:1]
-        self.dp_exhausted = False
         for i, cells in enumerate(ladder):
             if self.proven() or (i > 0 and until - time.perf_counter() < 0.05):
                 break
+            if (cells, None, None) in self.finished_sweeps:
+                continue  # an earlier run finished it (finished_sweeps)
             # A relaxed step's cost does not grow with its ranges (fewer ranges free more bytes per copy, so
             # fewer labels are pruned): each but the last gets at most _LADDER_STEP_SHARE of the time left, and
             # one cut by that share makes way for the next.
@@ -998,13 +1006,17 @@ class _Flow:
             log.info(
                 "exact DP: %d ranges: bound %s, %.2f s%s", cells, out.bound_s, out.wall_s, " (cut)" * out.timed_out
             )
-            self.dp_exhausted = i == len(ladder) - 1 and not (out.timed_out or out.cap_hit)
             if not self.bound_problem(cells).relaxed or out.cap_hit or (out.timed_out and not capped):
                 break
         if self.dp is not None and self.dp.message and self.dp.message not in self.notes:
             self.notes.append(self.dp.message)
         if self.host_binds and not self.proven() and self.dp is not None and not self.dp.timed_out:
             self.lagrangian(until, cells)
+
+    def _finished(self, key: SweepKey, out: DpOutcome) -> None:
+        """Record a finished sweep (finished_sweeps)."""
+        if not self.host_binds:
+            self.finished_sweeps[key] = out.bound_s or 0.0
 
     def relaxed_ladder(self) -> tuple[int, ...]:
         """The byte ranges of the exact DP's successive relaxed sweeps: the coarsest, then the fewest ranges at
@@ -1068,6 +1080,12 @@ class _Flow:
         for cells, shift, backlog_shift in _COARSE_LADDER:
             if until - time.perf_counter() < 0.05 or self.proven():
                 return
+            done = self.finished_sweeps.get((cells, shift, backlog_shift))
+            if done is not None:  # an earlier run finished it (finished_sweeps): where its ladder went on, go on
+                if near_exact and previous is not None and done <= previous:
+                    return
+                previous = done
+                continue
             p = self.bound_problem(cells)
             out = exact_search(
                 self.trace,
@@ -1094,6 +1112,7 @@ class _Flow:
             )
             if out.timed_out or out.cap_hit:
                 return
+            self._finished((cells, shift, backlog_shift), out)
             bound = out.bound_s or 0.0
             if near_exact and previous is not None and bound <= previous:
                 # A finer step that proves no more than the one before, where the exact sweeps after the ladder

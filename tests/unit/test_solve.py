@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -314,6 +315,43 @@ def test_a_later_exact_dp_phase_does_not_redo_sweeps_that_finished(monkeypatch: 
     first, later = ran.index("exact_dp"), ran.index("exact_dp", ran.index("exact_dp") + 1)
     assert "_fluid_sweep" in ran[first:later] and "polish" in ran[first:later]
     assert "_fluid_sweep" not in ran[later:], ran
+
+
+def test_a_later_exact_dp_phase_runs_only_the_sweeps_an_earlier_one_did_not_finish(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The same GPT-2, the gap kept open by force. The first exact DP (dp_first) finishes its coarse ladder, and its
+    # sweeps on exact bytes are cut by the clock (their deadline is moved to now: the real sweep stops there, as
+    # one cut by its share does). The later exact DP phase runs those cut sweeps again, and not the coarse steps
+    # that finished: at a lower incumbent they prove no more (gpt2-medium on an H100 at 75%, one core, 10 s: the
+    # rerun of its coarse ladder took 1.1 s of the exact DP's 3.3 s, and the near-exact sweep was cut again).
+    from memsched.io import load_trace
+    from memsched.optimizer import dp as dp_mod
+    from memsched.optimizer import solve as solve_mod
+
+    trace = load_trace(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small6-b8-s128-cpu.json")
+    ran = _spy_phases(monkeypatch, ("dp_first", "exact_dp"))
+    monkeypatch.setattr(solve_mod._Flow, "proven", lambda flow: False)
+    sweeps: list[tuple[int, bool, bool]] = []  # (phases begun, coarse, cut)
+    real = dp_mod.exact_search
+
+    def spy(*args: object, **kw: object) -> object:
+        coarse = int(kw.get("quantum_bytes", 1)) > 1  # type: ignore[call-overload]
+        if ran == ["dp_first", "exact_dp"] and not coarse:  # the first run's sweeps on exact bytes: cut now
+            args = (args[0], args[1], time.perf_counter(), *args[3:])
+        out = real(*args, **kw)  # type: ignore[arg-type]
+        sweeps.append((len(ran), coarse, out.timed_out))
+        return out
+
+    monkeypatch.setattr(dp_mod, "exact_search", spy)
+    options = SolveOptions.from_user(time_limit_s=6.0, actions=["keep", "offload", "recompute"])
+    solve_mod.solve_report(trace, resolve_budget("50%", trace), options)
+    first = [(coarse, cut) for phase, coarse, cut in sweeps if phase == 2]  # dp_first's exact_dp
+    later = [(coarse, cut) for phase, coarse, cut in sweeps if phase == 3]  # the exact DP phase
+    assert (True, False) in first and (False, True) in first, first  # coarse steps finished, exact ones cut
+    assert later, sweeps
+    assert all(not coarse for coarse, _ in later), later  # no finished coarse step again
+    assert len(later) == sum(cut for _, cut in first), (first, later)  # each cut sweep again, once
 
 
 def test_the_link_lagrangian_is_skipped_where_stalls_decide_the_plans(monkeypatch: pytest.MonkeyPatch) -> None:
