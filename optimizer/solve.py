@@ -866,15 +866,16 @@ class _Flow:
         out = self._fluid_sweep(until, _RELAXED_LADDER[0], climb=True, pace=_PROBE_PACE)
         log.info("exact DP probe: bound %s, %.2f s%s", out.bound_s, out.wall_s, " (cut)" * out.timed_out)
 
-    def dp_first(self, until: float) -> None:
+    def dp_first(self, until: float, last_until: float | None = None) -> None:
         """The exact DP before the local search (_DP_FIRST_SHARE), where the fluid sweeps finish fast and prove: on
         the memory rows (no copies beside compute: the fluid model is exact, and the Lagrangian's prices prune it),
         and where some layer has too many saved tensors to try every offload subset (its relaxed sweeps, coarse
         first, are what proves there; the FIFO probe runs on their coarsest ranges). Not on the other traces with
-        copies beside compute: where stalls decide, the FIFO probe and climb prove, and need the time."""
+        copies beside compute: where stalls decide, the FIFO probe and climb prove, and need the time.
+        `last_until`: the exact DP phase's own end, to which the finest relaxed step may run (_DP_FIRST_SHARE)."""
         rows = lagrange_kind(self.trace, self.allowed) == LagrangeKind.ROWS
         if rows or not self.problem().offload_complete:
-            self.exact_dp(until)
+            self.exact_dp(until, last_until)
 
     def _fluid_sweep(self, until: float, cells: int, climb: bool = False, pace: float | None = None) -> DpOutcome:
         """The exact DP's sweeps (exact_search) on `cells` byte ranges per relaxed layer, pruned at the best
@@ -978,9 +979,10 @@ class _Flow:
                 "step would pass its label cap or its time"
             )
 
-    def exact_dp(self, until: float) -> None:
-        # Where layers have too many saved tensors to enumerate, the sweep runs on relaxed byte ranges, coarse
-        # first (it finishes fast and proves a bound), then finer while the gap is open and time remains.
+    def exact_dp(self, until: float, last_until: float | None = None) -> None:
+        """The exact DP's sweeps. Where layers have too many saved tensors to enumerate, they run on relaxed byte
+        ranges, coarse first (they finish fast and prove a bound), then finer while the gap is open and time
+        remains; `last_until`: there the finest step may run to this time instead of `until` (`dp_first`)."""
         if self.dp is not None and self.dp.fluid_optimum:
             return  # an earlier run found the fluid optimum: another would prove no more
         relaxed = not self.problem().offload_complete
@@ -990,16 +992,18 @@ class _Flow:
             self._coarse_dp(until)
         ladder = self.relaxed_ladder() if relaxed else _RELAXED_LADDER[:1]
         for i, cells in enumerate(ladder):
-            if self.proven() or (i > 0 and until - time.perf_counter() < 0.05):
+            last = i == len(ladder) - 1
+            end = max(until, last_until) if relaxed and last and last_until is not None else until
+            if self.proven() or (i > 0 and end - time.perf_counter() < 0.05):
                 break
             if (cells, None, None) in self.finished_sweeps:
                 continue  # an earlier run finished it (finished_sweeps)
             # A relaxed step's cost does not grow with its ranges (fewer ranges free more bytes per copy, so
             # fewer labels are pruned): each but the last gets at most _LADDER_STEP_SHARE of the time left, and
             # one cut by that share makes way for the next.
-            capped = relaxed and i < len(ladder) - 1
+            capped = relaxed and not last
             now = time.perf_counter()
-            step_until = now + _LADDER_STEP_SHARE * (until - now) if capped else until
+            step_until = now + _LADDER_STEP_SHARE * (until - now) if capped else end
             out = self._fluid_sweep(
                 step_until, cells, climb=self.host_binds or long_trace, pace=_LONG_PACE if long_trace else None
             )
@@ -1314,6 +1318,9 @@ class Phase:
     """MILP phases: the backend."""
     exact_windows: bool = False
     """MILP phases: windows W = L = n, so the model covers every schedule and its bound is a true bound."""
+    last_until: float | None = None
+    """DP_FIRST: the fraction of the limit, from the solve's start, to which the finest relaxed step may run (the
+    exact DP phase's own end; None: its share's)."""
 
 
 class LagrangeKind(StrEnum):
@@ -1423,6 +1430,10 @@ def plan_for(
     last = [Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True), polish] if milp_ok else [polish]
     dp_until = _DP_UNTIL_LONG if dp_long else _DP_UNTIL_RELAXED if relaxed and milp_ok else _DP_UNTIL
     dp = Phase(Step.EXACT_DP) if solver == SolverName.DP else Phase(Step.EXACT_DP, dp_until, from_start=True)
+    # The early DP's finest relaxed step may run to where the exact DP phase ends: cut at its share, it would run
+    # again from the start after the local search (_DP_FIRST_SHARE).
+    first_until = 1.0 if solver == SolverName.DP else dp_until
+    searches = [dataclasses.replace(p, last_until=first_until) if p.step == Step.DP_FIRST else p for p in searches]
     # The FIFO climb, where the fluid sweep finished with the gap open, has up to where the DP would have stopped.
     fifo_until = None if solver == SolverName.DP else dp_until
     fifo_again = [Phase(Step.FIFO_AGAIN, fifo_until, from_start=True)] if allowed == ALL_ACTIONS else []
@@ -1441,7 +1452,11 @@ def _run_phase(flow: _Flow, phase: Phase) -> None:
     elif phase.step == Step.BEAM:
         flow.beam(until)
     elif phase.step == Step.DP_FIRST:
-        flow.dp_first(until)
+        last = phase.last_until
+        last_until = (
+            None if last is None else min(flow.t0 + last * flow.options.time_limit_s, flow.deadline - flow.reserve)
+        )
+        flow.dp_first(until, last_until)
     elif phase.step == Step.DP_PROBE:
         flow.dp_probe(until)
     elif phase.step == Step.LAGRANGE:

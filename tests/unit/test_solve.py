@@ -356,6 +356,61 @@ def test_a_later_exact_dp_phase_runs_only_the_sweeps_an_earlier_one_did_not_fini
     assert len(later) == sum(cut for _, cut in first), (first, later)  # each cut sweep again, once
 
 
+@pytest.mark.parametrize("solver", [SolverName.AUTO, SolverName.DP, SolverName.CBC])
+def test_the_early_dp_s_finest_relaxed_step_may_run_to_the_exact_dp_phase_s_end(solver: SolverName) -> None:
+    from memsched.optimizer.solve import Step, plan_for
+
+    for relaxed in (False, True):
+        phases = plan_for(solver, 24, relaxed=relaxed)
+        (first,) = [p for p in phases if p.step == Step.DP_FIRST]
+        (dp,) = [p for p in phases if p.step == Step.EXACT_DP]
+        if solver == SolverName.CBC:  # the DP's share before the MILP is not counted from the start
+            assert first.last_until is None
+        else:
+            assert first.last_until == (1.0 if solver == SolverName.DP else dp.share) and dp.from_start == (
+                solver != SolverName.DP
+            )
+            assert first.last_until is not None and first.last_until > (first.share or 0.0)
+
+
+def test_the_early_dp_gives_its_finest_relaxed_step_the_exact_dp_phase_s_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tracer's GPT-2 (17-22 saved tensors a block: relaxed byte ranges), the gap kept open by force so that
+    # every step runs. In the early DP (dp_first) the coarser steps keep its share, and the finest runs to where
+    # the exact DP phase ends: cut at the share, it ran again from the start after the local search (GPT-2 medium
+    # on an H100 at 75%, one core, 10 s: proven at 9.2 s, now 5.9 s).
+    from memsched.io import load_trace
+    from memsched.optimizer import solve as solve_mod
+
+    trace = load_trace(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small6-b8-s128-cpu.json")
+    monkeypatch.setattr(solve_mod._Flow, "proven", lambda flow: False)
+    phases: list[tuple[solve_mod.Phase, float]] = []  # (phase, its start from the solve's), as run
+    sweeps: list[tuple[int, int, float]] = []  # (phases begun, byte ranges, deadline), per exact sweep
+    real_run, real_sweep = solve_mod._run_phase, solve_mod._Flow._fluid_sweep
+
+    def run_spy(flow: solve_mod._Flow, phase: solve_mod.Phase) -> None:
+        phases.append((phase, time.perf_counter() - flow.t0))
+        real_run(flow, phase)
+
+    def sweep_spy(flow: solve_mod._Flow, until: float, cells: int, *args: object, **kw: object) -> object:
+        sweeps.append((len(phases), cells, until - flow.t0))
+        return real_sweep(flow, until, cells, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(solve_mod, "_run_phase", run_spy)
+    monkeypatch.setattr(solve_mod._Flow, "_fluid_sweep", sweep_spy)
+    options = SolveOptions.from_user(time_limit_s=4.0, actions=["keep", "offload", "recompute"])
+    solve_mod.solve_report(trace, resolve_budget("50%", trace), options)
+    at = next(i for i, (ph, _) in enumerate(phases) if ph.step == solve_mod.Step.DP_FIRST)
+    first = phases[at][0]
+    assert first.last_until is not None
+    mine = [(cells, until) for phase, cells, until in sweeps if phase == at + 1]
+    assert len(mine) >= 2, sweeps  # the coarsest step and the finest
+    *coarser, (_, finest) = mine
+    assert finest == pytest.approx(first.last_until * 4.0, abs=0.01)  # the exact DP phase's end, from the start
+    share_end = phases[at][1] + (first.share or 0.0) * 4.0
+    assert all(until <= share_end + 1e-6 for _, until in coarser), (coarser, share_end)
+    assert finest > share_end + 1.0
+
+
 def test_the_link_lagrangian_is_skipped_where_stalls_decide_the_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     # PipeDream ResNet-50 (176 layers, copies beside compute) at 19%: the fluid beam's plans simulate 1.3x their
     # sweep cost, the fluid sweep finds its optimum in a second, and the FIFO climb gets the link windows' time.
