@@ -156,7 +156,10 @@ tracer's CPU decoders (offload emulated: serial copies), Llama of 16 / 48 blocks
 long traces: the 1,000-layer chain at 20% (60 s) needs the local search's answer (0.980 s, the beam's 1.222 s) for the
 DP to finish (7.5 s); at the beam's it was cut at its share, and the solve was proven at 40.3 s instead of 33.8 s. Not
 where copies run beside compute and every offload subset is tried (one tensor a layer): where stalls decide there,
-the FIFO probe and climb prove and need the time (PipeDream ResNet-50 at 19%: gap 1.7 -> 4.6%)."""
+the FIFO probe and climb prove and need the time (PipeDream ResNet-50 at 19%: gap 1.7 -> 4.6%). The share holds
+the coarser steps; the finest relaxed step may run on to where the exact DP phase ends (`Phase.last_until`), since a
+cut one starts again from scratch: on a machine 1.9x slower than the figures above, GPT-2 medium's near-exact sweep
+took 2.3-2.7 s, was cut here and often again after the local search (gap 14.3% at 10 s), and now proves at 5.6 s."""
 _DP_SHARE_BEFORE_MILP = 0.3
 _DP_UNTIL_RELAXED = 0.7
 """Under auto, where some layer has too many saved tensors to try every offload subset (the DP's sweeps run on
