@@ -602,6 +602,10 @@ class _Flow:
         """A phase deadline: `share` of the limit from now, never past the overall deadline."""
         return min(time.perf_counter() + share * self.options.time_limit_s, self.deadline - self.reserve)
 
+    def until_from_start(self, share: float) -> float:
+        """A phase deadline: `share` of the limit from the solve's start, never past the overall deadline."""
+        return min(self.t0 + share * self.options.time_limit_s, self.deadline - self.reserve)
+
     def add(self, name: str, sim: SimResult) -> None:
         # A plan over the host budget is never a candidate (the DP's relaxation and its priced sweeps decode them).
         if sim.feasible and fits_host(sim, self.host):
@@ -1447,7 +1451,7 @@ def _run_phase(flow: _Flow, phase: Phase) -> None:
     if phase.share is None:
         until = flow.deadline - flow.reserve
     elif phase.from_start:
-        until = min(flow.t0 + phase.share * flow.options.time_limit_s, flow.deadline - flow.reserve)
+        until = flow.until_from_start(phase.share)
     else:
         until = flow.until(phase.share)
     if phase.step == Step.PROVE:
@@ -1456,10 +1460,7 @@ def _run_phase(flow: _Flow, phase: Phase) -> None:
         flow.beam(until)
     elif phase.step == Step.DP_FIRST:
         last = phase.last_until
-        last_until = (
-            None if last is None else min(flow.t0 + last * flow.options.time_limit_s, flow.deadline - flow.reserve)
-        )
-        flow.dp_first(until, last_until)
+        flow.dp_first(until, None if last is None else flow.until_from_start(last))
     elif phase.step == Step.DP_PROBE:
         flow.dp_probe(until)
     elif phase.step == Step.LAGRANGE:
