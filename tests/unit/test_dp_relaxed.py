@@ -178,6 +178,50 @@ def test_the_coarse_ladder_runs_coarsest_first_and_its_bound_holds(monkeypatch: 
     assert coarse and coarse == sorted(coarse, reverse=True), quanta
 
 
+@pytest.mark.parametrize("serial", [True, False])
+def test_on_a_serial_device_the_coarse_ladder_skips_the_backlog_only_step(
+    monkeypatch: pytest.MonkeyPatch, serial: bool
+) -> None:
+    # Copies on the compute thread leave no backlogs, so the step that only refines the backlogs' quantum would be
+    # the step before it again (a CPU Llama of 48 blocks at 50%: 0.4-0.7 s for the same bound). Beside compute it
+    # runs. Gap 0: nothing is proven before the ladder; every step finishes at once on these 3 layers.
+    import memsched.optimizer.dp as dp_module
+    import memsched.optimizer.solve as solve_module
+
+    rng = random.Random(5)
+    trace, budget = None, 0
+    for draw in range(50):  # a trace with a layer of too many subset sums to enumerate
+        trace = many_tensor_trace(3, 700 + draw, serial, False)
+        budget = budget_between(trace, rng.uniform(0.1, 0.6))
+        if not build_problem(trace, budget).offload_complete:
+            break
+    assert trace is not None and not build_problem(trace, budget).offload_complete
+    ran: list[tuple[int, int]] = []  # (quantum, backlogs' quantum) of each coarse sweep, in order
+    limits: set[int] = set()
+    real_search = dp_module.exact_search
+
+    def recording_search(*args: object, **kwargs: object) -> DpOutcome:
+        out = real_search(*args, **kwargs)  # type: ignore[arg-type]
+        quantum = int(kwargs.get("quantum_bytes", 1))  # type: ignore[call-overload]
+        if quantum > 1:
+            assert not out.timed_out and not out.cap_hit
+            ran.append((quantum, int(kwargs["backlog_quantum_bytes"])))  # type: ignore[call-overload]
+            limits.add(kwargs["problem"].limit)  # type: ignore[attr-defined]
+        return out
+
+    monkeypatch.setattr(dp_module, "exact_search", recording_search)
+    monkeypatch.setattr(solve_module._Flow, "proven", lambda flow: False)  # the whole ladder runs
+    solve_report(trace, budget, SolveOptions(time_limit_s=10, gap=0.0))
+    (limit,) = limits
+    ladder = [(limit >> shift, limit >> backlog_shift) for _, shift, backlog_shift in solve_module._COARSE_LADDER]
+    if serial:
+        steps = dict.fromkeys((cells, shift) for cells, shift, _ in solve_module._COARSE_LADDER)
+        assert ran == [(limit >> shift, limit >> shift) for _, shift in steps], ran
+        assert len(ran) == len(ladder) - 1
+    else:
+        assert ran == ladder, ran
+
+
 def test_a_relaxed_ladder_step_cut_by_its_share_makes_way_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
     import memsched.optimizer.dp as dp_module
     import memsched.optimizer.solve as solve_module

@@ -300,6 +300,55 @@ def test_where_layers_offload_relaxed_ranges_the_exact_dp_proves_before_the_loca
     assert ran == ["dp_first", "exact_dp"], ran
 
 
+def test_a_beam_round_predicted_to_pass_the_share_is_not_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cut beam decodes no plan, so a round that would be cut only takes time from the phases after it (a CPU
+    # Llama of 48 blocks at 50%: the round of 1536 labels took 1.25 s of the 2 s share, for nothing). Here each
+    # round of the real beam is slowed to 2 ms a label: 24, 96 and 384 labels finish in under a second of the 2 s
+    # share, and the round of 1536 (predicted 4x the last: 3 s) is not started, so the phase ends early.
+    from memsched.io import load_trace
+    from memsched.optimizer import dp as dp_mod
+    from memsched.optimizer import solve as solve_mod
+
+    trace = load_trace(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small6-b8-s128-cpu.json")
+    assert not trace.device.concurrent_copies  # no FIFO beams: one series of rounds
+    widths: list[int] = []
+    real = dp_mod.beam_search
+
+    def slowed(*args: object, **kw: object) -> object:
+        out = real(*args, **kw)  # type: ignore[arg-type]
+        width = int(kw["width"])  # type: ignore[call-overload]
+        widths.append(width)
+        time.sleep(0.002 * width)
+        return out
+
+    monkeypatch.setattr(dp_mod, "beam_search", slowed)
+    phase_s: list[float] = []
+    real_beam = solve_mod._Flow.beam
+
+    def timed(flow: solve_mod._Flow, until: float) -> None:
+        began = time.perf_counter()
+        real_beam(flow, until)
+        phase_s.append(time.perf_counter() - began)
+
+    monkeypatch.setattr(solve_mod._Flow, "beam", timed)
+    options = SolveOptions.from_user(time_limit_s=10.0, actions=["keep", "offload", "recompute"])
+    solve_mod.solve_report(trace, resolve_budget("50%", trace), options)
+    assert [w for w in widths if w >= 24] == [24, 96, 384], widths  # (8: the kernels' warm-up, once a process)
+    assert phase_s[0] < 0.2 * 10.0 - 0.5, phase_s
+
+
+def test_a_beam_round_fits_where_its_growth_says_it_finishes() -> None:
+    from memsched.optimizer.solve import _beam_round_fits
+
+    now = time.perf_counter()
+    assert _beam_round_fits([], now)  # no timing yet: it may
+    assert _beam_round_fits([0.5], now)
+    assert _beam_round_fits([0.1, 0.3], now + 1.0)  # 0.3 x 3 = 0.9 s
+    assert not _beam_round_fits([0.1, 0.3], now + 0.8)
+    assert not _beam_round_fits([0.3, 0.3], now + 0.2)  # growth at least 1: no faster than the last round
+    assert _beam_round_fits([0.3, 0.3], now + 0.5)
+
+
 def test_a_later_exact_dp_phase_does_not_redo_sweeps_that_finished(monkeypatch: pytest.MonkeyPatch) -> None:
     # A tracer's GPT-2 (CPU: copies on the compute thread, offload emulated; 17-22 saved tensors a block, so its
     # sweeps run on relaxed byte ranges): with the gap kept open by force, every sweep of the first exact DP
