@@ -643,7 +643,6 @@ class _Flow:
         from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
 
         width = 24
-        fifo_widths = [_FIFO_BEAM_FIRST * 4**k for k in range(8)]  # the FIFO beam's rounds, narrowest first
         fluid_on = True
         fifo_on = self.fifo_beam_ok()
         mispriced = False  # the last fluid beam's plans cost more than it said (_mispriced)
@@ -657,7 +656,7 @@ class _Flow:
             if not _beam_round_fits(fifo_s, until):
                 return False
             began = time.perf_counter()
-            finished = self._fifo_beam(until, fifo_widths[len(fifo_s)])
+            finished = self._fifo_beam(until, _FIFO_BEAM_FIRST * 4 ** len(fifo_s))  # 16, 64, 256, ... labels
             fifo_s.append(time.perf_counter() - began)
             return finished
 
