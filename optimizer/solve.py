@@ -637,9 +637,10 @@ class _Flow:
 
     def beam(self, until: float) -> None:
         """Beams of growing width within the share: an answer early, a better one if time allows. Where copies run
-        beside compute and the fluid beam misprices its plans, each fluid beam is followed by a FIFO beam
-        (`_fifo_beam`). A cut beam decodes no plan, so a round that its series' growth says will not finish in
-        the time left is not started (`_beam_round_fits`): its time goes to the next series or the next phase."""
+        beside compute and a fluid beam misprices its plans, a FIFO beam follows it (`_fifo_beam`), and in each
+        later round goes first. A cut beam decodes no plan, so a round that its series' growth says will not
+        finish in the time left is not started (`_beam_round_fits`): its time goes to the other series or the
+        next phase."""
         from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
 
         width = 24
@@ -1283,9 +1284,9 @@ def _mispriced(out: DpOutcome) -> bool:
 
 def _beam_round_fits(times: list[float], until: float) -> bool:
     """Whether a beam's next round (4x the width of the last) may finish by `until`: its time predicted as the
-    last round's times the growth between the last two (at least 1). That growth rises with the width (2.3-3.6x
-    from 384 to 1536 labels on the H100 decoders and a CPU Llama of 48 blocks), so the prediction errs low: a
-    round is skipped only where it would be cut, and a cut beam decodes no plan (the fluid beam of 1536 labels on
+    last round's times the growth between the last two (at least 1). That growth rises with the width (2.0-3.6x
+    from 384 to 1536 labels on the H100 decoders and a CPU Llama of 48 blocks), so the prediction errs low: it
+    rarely skips a round that would finish, while a cut beam decodes no plan (the fluid beam of 1536 labels on
     that Llama at 50%: 1.25 s of a 2 s share, for nothing). Fewer than two rounds: it may."""
     if len(times) < 2:
         return True
