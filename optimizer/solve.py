@@ -122,6 +122,15 @@ times its time left (SweepConfig.pace). The margin covers the bias of a linear p
 many tensors are live (DenseNet-121 at 50%: 2.4 s to layer 84 of 428, 6.05 s in all, where the projection said
 12 s); the 1,000-layer chain's sweep at 20% projects 20 s at layer 15 with 4.8 s left, and stops there (before:
 it ran to its deadline, 5 s of a 10 s limit, at layer 36)."""
+_PACED_MIN_LAYERS = 150
+"""From this many layers, where the memory rows' Lagrangian does not prune it (copies beside compute), the exact DP
+phase's sweeps stop at their pace too (_LONG_PACE), not only above _LONG_TRACE: their labels grow as n^2 x labels,
+and a sweep cut by the clock proves no more than the bound it had (its anytime bound), while the local search after
+it improves the answer. On the synthetic 200-layer chain at 20% (10 s) the sweep was cut at layer 64-66 of 200
+after 4.4-4.7 s, its bound 0.0208 s below the link windows' 0.0263 s; with 240 s it hit the label cap three times
+and finished only at a quantum of 20 MB, its bound 0.0185 s. Paced, it stops at layer 55 after 2.6 s and the
+answer is 0.030913 s instead of 0.031164-0.032097 s. On PipeDream ResNet-50 (176 layers) at 12-56% the sweep
+finishes in 0.3-3 s and is not stopped (bench/results/solver_bench_stalls.md, 2026-11-29)."""
 _LAGRANGE_SHARE = 0.1
 _LAGRANGE_SHARE_LONG = 0.25
 """The Lagrangian bound on the memory rows (optimizer/dp/lagrange.py) runs right after the beam for up to this
@@ -1021,7 +1030,9 @@ class _Flow:
             return  # an earlier run found the fluid optimum: another would prove no more
         relaxed = not self.problem().offload_complete
         # Long traces whose DP the memory rows' prices do not prune: climb, and stop at the pace (_LONG_TRACE).
-        long_trace = self.trace.n > _LONG_TRACE and lagrange_kind(self.trace, self.allowed) != LagrangeKind.ROWS
+        rows = lagrange_kind(self.trace, self.allowed) == LagrangeKind.ROWS
+        long_trace = self.trace.n > _LONG_TRACE and not rows
+        paced = self.trace.n >= _PACED_MIN_LAYERS and not rows  # long traces among them
         if relaxed:
             self._coarse_dp(until)
         ladder = self.relaxed_ladder() if relaxed else _RELAXED_LADDER[:1]
@@ -1039,7 +1050,7 @@ class _Flow:
             now = time.perf_counter()
             step_until = now + _LADDER_STEP_SHARE * (until - now) if capped else end
             out = self._fluid_sweep(
-                step_until, cells, climb=self.host_binds or long_trace, pace=_LONG_PACE if long_trace else None
+                step_until, cells, climb=self.host_binds or long_trace, pace=_LONG_PACE if paced else None
             )
             log.info(
                 "exact DP: %d ranges: bound %s, %.2f s%s", cells, out.bound_s, out.wall_s, " (cut)" * out.timed_out

@@ -207,6 +207,52 @@ def test_on_long_traces_the_exact_dp_leaves_the_local_search_its_time(solver: So
         assert dp_until(400, None) == dp_until(300, None)
 
 
+def _paced_flow(trace: Trace, actions: list[str] | None = None) -> object:
+    """A _Flow on `trace` at 20% (10 s), as solve() builds it."""
+    from memsched.optimizer import solve as solve_mod
+
+    options = SolveOptions.from_user(time_limit_s=10.0, actions=actions)
+    allowed = options.allowed_actions(trace)
+    return solve_mod._Flow(trace, budget_between(trace, 0.2), options, SolveResources(), time.perf_counter(), allowed)
+
+
+@pytest.mark.parametrize(
+    ("n_layers", "actions", "paced"),
+    [(149, None, False), (150, None, True), (250, None, True), (400, None, True), (200, ["keep", "recompute"], False)],
+)
+def test_from_150_layers_with_copies_beside_compute_the_exact_dp_stops_at_its_pace(
+    monkeypatch: pytest.MonkeyPatch, n_layers: int, actions: list[str] | None, paced: bool
+) -> None:
+    # The exact DP phase's sweeps get a pace from _PACED_MIN_LAYERS where the memory rows' Lagrangian does not
+    # prune them (copies beside compute); keep / recompute plans (the memory rows) finish, and are not paced.
+    from memsched.optimizer import solve as solve_mod
+    from memsched.optimizer.dp import DpOutcome
+
+    paces: list[float | None] = []
+
+    def sweep(flow: object, until: float, cells: int, climb: bool = False, pace: float | None = None) -> DpOutcome:
+        paces.append(pace)
+        return DpOutcome(bound_s=0.0)
+
+    monkeypatch.setattr(solve_mod._Flow, "_fluid_sweep", sweep)
+    flow = _paced_flow(make_trace(n_layers, 1), actions)
+    flow.exact_dp(time.perf_counter() + 5.0)  # type: ignore[attr-defined]
+    assert paces == [solve_mod._LONG_PACE if paced else None]
+
+
+def test_a_paced_exact_dp_that_cannot_finish_gives_its_time_back() -> None:
+    # The synthetic 200-layer chain at 20% (copies beside compute): the exact DP's sweep cannot finish in a
+    # limit of minutes (with 240 s it hit the label cap three times). Paced, it stops well before its deadline,
+    # says so, and its bound stays a true one (below the best plan).
+    flow = _paced_flow(make_trace(200, 1))
+    began = time.perf_counter()
+    flow.exact_dp(began + 6.0)  # type: ignore[attr-defined]
+    assert time.perf_counter() - began < 4.5
+    assert flow.dp is not None and flow.dp.timed_out  # type: ignore[attr-defined]
+    assert any("at its pace" in note for note in flow.dp.notes)  # type: ignore[attr-defined]
+    assert flow.bound <= flow.best.sim.overhead_s  # type: ignore[attr-defined]
+
+
 def _spy_phases(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> list[str]:
     """The names of the _Flow methods among `names` in the order a solve calls them."""
     from memsched.optimizer import solve as solve_mod
