@@ -161,13 +161,16 @@ _CLIMB_SNAP = 0.97
 """A step that would reach this fraction of the climb's span goes to the top."""
 
 
-def next_threshold(
-    timed: list[tuple[float, float]], top: float, left_s: float, span: float | None = None
-) -> float | None:
-    """The threshold of the next climbing sweep up to `top`, from the finished ones' (threshold, seconds) and the
-    `left_s` seconds left, or None where no sweep above the last is predicted to end in time. `span`: the range
-    the climb covers, the scale of the prior and the clamps (default: top, a climb from 0)."""
-    span = top if span is None else span
+def predicted_s(timed: list[tuple[float, float]], threshold: float, span: float) -> float:
+    """The predicted seconds of a climbing sweep at `threshold`, from the finished ones' (threshold, seconds): the
+    last one's time, doubled per the doubling distance of the last two (the prior before two; clamped to
+    _CLIMB_SLOPE_RANGE of `span`, the range the climb covers)."""
+    th, t = timed[-1][0], max(timed[-1][1], _CLIMB_MIN_TIMED_S)
+    return t * 2.0 ** ((threshold - th) / _doubling(timed, span))
+
+
+def _doubling(timed: list[tuple[float, float]], span: float) -> float:
+    """The threshold distance over which a climbing sweep's time doubles, from the last two finished sweeps."""
     th, t = timed[-1][0], max(timed[-1][1], _CLIMB_MIN_TIMED_S)
     doubling = _CLIMB_PRIOR_DOUBLING * span
     if len(timed) >= 2:
@@ -175,10 +178,28 @@ def next_threshold(
         if t > t0 and th > th0:
             doubling = (th - th0) * np.log(2.0) / np.log(t / t0)
     lo, hi = (f * span for f in _CLIMB_SLOPE_RANGE)
-    doubling = min(max(doubling, lo), hi)
-    top_s = t * 2.0 ** ((top - th) / doubling)  # the sweep at the top threshold, predicted
+    return min(max(doubling, lo), hi)
+
+
+def next_threshold(
+    timed: list[tuple[float, float]],
+    top: float,
+    left_s: float,
+    span: float | None = None,
+    top_share: float | None = None,
+) -> float | None:
+    """The threshold of the next climbing sweep up to `top`, from the finished ones' (threshold, seconds) and the
+    `left_s` seconds left, or None where no sweep above the last is predicted to end in time. `span`: the range
+    the climb covers, the scale of the prior and the clamps (default: top, a climb from 0). `top_share`: the top
+    is chosen wherever its sweep is predicted to take at most this share of `left_s`, however many times the last
+    sweep's time that is (_CLIMB_GROWTH caps only the steps below it): for a climb whose top sweep alone ends the
+    search, and which gives that sweep more of its time (solve.py, _FIFO_CLIMB_TOP_SHARE)."""
+    span = top if span is None else span
+    th, t = timed[-1][0], max(timed[-1][1], _CLIMB_MIN_TIMED_S)
+    doubling = _doubling(timed, span)
+    top_s = predicted_s(timed, top, span)
     target = min(_CLIMB_GROWTH * t, _CLIMB_SAFETY * left_s)
-    if top_s <= target:
+    if top_s <= target or (top_share is not None and top_s <= top_share * left_s):
         return top
     if target > t:
         step = th + doubling * np.log2(target / t)
@@ -381,5 +402,6 @@ __all__ = [
     "fifo_search",
     "near_exact_cells",
     "next_threshold",
+    "predicted_s",
     "relaxed_problem",
 ]

@@ -22,6 +22,7 @@ from memsched.optimizer.dp import (
     exact_search,
     fifo_search,
     next_threshold,
+    predicted_s,
 )
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.solve import solve_report
@@ -116,6 +117,18 @@ def test_two_timed_sweeps_set_the_slope() -> None:
     assert next_threshold([(0.6, 1.0), (0.7, 1.1)], 1.0, left_s=100.0) == 1.0
 
 
+def test_with_a_top_share_the_top_comes_as_soon_as_it_is_predicted_to_fit() -> None:
+    # A doubling per 0.05 of the span from (0.6, 0.5 s), (0.7, 2 s): the top (1.0) is predicted at 2 x 2^6 = 128 s,
+    # 64x the last sweep, so the growth cap sizes a step below it; with a top share, 128 s fitting in that share of
+    # the time left sends the climb to the top at once, and not where it does not fit.
+    timed = [(0.6, 0.5), (0.7, 2.0)]
+    assert predicted_s(timed, 1.0, 1.0) == pytest.approx(128.0)
+    assert predicted_s(timed, 0.8, 1.0) == pytest.approx(8.0)
+    assert next_threshold(timed, 1.0, left_s=200.0) == pytest.approx(0.8)  # GROWTH 4: two doublings
+    assert next_threshold(timed, 1.0, left_s=200.0, top_share=0.7) == 1.0  # 128 <= 140
+    assert next_threshold(timed, 1.0, left_s=150.0, top_share=0.7) == pytest.approx(0.8)  # 128 > 105
+
+
 def test_steps_shrink_to_the_time_left_and_stop_when_none_fits() -> None:
     ample = next_threshold([(0.7, 1.0)], 1.0, left_s=100.0)
     short = next_threshold([(0.7, 1.0)], 1.0, left_s=2.0)
@@ -152,6 +165,73 @@ def test_a_fifo_climb_raises_the_bound_past_the_fluid_one_and_never_past_the_opt
     assert bound <= exact.bound_s * (1 + 1e-9) + 1e-12
 
 
+def _stand_in_flow(monkeypatch: pytest.MonkeyPatch) -> solve_module._Flow:
+    """A _Flow on a 12-layer chain whose proven bound is 0.1 and whose best plan costs 1.0 (a stand-in): a FIFO
+    climb from it runs up to 0.99 (gap 1%)."""
+    trace = make_trace(12, 1)
+    flow = solve_module._Flow(
+        trace,
+        budget_between(trace, 0.3),
+        SolveOptions(time_limit_s=100.0),
+        solve_module.SolveResources(),
+        time.perf_counter(),
+        SolveOptions().allowed_actions(trace),
+    )
+    flow.bound = 0.1
+    incumbent = SimpleNamespace(name="stand-in", sim=SimpleNamespace(overhead_s=1.0))
+    monkeypatch.setattr(solve_module._Flow, "best", property(lambda _: incumbent))
+    return flow
+
+
+def test_the_fifo_climb_goes_to_the_top_once_it_is_predicted_to_fit_and_gives_it_a_margin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Stand-in FIFO sweeps that always finish, on a clock of their own: the first two steps take 0.15 / 0.21 s, a
+    # slope that predicts the top (0.99) at about 1.6 s, more than 4x the last step but within
+    # _FIFO_CLIMB_TOP_SHARE of the 2.64 s left. So the third sweep is the top's (without the top share: a step
+    # below it), and it may run past the share of any other step (0.7 x the time left), to
+    # _FIFO_CLIMB_TOP_MARGIN x its prediction.
+    from memsched.optimizer import dp as dp_module
+    from memsched.optimizer.dp import DpOutcome
+
+    clock = [1000.0]  # the seconds the stand-ins take, and nothing else
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    sleeps = [0.15, 0.21]
+    tried: list[tuple[float, float]] = []  # (threshold, seconds its deadline gave it)
+
+    def stand_in(*args: object, **kwargs: object) -> DpOutcome:
+        deadline, threshold = float(args[2]), float(args[3])  # type: ignore[arg-type]
+        tried.append((threshold, deadline - clock[0]))
+        clock[0] += sleeps[len(tried) - 1] if len(tried) <= len(sleeps) else 0.5
+        return DpOutcome(bound_s=threshold, wall_s=0.01)
+
+    asked: list[tuple[list[tuple[float, float]], float, float, float]] = []  # (timed, top, left_s, span)
+    real_next = dp_module.next_threshold
+
+    def spy(
+        timed: list[tuple[float, float]], top: float, left_s: float, span: float, top_share: float | None = None
+    ) -> object:
+        asked.append((list(timed), top, left_s, span))
+        return real_next(timed, top, left_s, span, top_share)
+
+    monkeypatch.setattr(dp_module, "fifo_search", stand_in)
+    monkeypatch.setattr(dp_module, "next_threshold", spy)
+    flow = _stand_in_flow(monkeypatch)
+    flow.fifo_climb(clock[0] + 3.0)
+
+    assert [t for t, _ in tried][2:] == [pytest.approx(0.99)]  # the top third, and nothing after it
+    assert flow.bound == pytest.approx(0.99)
+    timed, top, left_s, span = asked[1]
+    assert len(timed) == 2
+    predicted = predicted_s(timed, top, span)
+    assert _CLIMB_GROWTH * timed[-1][1] < predicted <= solve_module._FIFO_CLIMB_TOP_SHARE * left_s
+    below = real_next(timed, top, left_s, span)
+    assert below is not None and below < top  # the growth cap alone would have stepped below the top
+    given = tried[2][1]
+    assert given > solve_module._FIFO_CLIMB_STEP_SHARE * left_s
+    assert given == pytest.approx(min(left_s, solve_module._FIFO_CLIMB_TOP_MARGIN * predicted))
+
+
 def test_a_fifo_climb_step_the_clock_cuts_falls_back_below_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # The FIFO sweeps' stand-in: each finishes (proving its threshold) below 0.5 and is cut by its deadline at or
     # above it. The climb starts 0.15 of the way from the proven 0.1 to the top 0.99 and steps up as
@@ -172,18 +252,7 @@ def test_a_fifo_climb_step_the_clock_cuts_falls_back_below_it(monkeypatch: pytes
         return DpOutcome(bound_s=0.0, timed_out=True, wall_s=0.01)
 
     monkeypatch.setattr(dp_module, "fifo_search", stand_in)
-    trace = make_trace(12, 1)
-    flow = solve_module._Flow(
-        trace,
-        budget_between(trace, 0.3),
-        SolveOptions(time_limit_s=100.0),
-        solve_module.SolveResources(),
-        time.perf_counter(),
-        SolveOptions().allowed_actions(trace),
-    )
-    flow.bound = 0.1
-    incumbent = SimpleNamespace(name="stand-in", sim=SimpleNamespace(overhead_s=1.0))
-    monkeypatch.setattr(solve_module._Flow, "best", property(lambda _: incumbent))
+    flow = _stand_in_flow(monkeypatch)
     flow.fifo_climb(time.perf_counter() + 50.0)
     assert tried[0] == pytest.approx(0.1 + solve_module._FIFO_CLIMB_FIRST * (0.99 - 0.1))
     cut = [t for t in tried if t >= 0.5]
