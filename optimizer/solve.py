@@ -1052,10 +1052,11 @@ class _Flow:
         if self.dp is not None and self.dp.fluid_optimum:
             return  # an earlier run found the fluid optimum: another would prove no more
         relaxed = not self.problem().offload_complete
-        # Long traces whose DP the memory rows' prices do not prune: climb, and stop at the pace (_LONG_TRACE).
+        # Where the memory rows' prices do not prune the DP: from _PACED_MIN_LAYERS its sweeps stop at their pace,
+        # and on long traces (_LONG_TRACE) they climb too.
         rows = lagrange_kind(self.trace, self.allowed) == LagrangeKind.ROWS
         long_trace = self.trace.n > _LONG_TRACE and not rows
-        paced = self.trace.n >= _PACED_MIN_LAYERS and not rows  # long traces among them
+        paced = self.trace.n >= _PACED_MIN_LAYERS and not rows
         if relaxed:
             self._coarse_dp(until)
         ladder = self.relaxed_ladder() if relaxed else _RELAXED_LADDER[:1]
