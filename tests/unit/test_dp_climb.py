@@ -47,6 +47,38 @@ def test_a_climb_ends_at_the_fluid_optimum_whatever_the_incumbent(seed: int, poo
         assert out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_climb_from_a_held_bound_starts_above_it_and_ends_at_the_fluid_optimum(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long trace's climb after the link windows' Lagrangian: the bound held (proven_s) lies above
+    # _FIRST_THRESHOLD of the top, so the first sweep starts _CLIMB_FROM_PROVEN of the way from it to the top, not at
+    # the top (the sweep that may not finish); without a climb the one sweep is still at the top.
+    import memsched.optimizer.dp as dp_module
+
+    trace = make_trace(24 + seed, seed, dag=seed % 2 == 1, copy_latency_s=10e-6)
+    budget = budget_between(trace, 0.1 + 0.03 * seed)
+    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    assert free.bound_s is not None and free.fluid_optimum and free.bound_s > 0.0
+    optimum = free.bound_s
+    proven, incumbent = 0.9 * optimum, 1.2 * optimum
+    thresholds: list[float] = []
+    real = dp_module._sweep_with_cap
+
+    def spy(p, out, deadline, threshold, *args, **kwargs):  # type: ignore[no-untyped-def]
+        thresholds.append(threshold)
+        return real(p, out, deadline, threshold, *args, **kwargs)
+
+    monkeypatch.setattr(dp_module, "_sweep_with_cap", spy)
+    out = exact_search(trace, budget, FAR, incumbent_s=incumbent, gap=0.0, climb=True, proven_s=proven)
+    assert thresholds[0] == pytest.approx(proven + dp_module._CLIMB_FROM_PROVEN * (incumbent - proven))
+    assert all(proven < t <= incumbent for t in thresholds) and thresholds == sorted(thresholds)
+    assert out.fluid_optimum and out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
+    thresholds.clear()
+    out = exact_search(trace, budget, FAR, incumbent_s=incumbent, gap=0.0, proven_s=proven)
+    assert thresholds == [incumbent] and out.fluid_optimum
+
+
 def test_a_climb_cut_by_the_clock_keeps_a_true_bound_and_says_why() -> None:
     trace = make_trace(60, 3, dag=False, copy_latency_s=10e-6)  # its sweep with no incumbent: about 2 s
     budget = budget_between(trace, 0.2)
