@@ -938,10 +938,13 @@ class _Flow:
         if rows or not self.problem().offload_complete:
             self.exact_dp(until, last_until)
 
-    def _fluid_sweep(self, until: float, cells: int, climb: bool = False, pace: float | None = None) -> DpOutcome:
+    def _fluid_sweep(
+        self, until: float, cells: int, climb: bool = False, pace: float | None = None, from_proven: bool = False
+    ) -> DpOutcome:
         """The exact DP's sweeps (exact_search) on `cells` byte ranges per relaxed layer, pruned at the best
         candidate; its plan joins the candidates (and seeds the next local search where it simulates dearer than
-        the best), its bound is proved."""
+        the best), its bound is proved. `from_proven`: a climb starts just above the bound proven so far
+        (exact_search's climb_from_proven)."""
         from memsched.optimizer.dp import exact_search
 
         out = exact_search(
@@ -954,6 +957,7 @@ class _Flow:
             climb=climb,
             proven_s=self.bound,
             pace=pace,
+            climb_from_proven=from_proven,
         )
         self.dp = out
         if not out.timed_out and not out.cap_hit:
@@ -1074,7 +1078,11 @@ class _Flow:
             now = time.perf_counter()
             step_until = now + _LADDER_STEP_SHARE * (until - now) if capped else end
             out = self._fluid_sweep(
-                step_until, cells, climb=self.host_binds or long_trace, pace=_LONG_PACE if paced else None
+                step_until,
+                cells,
+                climb=self.host_binds or long_trace,
+                pace=_LONG_PACE if paced else None,
+                from_proven=long_trace,
             )
             log.info(
                 "exact DP: %d ranges: bound %s, %.2f s%s", cells, out.bound_s, out.wall_s, " (cut)" * out.timed_out

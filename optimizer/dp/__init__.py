@@ -136,10 +136,12 @@ _FIRST_THRESHOLD = 0.7
 to a quarter of the full sweep on ResNet-50): it finds the fluid optimum outright when that is below it, and
 otherwise proves its threshold as a bound."""
 _CLIMB_FROM_PROVEN = 0.15
-"""Climbing from a bound the caller holds (`proven_s`, above _FIRST_THRESHOLD of the top: a Lagrangian's, on a long
-trace): the first sweep's threshold lies this fraction of the way from that bound to the top. Before, such a climb
-jumped to the top: on DenseNet-121 at 50% (30 s), with the link windows' bound at 0.74 of the top, its one sweep was
-cut by its pace and proved 0.0161 s, where sweeps at 0.0165 / 0.0175 / 0.018 s finish in 0.7 / 1.9 / 2.9 s."""
+"""Climbing from a bound the caller holds (`proven_s`, above _FIRST_THRESHOLD of the top: the link windows'
+Lagrangian on a long trace; exact_search's `climb_from_proven`): the first sweep's threshold lies this fraction of the
+way from that bound to the top. Before, such a climb jumped to the top: on DenseNet-121 at 50% (30 s), with the link
+windows' bound at 0.74 of the top, its one sweep was cut by its pace and proved 0.016 s, where sweeps at 0.0165 /
+0.0175 / 0.018 s finish in 0.7 / 1.9 / 2.9 s; climbing, it proves 0.0183 s (gap 18.2% -> 6.3%). Not for the host
+budget's climbs (ResNet-50, whose top sweep finishes): there the extra steps cost the bound 0.5-1.5%."""
 _CLIMB_GROWTH = 4.0
 """Climbing (exact_search's `climb`): each later sweep's threshold is the highest whose predicted time is at most
 this many times the last finished sweep's. A sweep's time grows about exponentially in its threshold
@@ -227,6 +229,7 @@ def exact_search(
     proven_s: float = 0.0,
     backlog_quantum_bytes: int | None = None,
     pace: float | None = None,
+    climb_from_proven: bool = False,
 ) -> DpOutcome:
     """Exact sweeps under rising thresholds up to incumbent x (1 - gap): _FIRST_THRESHOLD of it, then all of it,
     or with `climb` (where the incumbent is expected to lie well above the sweep's optimum: a host budget the
@@ -238,7 +241,8 @@ def exact_search(
     already holds (another relaxation's); a first sweep at or below it could prove nothing new, so the search
     starts at the top threshold instead. `pace`: each sweep stops as soon as its pace predicts that it cannot
     finish by the deadline (SweepConfig.pace; projected on the shape of the last finished sweep's time where one
-    took long enough to have a shape)."""
+    took long enough to have a shape). `climb_from_proven`: a climb whose first step would lie at or below
+    `proven_s` starts just above it (_CLIMB_FROM_PROVEN), not at the top."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     out = DpOutcome(notes=_approximation_notes(p))
@@ -247,7 +251,7 @@ def exact_search(
         top if not np.isfinite(top) or top * _FIRST_THRESHOLD <= proven_s else top * _FIRST_THRESHOLD
     )
     span = top  # the range the climb covers (next_threshold)
-    if climb and np.isfinite(top) and proven_s < top <= proven_s / _FIRST_THRESHOLD:
+    if climb and climb_from_proven and np.isfinite(top) and proven_s < top <= proven_s / _FIRST_THRESHOLD:
         # A climb whose first step would lie at or below the bound already held starts above that bound instead
         # of jumping to the top: the top sweep is the one that may not finish (_CLIMB_FROM_PROVEN).
         span = top - proven_s

@@ -70,13 +70,16 @@ def test_a_climb_from_a_held_bound_starts_above_it_and_ends_at_the_fluid_optimum
         return real(p, out, deadline, threshold, *args, **kwargs)
 
     monkeypatch.setattr(dp_module, "_sweep_with_cap", spy)
-    out = exact_search(trace, budget, FAR, incumbent_s=incumbent, gap=0.0, climb=True, proven_s=proven)
+    out = exact_search(
+        trace, budget, FAR, incumbent_s=incumbent, gap=0.0, climb=True, proven_s=proven, climb_from_proven=True
+    )
     assert thresholds[0] == pytest.approx(proven + dp_module._CLIMB_FROM_PROVEN * (incumbent - proven))
     assert all(proven < t <= incumbent for t in thresholds) and thresholds == sorted(thresholds)
     assert out.fluid_optimum and out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
-    thresholds.clear()
-    out = exact_search(trace, budget, FAR, incumbent_s=incumbent, gap=0.0, proven_s=proven)
-    assert thresholds == [incumbent] and out.fluid_optimum
+    for climb in (False, True):  # a plain search, and the host budget's climb, go to the top at once
+        thresholds.clear()
+        out = exact_search(trace, budget, FAR, incumbent_s=incumbent, gap=0.0, climb=climb, proven_s=proven)
+        assert thresholds[0] == incumbent and out.fluid_optimum
 
 
 def test_a_climb_cut_by_the_clock_keeps_a_true_bound_and_says_why() -> None:

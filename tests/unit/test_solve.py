@@ -228,16 +228,25 @@ def test_from_150_layers_with_copies_beside_compute_the_exact_dp_stops_at_its_pa
     from memsched.optimizer import solve as solve_mod
     from memsched.optimizer.dp import DpOutcome
 
-    paces: list[float | None] = []
+    calls: list[tuple[float | None, bool, bool]] = []
 
-    def sweep(flow: object, until: float, cells: int, climb: bool = False, pace: float | None = None) -> DpOutcome:
-        paces.append(pace)
+    def sweep(
+        flow: object,
+        until: float,
+        cells: int,
+        climb: bool = False,
+        pace: float | None = None,
+        from_proven: bool = False,
+    ) -> DpOutcome:
+        calls.append((pace, climb, from_proven))
         return DpOutcome(bound_s=0.0)
 
     monkeypatch.setattr(solve_mod._Flow, "_fluid_sweep", sweep)
     flow = _paced_flow(make_trace(n_layers, 1), actions)
     flow.exact_dp(time.perf_counter() + 5.0)  # type: ignore[attr-defined]
-    assert paces == [solve_mod._LONG_PACE if paced else None]
+    # Over _LONG_TRACE layers the sweeps climb too, from just above the bound held (the link windows' Lagrangian).
+    long_trace = paced and n_layers > solve_mod._LONG_TRACE
+    assert calls == [(solve_mod._LONG_PACE if paced else None, long_trace, long_trace)]
 
 
 def test_a_paced_exact_dp_that_cannot_finish_gives_its_time_back() -> None:
