@@ -57,6 +57,19 @@ class LagrangeArrays:
     ckpt_bytes: np.ndarray
     """int64 bytes of each producer's output a checkpoint holds whatever the producer does
     (simulate.checkpoint_input_bytes)."""
+    head_bytes: np.ndarray
+    """float64 the share of ckpt_bytes the priced path charges by the first reader's rule (first_ptr / first_prod):
+    1 - _SPAN_SHARE of it for producers read by several layers, all of it for the others. The completion tables
+    charge all of it by that rule (_evaluate's `completions`)."""
+    span_ptr: np.ndarray
+    """int64 CSR offsets (length n + 1) into span_at / span_bytes, by segment start k: the producers j < k read by
+    more than one layer, one of them at or after k (_span_charges)."""
+    span_at: np.ndarray
+    """int64 the first reader at or after k of each such producer: a segment [k, b] holds it where this is <= b."""
+    span_bytes: np.ndarray
+    """float64 the span rule's share of its checkpoint bytes (_SPAN_SHARE x ckpt_bytes)."""
+    span_last: np.ndarray
+    """int64 its last reader: the segment holding it is the last to, and pays the rows after its end too."""
     opt_ptr: np.ndarray
     """int64 CSR offsets (length n + 1) of each layer's offload options."""
     opt_free: np.ndarray
@@ -87,9 +100,12 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
     for j, readers in enumerate(p.consumers):  # readers come after their producer
         if readers:
             first_of[min(readers)].append(j)
-    first_ptr = np.zeros(n + 1, dtype=np.int64)
-    first_ptr[1:] = np.cumsum([len(x) for x in first_of])
-    first_prod = np.array([j for x in first_of for j in x], dtype=np.int64)
+    first_ptr, first_prod = _csr(first_of)
+    ckpt_bytes = np.array([checkpoint_input_bytes(trace, j) for j in range(n)], dtype=np.int64)
+    many = {j for j, readers in enumerate(p.consumers) if len(set(readers)) > 1 and ckpt_bytes[j] > 0}
+    head_bytes = ckpt_bytes.astype(np.float64)
+    head_bytes[sorted(many)] *= 1.0 - _SPAN_SHARE
+    span_ptr, span_at, span_bytes, span_last = _span_charges(p.consumers, many, ckpt_bytes * _SPAN_SHARE)
     opt_ptr = np.zeros(n + 1, dtype=np.int64)
     opt_ptr[1:] = np.cumsum([len(x) for x in p.offload])
     trans = np.zeros(2 * n + 1, dtype=np.int64)
@@ -106,7 +122,12 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
         ext_prefix=np.concatenate([[0], np.cumsum(p.external)]).astype(np.int64),
         first_ptr=first_ptr,
         first_prod=first_prod,
-        ckpt_bytes=np.array([checkpoint_input_bytes(trace, j) for j in range(n)], dtype=np.int64),
+        ckpt_bytes=ckpt_bytes,
+        head_bytes=head_bytes,
+        span_ptr=span_ptr,
+        span_at=span_at,
+        span_bytes=span_bytes,
+        span_last=span_last,
         opt_ptr=opt_ptr,
         opt_free=np.array([o.nbytes for opts in p.offload for o in opts], dtype=np.int64),
         opt_copy=np.array([o.copy_bytes for opts in p.offload for o in opts], dtype=np.int64),
@@ -119,6 +140,43 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
         recompute=p.recompute,
     )
 
+
+def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(x) for x in lists])
+    return ptr, np.array([j for x in lists for j in x], dtype=np.int64)
+
+
+def _span_charges(
+    consumers: list[list[int]], many: set[int], ckpt_bytes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """By segment start k: each producer j < k of `many` with a reader at or after k, as (its first reader at or
+    after k, its checkpoint bytes) (LagrangeArrays.span_*). The simulator holds j's output once, from the earliest
+    segment that reads it from outside, [a_1, b_1], over rows a_1 + 1 .. 2n - a_1 - 1. Every later such segment
+    starts after the one before it ends, so charging each such segment [a, b] only the rows that its start adds
+    and its end does not (a + 1 .. b + 1 and 2n - b - 1 .. 2n - a - 1) charges at most that: a bound whichever of
+    them is the earliest (docs/formulation.md, 'Checkpoint inputs read by several layers')."""
+    n = len(consumers)
+    rows: list[list[tuple[int, float, int]]] = [[] for _ in range(n)]
+    for j in sorted(many):
+        readers = sorted(set(consumers[j]))
+        # From k = j + 1 on, the first reader at or after k moves along the readers.
+        for q, r in enumerate(readers):
+            lo = j + 1 if q == 0 else readers[q - 1] + 1
+            for k in range(lo, r + 1):
+                rows[k].append((r, ckpt_bytes[j], readers[-1]))
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(x) for x in rows])
+    at = np.array([e[0] for x in rows for e in x], dtype=np.int64)
+    nbytes = np.array([e[1] for x in rows for e in x], dtype=np.float64)
+    last = np.array([e[2] for x in rows for e in x], dtype=np.int64)
+    return ptr, at, nbytes, last
+
+
+_SPAN_SHARE = 0.5
+"""The share of a producer's checkpoint bytes charged by the span rule where several layers read it (the rest by
+the first reader's rule): each rule alone is a bound, so any mix is (docs/formulation.md, 'Checkpoint inputs read
+by several layers')."""
 
 # Arc kinds of the priced path.
 _KEEP, _OFFLOAD, _SEGMENT = 0, 1, 2
@@ -206,17 +264,29 @@ def _segment_costs(
     first_ptr: np.ndarray,
     first_prod: np.ndarray,
     ckpt_bytes: np.ndarray,
+    span_ptr: np.ndarray,
+    span_at: np.ndarray,
+    span_bytes: np.ndarray,
+    span_last: np.ndarray,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
     """out[b] = the priced cost of the segment [k, b] for every b >= k: its re-run (less run_credit[b] per second:
     link time it gives the prefetches of B_b); its forwards under the checkpoint; its layers rematerialised from
     B_b; the first layer's saved inputs counted once from B_b through B_{k+1}; the checkpoint's inputs from F_{k+1}
-    through B_{k+1} (producers before k whose first reader is in the segment, and its layers' external inputs).
-    P: prefix sums of the row prices; sums: _layer_sums."""
+    through B_{k+1} (producers before k whose first reader is in the segment, and its layers' external inputs);
+    the producers of the span charges (span_ptr from k: read by several layers) over the rows the segment adds,
+    k+1..b+1 and 2n-b-1..2n-k-1 (_span_charges). P: prefix sums of the row prices; sums: _layer_sums."""
     n = len(rerun)
     two_n = 2 * n
     ckpt = 0.0
     hold = P[two_n - k] - P[k + 1]  # rows k+1 .. 2n-k-1
+    first_at = np.zeros(n)  # span-charged bytes by their first reader at or after k
+    last_at = np.zeros(n)  # the same bytes by their last reader
+    for e in range(span_ptr[k], span_ptr[k + 1]):
+        first_at[span_at[e]] += span_bytes[e]
+        last_at[span_last[e]] += span_bytes[e]
+    spanned = 0.0
+    ended = 0.0
     for b in range(k, n):
         for e in range(first_ptr[b], first_ptr[b + 1]):
             j = first_prod[e]
@@ -228,6 +298,11 @@ def _segment_costs(
         v = run * (1.0 - run_credit[b]) + (sums[2, b + 1] - sums[2, k]) + remat + (ckpt + ext) * hold
         if b > k:
             v -= overlap[k] * (P[two_n - k] - P[two_n - b])  # rows 2n-b .. 2n-k-1
+        spanned += first_at[b]
+        ended += last_at[b]
+        if spanned > 0.0:
+            after = P[two_n - b - 1] - P[b + 2] if b + 1 < n else 0.0  # rows b+2 .. 2n-b-2: a later segment's
+            v += spanned * (hold - after) + ended * after  # the last holder pays the rows after it too
         out[b] = v
 
 
@@ -260,6 +335,10 @@ def _path(
     first_ptr: np.ndarray,
     first_prod: np.ndarray,
     ckpt_bytes: np.ndarray,
+    span_ptr: np.ndarray,
+    span_at: np.ndarray,
+    span_bytes: np.ndarray,
+    span_last: np.ndarray,
     recompute: bool,
     suffix: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - compiled
@@ -301,6 +380,10 @@ def _path(
             first_ptr,
             first_prod,
             ckpt_bytes,
+            span_ptr,
+            span_at,
+            span_bytes,
+            span_last,
             seg,
         )
         if rows.shape[0]:
@@ -337,6 +420,10 @@ def _plan_rows(
     first_ptr: np.ndarray,
     first_prod: np.ndarray,
     ckpt_bytes: np.ndarray,
+    span_ptr: np.ndarray,
+    span_at: np.ndarray,
+    span_bytes: np.ndarray,
+    span_last: np.ndarray,
     opt_free: np.ndarray,
     opt_copy: np.ndarray,
     trans: np.ndarray,
@@ -384,6 +471,19 @@ def _plan_rows(
             if b > k:
                 diff[two_n - b] -= overlap[k]
                 diff[two_n - k] += overlap[k]
+            spanned = 0.0
+            ended = 0.0
+            for e in range(span_ptr[k], span_ptr[k + 1]):
+                if span_at[e] <= b:
+                    spanned += span_bytes[e]
+                    if span_last[e] <= b:
+                        ended += span_bytes[e]
+            if spanned > 0.0:
+                diff[k + 1] += spanned
+                if b + 1 < n:  # rows k+1..b+1 and 2n-b-1..2n-k-1; the last holder's, all of k+1..2n-k-1
+                    diff[b + 2] -= spanned - ended
+                    diff[two_n - b - 1] += spanned - ended
+                diff[two_n - k] -= spanned
             reruns[b] = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
         node = k
     total = 0.0
@@ -405,6 +505,10 @@ def _lagrangian(
     first_ptr: np.ndarray,
     first_prod: np.ndarray,
     ckpt_bytes: np.ndarray,
+    span_ptr: np.ndarray,
+    span_at: np.ndarray,
+    span_bytes: np.ndarray,
+    span_last: np.ndarray,
     opt_ptr: np.ndarray,
     opt_free: np.ndarray,
     opt_copy: np.ndarray,
@@ -435,14 +539,15 @@ def _lagrangian(
     no_credit = np.zeros(n)
     dist, arc_kind, arc_from = _path(
         P, mu, sums, saved, off_best, no_credit, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
-        ckpt_bytes, recompute, suffix,
+        ckpt_bytes, span_ptr, span_at, span_bytes, span_last, recompute, suffix,
     )  # fmt: skip
     value = dist[n]
     for u in range(2 * n + 1):
         value += mu[u] * (trans[u] - limit)
     _plan_rows(
         arc_kind, arc_from, off_choice, saved, cut, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
-        ckpt_bytes, opt_free, opt_copy, trans, limit, grad, np.zeros(n), np.zeros(n),
+        ckpt_bytes, span_ptr, span_at, span_bytes, span_last, opt_free, opt_copy, trans, limit, grad, np.zeros(n),
+        np.zeros(n),
     )  # fmt: skip
     return value
 
@@ -463,7 +568,17 @@ class LagrangeResult:
     """The prices of the best value (seconds per byte, per row)."""
 
 
-def _evaluate(a: LagrangeArrays, mu: np.ndarray, grad: np.ndarray, suffix: np.ndarray) -> float:
+def _evaluate(
+    a: LagrangeArrays, mu: np.ndarray, grad: np.ndarray, suffix: np.ndarray, completions: bool = False
+) -> float:
+    """The Lagrangian at `mu`. `completions`: with the completion tables' rule for checkpoint inputs (each producer
+    charged whole to the segment holding its first reader, none by span: a label's held producers are in its
+    retained bytes, which a span charge from a completion's segment would count again)."""
+    span = (a.span_ptr, a.span_at, a.span_bytes, a.span_last)
+    head = (a.first_ptr, a.first_prod, a.head_bytes)
+    if completions:
+        span = (np.zeros(len(a.span_ptr), dtype=np.int64), a.span_at, a.span_bytes, a.span_last)
+        head = (a.first_ptr, a.first_prod, a.ckpt_bytes.astype(np.float64))
     return float(
         _lagrangian(
             mu,
@@ -474,9 +589,8 @@ def _evaluate(a: LagrangeArrays, mu: np.ndarray, grad: np.ndarray, suffix: np.nd
             a.bwd_prefix,
             a.rerun,
             a.ext_prefix,
-            a.first_ptr,
-            a.first_prod,
-            a.ckpt_bytes,
+            *head,
+            *span,
             a.opt_ptr,
             a.opt_free,
             a.opt_copy,
@@ -562,7 +676,7 @@ def completion_table(arrays: LagrangeArrays, prices: np.ndarray, step: float, gr
     a = arrays
     n = len(a.saved)
     suffix = np.zeros(n + 1)
-    _evaluate(a, prices, np.zeros_like(prices), suffix)
+    _evaluate(a, prices, np.zeros_like(prices), suffix, completions=True)
     two_n = 2 * n
     P = np.concatenate([[0.0], np.cumsum(prices)])
     PT = np.concatenate([[0.0], np.cumsum(prices * (a.trans - float(a.limit)))])
@@ -627,6 +741,10 @@ def _link_lagrangian(
     first_ptr: np.ndarray,
     first_prod: np.ndarray,
     ckpt_bytes: np.ndarray,
+    span_ptr: np.ndarray,
+    span_at: np.ndarray,
+    span_bytes: np.ndarray,
+    span_last: np.ndarray,
     opt_ptr: np.ndarray,
     opt_free: np.ndarray,
     opt_copy: np.ndarray,
@@ -672,7 +790,7 @@ def _link_lagrangian(
     sums = _layer_sums(P, mu, saved, cut)
     dist, arc_kind, arc_from = _path(
         P, mu, sums, saved, off_best, h2d_bw * cover_b, overlap, fwd_prefix, rerun, ext_prefix, first_ptr,
-        first_prod, ckpt_bytes, recompute, np.zeros(0),
+        first_prod, ckpt_bytes, span_ptr, span_at, span_bytes, span_last, recompute, np.zeros(0),
     )  # fmt: skip
     value = dist[n]
     # Stalls: a second of stall costs 1 and gives bw bytes of link time to every window holding its stage; where
@@ -692,7 +810,7 @@ def _link_lagrangian(
     reruns = np.zeros(n)
     _plan_rows(
         arc_kind, arc_from, off_choice, saved, cut, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
-        ckpt_bytes, opt_free, opt_copy, trans, limit, g_row, copies, reruns,
+        ckpt_bytes, span_ptr, span_at, span_bytes, span_last, opt_free, opt_copy, trans, limit, g_row, copies, reruns,
     )  # fmt: skip
     copy_prefix = np.zeros(n + 1)
     rerun_prefix = np.zeros(n + 1)
@@ -752,7 +870,8 @@ def link_lagrangian_bound(
         value = float(
             _link_lagrangian(
                 x[0] / unit, x[1] / unit, widths, float(x[2][0]) / unit, upper_s, a.saved, a.cut, a.overlap,
-                a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr, a.first_prod, a.ckpt_bytes, a.opt_ptr,
+                a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr, a.first_prod, a.head_bytes,
+                a.span_ptr, a.span_at, a.span_bytes, a.span_last, a.opt_ptr,
                 a.opt_free, a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute, g_row, g_f, g_b,
             )
         )  # fmt: skip

@@ -10,6 +10,7 @@ import dataclasses
 import random
 import time
 
+import numpy as np
 import pytest
 
 from helpers.pricing import (
@@ -216,3 +217,52 @@ def test_link_bound_with_a_subset_of_window_lengths_is_below_the_exact_optimum(
         assert rec.status == SolverStatus.OPTIMAL and rec.objective_s is not None
         if rec.objective_s > 0.0:
             assert _link_bound(tr, budget, rec.objective_s) <= rec.objective_s * (1 + 1e-9) + 1e-12
+
+
+def _dense_dag(n: int, seed: int) -> Trace:
+    """A chain whose layers also read 1-3 random earlier outputs (as DenseNet's concatenations do), so that many
+    producers have several readers (the span charges, lagrange._span_charges)."""
+    rng = random.Random(seed)
+    doc = make_trace(n, seed).model_dump(mode="json")
+    layers = doc["layers"]
+    for i, layer in enumerate(layers):
+        if i < 2:
+            continue
+        extra = rng.sample(range(i - 1), min(i - 1, rng.randint(1, 3)))
+        layer["deps"] = [*sorted(extra), i - 1]
+        layer["input_bytes"] = sum(layers[d]["output_bytes"] for d in layer["deps"])
+    return Trace.model_validate(doc)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_priced_rows_of_every_plan_are_at_most_the_simulators(seed: int) -> None:
+    # What makes every price a bound (docs/formulation.md, 'Lagrangian bound on the memory rows'): for every plan,
+    # each row as the priced path counts it is at most the simulator's. Checked here for every keep / recompute
+    # plan of dense DAGs, where producers read by several layers are charged by both checkpoint rules.
+    from memsched.optimizer.decisions import segment_ends
+    from memsched.optimizer.dp.lagrange import _KEEP, _SEGMENT, _plan_rows
+
+    rng = random.Random(seed)
+    base = _dense_dag(rng.randint(5, 7), seed)
+    tr = every_rule_trace(base, seed) if seed % 2 else base
+    n = tr.n
+    budget = budget_between(tr, 0.3)
+    a = lagrange_arrays(restrict(build_problem(tr, budget), frozenset({Action.KEEP, Action.RECOMPUTE})), tr)
+    assert len(a.span_at) > 0, "the trace should have producers read by several layers"
+    for ds in keep_recompute_plans(n):
+        kind = np.zeros(n + 1, dtype=np.int64)
+        frm = np.zeros(n + 1, dtype=np.int64)
+        for k in range(n):
+            kind[k + 1], frm[k + 1] = _KEEP, k
+        for first, last in segment_ends(ds).items():
+            kind[last + 1], frm[last + 1] = _SEGMENT, first
+        g_row = np.zeros(2 * n + 1)
+        _plan_rows(
+            kind, frm, np.zeros((n, 3), dtype=np.int64), a.saved, a.cut, a.overlap, a.fwd_prefix, a.rerun,
+            a.ext_prefix, a.first_ptr, a.first_prod, a.head_bytes, a.span_ptr, a.span_at, a.span_bytes, a.span_last,
+            a.opt_free, a.opt_copy, a.trans, float(a.limit), g_row, np.zeros(n), np.zeros(n),
+        )  # fmt: skip
+        priced = g_row + a.limit
+        stages = simulate(tr, ds, budget, with_events=False).stage_bytes
+        sim_rows = np.array([*stages[:n], stages[n - 1], *stages[n:]], dtype=np.float64)  # u = n: the loss point
+        assert np.all(priced <= sim_rows + 1e-6), (ds, priced - sim_rows)
