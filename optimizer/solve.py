@@ -791,7 +791,10 @@ class _Flow:
         arrays = lagrange_arrays(p, self.trace)
         target = obj * (1.0 - self.options.gap)
         if strong:
-            res = lagrangian_bound(arrays, obj, until, target_s=target)
+            # Checkpoint inputs by the first reader's rule alone, the completion tables' own: the path's mix of rules
+            # (lagrange._span_charges) bounds DAGs higher, but its prices prune the exact DP less (keep / recompute:
+            # the 1,000-layer DAG at 20%, 0.938 -> 1.007 s, but DenseNet-121 at 75% proven in 13.7 s, not 6.6 s).
+            res = lagrangian_bound(arrays, obj, until, target_s=target, first_reader_only=True)
         else:
             res = link_lagrangian_bound(arrays, obj, until, target_s=target)
         log.info(

@@ -613,11 +613,14 @@ def lagrangian_bound(
     deadline: float,
     target_s: float | None = None,
     max_iterations: int = 100_000,
+    first_reader_only: bool = False,
 ) -> LagrangeResult:
     """Subgradient ascent on the prices from zero, with Polyak's step towards `upper_s` (the overhead of a known
     plan within the budget), the step factor halved after a run of steps without a better value. Stops at
     `deadline` (time.perf_counter()), after `max_iterations`, when the bound reaches `target_s`, or when the
-    factor is negligible. Every value is a bound; the best is returned."""
+    factor is negligible. Every value is a bound; the best is returned. `first_reader_only`: checkpoint inputs by
+    the first reader's rule alone, the completion tables' (completion_table): prices found for it prune the exact
+    DP better than those of the path's mix of rules."""
     a = arrays
     t0 = time.perf_counter()
     mu = np.zeros(len(a.trans))
@@ -632,7 +635,7 @@ def lagrangian_bound(
             stopped = "deadline"
             break
         it += 1
-        value = _evaluate(a, mu, grad, no_suffix)
+        value = _evaluate(a, mu, grad, no_suffix, completions=first_reader_only)
         if value > best_value + 1e-12 * max(1.0, abs(best_value)):
             best_value, best_mu, since = value, mu.copy(), 0
         else:
