@@ -152,10 +152,10 @@ def _span_charges(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """By segment start k: each producer j < k of `many` with a reader at or after k, as (its first reader at or
     after k, its checkpoint bytes, its last reader) (LagrangeArrays.span_*). The simulator holds j's output once,
-    from the earliest segment that reads it from outside, [a_1, b_1], over rows a_1 + 1 .. 2n - a_1 - 1. Every later such segment
-    starts after the one before it ends, so charging each such segment [a, b] only the rows that its start adds
-    and its end does not (a + 1 .. b + 1 and 2n - b - 1 .. 2n - a - 1) charges at most that: a bound whichever of
-    them is the earliest (docs/formulation.md, 'Checkpoint inputs read by several layers')."""
+    from the earliest segment that reads it from outside, [a_1, b_1], over rows a_1 + 1 .. 2n - a_1 - 1. Every
+    later such segment starts after the one before it ends, so charging each such segment [a, b] only the rows that
+    its start adds and its end does not (a + 1 .. b + 1 and 2n - b - 1 .. 2n - a - 1) charges at most that: a bound
+    whichever of them is the earliest (docs/formulation.md, 'Checkpoint inputs read by several layers')."""
     n = len(consumers)
     rows: list[list[tuple[int, float, int]]] = [[] for _ in range(n)]
     for j in sorted(many):
