@@ -614,16 +614,18 @@ def lagrangian_bound(
     target_s: float | None = None,
     max_iterations: int = 100_000,
     first_reader_only: bool = False,
+    start: np.ndarray | None = None,
 ) -> LagrangeResult:
     """Subgradient ascent on the prices from zero, with Polyak's step towards `upper_s` (the overhead of a known
     plan within the budget), the step factor halved after a run of steps without a better value. Stops at
     `deadline` (time.perf_counter()), after `max_iterations`, when the bound reaches `target_s`, or when the
     factor is negligible. Every value is a bound; the best is returned. `first_reader_only`: checkpoint inputs by
     the first reader's rule alone, the completion tables' (completion_table): prices found for it prune the exact
-    DP better than those of the path's mix of rules."""
+    DP better than those of the path's mix of rules. `start`: the prices to start from (default: zero), e.g. another
+    rule's best, from which this one's ascent goes on."""
     a = arrays
     t0 = time.perf_counter()
-    mu = np.zeros(len(a.trans))
+    mu = np.zeros(len(a.trans)) if start is None else np.array(start, dtype=np.float64)
     grad = np.zeros_like(mu)
     no_suffix = np.zeros(0)
     best_value, best_mu = 0.0, mu.copy()
