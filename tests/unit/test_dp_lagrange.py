@@ -266,3 +266,23 @@ def test_the_priced_rows_of_every_plan_are_at_most_the_simulators(seed: int) -> 
         stages = simulate(tr, ds, budget, with_events=False).stage_bytes
         sim_rows = np.array([*stages[:n], stages[n - 1], *stages[n:]], dtype=np.float64)  # u = n: the loss point
         assert np.all(priced <= sim_rows + 1e-6), (ds, priced - sim_rows)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_ascent_from_given_prices_starts_at_their_value_and_stays_below_the_optimum(seed: int) -> None:
+    # `start`: the mixed rule's ascent after the exact DP begins at the first reader's rule's best prices
+    # (solve.py, lagrange_mixed). One step from them is their value; from zero it would be 0 (keep-all costs
+    # nothing). The mixed rule's ascent from them is a bound too.
+    rng = random.Random(seed)
+    tr = _dense_dag(rng.randint(5, 7), seed)
+    # The tightest of these budgets that some keep / recompute plan fits, with an overhead.
+    budget, opt = next(
+        (b, o) for b in (budget_between(tr, f) for f in (0.3, 0.5, 0.7, 0.9)) if (o := _keep_recompute_optimum(tr, b))
+    )
+    a = lagrange_arrays(restrict(build_problem(tr, budget), frozenset({Action.KEEP, Action.RECOMPUTE})), tr)
+    first = lagrangian_bound(a, opt, FAR, max_iterations=2000, first_reader_only=True)
+    assert first.bound_s > 0.0
+    again = lagrangian_bound(a, opt, FAR, max_iterations=1, first_reader_only=True, start=first.prices)
+    assert again.bound_s == pytest.approx(first.bound_s, rel=1e-12)
+    mixed = lagrangian_bound(a, opt, FAR, max_iterations=2000, start=first.prices)
+    assert mixed.bound_s <= opt * (1 + 1e-9) + 1e-12

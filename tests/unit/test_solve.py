@@ -218,13 +218,21 @@ def _paced_flow(trace: Trace, actions: list[str] | None = None) -> object:
 
 @pytest.mark.parametrize(
     ("n_layers", "actions", "paced"),
-    [(149, None, False), (150, None, True), (250, None, True), (400, None, True), (200, ["keep", "recompute"], False)],
+    [
+        (149, None, False),
+        (150, None, True),
+        (250, None, True),
+        (400, None, True),
+        (200, ["keep", "recompute"], False),
+        (400, ["keep", "recompute"], True),
+    ],
 )
 def test_from_150_layers_with_copies_beside_compute_the_exact_dp_stops_at_its_pace(
     monkeypatch: pytest.MonkeyPatch, n_layers: int, actions: list[str] | None, paced: bool
 ) -> None:
     # The exact DP phase's sweeps get a pace from _PACED_MIN_LAYERS where the memory rows' Lagrangian does not
-    # prune them (copies beside compute); keep / recompute plans (the memory rows) finish, and are not paced.
+    # prune them (copies beside compute); keep / recompute plans (the memory rows) mostly finish, and are paced
+    # only over _LONG_TRACE layers, where a sweep that cannot finish leaves its time to the mixed rule's bound.
     from memsched.optimizer import solve as solve_mod
     from memsched.optimizer.dp import DpOutcome
 
@@ -244,8 +252,9 @@ def test_from_150_layers_with_copies_beside_compute_the_exact_dp_stops_at_its_pa
     monkeypatch.setattr(solve_mod._Flow, "_fluid_sweep", sweep)
     flow = _paced_flow(make_trace(n_layers, 1), actions)
     flow.exact_dp(time.perf_counter() + 5.0)  # type: ignore[attr-defined]
-    # Over _LONG_TRACE layers the sweeps climb too, from just above the bound held (the link windows' Lagrangian).
-    long_trace = paced and n_layers > solve_mod._LONG_TRACE
+    # Over _LONG_TRACE layers the sweeps climb too, from just above the bound held (the link windows' Lagrangian);
+    # not on the memory rows, whose prices let the sweep at the incumbent finish.
+    long_trace = paced and n_layers > solve_mod._LONG_TRACE and actions is None
     assert calls == [(solve_mod._LONG_PACE if paced else None, long_trace, long_trace)]
 
 
@@ -681,3 +690,36 @@ def test_the_local_search_starts_from_the_dp_optimum_where_its_timing_made_it_de
     flow.polish(time.perf_counter() + 2.0)
     assert flow.dp_seed is None  # used once
     assert flow.proven(), (flow.best.sim.overhead_s, seed.bound_s)
+
+
+@pytest.mark.parametrize(("n_layers", "frac"), [(40, 0.4), (60, 0.5)])
+def test_the_mixed_checkpoint_rule_raises_the_memory_rows_bound_on_a_dag_and_stays_below_the_optimum(
+    n_layers: int, frac: float
+) -> None:
+    # The synthetic DAG's producers are read by several layers. The memory rows' Lagrangian runs by the first
+    # reader's rule (its prices prune the DP best); the mixed rule's ascent from those prices (`lagrange_mixed`)
+    # charges the bytes that rule leaves nearly free, so its bound is higher, and still below the proven optimum.
+    from memsched.optimizer import solve as solve_mod
+
+    tr = make_trace(n_layers, 1, dag=True)
+    budget = budget_between(tr, frac)
+    actions = ["keep", "recompute"]
+    options = SolveOptions.from_user(time_limit_s=10.0, actions=actions)
+    flow = solve_mod._Flow(tr, budget, options, SolveResources(), time.perf_counter(), options.allowed_actions(tr))
+    flow.lagrange(time.perf_counter() + 1.0)
+    first = flow.bound
+    assert first > 0.0 and flow._rows_prices is not None
+    flow.lagrange_mixed(time.perf_counter() + 1.0)
+    optimum = solve(tr, budget, SolveOptions.from_user(time_limit_s=30.0, actions=actions, gap=0.0))
+    assert optimum.solver.status == SolverStatus.OPTIMAL
+    assert first * 1.02 < flow.bound <= optimum.prediction.overhead_s * (1 + 1e-9)
+
+
+def test_the_mixed_rule_runs_after_the_exact_dp_on_the_memory_rows_only() -> None:
+    from memsched.optimizer.solve import LagrangeKind, Step, plan_for
+
+    for n_layers in (40, 400):
+        steps = [p.step for p in plan_for(SolverName.AUTO, n_layers, lagrange=LagrangeKind.ROWS)]
+        assert steps.index(Step.LAGRANGE_MIXED) == steps.index(Step.EXACT_DP) + 1
+        for kind in (None, LagrangeKind.LINK):
+            assert Step.LAGRANGE_MIXED not in [p.step for p in plan_for(SolverName.AUTO, n_layers, lagrange=kind)]
