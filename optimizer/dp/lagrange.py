@@ -858,13 +858,15 @@ def link_lagrangian_bound(
     n = len(a.saved)
     widths = link_widths(n)
     shape = (n, len(widths))
-    valid = (widths[None, :] <= np.arange(n)[:, None]).astype(np.float64)  # window w of row m needs w <= m
+    # Window w of row m needs w <= m; the lengths ascend, so row m's windows are its first cols[m] columns.
+    cols = np.searchsorted(widths, np.arange(n), side="right").astype(np.int64)
     # Adam on the prices in units of seconds per `limit` bytes, with steps of _LINK_RATE x upper_s.
     unit = float(max(a.limit, 1))
     step = _LINK_RATE * upper_s
-    x = [np.zeros(shape), np.zeros(shape), np.zeros(1)]
-    first = [np.zeros(shape), np.zeros(shape), np.zeros(1)]
-    second = [np.zeros(shape), np.zeros(shape), np.zeros(1)]
+    x = [np.zeros(shape), np.zeros(shape), np.zeros((1, 1))]
+    first = [np.zeros(shape), np.zeros(shape), np.zeros((1, 1))]
+    second = [np.zeros(shape), np.zeros(shape), np.zeros((1, 1))]
+    loss_grad, loss_cols = np.zeros((1, 1)), np.ones(1, dtype=np.int64)
     g_row, g_f, g_b = np.zeros(2 * n + 1), np.zeros(shape), np.zeros(shape)
     best, last_gain, it, stopped = 0.0, 0, 0, "iterations"
     while it < max_iterations:
@@ -874,7 +876,7 @@ def link_lagrangian_bound(
         it += 1
         value = float(
             _link_lagrangian(
-                x[0] / unit, x[1] / unit, widths, float(x[2][0]) / unit, upper_s, a.saved, a.cut, a.overlap,
+                x[0] / unit, x[1] / unit, widths, float(x[2][0, 0]) / unit, upper_s, a.saved, a.cut, a.overlap,
                 a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr, a.first_prod, a.head_bytes,
                 a.span_ptr, a.span_at, a.span_bytes, a.span_last, a.opt_ptr,
                 a.opt_free, a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute, g_row, g_f, g_b,
@@ -889,13 +891,12 @@ def link_lagrangian_bound(
         if it - last_gain >= _LINK_PATIENCE:
             stopped = "converged"
             break
-        grads = [g_f * valid / unit, g_b * valid / unit, np.array([g_row[n] / unit])]
-        for q in range(3):
-            first[q] = _ADAM_B1 * first[q] + (1 - _ADAM_B1) * grads[q]
-            second[q] = _ADAM_B2 * second[q] + (1 - _ADAM_B2) * grads[q] * grads[q]
-            m_hat = first[q] / (1 - _ADAM_B1**it)
-            v_hat = second[q] / (1 - _ADAM_B2**it)
-            x[q] = np.maximum(0.0, x[q] + step * m_hat / (np.sqrt(v_hat) + 1e-12))
+        # Compiled: on DenseNet-121 (428 x 428 prices a row family) numpy's passes over these arrays took more time
+        # than the Lagrangian itself (1.14 s against 0.85 s of 2 s).
+        loss_grad[0, 0] = g_row[n]
+        _adam_step(x[0], first[0], second[0], g_f, cols, unit, step, it)
+        _adam_step(x[1], first[1], second[1], g_b, cols, unit, step, it)
+        _adam_step(x[2], first[2], second[2], loss_grad, loss_cols, unit, step, it)
     return LagrangeResult(
         bound_s=max(0.0, best),
         iterations=it,
@@ -903,6 +904,33 @@ def link_lagrangian_bound(
         stopped_by=stopped,
         prices=np.zeros(0),
     )
+
+
+@njit(cache=True, fastmath=True)
+def _adam_step(
+    x: np.ndarray,
+    first: np.ndarray,
+    second: np.ndarray,
+    grad: np.ndarray,
+    cols: np.ndarray,
+    unit: float,
+    step: float,
+    it: int,
+) -> None:  # pragma: no cover - compiled
+    """One projected Adam step on the prices `x` (in place, with its moments `first` and `second`) along the
+    subgradient `grad` / `unit`, at iteration `it` (from 1), kept >= 0. Row r's prices past its first cols[r] stay
+    0 (windows longer than the row: their gradient is always 0, so Adam would not move them)."""
+    c1 = 1.0 / (1 - _ADAM_B1**it)
+    c2 = 1.0 / (1 - _ADAM_B2**it)
+    scale = 1.0 / unit
+    for r in range(x.shape[0]):
+        for c in range(cols[r]):
+            g = grad[r, c] * scale
+            m = _ADAM_B1 * first[r, c] + (1 - _ADAM_B1) * g
+            v = _ADAM_B2 * second[r, c] + (1 - _ADAM_B2) * g * g
+            first[r, c] = m
+            second[r, c] = v
+            x[r, c] = max(0.0, x[r, c] + step * (m * c1) / (np.sqrt(v * c2) + 1e-12))
 
 
 def link_widths(n: int) -> np.ndarray:
