@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,8 +107,7 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
     head_bytes = ckpt_bytes.astype(np.float64)
     head_bytes[sorted(many)] *= 1.0 - _SPAN_SHARE
     span_ptr, span_at, span_bytes, span_last = _span_charges(p.consumers, many, ckpt_bytes * _SPAN_SHARE)
-    opt_ptr = np.zeros(n + 1, dtype=np.int64)
-    opt_ptr[1:] = np.cumsum([len(x) for x in p.offload])
+    opt_ptr = _offsets(p.offload)
     trans = np.zeros(2 * n + 1, dtype=np.int64)
     trans[:n] = p.trans_f
     trans[n] = loss_point_transient(trace)
@@ -141,10 +141,15 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
     )
 
 
-def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+def _offsets(lists: Sequence[Sequence[object]]) -> np.ndarray:
+    """int64 CSR offsets (length len(lists) + 1) of the lists' entries, laid end to end."""
     ptr = np.zeros(len(lists) + 1, dtype=np.int64)
     ptr[1:] = np.cumsum([len(x) for x in lists])
-    return ptr, np.array([j for x in lists for j in x], dtype=np.int64)
+    return ptr
+
+
+def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    return _offsets(lists), np.array([j for x in lists for j in x], dtype=np.int64)
 
 
 def _span_charges(
@@ -165,8 +170,7 @@ def _span_charges(
             lo = j + 1 if q == 0 else readers[q - 1] + 1
             for k in range(lo, r + 1):
                 rows[k].append((r, ckpt_bytes[j], readers[-1]))
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum([len(x) for x in rows])
+    ptr = _offsets(rows)
     at = np.array([e[0] for x in rows for e in x], dtype=np.int64)
     nbytes = np.array([e[1] for x in rows for e in x], dtype=np.float64)
     last = np.array([e[2] for x in rows for e in x], dtype=np.int64)
