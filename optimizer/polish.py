@@ -40,10 +40,6 @@ the layer before, or the tuple of offloaded tensor indices."""
 
 # Lambda multipliers of one oscillation cycle (times the median recompute cost per byte, see _lambda0).
 _CYCLE = (1e-3, 1e-2, 0.1, 1.0, 10.0, 1e4)
-# The cycle after every other kick: it starts where over-budget plans are already dear, so the descent repairs the
-# kicked stretch near the best plan instead of first letting every layer drift to keep (the whole cycle's small
-# lambdas rebuild the plan from about keep-all; that diversifies, and the kicks in between it keep).
-_KICK_CYCLE = (10.0, 1e4)
 _MAX_STALE_RESTARTS = 200  # iterated local search: kicks in a row that find nothing better before it stops
 _MAX_KICK_LAYERS = 24  # the longest stretch of layers one kick re-draws
 _MAX_SUBSET_TENSORS = 3  # up to this many positive tensors, every subset is a move; beyond, all or one
@@ -317,10 +313,9 @@ class LocalSearch:
         genes, evaluate, options, rng = self._genes, self._evaluate, self._options, self._rng
         lam0 = _lambda0(self.trace)
         stale = 0
-        cycle = _CYCLE
         while True:
             before = evaluate.best_overhead_s
-            for mult in cycle:
+            for mult in _CYCLE:
                 lam = lam0 * mult
                 while self._paused():
                     yield
@@ -350,8 +345,6 @@ class LocalSearch:
             if evaluate.best_genes is None or stale > _MAX_STALE_RESTARTS:
                 return
             genes[:] = _perturb(evaluate.best_genes, options, rng)
-            # Odd kicks in a row intensify (the short cycle), even ones diversify (the whole cycle).
-            cycle = _KICK_CYCLE if stale % 2 else _CYCLE
 
     def _found(self) -> SimResult | None:
         """The best feasible plan the search has seen, simulated (None: none, or none new since the last run)."""
