@@ -151,6 +151,14 @@ times faster than one sweep at the incumbent, and a climb cut by the clock has p
 incumbent is close, the steps cost up to a third more than the one sweep: measured on ResNet-50 at 5 s a solve,
 climbing everywhere narrowed 6 of 10 budgets' gaps and lost one proof (7.5 GiB: 1% -> 25%), so it climbs only
 where a host budget binds (its incumbent obeys the host budget, the sweep does not)."""
+_CLIMB_FROM_PROVEN_GROWTH = 2.0
+"""_CLIMB_GROWTH for the long traces' climbs (exact_search's `climb_from_proven`). Their incumbent is the local
+search's, which lies well above the sweep's optimum (DenseNet-121: 5-20%), so the climb ends at the first step that
+finishes above that optimum, and a finished lower step is worth more than a top step the clock cuts. Their sweeps'
+times are also predicted worst: the first steps are short and mostly fixed costs. DenseNet-121 at 75%, 10 s: from
+steps of 0.14 and 0.38 s, a 4x step went to the top (0.00298 s), predicted at 1.7 s; it was cut at its deadline
+after 2.25 s. With 2x steps the climb ran 0.00227 / 0.00246 / 0.00280 s, the last one finished in 1.65 s and found
+the optimum (0.002594 s), which the solve proved (gap 18.8% -> 0)."""
 _CLIMB_PRIOR_DOUBLING = 0.06
 """Until two sweeps have been timed: a sweep's time doubles per this fraction of the climb's span (from 0: the top
 threshold; ResNet-50 at 3.7 GiB: 0.065 with an incumbent 20% above the optimum, 0.081 with one 1% above)."""
@@ -194,18 +202,20 @@ def next_threshold(
     left_s: float,
     span: float | None = None,
     top_share: float | None = None,
+    growth: float = _CLIMB_GROWTH,
 ) -> float | None:
     """The threshold of the next climbing sweep up to `top`, from the finished ones' (threshold, seconds) and the
     `left_s` seconds left, or None where no sweep above the last is predicted to end in time. `span`: the range
     the climb covers, the scale of the prior and the clamps (default: top, a climb from 0). `top_share`: the top
     is chosen wherever its sweep is predicted to take at most this share of `left_s`, however many times the last
-    sweep's time that is (_CLIMB_GROWTH caps only the steps below it): for a climb whose top sweep alone ends the
-    search, and which gives that sweep more of its time (solve.py, _FIFO_CLIMB_TOP_SHARE)."""
+    sweep's time that is (`growth` caps only the steps below it): for a climb whose top sweep alone ends the
+    search, and which gives that sweep more of its time (solve.py, _FIFO_CLIMB_TOP_SHARE). `growth`: a step's
+    predicted time is at most this many times the last sweep's (_CLIMB_GROWTH, _CLIMB_FROM_PROVEN_GROWTH)."""
     span = top if span is None else span
     th, t = timed[-1][0], max(timed[-1][1], _CLIMB_MIN_TIMED_S)
     doubling = _doubling(timed, span)
     top_s = predicted_s(timed, top, span)
-    target = min(_CLIMB_GROWTH * t, _CLIMB_SAFETY * left_s)
+    target = min(growth * t, _CLIMB_SAFETY * left_s)
     if top_s <= target or (top_share is not None and top_s <= top_share * left_s):
         return top
     if target > t:
@@ -233,7 +243,8 @@ def exact_search(
 ) -> DpOutcome:
     """Exact sweeps under rising thresholds up to incumbent x (1 - gap): _FIRST_THRESHOLD of it, then all of it,
     or with `climb` (where the incumbent is expected to lie well above the sweep's optimum: a host budget the
-    sweep leaves out) steps sized by their predicted time (_CLIMB_GROWTH). A sweep that hits the label cap is
+    sweep leaves out) steps sized by their predicted time (_CLIMB_GROWTH; _CLIMB_FROM_PROVEN_GROWTH with
+    `climb_from_proven`). A sweep that hits the label cap is
     retried at a coarser resolution. The bound it returns holds for every schedule (see DpOutcome.bound_s): each
     finished sweep proves its threshold, or finds the fluid optimum below it. `quantum_bytes` > 1: retained
     bytes and backlogs rounded down to its multiples from the start (a relaxation: fewer labels, a lower
@@ -242,7 +253,8 @@ def exact_search(
     starts at the top threshold instead. `pace`: each sweep stops as soon as its pace predicts that it cannot
     finish by the deadline (SweepConfig.pace; projected on the shape of the last finished sweep's time where one
     took long enough to have a shape). `climb_from_proven`: a climb whose first step would lie at or below
-    `proven_s` starts just above it (_CLIMB_FROM_PROVEN), not at the top."""
+    `proven_s` starts just above it (_CLIMB_FROM_PROVEN), not at the top, and climbs in smaller steps
+    (_CLIMB_FROM_PROVEN_GROWTH)."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     out = DpOutcome(notes=_approximation_notes(p))
@@ -301,7 +313,8 @@ def exact_search(
         if not climb:
             threshold = top
             continue
-        threshold = next_threshold(timed, top, deadline - time.perf_counter(), span)
+        growth = _CLIMB_FROM_PROVEN_GROWTH if climb_from_proven else _CLIMB_GROWTH
+        threshold = next_threshold(timed, top, deadline - time.perf_counter(), span, growth=growth)
         if threshold is None:
             out.timed_out = True  # by the clock, as a sweep cut at its deadline would be
             out.notes.append(
