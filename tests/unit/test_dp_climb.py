@@ -15,6 +15,7 @@ import pytest
 import memsched.optimizer.solve as solve_module
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.dp import (
+    _CLIMB_FROM_PROVEN_GROWTH,
     _CLIMB_GROWTH,
     _CLIMB_PRIOR_DOUBLING,
     _CLIMB_SAFETY,
@@ -162,6 +163,46 @@ def test_with_a_top_share_the_top_comes_as_soon_as_it_is_predicted_to_fit() -> N
     assert next_threshold(timed, 1.0, left_s=200.0) == pytest.approx(0.8)  # GROWTH 4: two doublings
     assert next_threshold(timed, 1.0, left_s=200.0, top_share=0.7) == 1.0  # 128 <= 140
     assert next_threshold(timed, 1.0, left_s=150.0, top_share=0.7) == pytest.approx(0.8)  # 128 > 105
+
+
+def test_a_smaller_growth_takes_smaller_steps_below_the_top() -> None:
+    # A doubling per 0.05 of the span from (0.6, 0.5 s), (0.7, 2 s): growth 4 allows two doublings (0.8), growth 2
+    # one (0.75), the long traces' climbs' (_CLIMB_FROM_PROVEN_GROWTH); a top predicted within it is still taken.
+    timed = [(0.6, 0.5), (0.7, 2.0)]
+    assert _CLIMB_FROM_PROVEN_GROWTH == 2.0
+    assert next_threshold(timed, 1.0, left_s=200.0, growth=4.0) == pytest.approx(0.8)
+    assert next_threshold(timed, 1.0, left_s=200.0, growth=_CLIMB_FROM_PROVEN_GROWTH) == pytest.approx(0.75)
+    assert next_threshold(timed, 0.74, left_s=200.0, growth=_CLIMB_FROM_PROVEN_GROWTH) == 0.74  # 1.74x the last
+
+
+def test_a_climb_from_a_held_bound_steps_by_its_own_growth(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Long traces' climbs (climb_from_proven) size their steps by _CLIMB_FROM_PROVEN_GROWTH, the host budget's by
+    # _CLIMB_GROWTH; both still end at the fluid optimum.
+    import memsched.optimizer.dp as dp_module
+
+    trace = make_trace(30, 2, copy_latency_s=10e-6)
+    budget = budget_between(trace, 0.12)
+    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    assert free.bound_s is not None and free.fluid_optimum and free.bound_s > 0.0
+    optimum = free.bound_s
+    growths: list[float] = []
+    real = dp_module.next_threshold
+
+    def spy(*args, growth: float, **kwargs):  # type: ignore[no-untyped-def]
+        growths.append(growth)
+        return real(*args, growth=growth, **kwargs)
+
+    monkeypatch.setattr(dp_module, "next_threshold", spy)
+    # The first sweep, at _FIRST_THRESHOLD of the top (0.98 of the optimum), proves its threshold and finds nothing:
+    # the climb steps at least once.
+    proven, incumbent = 0.6 * optimum, 1.4 * optimum
+    for from_proven, growth in ((True, _CLIMB_FROM_PROVEN_GROWTH), (False, _CLIMB_GROWTH)):
+        growths.clear()
+        out = exact_search(
+            trace, budget, FAR, incumbent, 0.0, climb=True, proven_s=proven, climb_from_proven=from_proven
+        )
+        assert growths and set(growths) == {growth}, (from_proven, growths)
+        assert out.fluid_optimum and out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
 
 
 def test_steps_shrink_to_the_time_left_and_stop_when_none_fits() -> None:
