@@ -272,6 +272,7 @@ def exact_search(
     # any byte be offloaded): a bound before any sweep, and the one left where no sweep finishes.
     root_bound = float(p.future[0, 0])
     best_bound = 0.0
+    growth = _CLIMB_FROM_PROVEN_GROWTH if climb_from_proven else _CLIMB_GROWTH  # a climbing step's time, x the last
     timed: list[tuple[float, float]] = []  # (threshold, seconds) of the finished sweeps that found nothing below
     profile: np.ndarray | None = None  # the shape of the last finished sweep's time (SweepConfig.pace_profile)
     while threshold is not None:
@@ -313,7 +314,6 @@ def exact_search(
         if not climb:
             threshold = top
             continue
-        growth = _CLIMB_FROM_PROVEN_GROWTH if climb_from_proven else _CLIMB_GROWTH
         threshold = next_threshold(timed, top, deadline - time.perf_counter(), span, growth=growth)
         if threshold is None:
             out.timed_out = True  # by the clock, as a sweep cut at its deadline would be
