@@ -161,7 +161,14 @@ after 2.25 s. With 2x steps the climb ran 0.00227 / 0.00246 / 0.00280 s, the las
 the optimum (0.002594 s), which the solve proved (gap 18.8% -> 0)."""
 _CLIMB_PRIOR_DOUBLING = 0.06
 """Until two sweeps have been timed: a sweep's time doubles per this fraction of the climb's span (from 0: the top
-threshold; ResNet-50 at 3.7 GiB: 0.065 with an incumbent 20% above the optimum, 0.081 with one 1% above)."""
+threshold; ResNet-50 at 3.7 GiB: 0.065 with an incumbent 20% above the optimum, 0.081 with one 1% above).
+A climb from a held bound (exact_search's `climb_from_proven`) takes this fraction of its top threshold instead
+(next_threshold's `prior_scale`): its span, from that bound to the top, is narrow (DenseNet-121 at 50%: 6% of the
+top), and how fast a sweep's time grows is a matter of the thresholds themselves (measured doublings, as fractions
+of the top: ResNet-50 0.065, DenseNet-121 at 75% 0.05, at 50% 0.03). Of the span, the prior said DenseNet-121 at
+50% doubles per 0.00007 s where it doubles per 0.0006 s (sweeps at 0.0178 / 0.0184 / 0.0187 / 0.019 s: 3.6 / 7.1 /
+11.1 / 16 s), so the second step of a 60 s solve rose 0.00004 s in 8 s; the clamp (_CLIMB_SLOPE_RANGE, of the span)
+holds the new prior to half the span there."""
 _CLIMB_SAFETY = 0.7
 """A step is sized to end within this share of the time left: a sweep cut at its deadline proves nothing more
 than the last finished one, and the predictions are off by up to 1.3x."""
@@ -176,18 +183,20 @@ _CLIMB_SNAP = 0.97
 """A step that would reach this fraction of the climb's span goes to the top."""
 
 
-def predicted_s(timed: list[tuple[float, float]], threshold: float, span: float) -> float:
+def predicted_s(
+    timed: list[tuple[float, float]], threshold: float, span: float, prior_scale: float | None = None
+) -> float:
     """The predicted seconds of a climbing sweep at `threshold`, from the finished ones' (threshold, seconds): the
-    last one's time, doubled per the doubling distance of the last two (the prior before two; clamped to
-    _CLIMB_SLOPE_RANGE of `span`, the range the climb covers)."""
+    last one's time, doubled per the doubling distance of the last two (the prior before two: _CLIMB_PRIOR_DOUBLING
+    of `prior_scale`, default `span`; clamped to _CLIMB_SLOPE_RANGE of `span`, the range the climb covers)."""
     th, t = timed[-1][0], max(timed[-1][1], _CLIMB_MIN_TIMED_S)
-    return t * 2.0 ** ((threshold - th) / _doubling(timed, span))
+    return t * 2.0 ** ((threshold - th) / _doubling(timed, span, prior_scale))
 
 
-def _doubling(timed: list[tuple[float, float]], span: float) -> float:
+def _doubling(timed: list[tuple[float, float]], span: float, prior_scale: float | None = None) -> float:
     """The threshold distance over which a climbing sweep's time doubles, from the last two finished sweeps."""
     th, t = timed[-1][0], max(timed[-1][1], _CLIMB_MIN_TIMED_S)
-    doubling = _CLIMB_PRIOR_DOUBLING * span
+    doubling = _CLIMB_PRIOR_DOUBLING * (span if prior_scale is None else prior_scale)
     if len(timed) >= 2:
         th0, t0 = timed[-2][0], max(timed[-2][1], _CLIMB_MIN_TIMED_S)
         if t > t0 and th > th0:
@@ -203,6 +212,7 @@ def next_threshold(
     span: float | None = None,
     top_share: float | None = None,
     growth: float = _CLIMB_GROWTH,
+    prior_scale: float | None = None,
 ) -> float | None:
     """The threshold of the next climbing sweep up to `top`, from the finished ones' (threshold, seconds) and the
     `left_s` seconds left, or None where no sweep above the last is predicted to end in time. `span`: the range
@@ -210,11 +220,12 @@ def next_threshold(
     is chosen wherever its sweep is predicted to take at most this share of `left_s`, however many times the last
     sweep's time that is (`growth` caps only the steps below it): for a climb whose top sweep alone ends the
     search, and which gives that sweep more of its time (solve.py, _FIFO_CLIMB_TOP_SHARE). `growth`: a step's
-    predicted time is at most this many times the last sweep's (_CLIMB_GROWTH, _CLIMB_FROM_PROVEN_GROWTH)."""
+    predicted time is at most this many times the last sweep's (_CLIMB_GROWTH, _CLIMB_FROM_PROVEN_GROWTH).
+    `prior_scale`: the prior doubling's scale, before two sweeps are timed (default: `span`; predicted_s)."""
     span = top if span is None else span
     th, t = timed[-1][0], max(timed[-1][1], _CLIMB_MIN_TIMED_S)
-    doubling = _doubling(timed, span)
-    top_s = predicted_s(timed, top, span)
+    doubling = _doubling(timed, span, prior_scale)
+    top_s = predicted_s(timed, top, span, prior_scale)
     target = min(growth * t, _CLIMB_SAFETY * left_s)
     if top_s <= target or (top_share is not None and top_s <= top_share * left_s):
         return top
@@ -263,11 +274,14 @@ def exact_search(
         top if not np.isfinite(top) or top * _FIRST_THRESHOLD <= proven_s else top * _FIRST_THRESHOLD
     )
     span = top  # the range the climb covers (next_threshold)
+    prior_scale: float | None = None  # the prior doubling's scale (next_threshold; default: span)
     if climb and climb_from_proven and np.isfinite(top) and proven_s < top <= proven_s / _FIRST_THRESHOLD:
         # A climb whose first step would lie at or below the bound already held starts above that bound instead
-        # of jumping to the top: the top sweep is the one that may not finish (_CLIMB_FROM_PROVEN).
+        # of jumping to the top: the top sweep is the one that may not finish (_CLIMB_FROM_PROVEN). Its prior
+        # doubling stays a fraction of the thresholds themselves, not of this span (_CLIMB_PRIOR_DOUBLING).
         span = top - proven_s
         threshold = proven_s + _CLIMB_FROM_PROVEN * span
+        prior_scale = top
     # The future-cost bound of the empty plan holds for every schedule whatever the offload options (it lets
     # any byte be offloaded): a bound before any sweep, and the one left where no sweep finishes.
     root_bound = float(p.future[0, 0])
@@ -314,7 +328,9 @@ def exact_search(
         if not climb:
             threshold = top
             continue
-        threshold = next_threshold(timed, top, deadline - time.perf_counter(), span, growth=growth)
+        threshold = next_threshold(
+            timed, top, deadline - time.perf_counter(), span, growth=growth, prior_scale=prior_scale
+        )
         if threshold is None:
             out.timed_out = True  # by the clock, as a sweep cut at its deadline would be
             out.notes.append(

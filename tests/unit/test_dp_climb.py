@@ -19,6 +19,7 @@ from memsched.optimizer.dp import (
     _CLIMB_GROWTH,
     _CLIMB_PRIOR_DOUBLING,
     _CLIMB_SAFETY,
+    _CLIMB_SLOPE_RANGE,
     _FIRST_THRESHOLD,
     exact_search,
     fifo_search,
@@ -173,6 +174,54 @@ def test_a_smaller_growth_takes_smaller_steps_below_the_top() -> None:
     assert next_threshold(timed, 1.0, left_s=200.0, growth=4.0) == pytest.approx(0.8)
     assert next_threshold(timed, 1.0, left_s=200.0, growth=_CLIMB_FROM_PROVEN_GROWTH) == pytest.approx(0.75)
     assert next_threshold(timed, 0.74, left_s=200.0, growth=_CLIMB_FROM_PROVEN_GROWTH) == 0.74  # 1.74x the last
+
+
+def test_a_prior_scaled_to_the_top_takes_larger_first_steps_over_a_narrow_span() -> None:
+    # A climb from a held bound: its span (0.9 -> 1.0) is a tenth of the top. Of the span, the prior doubles the time
+    # per 0.006; of the top, per 0.06, clamped to half the span (0.05). Growth 2: one doubling either way.
+    timed = [(0.915, 1.0)]
+    lo, hi = _CLIMB_SLOPE_RANGE
+    of_span = next_threshold(timed, 1.0, left_s=100.0, span=0.1, growth=2.0)
+    of_top = next_threshold(timed, 1.0, left_s=100.0, span=0.1, growth=2.0, prior_scale=1.0)
+    assert of_span == pytest.approx(0.915 + _CLIMB_PRIOR_DOUBLING * 0.1)
+    assert of_top == pytest.approx(0.915 + min(_CLIMB_PRIOR_DOUBLING * 1.0, hi * 0.1))
+    assert predicted_s(timed, 0.965, 0.1, prior_scale=1.0) == pytest.approx(2.0)
+    # Two timed sweeps set the slope themselves: the prior's scale no longer matters.
+    two = [(0.905, 0.5), (0.915, 1.0)]
+    assert next_threshold(two, 1.0, 100.0, 0.1, growth=2.0, prior_scale=1.0) == pytest.approx(
+        next_threshold(two, 1.0, 100.0, 0.1, growth=2.0)
+    )
+    assert lo * 0.1 <= 0.01 <= hi * 0.1  # that slope (a doubling per 0.01) is within the clamp
+
+
+def test_a_climb_from_a_held_bound_scales_its_prior_to_the_top(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the bound held lies above _FIRST_THRESHOLD of the top, the climb covers the narrow span above it; its
+    # prior doubling is then a fraction of the top (prior_scale), and the host budget's climb keeps the span's.
+    import memsched.optimizer.dp as dp_module
+
+    trace = make_trace(30, 2, copy_latency_s=10e-6)
+    budget = budget_between(trace, 0.12)
+    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    assert free.bound_s is not None and free.fluid_optimum and free.bound_s > 0.0
+    optimum = free.bound_s
+    scales: list[float | None] = []
+    real = dp_module.next_threshold
+
+    def spy(*args, prior_scale: float | None = None, **kwargs):  # type: ignore[no-untyped-def]
+        scales.append(prior_scale)
+        return real(*args, prior_scale=prior_scale, **kwargs)
+
+    monkeypatch.setattr(dp_module, "next_threshold", spy)
+    proven, incumbent = 0.9 * optimum, 1.2 * optimum
+    for from_proven, scale in ((True, incumbent), (False, None)):
+        scales.clear()
+        out = exact_search(
+            trace, budget, FAR, incumbent, 0.0, climb=True, proven_s=proven, climb_from_proven=from_proven
+        )
+        assert out.fluid_optimum and out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
+        assert set(scales) <= {scale}, (from_proven, scales)
+        if from_proven:  # the first sweep (0.915 of the optimum) finds nothing: the climb steps
+            assert scales == [incumbent] * len(scales) and scales
 
 
 def test_a_climb_from_a_held_bound_steps_by_its_own_growth(monkeypatch: pytest.MonkeyPatch) -> None:
