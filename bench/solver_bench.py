@@ -5,6 +5,7 @@ for each backend. Writes bench/results/solver_bench.{md,json} naming the machine
     python bench/solver_bench.py [--quick] [--shared ../shared]   # every backend on synthetic sizes
     taskset -c 1 python bench/solver_bench.py --lagrange --before DIR [--after DIR]  # keep/recompute, two checkouts
     taskset -c 1 python bench/solver_bench.py --issue22 --before DIR [--after DIR]   # long traces, default actions
+    taskset -c 1 python bench/solver_bench.py --minute --before DIR [--after DIR]    # DenseNet-121 at 60 s
     taskset -c 1 python bench/solver_bench.py --stalls --before DIR [--after DIR]    # stall-heavy traces, <= 300 layers
     taskset -c 1 python bench/solver_bench.py --conventions --before DIR [--after DIR]  # other byte conventions
     taskset -c 1 python bench/solver_bench.py --saved-twice --before DIR [--after DIR]  # ResNets, shared inputs
@@ -310,6 +311,10 @@ ISSUE22_ROWS: tuple[tuple[str, float, float], ...] = (
 """(trace, %, time limit s): issue 22's long traces with the default actions (offload included where the device
 allows it), and PipeDream ResNet-50 at 50% / 25% as a regression check (proven before)."""
 
+MINUTE_ROWS: tuple[tuple[str, float, float], ...] = tuple(("pipedream/densenet121", pct, 60.0) for pct in (75, 50, 25))
+"""(trace, %, time limit s): issue 22's 60 s targets on DenseNet-121 (gap <= 5%), where the exact DP's climb on a
+long trace has the time for more than one step."""
+
 
 STALL_ROWS: tuple[tuple[str, float, float], ...] = (
     *(("pipedream/resnet50", pct, 10.0) for pct in (12, 17, 19, 22.5, 26, 34, 41, 56)),
@@ -383,6 +388,7 @@ SIDE_BY_SIDE = {
     "lagrange": SideBySide(LAGRANGE_ROWS, LAGRANGE_ACTIONS, "solver_bench_lagrange", ((30, 2.0),)),
     # 160 layers: the link windows' Lagrangian runs on traces of 150-2,000 layers with copies beside compute.
     "issue22": SideBySide(ISSUE22_ROWS, None, "solver_bench_issue22", ((30, 2.0), (160, 1.0))),
+    "minute": SideBySide(MINUTE_ROWS, None, "solver_bench_minute", ((30, 2.0), (160, 1.0))),
     "stalls": SideBySide(STALL_ROWS, None, "solver_bench_stalls", ((30, 2.0), (160, 1.0))),
     "conventions": SideBySide(CONVENTION_ROWS, None, "solver_bench_conventions", ((30, 2.0), (160, 1.0))),
     "saved_twice": SideBySide(SAVED_TWICE_ROWS, None, "solver_bench_saved_twice", ((30, 2.0),)),
@@ -583,6 +589,12 @@ def main() -> None:
         action="store_true",
         help="issue 22's long traces (ISSUE22_ROWS) with the default actions, with --before's checkout and "
         "--after's: writes solver_bench_issue22.{md,json}",
+    )
+    ap.add_argument(
+        "--minute",
+        action="store_true",
+        help="DenseNet-121 at 75/50/25%% with 60 s (MINUTE_ROWS), with --before's checkout and --after's: writes "
+        "solver_bench_minute.{md,json}",
     )
     ap.add_argument(
         "--stalls",
