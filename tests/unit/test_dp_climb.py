@@ -30,6 +30,7 @@ from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
+from memsched.schema import Trace
 
 FAR = time.perf_counter() + 10**6  # a deadline that never comes
 
@@ -194,63 +195,61 @@ def test_a_prior_scaled_to_the_top_takes_larger_first_steps_over_a_narrow_span()
     assert lo * 0.1 <= 0.01 <= hi * 0.1  # that slope (a doubling per 0.01) is within the clamp
 
 
-def test_a_climb_from_a_held_bound_scales_its_prior_to_the_top(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Where the bound held lies above _FIRST_THRESHOLD of the top, the climb covers the narrow span above it; its
-    # prior doubling is then a fraction of the top (prior_scale), and the host budget's climb keeps the span's.
-    import memsched.optimizer.dp as dp_module
-
+def _climb_case() -> tuple[Trace, int, float]:
+    """A 30-layer chain with copy latency, its budget and its fluid optimum (> 0)."""
     trace = make_trace(30, 2, copy_latency_s=10e-6)
     budget = budget_between(trace, 0.12)
     free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
     assert free.bound_s is not None and free.fluid_optimum and free.bound_s > 0.0
-    optimum = free.bound_s
-    scales: list[float | None] = []
+    return trace, budget, free.bound_s
+
+
+def _spy_next_threshold(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """The keyword arguments of every call exact_search makes to next_threshold from now on."""
+    import memsched.optimizer.dp as dp_module
+
+    calls: list[dict[str, object]] = []
     real = dp_module.next_threshold
 
-    def spy(*args, prior_scale: float | None = None, **kwargs):  # type: ignore[no-untyped-def]
-        scales.append(prior_scale)
-        return real(*args, prior_scale=prior_scale, **kwargs)
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(kwargs)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(dp_module, "next_threshold", spy)
+    return calls
+
+
+def test_a_climb_from_a_held_bound_scales_its_prior_to_the_top(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the bound held lies above _FIRST_THRESHOLD of the top, the climb covers the narrow span above it; its
+    # prior doubling is then a fraction of the top (prior_scale), and the host budget's climb keeps the span's.
+    trace, budget, optimum = _climb_case()
+    calls = _spy_next_threshold(monkeypatch)
     proven, incumbent = 0.9 * optimum, 1.2 * optimum
     for from_proven, scale in ((True, incumbent), (False, None)):
-        scales.clear()
+        calls.clear()
         out = exact_search(
             trace, budget, FAR, incumbent, 0.0, climb=True, proven_s=proven, climb_from_proven=from_proven
         )
         assert out.fluid_optimum and out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
-        assert set(scales) <= {scale}, (from_proven, scales)
+        assert {c.get("prior_scale") for c in calls} <= {scale}, (from_proven, calls)
         if from_proven:  # the first sweep (0.915 of the optimum) finds nothing: the climb steps
-            assert scales == [incumbent] * len(scales) and scales
+            assert calls
 
 
 def test_a_climb_from_a_held_bound_steps_by_its_own_growth(monkeypatch: pytest.MonkeyPatch) -> None:
     # Long traces' climbs (climb_from_proven) size their steps by _CLIMB_FROM_PROVEN_GROWTH, the host budget's by
     # _CLIMB_GROWTH; both still end at the fluid optimum.
-    import memsched.optimizer.dp as dp_module
-
-    trace = make_trace(30, 2, copy_latency_s=10e-6)
-    budget = budget_between(trace, 0.12)
-    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
-    assert free.bound_s is not None and free.fluid_optimum and free.bound_s > 0.0
-    optimum = free.bound_s
-    growths: list[float] = []
-    real = dp_module.next_threshold
-
-    def spy(*args, growth: float, **kwargs):  # type: ignore[no-untyped-def]
-        growths.append(growth)
-        return real(*args, growth=growth, **kwargs)
-
-    monkeypatch.setattr(dp_module, "next_threshold", spy)
+    trace, budget, optimum = _climb_case()
+    calls = _spy_next_threshold(monkeypatch)
     # The first sweep, at _FIRST_THRESHOLD of the top (0.98 of the optimum), proves its threshold and finds nothing:
     # the climb steps at least once.
     proven, incumbent = 0.6 * optimum, 1.4 * optimum
     for from_proven, growth in ((True, _CLIMB_FROM_PROVEN_GROWTH), (False, _CLIMB_GROWTH)):
-        growths.clear()
+        calls.clear()
         out = exact_search(
             trace, budget, FAR, incumbent, 0.0, climb=True, proven_s=proven, climb_from_proven=from_proven
         )
-        assert growths and set(growths) == {growth}, (from_proven, growths)
+        assert calls and {c["growth"] for c in calls} == {growth}, (from_proven, calls)
         assert out.fluid_optimum and out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
 
 
