@@ -219,38 +219,27 @@ def _spy_next_threshold(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, objec
     return calls
 
 
-def test_a_climb_from_a_held_bound_scales_its_prior_to_the_top(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Where the bound held lies above _FIRST_THRESHOLD of the top, the climb covers the narrow span above it; its
-    # prior doubling is then a fraction of the top (prior_scale), and the host budget's climb keeps the span's.
-    trace, budget, optimum = _climb_case()
-    calls = _spy_next_threshold(monkeypatch)
-    proven, incumbent = 0.9 * optimum, 1.2 * optimum
-    for from_proven, scale in ((True, incumbent), (False, None)):
-        calls.clear()
-        out = exact_search(
-            trace, budget, FAR, incumbent, 0.0, climb=True, proven_s=proven, climb_from_proven=from_proven
-        )
-        assert out.fluid_optimum and out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
-        assert {c.get("prior_scale") for c in calls} <= {scale}, (from_proven, calls)
-        if from_proven:  # the first sweep (0.915 of the optimum) finds nothing: the climb steps
-            assert calls
-
-
-def test_a_climb_from_a_held_bound_steps_by_its_own_growth(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("from_proven", [True, False])
+@pytest.mark.parametrize(("proven_of", "incumbent_of"), [(0.9, 1.2), (0.6, 1.4)])
+def test_a_climb_from_a_held_bound_steps_by_its_own_growth_and_prior(
+    monkeypatch: pytest.MonkeyPatch, from_proven: bool, proven_of: float, incumbent_of: float
+) -> None:
     # Long traces' climbs (climb_from_proven) size their steps by _CLIMB_FROM_PROVEN_GROWTH, the host budget's by
-    # _CLIMB_GROWTH; both still end at the fluid optimum.
+    # _CLIMB_GROWTH. Where the bound held lies above _FIRST_THRESHOLD of the top (0.9 against 0.84 of the optimum),
+    # a long trace's climb covers the narrow span above it and scales its prior doubling to the top (prior_scale);
+    # the other climbs keep the span's. Every one ends at the fluid optimum.
     trace, budget, optimum = _climb_case()
     calls = _spy_next_threshold(monkeypatch)
-    # The first sweep, at _FIRST_THRESHOLD of the top (0.98 of the optimum), proves its threshold and finds nothing:
-    # the climb steps at least once.
-    proven, incumbent = 0.6 * optimum, 1.4 * optimum
-    for from_proven, growth in ((True, _CLIMB_FROM_PROVEN_GROWTH), (False, _CLIMB_GROWTH)):
-        calls.clear()
-        out = exact_search(
-            trace, budget, FAR, incumbent, 0.0, climb=True, proven_s=proven, climb_from_proven=from_proven
-        )
-        assert calls and {c["growth"] for c in calls} == {growth}, (from_proven, calls)
-        assert out.fluid_optimum and out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
+    proven, incumbent = proven_of * optimum, incumbent_of * optimum
+    out = exact_search(trace, budget, FAR, incumbent, 0.0, climb=True, proven_s=proven, climb_from_proven=from_proven)
+    assert out.fluid_optimum and out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
+    narrow = from_proven and proven >= _FIRST_THRESHOLD * incumbent
+    # The first sweep finds nothing below it (0.915 / 0.98 of the optimum), so the climb steps; without the narrow
+    # span and from a bound above 0.7 of the top, the only sweep is at the top.
+    assert bool(calls) == (narrow or proven_of < _FIRST_THRESHOLD * incumbent_of)
+    growth = _CLIMB_FROM_PROVEN_GROWTH if from_proven else _CLIMB_GROWTH
+    assert all(c["growth"] == growth for c in calls), calls
+    assert all(c.get("prior_scale") == (incumbent if narrow else None) for c in calls), calls
 
 
 def test_steps_shrink_to_the_time_left_and_stop_when_none_fits() -> None:
