@@ -293,6 +293,24 @@ _DP_SEED_SHARE = 0.3
 """Share of a local search's time spent from the exact DP's decoded optimum where that is not the best plan
 (`_Flow.polish`); the rest goes on from the best plan, as before."""
 _MAX_BEAM_WIDTH = 1536
+_LATE_BEAM_SHARE = 0.25
+"""The late beam's share of the limit (`_Flow.late_beam`), taken from the last local search."""
+_LATE_BEAM_MIN_LAYERS = 150
+"""The late beam runs on traces of at least this many layers: below, the exact DP or the MILP closes the gap."""
+_LATE_BEAM_MAX_LAYERS = 500
+"""Nor above this many: there the widths that fit the share are too narrow to find a plan below the local
+search's (the 1,000-layer synthetic chain at 20%, 60 s: 983 labels in 9.8 s, none), and the local search, still
+improving, loses the time (+2% on the 1,000-layer rows)."""
+_LATE_BEAM_MIN_WIDTH = 512
+"""Nor where fewer labels fit its share: `beam` has run that wide already."""
+_LATE_BEAM_MIN_GROWTH = 3
+"""The late beam runs only where its share allows at least this many times the first beam's widest round."""
+_LATE_BEAM_MAX_WIDTH = 24_576
+"""At most this many labels per boundary (the 200-layer synthetic chain at 20%: 17 s)."""
+_LATE_BEAM_SAFETY = 0.8
+"""The late beam's width is sized to end within this share of its time (the probe's time is noisy)."""
+_RACE_TURN_S = 0.5
+"""Seconds per turn of each local search in a race (`_Flow._race`)."""
 _MISPRICED = 0.02
 """A fluid beam's plans are mispriced where the simulator's cost of the best is this much above the sweep's own: then
 stalls shape the plans and a FIFO beam runs after that fluid beam. Measured (2026-11-26, widths 24 / 96 / 384):
@@ -609,6 +627,11 @@ class _Flow:
         self._search: LocalSearch | None = None
         """The last local search (`_polish_from`), and the candidate it stands at (its best plan as returned)."""
         self._search_at: SimResult | None = None
+        self._rival: LocalSearch | None = None
+        """A second local search, from the late beam's plan (`late_beam`), that the last one races (`_race`)."""
+        self.beam_rounds: list[tuple[int, float]] = []
+        """(width, seconds) of each fluid beam round of `beam` that finished, widest last (`late_beam` is sized
+        by them)."""
         self._problem: DpProblem | None = None
         self._bound_problems: dict[int, DpProblem] = {}
         self._rows_prices: tuple[LagrangeArrays, np.ndarray] | None = None
@@ -740,6 +763,8 @@ class _Flow:
                     price = next_price(price, None, self.price_scale)  # the same width again, offloads dearer
                     continue
                 fluid_s.append(time.perf_counter() - began)
+                if not price:
+                    self.beam_rounds.append((width, fluid_s[-1]))
                 ratio = _mispricing(out)
                 if ratio is not None:
                     ratios.append(ratio)
@@ -881,7 +906,93 @@ class _Flow:
             limit = until - time.perf_counter()
             if self.proven() or limit <= 0.05:
                 return
-        self._polish_from(self.best.sim, limit, target)
+        if self._rival is not None:
+            self._race(until, target)
+        else:
+            self._polish_from(self.best.sim, limit, target)
+
+    def late_beam(self, until: float) -> None:
+        """Where the gap is still open on a long trace: one fluid beam much wider than `beam`'s, pruned at the best
+        plan known, its width sized by `beam`'s widest round to end by `until` (_LATE_BEAM_MIN_GROWTH). Its plan
+        joins the candidates and seeds a second local search, which the last one races (`_race`): a local
+        search's answer depends on its start, and a wide beam's plan lies in another basin of the same problem
+        (the 200-layer synthetic chain at 20%: 0.0336 s after 9 s from the incumbent, 0.0286 s from a 6,144-label
+        beam's plan). The incumbent's own search goes on beside it, so a beam plan that polishes worse costs
+        time, not the answer."""
+        from memsched.optimizer.dp import beam_search
+
+        if self.proven() or not self.beam_rounds:
+            log.info("late beam skipped: %s", "proven" if self.proven() else "no beam round finished")
+            return
+        until = min(until, self.deadline - self.reserve)
+        # Pruned at a better incumbent than `beam`'s, a beam of the same width is several times faster (DenseNet-121
+        # at 50%: 192 labels in 0.36 s); so a probe at `beam`'s widest width times it, and the wide one is sized by
+        # that, its time about linear in the width.
+        probe_width = self.beam_rounds[-1][0]
+        began = time.perf_counter()
+        out = beam_search(
+            self.trace,
+            self.budget,
+            until,
+            width=probe_width,
+            threshold=self.best.sim.overhead_s,
+            problem=self.problem(),
+        )
+        probe_s = time.perf_counter() - began
+        seeds = [sim for sim in out.schedules[:1] if fits_host(sim, self.host)]
+        log.info(
+            "late beam probe %d: %s, %.2f s", probe_width, f"{seeds[0].overhead_s:.6g} s" if seeds else "none", probe_s
+        )
+        width = min(
+            _LATE_BEAM_MAX_WIDTH, int(probe_width * _LATE_BEAM_SAFETY * (until - time.perf_counter()) / probe_s)
+        )
+        if out.timed_out or width < max(_LATE_BEAM_MIN_WIDTH, _LATE_BEAM_MIN_GROWTH * probe_width):
+            log.info("late beam: %d labels in its share, the probe ran %d in %.2f s", width, probe_width, probe_s)
+        else:
+            out = beam_search(
+                self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s, problem=self.problem()
+            )
+            wide = [sim for sim in out.schedules[:1] if fits_host(sim, self.host)]
+            log.info(
+                "late beam %d (probe %d in %.2f s): best %s, %.2f s%s",
+                width,
+                probe_width,
+                probe_s,
+                f"{wide[0].overhead_s:.6g} s" if wide else "none below the incumbent",
+                out.wall_s,
+                " (cut)" if out.timed_out else "",
+            )
+            seeds = wide or seeds
+        for sim in seeds:
+            self.add("dp-beam", sim)
+            self._rival = LocalSearch(
+                self.trace, self.budget, sim.decisions, allowed=self.allowed, host_budget=self.host
+            )
+
+    def _race(self, until: float, target: float | None) -> None:
+        """The local search from the incumbent's basin (the last one, going on where it stopped) and the late
+        beam's (`late_beam`), taking turns of _RACE_TURN_S until `until`; a search that stops by itself leaves the
+        other the rest."""
+        if self._search is None:
+            self._search = LocalSearch(
+                self.trace, self.budget, self.best.sim.decisions, allowed=self.allowed, host_budget=self.host
+            )
+        assert self._rival is not None
+        racers = [self._search, self._rival]
+        turn = 0
+        while racers and not self.proven():
+            left = until - time.perf_counter()
+            if left <= 0.05:
+                break
+            search = racers[turn % len(racers)]
+            res = search.run(min(left, _RACE_TURN_S), target)
+            if res.improved:
+                self.add("local-search", res.sim)
+            if search.finished:
+                racers.remove(search)
+            else:
+                turn += 1
+        self._search_at = self._search.best
 
     def _polish_from(self, start: SimResult, limit: float, target: float | None) -> None:
         """The local search from `start` for `limit` seconds; a better plan than `start` joins the candidates.
@@ -1450,6 +1561,7 @@ class Step(StrEnum):
     FIFO_PROBE = "fifo_probe"
     EXACT_DP = "exact_dp"
     FIFO_AGAIN = "fifo_again"
+    LATE_BEAM = "late_beam"
     MILP = "milp"
 
 
@@ -1581,6 +1693,8 @@ def plan_for(
     # leave room for its kill grace, and on a relaxed trace the MILP's share is large).
     polish = Phase(Step.POLISH, 1.0, min_left_s=0.2)
     last = [Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True), polish] if milp_ok else [polish]
+    if _LATE_BEAM_MIN_LAYERS <= n_layers <= _LATE_BEAM_MAX_LAYERS:
+        last.insert(0, Phase(Step.LATE_BEAM, _LATE_BEAM_SHARE))
     dp_until = _DP_UNTIL_LONG if dp_long else _DP_UNTIL_RELAXED if relaxed and milp_ok else _DP_UNTIL
     dp = Phase(Step.EXACT_DP) if solver == SolverName.DP else Phase(Step.EXACT_DP, dp_until, from_start=True)
     # The early DP's finest relaxed step may run to where the exact DP phase ends: cut at its share, it would run
@@ -1621,6 +1735,8 @@ def _run_phase(flow: _Flow, phase: Phase) -> None:
         flow.fifo_probe()
     elif phase.step == Step.EXACT_DP:
         flow.exact_dp(until)
+    elif phase.step == Step.LATE_BEAM:
+        flow.late_beam(until)
     elif phase.step == Step.FIFO_AGAIN:
         flow.fifo_again(until)
     else:
