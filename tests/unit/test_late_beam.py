@@ -1,0 +1,73 @@
+"""The late beam and the race of two local searches (optimizer/solve.py, `_Flow.late_beam`, `_Flow._race`)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from memsched.optimizer import solve as solve_mod
+from memsched.optimizer.budget import budget_between
+from memsched.optimizer.polish import LocalSearch
+from memsched.optimizer.synthetic import make_trace
+from memsched.options import SolveOptions, SolveResources, SolverName
+from memsched.schema import Trace
+
+
+def _flow(trace: Trace, limit_s: float = 10.0) -> solve_mod._Flow:
+    """A _Flow on `trace` at 20%, as solve() builds it, holding only the heuristic's and the baselines' plans."""
+    options = SolveOptions.from_user(time_limit_s=limit_s)
+    allowed = options.allowed_actions(trace)
+    return solve_mod._Flow(trace, budget_between(trace, 0.2), options, SolveResources(), time.perf_counter(), allowed)
+
+
+@pytest.mark.parametrize(("n_layers", "late"), [(149, False), (150, True), (400, True), (500, True), (501, False)])
+def test_a_late_beam_runs_before_the_last_local_search_on_150_to_500_layers(n_layers: int, late: bool) -> None:
+    from memsched.optimizer.solve import Step, plan_for
+
+    for solver in (SolverName.AUTO, SolverName.DP):
+        steps = [p.step for p in plan_for(solver, n_layers)]
+        assert (Step.LATE_BEAM in steps) == late
+        if late:
+            assert steps[-2:] == [Step.LATE_BEAM, Step.POLISH]
+    # A backend asked for by name gets the time after the DP: no late beam.
+    assert Step.LATE_BEAM not in [p.step for p in plan_for(SolverName.CBC, 400)]
+
+
+def test_a_race_gives_both_searches_turns_and_keeps_what_either_finds() -> None:
+    trace = make_trace(40, 3)
+    flow = _flow(trace)
+    start = flow.best.sim.decisions
+    flow._search = LocalSearch(trace, flow.budget, start, seed=1)
+    flow._rival = LocalSearch(trace, flow.budget, start, seed=2)
+    main, rival = flow._search, flow._rival
+    flow.bound = 0.0  # nothing proven: the race runs to its deadline unless a search stops by itself
+    flow._race(time.perf_counter() + 4 * solve_mod._RACE_TURN_S, None)
+    assert main.evaluations > 0 and rival.evaluations > 0
+    assert flow.best.sim.overhead_s <= min(main.best.overhead_s, rival.best.overhead_s) + 1e-15
+    assert flow._search_at is main.best  # a later local search goes on from the incumbent's own search
+
+
+def test_a_late_beam_pruned_at_a_poor_incumbent_seeds_a_rival_search() -> None:
+    # The heuristic's plan on a 60-layer chain at 20% is far from the optimum: a beam of hundreds of labels
+    # pruned at it finds a cheaper plan, which joins the candidates and seeds the rival search.
+    trace = make_trace(60, 5)
+    flow = _flow(trace, limit_s=30.0)
+    before = flow.best.sim.overhead_s
+    flow.beam_rounds = [(24, 1e-3)]  # as if `beam` had run one narrow round
+    flow.late_beam(time.perf_counter() + 3.0)
+    assert flow._rival is not None
+    assert any(c.name == "dp-beam" for c in flow.cands)
+    assert flow.best.sim.overhead_s < before
+    assert flow._rival.ref.decisions == next(c for c in flow.cands if c.name == "dp-beam").sim.decisions
+
+
+def test_no_late_beam_without_a_finished_beam_round_or_once_proven() -> None:
+    trace = make_trace(60, 5)
+    flow = _flow(trace)
+    flow.late_beam(time.perf_counter() + 3.0)  # `beam` never ran
+    assert flow._rival is None
+    flow.beam_rounds = [(24, 1e-3)]
+    flow.bound = flow.best.sim.overhead_s  # proven
+    flow.late_beam(time.perf_counter() + 3.0)
+    assert flow._rival is None
