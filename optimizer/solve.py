@@ -304,7 +304,7 @@ improving, loses the time (+2% on the 1,000-layer rows)."""
 _LATE_BEAM_MIN_WIDTH = 512
 """Nor where fewer labels fit its share: `beam` has run that wide already."""
 _LATE_BEAM_MIN_GROWTH = 3
-"""The late beam runs only where its share allows at least this many times the first beam's widest round."""
+"""The late beam runs only where its share allows at least this many times its probe's width (`beam`'s widest)."""
 _LATE_BEAM_MAX_WIDTH = 24_576
 """At most this many labels per boundary (the 200-layer synthetic chain at 20%: 17 s)."""
 _LATE_BEAM_SAFETY = 0.8
@@ -1650,7 +1650,9 @@ def plan_for(
     completion and the exact DP finishes on long traces too, so they keep the local search's short share; the
     link windows' share comes out of the local search's long share, so the exact DP keeps its time.
     `relaxed`: some layer has too many saved tensors to try every offload subset (`_relaxed_offload`): where
-    the exact-window MILP follows, the DP leaves it a larger share (_DP_UNTIL_RELAXED).
+    the exact-window MILP follows, the DP leaves it a larger share (_DP_UNTIL_RELAXED). On traces of
+    _LATE_BEAM_MIN_LAYERS to _LATE_BEAM_MAX_LAYERS a late, wider beam comes before the last local search, whose
+    plan's own search that one races (`_Flow.late_beam`).
 
     With some actions left out (`allowed`): the FIFO sweep only matters where copies and recompute meet (with
     no offload there are no copies, and the fluid sweep is exact); the MILP always models recompute, so
