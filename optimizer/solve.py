@@ -311,6 +311,10 @@ _LATE_BEAM_SAFETY = 0.8
 """The late beam's width is sized to end within this share of its time (the probe's time is noisy)."""
 _RACE_TURN_S = 0.5
 """Seconds per turn of each local search in a race (`_Flow._race`)."""
+_RACE_PATIENCE = 2
+"""Turns in a row without a better plan after which a late beam's search that trails the other leaves the race
+(the 200-layer synthetic chain at 20%, 10 s: a beam plan at 0.0357 s against the incumbent's 0.0333 s; raced to
+the end, the answer was 1.3% worse)."""
 _MISPRICED = 0.02
 """A fluid beam's plans are mispriced where the simulator's cost of the best is this much above the sweep's own: then
 stalls shape the plans and a FIFO beam runs after that fluid beam. Measured (2026-11-26, widths 24 / 96 / 384):
@@ -924,6 +928,10 @@ class _Flow:
         if self.proven() or not self.beam_rounds:
             log.info("late beam skipped: %s", "proven" if self.proven() else "no beam round finished")
             return
+        if self.stalls_decide:
+            # The fluid beams mispriced every plan they found: a wider one ranks plans by the same wrong costs.
+            log.info("late beam skipped: stalls decide the plans (the fluid beams mispriced them)")
+            return
         if self.dp_seed is not None or (self.dp is not None and self.dp.fluid_optimum):
             # The exact DP found the fluid optimum: the local search from its plan (`polish`) is what closes the
             # gap, and needs the time (DenseNet-121 at 75%, 10 s: proven at 9.9 s, not proven with a late beam).
@@ -944,31 +952,29 @@ class _Flow:
             problem=self.problem(),
         )
         probe_s = time.perf_counter() - began
-        seeds = [sim for sim in out.schedules[:1] if fits_host(sim, self.host)]
-        log.info(
-            "late beam probe %d: %s, %.2f s", probe_width, f"{seeds[0].overhead_s:.6g} s" if seeds else "none", probe_s
-        )
+        # The probe's plan is a candidate but seeds no search: `beam` ran as wide, so its basin is one `beam` found.
+        for sim in out.schedules[:1]:
+            self.add("dp-beam", sim)
         width = min(
             _LATE_BEAM_MAX_WIDTH, int(probe_width * _LATE_BEAM_SAFETY * (until - time.perf_counter()) / probe_s)
         )
         if out.timed_out or width < max(_LATE_BEAM_MIN_WIDTH, _LATE_BEAM_MIN_GROWTH * probe_width):
-            log.info("late beam: %d labels in its share, the probe ran %d in %.2f s", width, probe_width, probe_s)
-        else:
-            out = beam_search(
-                self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s, problem=self.problem()
-            )
-            wide = [sim for sim in out.schedules[:1] if fits_host(sim, self.host)]
-            log.info(
-                "late beam %d (probe %d in %.2f s): best %s, %.2f s%s",
-                width,
-                probe_width,
-                probe_s,
-                f"{wide[0].overhead_s:.6g} s" if wide else "none below the incumbent",
-                out.wall_s,
-                " (cut)" if out.timed_out else "",
-            )
-            seeds = wide or seeds
-        for sim in seeds:
+            log.info("late beam skipped: %d labels fit its share (probe: %d in %.2f s)", width, probe_width, probe_s)
+            return
+        out = beam_search(
+            self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s, problem=self.problem()
+        )
+        wide = [sim for sim in out.schedules[:1] if fits_host(sim, self.host)]
+        log.info(
+            "late beam %d (probe %d in %.2f s): best %s, %.2f s%s",
+            width,
+            probe_width,
+            probe_s,
+            f"{wide[0].overhead_s:.6g} s" if wide else "none below the incumbent",
+            out.wall_s,
+            " (cut)" if out.timed_out else "",
+        )
+        for sim in wide:
             self.add("dp-beam", sim)
             self._rival = LocalSearch(
                 self.trace, self.budget, sim.decisions, allowed=self.allowed, host_budget=self.host
@@ -976,24 +982,33 @@ class _Flow:
 
     def _race(self, until: float, target: float | None) -> None:
         """The local search from the incumbent's basin (the last one, going on where it stopped) and the late
-        beam's (`late_beam`), taking turns of _RACE_TURN_S until `until`; a search that stops by itself leaves the
-        other the rest."""
+        beam's (`late_beam`), taking turns of _RACE_TURN_S until `until`. The late beam's search leaves the race
+        once it trails the other and has found nothing better in _RACE_PATIENCE turns in a row; a search that stops
+        by itself leaves the other the rest."""
         if self._search is None:
             self._search = LocalSearch(
                 self.trace, self.budget, self.best.sim.decisions, allowed=self.allowed, host_budget=self.host
             )
-        assert self._rival is not None
-        racers = [self._search, self._rival]
+        main, rival = self._search, self._rival
+        assert rival is not None
+        racers = [main, rival]
         turn = 0
+        stale = 0  # the rival's turns in a row without a better plan
         while racers and not self.proven():
             left = until - time.perf_counter()
             if left <= 0.05:
                 break
             search = racers[turn % len(racers)]
+            found = search.found_s
             res = search.run(min(left, _RACE_TURN_S), target)
             if res.improved:
                 self.add("local-search", res.sim)
-            if search.finished:
+            if search is rival:
+                stale = 0 if search.found_s < found else stale + 1
+            if search.finished or (search is rival and stale >= _RACE_PATIENCE and rival.found_s > main.found_s):
+                log.debug(
+                    "race: the %s search leaves at %.6g s", "rival" if search is rival else "main", search.found_s
+                )
                 racers.remove(search)
             else:
                 turn += 1
