@@ -8,7 +8,7 @@ import pytest
 
 from memsched.optimizer import solve as solve_mod
 from memsched.optimizer.budget import budget_between
-from memsched.optimizer.polish import LocalSearch
+from memsched.optimizer.polish import LocalSearch, PolishResult
 from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions, SolveResources, SolverName
 from memsched.schema import Trace
@@ -48,11 +48,14 @@ def test_a_race_gives_both_searches_turns_and_keeps_what_either_finds() -> None:
     assert flow._search_at is main.best  # a later local search goes on from the incumbent's own search
 
 
-def test_a_late_beam_pruned_at_a_poor_incumbent_seeds_a_rival_search() -> None:
+def test_a_late_beam_pruned_at_a_poor_incumbent_seeds_a_rival_search(monkeypatch: pytest.MonkeyPatch) -> None:
     # The heuristic's plan on a 60-layer chain at 20% is far from the optimum: a beam of hundreds of labels
-    # pruned at it finds a cheaper plan, which joins the candidates and seeds the rival search.
+    # pruned at it finds a cheaper plan, which joins the candidates and seeds the rival search. (At least 72
+    # labels here, 3x the probe's, not 512: the machine may be loaded, and a 60-layer beam is cheap.)
+    monkeypatch.setattr(solve_mod, "_LATE_BEAM_MIN_WIDTH", 72)
     trace = make_trace(60, 5)
     flow = _flow(trace, limit_s=30.0)
+    flow.prepare_kernels()  # as solve() does first: the probe is timed, and loading the kernels is not its time
     before = flow.best.sim.overhead_s
     flow.beam_rounds = [(24, 1e-3)]  # as if `beam` had run one narrow round
     flow.late_beam(time.perf_counter() + 3.0)
@@ -71,3 +74,31 @@ def test_no_late_beam_without_a_finished_beam_round_or_once_proven() -> None:
     flow.bound = flow.best.sim.overhead_s  # proven
     flow.late_beam(time.perf_counter() + 3.0)
     assert flow._rival is None
+
+
+def test_a_trailing_rival_that_finds_nothing_leaves_the_race(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rival starts from the dearest candidate (a baseline's plan) and (patched) finds nothing in its turns:
+    # after _RACE_PATIENCE turns it leaves, and the incumbent's search gets every later turn.
+    trace = make_trace(40, 3)
+    flow = _flow(trace)
+    flow._search = LocalSearch(trace, flow.budget, flow.best.sim.decisions)
+    flow._rival = LocalSearch(trace, flow.budget, flow.cands[-1].sim.decisions)
+    main, rival = flow._search, flow._rival
+    assert rival.found_s > main.found_s
+    turns = {"main": 0, "rival": 0}
+    main_run = main.run
+
+    def rival_run(limit_s: float, target_s: float | None = None) -> object:
+        turns["rival"] += 1
+        return PolishResult(rival.best, 0, False)
+
+    def counted_main(limit_s: float, target_s: float | None = None) -> object:
+        turns["main"] += 1
+        return main_run(limit_s, target_s)
+
+    monkeypatch.setattr(rival, "run", rival_run)
+    monkeypatch.setattr(main, "run", counted_main)
+    flow.bound = 0.0
+    flow._race(time.perf_counter() + 6 * solve_mod._RACE_TURN_S, None)
+    assert turns["rival"] == solve_mod._RACE_PATIENCE
+    assert turns["main"] >= solve_mod._RACE_PATIENCE + 2 or main.finished
