@@ -917,8 +917,9 @@ class _Flow:
 
     def late_beam(self, until: float) -> None:
         """Where the gap is still open on a long trace: one fluid beam much wider than `beam`'s, pruned at the best
-        plan known, its width sized by `beam`'s widest round to end by `until` (_LATE_BEAM_MIN_GROWTH). Its plan
-        joins the candidates and seeds a second local search, which the last one races (`_race`): a local
+        plan known, its width sized by a probe's time to end by `until` (_LATE_BEAM_SAFETY, _LATE_BEAM_MIN_WIDTH,
+        _LATE_BEAM_MIN_GROWTH). Its plan joins the candidates and seeds a second local search, which the last one
+        races (`_race`): a local
         search's answer depends on its start, and a wide beam's plan lies in another basin of the same problem
         (the 200-layer synthetic chain at 20%: 0.0336 s after 9 s from the incumbent, 0.0286 s from a 6,144-label
         beam's plan). The incumbent's own search goes on beside it, so a beam plan that polishes worse costs
