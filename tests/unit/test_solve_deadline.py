@@ -55,6 +55,35 @@ def test_the_whole_process_ends_within_the_limit(path: Path, limit: float, tmp_p
         assert f"time limit of {limit:g} s ran out" in rec.message, rec.message
 
 
+def test_a_late_beam_and_race_end_within_the_limit(tmp_path: Path) -> None:
+    # A 200-layer chain at 20% keeps its gap open to the last local search: the late beam and the race of two
+    # local searches (_Flow.late_beam, _Flow._race) take the end of the limit, and the process still ends by it.
+    import os
+
+    from memsched.optimizer.synthetic import make_trace
+
+    trace_path = tmp_path / "chain-200.json"
+    trace_path.write_text(make_trace(200, 1).model_dump_json())
+    out = tmp_path / "schedule.json"
+    limit = 8.0
+    cmd = [sys.executable, "-m", "memsched.cli", "solve", str(trace_path), "--budget", "20%"]
+    cmd += ["--time-limit", str(limit), "-o", str(out)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, "MEMSCHED_LOG": "INFO"})
+    wall = time.perf_counter() - t0
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "late beam" in done.stderr, "the late beam phase was not reached"
+    assert _within(wall, limit), f"{wall:.2f} s for a {limit:g} s limit"
+    trace = Trace.model_validate_json(trace_path.read_text())
+    schedule = Schedule.model_validate(json.loads(out.read_text()))
+    sim = simulate(trace, schedule)
+    assert sim.feasible
+    rec = schedule.solver
+    assert rec.objective_s == pytest.approx(sim.overhead_s, rel=1e-9, abs=1e-12)
+    assert rec.best_bound_s is not None and rec.objective_s is not None
+    assert rec.best_bound_s <= rec.objective_s
+
+
 @pytest.fixture(scope="module")
 def bert_50() -> tuple[Trace, int]:
     prepare_kernels()
