@@ -633,9 +633,9 @@ class _Flow:
         self._search_at: SimResult | None = None
         self._rival: LocalSearch | None = None
         """A second local search, from the late beam's plan (`late_beam`), that the last one races (`_race`)."""
-        self.beam_rounds: list[tuple[int, float]] = []
-        """(width, seconds) of each fluid beam round of `beam` that finished, widest last (`late_beam` is sized
-        by them)."""
+        self.widest_beam = 0
+        """Labels per boundary of the widest fluid beam round of `beam` that finished (0: none); `late_beam`'s
+        probe runs this wide."""
         self._problem: DpProblem | None = None
         self._bound_problems: dict[int, DpProblem] = {}
         self._rows_prices: tuple[LagrangeArrays, np.ndarray] | None = None
@@ -768,7 +768,7 @@ class _Flow:
                     continue
                 fluid_s.append(time.perf_counter() - began)
                 if not price:
-                    self.beam_rounds.append((width, fluid_s[-1]))
+                    self.widest_beam = width
                 ratio = _mispricing(out)
                 if ratio is not None:
                     ratios.append(ratio)
@@ -919,14 +919,13 @@ class _Flow:
         """Where the gap is still open on a long trace: one fluid beam much wider than `beam`'s, pruned at the best
         plan known, its width sized by a probe's time to end by `until` (_LATE_BEAM_SAFETY, _LATE_BEAM_MIN_WIDTH,
         _LATE_BEAM_MIN_GROWTH). Its plan joins the candidates and seeds a second local search, which the last one
-        races (`_race`): a local
-        search's answer depends on its start, and a wide beam's plan lies in another basin of the same problem
-        (the 200-layer synthetic chain at 20%: 0.0336 s after 9 s from the incumbent, 0.0286 s from a 6,144-label
-        beam's plan). The incumbent's own search goes on beside it, so a beam plan that polishes worse costs
-        time, not the answer."""
+        races (`_race`): a local search's answer depends on its start, and a wide beam's plan lies in another basin
+        of the same problem (the 200-layer synthetic chain at 20%: 0.0336 s after 9 s from the incumbent, 0.0286 s
+        from a 6,144-label beam's plan). The incumbent's own search goes on beside it, so a beam plan that polishes
+        worse costs time, not the answer."""
         from memsched.optimizer.dp import beam_search
 
-        if self.proven() or not self.beam_rounds:
+        if self.proven() or not self.widest_beam:
             log.info("late beam skipped: %s", "proven" if self.proven() else "no beam round finished")
             return
         if self.stalls_decide:
@@ -942,7 +941,7 @@ class _Flow:
         # Pruned at a better incumbent than `beam`'s, a beam of the same width is several times faster (DenseNet-121
         # at 50%: 192 labels in 0.36 s); so a probe at `beam`'s widest width times it, and the wide one is sized by
         # that, its time about linear in the width.
-        probe_width = self.beam_rounds[-1][0]
+        probe_width = self.widest_beam
         began = time.perf_counter()
         out = beam_search(
             self.trace,
@@ -975,11 +974,9 @@ class _Flow:
             out.wall_s,
             " (cut)" if out.timed_out else "",
         )
-        for sim in wide:
-            self.add("dp-beam", sim)
-            self._rival = LocalSearch(
-                self.trace, self.budget, sim.decisions, allowed=self.allowed, host_budget=self.host
-            )
+        if wide:
+            self.add("dp-beam", wide[0])
+            self._rival = self._local_search(wide[0].decisions)
 
     def _race(self, until: float, target: float | None) -> None:
         """The local search from the incumbent's basin (the last one, going on where it stopped) and the late
@@ -987,9 +984,7 @@ class _Flow:
         once it trails the other and has found nothing better in _RACE_PATIENCE turns in a row; a search that stops
         by itself leaves the other the rest."""
         if self._search is None:
-            self._search = LocalSearch(
-                self.trace, self.budget, self.best.sim.decisions, allowed=self.allowed, host_budget=self.host
-            )
+            self._search = self._local_search(self.best.sim.decisions)
         main, rival = self._search, self._rival
         assert rival is not None
         racers = [main, rival]
@@ -1021,13 +1016,15 @@ class _Flow:
         better), that search goes on where it stopped instead of starting again (LocalSearch)."""
         t0 = time.perf_counter()
         if self._search is None or start is not self._search_at:
-            self._search = LocalSearch(
-                self.trace, self.budget, start.decisions, allowed=self.allowed, host_budget=self.host
-            )
+            self._search = self._local_search(start.decisions)
         res = self._search.run(limit - (time.perf_counter() - t0), target)
         self._search_at = res.sim if res.improved else start
         if res.improved:
             self.add("local-search", res.sim)
+
+    def _local_search(self, start: list[Decision]) -> LocalSearch:
+        """A local search from `start`, with this solve's actions and host budget."""
+        return LocalSearch(self.trace, self.budget, start, allowed=self.allowed, host_budget=self.host)
 
     def fifo_applies(self) -> bool:
         """Whether the FIFO sweep runs here: concurrent copies (with serial ones the fluid sweep is exact already)

@@ -57,7 +57,7 @@ def test_a_late_beam_pruned_at_a_poor_incumbent_seeds_a_rival_search(monkeypatch
     flow = _flow(trace, limit_s=30.0)
     flow.prepare_kernels()  # as solve() does first: the probe is timed, and loading the kernels is not its time
     before = flow.best.sim.overhead_s
-    flow.beam_rounds = [(24, 1e-3)]  # as if `beam` had run one narrow round
+    flow.widest_beam = 24  # as if `beam` had run one narrow round
     flow.late_beam(time.perf_counter() + 3.0)
     assert flow._rival is not None
     assert any(c.name == "dp-beam" for c in flow.cands)
@@ -70,7 +70,7 @@ def test_no_late_beam_without_a_finished_beam_round_or_once_proven() -> None:
     flow = _flow(trace)
     flow.late_beam(time.perf_counter() + 3.0)  # `beam` never ran
     assert flow._rival is None
-    flow.beam_rounds = [(24, 1e-3)]
+    flow.widest_beam = 24
     flow.bound = flow.best.sim.overhead_s  # proven
     flow.late_beam(time.perf_counter() + 3.0)
     assert flow._rival is None
