@@ -15,6 +15,8 @@ recomputed (the local search's 'R' gene).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -70,11 +72,7 @@ class FastSim:
         self.other_s = other_step_s(trace)
         self.keepall_s = keepall_step_s(trace)
         self.limit = budget_bytes - trace.static.total
-
-    def __call__(self, kind: np.ndarray, nbytes: np.ndarray) -> tuple[float, int]:
-        return _evaluate(
-            kind,
-            nbytes,
+        self.args = (
             self.fwd,
             self.rerun,
             self.bwd,
@@ -103,6 +101,10 @@ class FastSim:
             self.other_s,
             self.limit,
         )
+        """`_evaluate`'s arguments after the plan, in its order: what a compiled caller passes on (`descend`)."""
+
+    def __call__(self, kind: np.ndarray, nbytes: np.ndarray) -> tuple[float, int]:
+        return _evaluate(kind, nbytes, *self.args)
 
 
 @njit(cache=True)
@@ -120,7 +122,7 @@ def _add(diff: np.ndarray, lo: int, hi: int, nbytes: int) -> None:  # pragma: no
 
 
 @njit(cache=True)
-def _stage_memory(
+def _raw_stage_memory(
     kind: np.ndarray,
     nbytes: np.ndarray,
     done_by: np.ndarray,
@@ -145,10 +147,11 @@ def _stage_memory(
     in_saved: np.ndarray,
     loss_transient: int,
     ckpt_state: int,
-) -> np.ndarray:  # pragma: no cover
-    """simulate.stage_memory: non-static bytes at each global stage 0..2n-1, the loss point folded into
-    F_{n-1}'s (simulate.loss_point_bytes); each segment's stashed state (simulate.checkpoint_state_bytes)
-    from F_a through B_a."""
+) -> tuple[np.ndarray, int, np.ndarray]:  # pragma: no cover
+    """simulate.stage_memory: non-static bytes at each global stage 0..2n-1, each segment's stashed state
+    (simulate.checkpoint_state_bytes) from F_a through B_a; with what is held across the loss point (`held`, to
+    fold into F_{n-1}'s: simulate.loss_point_bytes) and each producer's earliest segment with a reader of the
+    part it saved itself (`earliest_own`; n: none)."""
     n = kind.shape[0]
     last = 2 * n - 1
     diff = np.zeros(2 * n + 1, dtype=np.int64)
@@ -260,6 +263,64 @@ def _stage_memory(
     for st in range(2 * n):
         run += diff[st]
         out[st] = run
+    return out, held, earliest_own
+
+
+@njit(cache=True)
+def _stage_memory(
+    kind: np.ndarray,
+    nbytes: np.ndarray,
+    done_by: np.ndarray,
+    prefetch_at: np.ndarray,
+    seg_start: np.ndarray,
+    seg_end: np.ndarray,
+    saved: np.ndarray,
+    fwd_transient: np.ndarray,
+    bwd_transient: np.ndarray,
+    out_bytes: np.ndarray,
+    out_saved: np.ndarray,
+    cut: np.ndarray,
+    skip_until: np.ndarray,
+    reader_ptr: np.ndarray,
+    readers: np.ndarray,
+    external: np.ndarray,
+    dep_ptr: np.ndarray,
+    deps: np.ndarray,
+    shared: np.ndarray,
+    side: np.ndarray,
+    changed: np.ndarray,
+    in_saved: np.ndarray,
+    loss_transient: int,
+    ckpt_state: int,
+) -> np.ndarray:  # pragma: no cover
+    """simulate.stage_memory: `_raw_stage_memory`'s rows with the loss point folded into F_{n-1}'s."""
+    out, held, _ = _raw_stage_memory(
+        kind,
+        nbytes,
+        done_by,
+        prefetch_at,
+        seg_start,
+        seg_end,
+        saved,
+        fwd_transient,
+        bwd_transient,
+        out_bytes,
+        out_saved,
+        cut,
+        skip_until,
+        reader_ptr,
+        readers,
+        external,
+        dep_ptr,
+        deps,
+        shared,
+        side,
+        changed,
+        in_saved,
+        loss_transient,
+        ckpt_state,
+    )
+    n = kind.shape[0]
     out[n - 1] = max(out[n - 1], held)
     return out
 
@@ -349,18 +410,20 @@ def _evaluate(
             free = 0.0
             offloads = np.empty(n_off, dtype=np.int64)
             m = 0
+            k = 0
             for i in range(n):
                 if kind[i] != KIND_OFFLOAD:
                     continue
                 offloads[m] = i
                 m += 1
                 free = max(free, fwd_end[i]) + _copy_s(nbytes[i], latency, d2h_bw)
-                k = i
+                # The copies' ends only grow, so each one's stage is found from the last one's on.
+                k = max(i, k)
                 while k < n - 1 and fwd_end[k] < free:
                     k += 1
                 done_by[i] = k
                 prefetch_at[i] = i
-            mem = _stage_memory(
+            mem, held, earliest_own = _raw_stage_memory(
                 kind,
                 nbytes,
                 done_by,
@@ -386,14 +449,23 @@ def _evaluate(
                 loss_transient,
                 ckpt_state,
             )
+            # The forward's waits: a copy waited for at stage st frees its bytes from st on. What the waits free
+            # is a difference array (`freed`), summed as st advances (`waited`), so each wait costs O(1).
+            freed = np.zeros(n + 1, dtype=np.int64)
+            first_done = done_by.copy()
+            waited = 0
             head = 0
             for st in range(1, n):
-                while head < n_off and mem[st] > limit and offloads[head] < st:
+                waited += freed[st]
+                # F_{n-1}'s row as simulate's default_timing checks it: the loss point folded in, then the waits.
+                row = max(mem[st], held) if st == n - 1 else mem[st]
+                while head < n_off and row - waited > limit and offloads[head] < st:
                     j = offloads[head]
                     head += 1
                     if done_by[j] >= st:
-                        for s in range(st, done_by[j] + 1):
-                            mem[s] -= nbytes[j]
+                        freed[st] += nbytes[j]
+                        freed[done_by[j] + 1] -= nbytes[j]
+                        waited += nbytes[j]
                         done_by[j] = st - 1
             cap = n - 1
             for q in range(n_off - 1, -1, -1):
@@ -413,32 +485,47 @@ def _evaluate(
                             mem[s] += x
                 prefetch_at[i] = p
                 cap = p
-    mem = _stage_memory(
-        kind,
-        nbytes,
-        done_by,
-        prefetch_at,
-        seg_start,
-        seg_end,
-        saved,
-        fwd_transient,
-        bwd_transient,
-        out_bytes,
-        out_saved,
-        cut,
-        skip_until,
-        reader_ptr,
-        readers,
-        external,
-        dep_ptr,
-        deps,
-        shared,
-        side,
-        changed,
-        in_saved,
-        loss_transient,
-        ckpt_state,
-    )
+            # The rows with this timing, from the ones above (the prefetches' bytes are in; the forward's are
+            # not): what the waits freed, and the skips the code keeps from done_by + 1 on (simulate.skip_holds),
+            # which start earlier where a wait moved done_by.
+            waited = 0
+            for st in range(n):
+                waited += freed[st]
+                mem[st] -= waited
+            for q in range(n_off):
+                j = offloads[q]
+                if skip_until[j] >= 0 and done_by[j] < first_done[j]:
+                    hi = min(skip_until[j], earliest_own[j], n - 1, first_done[j])
+                    for st in range(done_by[j] + 1, hi + 1):
+                        mem[st] += out_saved[j]
+            mem[n - 1] = max(mem[n - 1], held)
+    if n_off == 0 or serial:
+        mem = _stage_memory(
+            kind,
+            nbytes,
+            done_by,
+            prefetch_at,
+            seg_start,
+            seg_end,
+            saved,
+            fwd_transient,
+            bwd_transient,
+            out_bytes,
+            out_saved,
+            cut,
+            skip_until,
+            reader_ptr,
+            readers,
+            external,
+            dep_ptr,
+            deps,
+            shared,
+            side,
+            changed,
+            in_saved,
+            loss_transient,
+            ckpt_state,
+        )
     excess = 0
     for st in range(2 * n):
         if mem[st] > limit:
@@ -493,3 +580,66 @@ def _evaluate(
             t = prefetch_done[i]
         t += bwd[i]
     return stall + recompute_s, excess
+
+
+@njit(cache=True)
+def descend(
+    order: np.ndarray,
+    pos: int,
+    cur: np.ndarray,
+    move_kind: np.ndarray,
+    move_bytes: np.ndarray,
+    n_moves: np.ndarray,
+    kind: np.ndarray,
+    nbytes: np.ndarray,
+    lam: float,
+    score: float,
+    target: float,
+    max_evaluations: int,
+    host_budget: int,
+    best: np.ndarray,
+    best_cur: np.ndarray,
+    args: tuple[Any, ...],
+) -> tuple[int, float, bool, int]:  # pragma: no cover - compiled
+    """Part of one descent pass of the local search (optimizer/polish.py, `LocalSearch._search`), compiled: for
+    the layers `order[pos:]`, each of the layer's moves in turn, scored `overhead + lam * bytes over budget` with
+    the move applied; a move that lowers `score` is taken. `cur[i]` is layer i's gene, an index into its rows of
+    `move_kind` / `move_bytes` (the first `n_moves[i]` are its moves; a start's gene outside them comes after),
+    and `kind` / `nbytes` are the plan they code, kept in step. The best feasible plan seen goes to `best[0]`
+    (its overhead) and `best_cur`.
+
+    It returns at a layer boundary, once `max_evaluations` plans are scored or `best[0] <= target`, so that its
+    caller can look at the clock: (where it stopped in `order`, score, whether a move was taken, plans scored).
+    The same moves in the same order as one uninterrupted pass."""
+    n = kind.shape[0]
+    moved = False
+    evaluations = 0
+    while pos < order.shape[0]:
+        if evaluations >= max_evaluations or best[0] <= target:
+            break
+        i = order[pos]
+        pos += 1
+        for j in range(n_moves[i]):
+            k = move_kind[i, j]
+            if j == cur[i] or (k == KIND_CONTINUE and kind[i - 1] != KIND_START and kind[i - 1] != KIND_CONTINUE):
+                continue  # unchanged, or the same schedule as a segment start
+            old_kind, old_bytes = kind[i], nbytes[i]
+            kind[i], nbytes[i] = k, move_bytes[i, j]
+            overhead, excess = _evaluate(kind, nbytes, *args)
+            evaluations += 1
+            if host_budget >= 0:
+                # The host holds every offloaded byte at the loss point (simulate.host_stage_bytes).
+                held = 0
+                for q in range(n):
+                    if kind[q] == KIND_OFFLOAD:
+                        held += nbytes[q]
+                excess += max(0, held - host_budget)
+            if excess == 0 and overhead < best[0]:
+                best[0] = overhead
+                best_cur[:] = cur
+                best_cur[i] = j
+            if overhead + lam * excess < score - 1e-15:
+                cur[i], score, moved = j, overhead + lam * excess, True
+            else:
+                kind[i], nbytes[i] = old_kind, old_bytes
+    return pos, score, moved, evaluations

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, group_start, offload_subset, recompute
-from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, KIND_START, FastSim
+from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, KIND_START, FastSim, descend
 from memsched.optimizer.heuristic import fix_prefetch_order
 from memsched.optimizer.host import fits_host
 from memsched.optimizer.simulate import SimResult, simulate
@@ -43,6 +43,7 @@ _CYCLE = (1e-3, 1e-2, 0.1, 1.0, 10.0, 1e4)
 _MAX_STALE_RESTARTS = 200  # iterated local search: kicks in a row that find nothing better before it stops
 _MAX_KICK_LAYERS = 24  # the longest stretch of layers one kick re-draws
 _MAX_SUBSET_TENSORS = 3  # up to this many positive tensors, every subset is a move; beyond, all or one
+_PART_S = 0.002  # seconds of compiled descent between two looks at the clock
 
 
 @dataclass
@@ -125,59 +126,115 @@ def _lambda0(trace: Trace) -> float:
 
 
 class _Evaluator:
-    """Scores one-layer changes of the current genes with the compiled simulator (optimizer/fastsim.py):
-    (overhead seconds, bytes over budget summed over the stages). Keeps the best feasible genes seen."""
+    """Scores plans with the compiled simulator (optimizer/fastsim.py): (overhead seconds, bytes over budget summed
+    over the stages); runs the descent passes (`fastsim.descend`) on the current plan. Keeps the best feasible plan
+    seen. Genes are held as indices into each layer's table: its moves (`options[i]`, in order) first, then any
+    gene a start held outside them (an offload subset of a layer with many tensors), which is never a move."""
 
-    def __init__(self, trace: Trace, budget_bytes: int, genes: list[Gene], host_budget: int | None = None) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        budget_bytes: int,
+        options: list[list[Gene]],
+        genes: list[Gene],
+        host_budget: int | None = None,
+    ) -> None:
         self.fast = FastSim(trace, budget_bytes)
         self.host_budget = host_budget
         """Offloaded bytes past it count as bytes over budget (None: no host limit)."""
         self.tensors = [layer.tensors for layer in trace.layers]
-        # Each layer's genes as FastSim codes, (kind, offloaded bytes), coded when first seen (a start may hold
-        # a gene outside the options: an offload subset of a layer with many tensors).
-        self.codes: list[dict[Gene, tuple[int, int]]] = [{} for _ in range(trace.n)]
+        self.table: list[list[Gene]] = [list(o) for o in options]
+        """Each layer's genes: its moves, then the genes starts held outside them."""
+        self._index: list[dict[Gene, int]] = [{g: j for j, g in enumerate(o)} for o in options]
+        self._n_moves = np.array([len(o) for o in options], dtype=np.int64)
+        self._code_table()
+        self.cur = np.zeros(trace.n, dtype=np.int64)
+        """The current plan: each layer's gene, an index into its row of `table`."""
         self.kind = np.zeros(trace.n, dtype=np.int64)
         self.nbytes = np.zeros(trace.n, dtype=np.int64)
-        self.best_genes: list[Gene] | None = None
-        self.best_overhead_s = float("inf")
-        """Overhead of the best feasible plan seen so far (inf before the first)."""
+        self._best = np.array([np.inf])
+        self._best_cur = np.zeros(trace.n, dtype=np.int64)
+        self._seen_best = False
         self.evaluations = 0
         self.reset(genes)
+
+    @property
+    def best_overhead_s(self) -> float:
+        """Overhead of the best feasible plan seen so far (inf before the first)."""
+        return float(self._best[0])
+
+    @property
+    def best_genes(self) -> list[Gene] | None:
+        """The best feasible plan seen so far (None before the first)."""
+        if not self._seen_best:
+            return None
+        return [self.table[i][j] for i, j in enumerate(self._best_cur)]
+
+    def genes(self) -> list[Gene]:
+        """The current plan."""
+        return [self.table[i][j] for i, j in enumerate(self.cur)]
 
     def reset(self, genes: list[Gene]) -> tuple[float, int]:
         """Make `genes` the current plan; its score."""
         for i, g in enumerate(genes):
-            self.kind[i], self.nbytes[i] = self._code(i, g)
-        return self._score(genes, -1, None)
-
-    def move(self, genes: list[Gene], i: int, g: Gene) -> tuple[float, int]:
-        """The score of the current plan with layer i's gene replaced by g (the plan itself is unchanged)."""
-        old = self.kind[i], self.nbytes[i]
-        self.kind[i], self.nbytes[i] = self._code(i, g)
-        try:
-            return self._score(genes, i, g)
-        finally:
-            self.kind[i], self.nbytes[i] = old
-
-    def commit(self, i: int, g: Gene) -> None:
-        self.kind[i], self.nbytes[i] = self._code(i, g)
-
-    def _code(self, i: int, g: Gene) -> tuple[int, int]:
-        code = self.codes[i].get(g)
-        if code is None:
-            code = self.codes[i][g] = _code(self.tensors[i], g)
-        return code
-
-    def _score(self, genes: list[Gene], i: int, g: Gene | None) -> tuple[float, int]:
+            j = self._index[i].get(g)
+            if j is None:  # a start's gene outside the moves: kept after them
+                j = self._index[i][g] = len(self.table[i])
+                self.table[i].append(g)
+                self._code_table()
+            self.cur[i] = j
+            self.kind[i], self.nbytes[i] = self._kind[i, j], self._bytes[i, j]
         self.evaluations += 1
         overhead, excess = self.fast(self.kind, self.nbytes)
-        if self.host_budget is not None:
-            # The host holds every offloaded byte at the loss point (simulate.host_stage_bytes).
-            excess += max(0, int(self.nbytes[self.kind == KIND_OFFLOAD].sum()) - self.host_budget)
-        if excess == 0 and overhead < self.best_overhead_s:
-            self.best_overhead_s = overhead
-            self.best_genes = list(genes) if g is None else [*genes[:i], g, *genes[i + 1 :]]
+        excess += self._host_excess()
+        if excess == 0 and overhead < self._best[0]:
+            self._best[0] = overhead
+            self._best_cur[:] = self.cur
+            self._seen_best = True
         return overhead, excess
+
+    def descend(
+        self, order: np.ndarray, pos: int, lam: float, score: float, target: float, evaluations: int
+    ) -> tuple[int, float, bool]:
+        """Descent moves of the layers `order[pos:]` until `evaluations` plans are scored or the best feasible
+        plan costs at most `target` (`fastsim.descend`); (where it stopped, score, whether a move was taken)."""
+        before = self._best[0]
+        pos, score, moved, done = descend(
+            order,
+            pos,
+            self.cur,
+            self._kind,
+            self._bytes,
+            self._n_moves,
+            self.kind,
+            self.nbytes,
+            lam,
+            score,
+            target,
+            evaluations,
+            -1 if self.host_budget is None else self.host_budget,
+            self._best,
+            self._best_cur,
+            self.fast.args,
+        )
+        self.evaluations += done
+        self._seen_best |= self._best[0] < before
+        return pos, score, moved
+
+    def _host_excess(self) -> int:
+        if self.host_budget is None:
+            return 0
+        # The host holds every offloaded byte at the loss point (simulate.host_stage_bytes).
+        return max(0, int(self.nbytes[self.kind == KIND_OFFLOAD].sum()) - self.host_budget)
+
+    def _code_table(self) -> None:
+        """Each layer's genes as FastSim codes: `_kind[i, j]`, `_bytes[i, j]` (offloaded bytes) of `table[i][j]`."""
+        width = max(len(t) for t in self.table)
+        self._kind = np.full((len(self.table), width), KIND_KEEP, dtype=np.int64)
+        self._bytes = np.zeros((len(self.table), width), dtype=np.int64)
+        for i, row in enumerate(self.table):
+            for j, g in enumerate(row):
+                self._kind[i, j], self._bytes[i, j] = _code(self.tensors[i], g)
 
 
 def _code(tensors: list[int], g: Gene) -> tuple[int, int]:
@@ -263,7 +320,7 @@ class LocalSearch:
         self._options = _options(trace, allowed)
         self._rng = random.Random(seed)
         self._genes = _genes(start)
-        self._evaluate = _Evaluator(trace, budget_bytes, self._genes, host_budget)
+        self._evaluate = _Evaluator(trace, budget_bytes, self._options, self._genes, host_budget)
         self._deadline = 0.0
         self._target: float | None = None
         self._steps = self._search()
@@ -309,10 +366,13 @@ class LocalSearch:
 
     def _search(self) -> Iterator[None]:
         """The search (module docstring); it yields, pausing, wherever the run's deadline or target is reached,
-        and resumes there on the next run's next()."""
-        genes, evaluate, options, rng = self._genes, self._evaluate, self._options, self._rng
+        and resumes there on the next run's next(). The descent passes run compiled (`_Evaluator.descend`) in
+        parts of about `_PART_S`, between which the clock is read: the same moves in the same order as one pass."""
+        evaluate, options, rng = self._evaluate, self._options, self._rng
+        genes = self._genes
         lam0 = _lambda0(self.trace)
         stale = 0
+        part = 8  # plans scored per compiled part, sized by the time each one takes
         while True:
             before = evaluate.best_overhead_s
             for mult in _CYCLE:
@@ -326,25 +386,29 @@ class LocalSearch:
                     moved = False
                     order = list(range(self.trace.n))
                     rng.shuffle(order)
-                    for i in order:
+                    layers = np.array(order, dtype=np.int64)
+                    pos = 0
+                    while pos < len(layers):
                         while self._paused():
                             yield
-                        for g in options[i]:
-                            if g == genes[i] or (g == "R" and genes[i - 1] not in ("S", "R")):
-                                continue  # unchanged, or the same schedule as 'S'
-                            ovh, exc = evaluate.move(genes, i, g)
-                            if ovh + lam * exc < score - 1e-15:
-                                genes[i], score, moved = g, ovh + lam * exc, True
-                                evaluate.commit(i, g)
+                        t0, done = time.perf_counter(), evaluate.evaluations
+                        target = -np.inf if self._target is None else self._target
+                        pos, score, took = evaluate.descend(layers, pos, lam, score, target, part)
+                        moved |= took
+                        spent, done = time.perf_counter() - t0, evaluate.evaluations - done
+                        if done > 0:
+                            part = max(1, min(1_000_000, int(part * _PART_S / max(spent, 1e-6))))
+                genes = evaluate.genes()
             if evaluate.best_overhead_s < before - 1e-15:
                 stale = 0
                 continue
             # A whole cycle found nothing better: it would repeat itself. Iterated local search: restart from the
             # best plan with a random stretch of layers re-drawn, until that stops paying.
             stale += 1
-            if evaluate.best_genes is None or stale > _MAX_STALE_RESTARTS:
+            best = evaluate.best_genes
+            if best is None or stale > _MAX_STALE_RESTARTS:
                 return
-            genes[:] = _perturb(evaluate.best_genes, options, rng)
+            genes = _perturb(best, options, rng)
 
     def _found(self) -> SimResult | None:
         """The best feasible plan the search has seen, simulated (None: none, or none new since the last run)."""
