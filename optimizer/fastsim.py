@@ -467,22 +467,20 @@ def _evaluate(
                         freed[done_by[j] + 1] -= nbytes[j]
                         waited += nbytes[j]
                         done_by[j] = st - 1
+            # The prefetches, from the last offloaded layer down: each is issued at the latest stage p (no later
+            # than the next one's, the need order) whose rows B_{i+1}..B_p all fit its bytes, which they then
+            # hold. One pass does both: each row that fits takes the bytes, up to the first that does not.
             cap = n - 1
             for q in range(n_off - 1, -1, -1):
                 i = offloads[q]
                 x = nbytes[i]
+                over = limit - x
                 p = cap
-                if cap > i:
-                    lo = last - cap
-                    found = -1
-                    for s in range(last - i - 1, lo - 1, -1):
-                        if mem[s] > limit - x:
-                            found = s
-                            break
-                    p = max(i, last - found - 1) if found >= 0 else cap
-                    if p > i:
-                        for s in range(last - p, last - i):
-                            mem[s] += x
+                for s in range(last - i - 1, last - cap - 1, -1):
+                    if mem[s] > over:
+                        p = last - s - 1
+                        break
+                    mem[s] += x
                 prefetch_at[i] = p
                 cap = p
             # The rows with this timing, from the ones above (the prefetches' bytes are in; the forward's are
