@@ -3,6 +3,9 @@ overhead is the simulator's, and it reaches the proven optimum where one is know
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,10 +13,12 @@ from test_dp import exact_optimum
 
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget
 from memsched.optimizer.decisions import KEEP, offload_subset
+from memsched.optimizer.fastsim import KIND_OFFLOAD, FastSim
 from memsched.optimizer.heuristic import heuristic
-from memsched.optimizer.polish import LocalSearch, polish
+from memsched.optimizer.polish import Gene, LocalSearch, _code, _Evaluator, _options, polish
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.synthetic import make_trace
+from memsched.schema import Trace
 
 
 @settings(max_examples=25, deadline=None)
@@ -126,3 +131,69 @@ def test_it_stops_at_a_target_a_bound_has_proven_good_enough() -> None:
     stopped = polish(trace, budget, start, 3.0, target_s=free.sim.overhead_s * 1.5)
     assert stopped.sim.feasible and stopped.sim.overhead_s <= free.sim.overhead_s * 1.5
     assert stopped.evaluations < free.evaluations
+
+
+def _reference_pass(
+    trace: Trace,
+    budget: int,
+    host_budget: int | None,
+    options: list[list[Gene]],
+    genes: list[Gene],
+    order: list[int],
+    lam: float,
+    score: float,
+) -> tuple[list[Gene], float, bool, int, float]:
+    """One descent pass as plain Python over FastSim's verdicts (what the search did before its passes were
+    compiled): (genes after it, score, whether a move was taken, plans scored, best feasible overhead seen)."""
+    fast = FastSim(trace, budget)
+    tensors = [layer.tensors for layer in trace.layers]
+    coded = [_code(tensors[i], g) for i, g in enumerate(genes)]
+    kind = np.array([k for k, _ in coded], dtype=np.int64)
+    nbytes = np.array([b for _, b in coded], dtype=np.int64)
+    genes, moved, evaluations, best = list(genes), False, 0, float("inf")
+    for i in order:
+        for g in options[i]:
+            if g == genes[i] or (g == "R" and genes[i - 1] not in ("S", "R")):
+                continue
+            old = kind[i], nbytes[i]
+            kind[i], nbytes[i] = _code(tensors[i], g)
+            overhead, excess = fast(kind, nbytes)
+            if host_budget is not None:
+                excess += max(0, int(nbytes[kind == KIND_OFFLOAD].sum()) - host_budget)
+            evaluations += 1
+            if excess == 0:
+                best = min(best, overhead)
+            if overhead + lam * excess < score - 1e-15:
+                genes[i], score, moved = g, overhead + lam * excess, True
+            else:
+                kind[i], nbytes[i] = old
+    return genes, score, moved, evaluations, best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_compiled_pass_takes_the_moves_of_the_plain_one_in_parts_of_any_size(seed: int) -> None:
+    # The descent runs compiled in parts between looks at the clock (fastsim.descend): wherever a part ends, the
+    # moves, their order, the plans scored and the best plan seen are those of one plain pass.
+    rng = random.Random(seed)
+    trace = make_trace(rng.randint(2, 40), seed, dag=seed % 2 == 1, max_tensors=rng.choice([3, 6]))
+    budget = budget_between(trace, rng.choice([0.0, 0.2, 0.5]))
+    options = _options(trace)
+    genes = [rng.choice(o) for o in options]
+    # Odd seeds: a host budget of a quarter of the saved bytes, which random plans often pass (scored as excess).
+    host_budget = None if seed % 2 == 0 else sum(x.saved_bytes for x in trace.layers) // 4
+    for lam_scale in (1e-12, 1e-9, 1e-6):
+        order = list(range(trace.n))
+        rng.shuffle(order)
+        evaluator = _Evaluator(trace, budget, options, genes, host_budget)
+        overhead, excess = evaluator.reset(genes)
+        score = overhead + lam_scale * excess
+        want = _reference_pass(trace, budget, host_budget, options, genes, order, lam_scale, score)
+        layers = np.array(order, dtype=np.int64)
+        pos, moved, scored = 0, False, evaluator.evaluations
+        while pos < trace.n:
+            pos, score, took = evaluator.descend(layers, pos, lam_scale, score, -np.inf, rng.randint(0, 12))
+            moved |= took
+        best_start = overhead if excess == 0 else float("inf")
+        assert evaluator.genes() == want[0]
+        assert (score, moved, evaluator.evaluations - scored) == want[1:4]
+        assert evaluator.best_overhead_s == min(best_start, want[4])
