@@ -714,15 +714,16 @@ def raise_future(p: DpProblem, arrays: LagrangeArrays, prices: np.ndarray) -> No
 
 
 @njit(cache=True)
-def _link_cover(lam: np.ndarray, widths: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+def _link_cover(lam: np.ndarray, widths: np.ndarray, cols: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
     """cover[l] = the sum of lam[m, g] over the windows [m - widths[g], m - 1] of rows m > l that contain l: the
-    price of one byte arriving at layer l (its copy is in those windows) and of one second of link time there."""
+    price of one byte arriving at layer l (its copy is in those windows) and of one second of link time there.
+    Row m's windows are its first cols[m] (the lengths up to m)."""
     n = lam.shape[0]
     diff = np.zeros(n + 1)
     for m in range(n):
-        for g in range(len(widths)):
+        for g in range(cols[m]):
             w = widths[g]
-            if 1 <= w <= m:
+            if w >= 1:
                 diff[m - w] += lam[m, g]
                 diff[m] -= lam[m, g]
     cover = np.zeros(n)
@@ -735,9 +736,11 @@ def _link_cover(lam: np.ndarray, widths: np.ndarray) -> np.ndarray:  # pragma: n
 
 @njit(cache=True)
 def _link_lagrangian(
-    lam_f: np.ndarray,
-    lam_b: np.ndarray,
+    x_f: np.ndarray,
+    x_b: np.ndarray,
+    unit: float,
     widths: np.ndarray,
+    cols: np.ndarray,
     mu_loss: float,
     upper: float,
     saved: np.ndarray,
@@ -765,23 +768,34 @@ def _link_lagrangian(
     g_row: np.ndarray,
     g_f: np.ndarray,
     g_b: np.ndarray,
+    lam_f: np.ndarray,
+    lam_b: np.ndarray,
 ) -> float:  # pragma: no cover - compiled
-    """The Lagrangian of the fluid link windows at prices lam_f[m, g] (row F_m with the copies of layers
-    m-w..m-1 still in flight, w = widths[g]), lam_b[m, g] (row B_m, prefetches of layers m-w..m-1 already back)
-    and mu_loss (the loss point). g_row, g_f, g_b receive a subgradient (docs/formulation.md, 'Copies beside
-    compute'). A window with w > m does not exist: its price must be 0."""
+    """The Lagrangian of the fluid link windows at prices lam_f[m, g] = x_f[m, g] / unit (row F_m with the copies
+    of layers m-w..m-1 still in flight, w = widths[g]), lam_b[m, g] = x_b[m, g] / unit (row B_m, prefetches of
+    layers m-w..m-1 already back) and mu_loss (the loss point). g_row, g_f, g_b receive a subgradient
+    (docs/formulation.md, 'Copies beside compute'). A window with w > m does not exist: row m's windows are its
+    first cols[m], and only they are read or written (in lam_f, lam_b, which this fills, and in g_f, g_b), so
+    the work is the n x n triangle of windows that exist."""
     n = len(saved)
     two_n = 2 * n
     mu = np.zeros(two_n + 1)
     for m in range(n):
-        mu[m] = lam_f[m].sum()
-        mu[two_n - m] = lam_b[m].sum()
+        sum_f = 0.0
+        sum_b = 0.0
+        for g in range(cols[m]):
+            lam_f[m, g] = x_f[m, g] / unit
+            lam_b[m, g] = x_b[m, g] / unit
+            sum_f += lam_f[m, g]
+            sum_b += lam_b[m, g]
+        mu[m] = sum_f
+        mu[two_n - m] = sum_b
     mu[n] = mu_loss
     P = np.zeros(two_n + 2)
     for u in range(two_n + 1):
         P[u + 1] = P[u] + mu[u]
-    cover_f = _link_cover(lam_f, widths)
-    cover_b = _link_cover(lam_b, widths)
+    cover_f = _link_cover(lam_f, widths, cols)
+    cover_b = _link_cover(lam_b, widths, cols)
     # An offload: what stays from F_i through B_i; its copy in flight at F_i and back at B_i, and in every
     # window of a later row that holds layer i.
     off_best = np.full(n, np.inf)
@@ -827,12 +841,8 @@ def _link_lagrangian(
         copy_prefix[i + 1] = copy_prefix[i] + copies[i]
         rerun_prefix[i + 1] = rerun_prefix[i] + reruns[i]
     for m in range(n):
-        for g in range(len(widths)):
+        for g in range(cols[m]):
             w = widths[g]
-            if w > m:
-                g_f[m, g] = 0.0
-                g_b[m, g] = 0.0
-                continue
             a = m - w
             tf = fwd_prefix[m] - fwd_prefix[a + 1] if w >= 1 else 0.0  # compute of F_{a+1}..F_{m-1}
             tb = bwd_prefix[m] - bwd_prefix[a + 1] if w >= 1 else 0.0  # backwards of B_{m-1}..B_{a+1}
@@ -872,6 +882,7 @@ def link_lagrangian_bound(
     second = [np.zeros(shape), np.zeros(shape), np.zeros((1, 1))]
     loss_grad, loss_cols = np.zeros((1, 1)), np.ones(1, dtype=np.int64)
     g_row, g_f, g_b = np.zeros(2 * n + 1), np.zeros(shape), np.zeros(shape)
+    lam_f, lam_b = np.zeros(shape), np.zeros(shape)  # the prices in bytes units, filled by each step
     best, last_gain, it, stopped = 0.0, 0, 0, "iterations"
     while it < max_iterations:
         if time.perf_counter() >= deadline:
@@ -880,10 +891,11 @@ def link_lagrangian_bound(
         it += 1
         value = float(
             _link_lagrangian(
-                x[0] / unit, x[1] / unit, widths, float(x[2][0, 0]) / unit, upper_s, a.saved, a.cut, a.overlap,
+                x[0], x[1], unit, widths, cols, float(x[2][0, 0]) / unit, upper_s, a.saved, a.cut, a.overlap,
                 a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr, a.first_prod, a.head_bytes,
                 a.span_ptr, a.span_at, a.span_bytes, a.span_last, a.opt_ptr,
                 a.opt_free, a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute, g_row, g_f, g_b,
+                lam_f, lam_b,
             )
         )  # fmt: skip
         if value > best * (1 + 1e-4) + 1e-15:
