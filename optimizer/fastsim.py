@@ -592,13 +592,14 @@ def descend(
     nbytes: np.ndarray,
     lam: float,
     score: float,
+    excess_now: int,
     target: float,
     max_evaluations: int,
     host_budget: int,
     best: np.ndarray,
     best_cur: np.ndarray,
     args: tuple[Any, ...],
-) -> tuple[int, float, bool, int]:  # pragma: no cover - compiled
+) -> tuple[int, float, int, bool, int]:  # pragma: no cover - compiled
     """Part of one descent pass of the local search (optimizer/polish.py, `LocalSearch._search`), compiled: for
     the layers `order[pos:]`, each of the layer's moves in turn, scored `overhead + lam * bytes over budget` with
     the move applied; a move that lowers `score` is taken. `cur[i]` is layer i's gene, an index into its rows of
@@ -607,7 +608,8 @@ def descend(
     (its overhead) and `best_cur`.
 
     It returns at a layer boundary, once `max_evaluations` plans are scored or `best[0] <= target`, so that its
-    caller can look at the clock: (where it stopped in `order`, score, whether a move was taken, plans scored).
+    caller can look at the clock: (where it stopped in `order`, score, the plan's bytes over budget (`excess_now`
+    on entry), whether a move was taken, plans scored).
     The same moves in the same order as one uninterrupted pass."""
     n = kind.shape[0]
     moved = False
@@ -637,7 +639,7 @@ def descend(
                 best_cur[:] = cur
                 best_cur[i] = j
             if overhead + lam * excess < score - 1e-15:
-                cur[i], score, moved = j, overhead + lam * excess, True
+                cur[i], score, excess_now, moved = j, overhead + lam * excess, excess, True
             else:
                 kind[i], nbytes[i] = old_kind, old_bytes
-    return pos, score, moved, evaluations
+    return pos, score, excess_now, moved, evaluations

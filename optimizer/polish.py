@@ -156,6 +156,8 @@ class _Evaluator:
         self._best_cur = np.zeros(trace.n, dtype=np.int64)
         self._seen_best = False
         self.evaluations = 0
+        self.excess = 0
+        """The current plan's bytes over budget (and over the host budget)."""
         self.reset(genes)
 
     @property
@@ -187,6 +189,7 @@ class _Evaluator:
         self.evaluations += 1
         overhead, excess = self.fast(self.kind, self.nbytes)
         excess += self._host_excess()
+        self.excess = excess
         if excess == 0 and overhead < self._best[0]:
             self._best[0] = overhead
             self._best_cur[:] = self.cur
@@ -197,9 +200,10 @@ class _Evaluator:
         self, order: np.ndarray, pos: int, lam: float, score: float, target: float, evaluations: int
     ) -> tuple[int, float, bool]:
         """Descent moves of the layers `order[pos:]` until `evaluations` plans are scored or the best feasible
-        plan costs at most `target` (`fastsim.descend`); (where it stopped, score, whether a move was taken)."""
+        plan costs at most `target` (`fastsim.descend`); (where it stopped, score, whether a move was taken).
+        `excess` follows the plan."""
         before = self._best[0]
-        pos, score, moved, done = descend(
+        pos, score, self.excess, moved, done = descend(
             order,
             pos,
             self.cur,
@@ -210,6 +214,7 @@ class _Evaluator:
             self.nbytes,
             lam,
             score,
+            self.excess,
             target,
             evaluations,
             -1 if self.host_budget is None else self.host_budget,
@@ -375,10 +380,18 @@ class LocalSearch:
         part = 8  # plans scored per compiled part, sized by the time each one takes
         while True:
             before = evaluate.best_overhead_s
+            settled = False
             for mult in _CYCLE:
                 lam = lam0 * mult
                 while self._paused():
                     yield
+                if settled:
+                    # The plan fits and no move lowered its score at a smaller lambda, so none lowers it at this one
+                    # (a move's score only grows with lambda; a plan that fits scores its overhead at any). The
+                    # pass is skipped; its order is still drawn, so the random stream (every later kick) is the
+                    # one the pass would have left.
+                    rng.shuffle(list(range(self.trace.n)))
+                    continue
                 ovh, exc = evaluate.reset(genes)
                 score = ovh + lam * exc
                 moved = True
@@ -399,6 +412,7 @@ class LocalSearch:
                         if done > 0:
                             part = max(1, min(1_000_000, int(part * _PART_S / max(spent, 1e-6))))
                 genes = evaluate.genes()
+                settled = evaluate.excess == 0
             if evaluate.best_overhead_s < before - 1e-15:
                 stale = 0
                 continue

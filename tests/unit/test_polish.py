@@ -15,7 +15,19 @@ from memsched.optimizer.budget import budget_between, keepall_activation_peak, m
 from memsched.optimizer.decisions import KEEP, offload_subset
 from memsched.optimizer.fastsim import KIND_OFFLOAD, FastSim
 from memsched.optimizer.heuristic import heuristic
-from memsched.optimizer.polish import Gene, LocalSearch, _code, _Evaluator, _options, polish
+from memsched.optimizer.polish import (
+    _CYCLE,
+    _MAX_STALE_RESTARTS,
+    Gene,
+    LocalSearch,
+    _code,
+    _Evaluator,
+    _genes,
+    _lambda0,
+    _options,
+    _perturb,
+    polish,
+)
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.synthetic import make_trace
 from memsched.schema import Trace
@@ -142,15 +154,17 @@ def _reference_pass(
     order: list[int],
     lam: float,
     score: float,
-) -> tuple[list[Gene], float, bool, int, float]:
+    best: float = float("inf"),
+) -> tuple[list[Gene], float, bool, int, float, list[Gene] | None]:
     """One descent pass as plain Python over FastSim's verdicts (what the search did before its passes were
-    compiled): (genes after it, score, whether a move was taken, plans scored, best feasible overhead seen)."""
+    compiled): (genes after it, score, whether a move was taken, plans scored, the best feasible overhead seen,
+    counting `best` from before, and that plan where this pass found it)."""
     fast = FastSim(trace, budget)
     tensors = [layer.tensors for layer in trace.layers]
     coded = [_code(tensors[i], g) for i, g in enumerate(genes)]
     kind = np.array([k for k, _ in coded], dtype=np.int64)
     nbytes = np.array([b for _, b in coded], dtype=np.int64)
-    genes, moved, evaluations, best = list(genes), False, 0, float("inf")
+    genes, moved, evaluations, best_genes = list(genes), False, 0, None
     for i in order:
         for g in options[i]:
             if g == genes[i] or (g == "R" and genes[i - 1] not in ("S", "R")):
@@ -161,13 +175,74 @@ def _reference_pass(
             if host_budget is not None:
                 excess += max(0, int(nbytes[kind == KIND_OFFLOAD].sum()) - host_budget)
             evaluations += 1
-            if excess == 0:
-                best = min(best, overhead)
+            if excess == 0 and overhead < best:
+                best, best_genes = overhead, [*genes[:i], g, *genes[i + 1 :]]
             if overhead + lam * excess < score - 1e-15:
                 genes[i], score, moved = g, overhead + lam * excess, True
             else:
                 kind[i], nbytes[i] = old
-    return genes, score, moved, evaluations, best
+    return genes, score, moved, evaluations, best, best_genes
+
+
+def _reference_search(trace: Trace, budget: int, start: list[Gene]) -> tuple[float, list[Gene] | None, int, int]:
+    """The whole search (oscillating penalty, then kicks) as plain Python, with every pass run, until it stops by
+    itself: (the best feasible overhead, its plan, plans scored, plans scored in the lambda steps that follow one
+    ending with a plan that fits, within a cycle)."""
+    options, rng, lam0 = _options(trace), random.Random(0), _lambda0(trace)
+    fast = FastSim(trace, budget)
+    tensors = [layer.tensors for layer in trace.layers]
+
+    def score(genes: list[Gene]) -> tuple[float, int]:
+        coded = [_code(tensors[i], g) for i, g in enumerate(genes)]
+        return fast(np.array([k for k, _ in coded]), np.array([b for _, b in coded]))
+
+    genes, best, best_genes, stale, scored, after_fit = list(start), float("inf"), None, 0, 1, 0
+    overhead, excess = score(genes)
+    if excess == 0:
+        best, best_genes = overhead, list(genes)
+    while True:
+        before, fits = best, False
+        for mult in _CYCLE:
+            overhead, excess = score(genes)
+            step = 1
+            if excess == 0 and overhead < best:
+                best, best_genes = overhead, list(genes)
+            value, moved = overhead + lam0 * mult * excess, True
+            while moved:
+                order = list(range(trace.n))
+                rng.shuffle(order)
+                genes, value, moved, done, best, found = _reference_pass(
+                    trace, budget, None, options, genes, order, lam0 * mult, value, best
+                )
+                best_genes, step = found or best_genes, step + done
+            scored += step
+            after_fit += step if fits else 0
+            fits = fits or score(genes)[1] == 0
+        if best < before - 1e-15:
+            stale = 0
+            continue
+        stale += 1
+        if best_genes is None or stale > _MAX_STALE_RESTARTS:
+            return best, best_genes, scored, after_fit
+        genes = _perturb(best_genes, options, rng)
+
+
+@pytest.mark.parametrize(("n", "seed", "dag", "frac"), [(8, 3, True, 0.2), (10, 1, False, 0.4), (12, 4, True, 0.3)])
+def test_the_search_ends_where_one_that_runs_every_pass_ends(n: int, seed: int, dag: bool, frac: float) -> None:
+    # Once a plan fits and no move lowers its score, the cycle's larger lambdas are skipped (no move can lower it
+    # there): the search takes the same moves and kicks as one that runs every pass, and stops with its plan, having
+    # scored exactly the plans of the passes it skipped fewer.
+    trace = make_trace(n, seed, dag=dag)
+    budget = budget_between(trace, frac)
+    start = heuristic(trace, budget).sim.decisions
+    want, want_genes, scored, skippable = _reference_search(trace, budget, _genes(start))
+    search = LocalSearch(trace, budget, start)
+    search.run(1e6)
+    assert search.finished
+    assert search.found_s == want
+    assert search._evaluate.best_genes == want_genes
+    assert skippable > 0
+    assert search.evaluations == scored - skippable
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -187,7 +262,7 @@ def test_the_compiled_pass_takes_the_moves_of_the_plain_one_in_parts_of_any_size
         evaluator = _Evaluator(trace, budget, options, genes, host_budget)
         overhead, excess = evaluator.reset(genes)
         score = overhead + lam_scale * excess
-        want = _reference_pass(trace, budget, host_budget, options, genes, order, lam_scale, score)
+        want = _reference_pass(trace, budget, host_budget, options, genes, order, lam_scale, score)[:5]
         layers = np.array(order, dtype=np.int64)
         pos, moved, scored = 0, False, evaluator.evaluations
         while pos < trace.n:
