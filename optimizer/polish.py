@@ -410,7 +410,7 @@ class LocalSearch:
                         moved |= took
                         spent, done = time.perf_counter() - t0, evaluate.evaluations - done
                         if done > 0:
-                            part = max(1, min(1_000_000, int(part * _PART_S / max(spent, 1e-6))))
+                            part = max(1, min(1_000_000, int(done * _PART_S / max(spent, 1e-6))))
                 genes = evaluate.genes()
                 settled = evaluate.excess == 0
             if evaluate.best_overhead_s < before - 1e-15:
