@@ -102,3 +102,20 @@ def test_a_trailing_rival_that_finds_nothing_leaves_the_race(monkeypatch: pytest
     flow._race(time.perf_counter() + 6 * solve_mod._RACE_TURN_S, None)
     assert turns["rival"] == solve_mod._RACE_PATIENCE
     assert turns["main"] >= solve_mod._RACE_PATIENCE + 2 or main.finished
+
+
+def test_a_dp_seeds_search_that_passes_the_incumbent_races_the_incumbents_basin() -> None:
+    # The exact DP's plan gets a local search of its own first (`polish`, _DP_SEED_SHARE). Where that search passes
+    # the incumbent, the incumbent's basin would be left unsearched: a search from the incumbent races it.
+    trace = make_trace(40, 3)
+    flow = _flow(trace)
+    flow.bound = 0.0  # nothing proven: the race runs to its deadline unless a search stops by itself
+    incumbent = flow.best.sim
+    seed = max((c.sim for c in flow.cands), key=lambda sim: sim.overhead_s)  # a plan of another basin, dearer
+    assert seed.overhead_s > incumbent.overhead_s
+    flow.dp_seed = seed
+    flow.polish(time.perf_counter() + 8 * solve_mod._RACE_TURN_S)
+    assert flow.best.sim.overhead_s < incumbent.overhead_s  # the seed's search passed the incumbent
+    rival = flow._rival
+    assert rival is not None and rival.ref.decisions == incumbent.decisions and rival.evaluations > 0
+    assert flow.best.sim.overhead_s <= min(flow._search.best.overhead_s, rival.best.overhead_s) + 1e-15
