@@ -122,7 +122,7 @@ def _add(diff: np.ndarray, lo: int, hi: int, nbytes: int) -> None:  # pragma: no
 
 
 @njit(cache=True)
-def _raw_stage_memory(
+def _stage_memory(
     kind: np.ndarray,
     nbytes: np.ndarray,
     done_by: np.ndarray,
@@ -267,65 +267,6 @@ def _raw_stage_memory(
 
 
 @njit(cache=True)
-def _stage_memory(
-    kind: np.ndarray,
-    nbytes: np.ndarray,
-    done_by: np.ndarray,
-    prefetch_at: np.ndarray,
-    seg_start: np.ndarray,
-    seg_end: np.ndarray,
-    saved: np.ndarray,
-    fwd_transient: np.ndarray,
-    bwd_transient: np.ndarray,
-    out_bytes: np.ndarray,
-    out_saved: np.ndarray,
-    cut: np.ndarray,
-    skip_until: np.ndarray,
-    reader_ptr: np.ndarray,
-    readers: np.ndarray,
-    external: np.ndarray,
-    dep_ptr: np.ndarray,
-    deps: np.ndarray,
-    shared: np.ndarray,
-    side: np.ndarray,
-    changed: np.ndarray,
-    in_saved: np.ndarray,
-    loss_transient: int,
-    ckpt_state: int,
-) -> np.ndarray:  # pragma: no cover
-    """simulate.stage_memory: `_raw_stage_memory`'s rows with the loss point folded into F_{n-1}'s."""
-    out, held, _ = _raw_stage_memory(
-        kind,
-        nbytes,
-        done_by,
-        prefetch_at,
-        seg_start,
-        seg_end,
-        saved,
-        fwd_transient,
-        bwd_transient,
-        out_bytes,
-        out_saved,
-        cut,
-        skip_until,
-        reader_ptr,
-        readers,
-        external,
-        dep_ptr,
-        deps,
-        shared,
-        side,
-        changed,
-        in_saved,
-        loss_transient,
-        ckpt_state,
-    )
-    n = kind.shape[0]
-    out[n - 1] = max(out[n - 1], held)
-    return out
-
-
-@njit(cache=True)
 def _offloads_by_stage(kind: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
     """The offloaded layers grouped by `stage[i]`, in layer order: those of stage s are
     `items[ptr[s]:ptr[s + 1]]` (a counting sort, as simulate's dicts of lists)."""
@@ -395,135 +336,107 @@ def _evaluate(
     for i in range(n):
         if kind[i] == KIND_OFFLOAD:
             n_off += 1
-    if n_off > 0:
-        if serial:
-            for i in range(n):
-                if kind[i] == KIND_OFFLOAD:
-                    done_by[i] = i
-                    prefetch_at[i] = i
-        else:
-            fwd_end = np.empty(n, dtype=np.float64)
-            clock = 0.0
-            for i in range(n):
-                clock += fwd[i]
-                fwd_end[i] = clock
-            free = 0.0
-            offloads = np.empty(n_off, dtype=np.int64)
-            m = 0
-            k = 0
-            for i in range(n):
-                if kind[i] != KIND_OFFLOAD:
-                    continue
-                offloads[m] = i
-                m += 1
-                free = max(free, fwd_end[i]) + _copy_s(nbytes[i], latency, d2h_bw)
-                # The copies' ends only grow, so each one's stage is found from the last one's on.
-                k = max(i, k)
-                while k < n - 1 and fwd_end[k] < free:
-                    k += 1
-                done_by[i] = k
-                prefetch_at[i] = i
-            mem, held, earliest_own = _raw_stage_memory(
-                kind,
-                nbytes,
-                done_by,
-                prefetch_at,
-                seg_start,
-                seg_end,
-                saved,
-                fwd_transient,
-                bwd_transient,
-                out_bytes,
-                out_saved,
-                cut,
-                skip_until,
-                reader_ptr,
-                readers,
-                external,
-                dep_ptr,
-                deps,
-                shared,
-                side,
-                changed,
-                in_saved,
-                loss_transient,
-                ckpt_state,
-            )
-            # The forward's waits: a copy waited for at stage st frees its bytes from st on. What the waits free
-            # is a difference array (`freed`), summed as st advances (`waited`), so each wait costs O(1).
-            freed = np.zeros(n + 1, dtype=np.int64)
-            first_done = done_by.copy()
-            waited = 0
-            head = 0
-            for st in range(1, n):
-                waited += freed[st]
-                # F_{n-1}'s row as simulate's default_timing checks it: the loss point folded in, then the waits.
-                row = max(mem[st], held) if st == n - 1 else mem[st]
-                while head < n_off and row - waited > limit and offloads[head] < st:
-                    j = offloads[head]
-                    head += 1
-                    if done_by[j] >= st:
-                        freed[st] += nbytes[j]
-                        freed[done_by[j] + 1] -= nbytes[j]
-                        waited += nbytes[j]
-                        done_by[j] = st - 1
-            # The prefetches, from the last offloaded layer down: each is issued at the latest stage p (no later
-            # than the next one's, the need order) whose rows B_{i+1}..B_p all fit its bytes, which they then
-            # hold. One pass does both: each row that fits takes the bytes, up to the first that does not.
-            cap = n - 1
-            for q in range(n_off - 1, -1, -1):
-                i = offloads[q]
-                x = nbytes[i]
-                over = limit - x
-                p = cap
-                for s in range(last - i - 1, last - cap - 1, -1):
-                    if mem[s] > over:
-                        p = last - s - 1
-                        break
-                    mem[s] += x
-                prefetch_at[i] = p
-                cap = p
-            # The rows with this timing, from the ones above (the prefetches' bytes are in; the forward's are
-            # not): what the waits freed, and the skips the code keeps from done_by + 1 on (simulate.skip_holds),
-            # which start earlier where a wait moved done_by.
-            waited = 0
-            for st in range(n):
-                waited += freed[st]
-                mem[st] -= waited
-            for q in range(n_off):
-                j = offloads[q]
-                if skip_until[j] >= 0 and done_by[j] < first_done[j]:
-                    hi = min(skip_until[j], earliest_own[j], n - 1, first_done[j])
-                    for st in range(done_by[j] + 1, hi + 1):
-                        mem[st] += out_saved[j]
-            mem[n - 1] = max(mem[n - 1], held)
-    if n_off == 0 or serial:
-        mem = _stage_memory(
-            kind,
-            nbytes,
-            done_by,
-            prefetch_at,
-            seg_start,
-            seg_end,
-            saved,
-            fwd_transient,
-            bwd_transient,
-            out_bytes,
-            out_saved,
-            cut,
-            skip_until,
-            reader_ptr,
-            readers,
-            external,
-            dep_ptr,
-            deps,
-            shared,
-            side,
-            changed,
-            in_saved,
-            loss_transient,
-            ckpt_state,
-        )
+    offloads = np.empty(n_off, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        if kind[i] == KIND_OFFLOAD:
+            offloads[m] = i
+            m += 1
+            done_by[i] = i
+            prefetch_at[i] = i
+    # Concurrent copies: each copy is done by the first stage whose forward ends after it (the link's FIFO order).
+    timed = n_off > 0 and not serial
+    if timed:
+        fwd_end = np.empty(n, dtype=np.float64)
+        clock = 0.0
+        for i in range(n):
+            clock += fwd[i]
+            fwd_end[i] = clock
+        free = 0.0
+        k = 0
+        for q in range(n_off):
+            i = offloads[q]
+            free = max(free, fwd_end[i]) + _copy_s(nbytes[i], latency, d2h_bw)
+            # The copies' ends only grow, so each one's stage is found from the last one's on.
+            k = max(i, k)
+            while k < n - 1 and fwd_end[k] < free:
+                k += 1
+            done_by[i] = k
+    mem, held, earliest_own = _stage_memory(
+        kind,
+        nbytes,
+        done_by,
+        prefetch_at,
+        seg_start,
+        seg_end,
+        saved,
+        fwd_transient,
+        bwd_transient,
+        out_bytes,
+        out_saved,
+        cut,
+        skip_until,
+        reader_ptr,
+        readers,
+        external,
+        dep_ptr,
+        deps,
+        shared,
+        side,
+        changed,
+        in_saved,
+        loss_transient,
+        ckpt_state,
+    )
+    if timed:
+        # The forward's waits: a copy waited for at stage st frees its bytes from st on. What the waits free
+        # is a difference array (`freed`), summed as st advances (`waited`), so each wait costs O(1).
+        freed = np.zeros(n + 1, dtype=np.int64)
+        first_done = done_by.copy()
+        waited = 0
+        head = 0
+        for st in range(1, n):
+            waited += freed[st]
+            # F_{n-1}'s row as simulate's default_timing checks it: the loss point folded in, then the waits.
+            row = max(mem[st], held) if st == n - 1 else mem[st]
+            while head < n_off and row - waited > limit and offloads[head] < st:
+                j = offloads[head]
+                head += 1
+                if done_by[j] >= st:
+                    freed[st] += nbytes[j]
+                    freed[done_by[j] + 1] -= nbytes[j]
+                    waited += nbytes[j]
+                    done_by[j] = st - 1
+        # The prefetches, from the last offloaded layer down: each is issued at the latest stage p (no later
+        # than the next one's, the need order) whose rows B_{i+1}..B_p all fit its bytes, which they then
+        # hold. One pass does both: each row that fits takes the bytes, up to the first that does not.
+        cap = n - 1
+        for q in range(n_off - 1, -1, -1):
+            i = offloads[q]
+            x = nbytes[i]
+            over = limit - x
+            p = cap
+            for s in range(last - i - 1, last - cap - 1, -1):
+                if mem[s] > over:
+                    p = last - s - 1
+                    break
+                mem[s] += x
+            prefetch_at[i] = p
+            cap = p
+        # The rows with this timing, from the ones above (the prefetches' bytes are in; the forward's are
+        # not): what the waits freed, and the skips the code keeps from done_by + 1 on (simulate.skip_holds),
+        # which start earlier where a wait moved done_by.
+        waited = 0
+        for st in range(n):
+            waited += freed[st]
+            mem[st] -= waited
+        for q in range(n_off):
+            j = offloads[q]
+            if skip_until[j] >= 0 and done_by[j] < first_done[j]:
+                hi = min(skip_until[j], earliest_own[j], n - 1, first_done[j])
+                for st in range(done_by[j] + 1, hi + 1):
+                    mem[st] += out_saved[j]
+    mem[n - 1] = max(mem[n - 1], held)  # the loss point (simulate.loss_point_bytes)
     excess = 0
     for st in range(2 * n):
         if mem[st] > limit:
