@@ -633,6 +633,8 @@ class _Flow:
         self._search_at: SimResult | None = None
         self._rival: LocalSearch | None = None
         """A second local search, from the late beam's plan (`late_beam`), that the last one races (`_race`)."""
+        self._restarts = 0
+        """Local searches started again after one stopped by itself (`_polish_from`): each one's seed."""
         self.widest_beam = 0
         """Labels per boundary of the widest fluid beam round of `beam` that finished (0: none); `late_beam`'s
         probe runs this wide."""
@@ -1016,22 +1018,34 @@ class _Flow:
             else:
                 turn += 1
         self._search_at = self._search.best
+        left = until - time.perf_counter()
+        if left > 0.05 and not self.proven():
+            # Both searches stopped by themselves: new ones from the best plan get the rest (`_polish_from`).
+            self._polish_from(self.best.sim, left, target)
 
     def _polish_from(self, start: SimResult, limit: float, target: float | None) -> None:
         """The local search from `start` for `limit` seconds; a better plan than `start` joins the candidates.
         Where `start` is where the last local search stands (its result, or its start if it found nothing
         better), that search goes on where it stopped instead of starting again (LocalSearch)."""
-        t0 = time.perf_counter()
+        end = time.perf_counter() + limit
         if self._search is None or start is not self._search_at:
             self._search = self._local_search(start.decisions)
-        res = self._search.run(limit - (time.perf_counter() - t0), target)
-        self._search_at = res.sim if res.improved else start
-        if res.improved:
-            self.add("local-search", res.sim)
+        while True:
+            res = self._search.run(end - time.perf_counter(), target)
+            self._search_at = res.sim if res.improved else start
+            if res.improved:
+                self.add("local-search", res.sim)
+            # A search that stopped by itself (its kicks found nothing for _MAX_STALE_RESTARTS in a row) leaves
+            # time the user gave to an open gap: a new one from the best plan, with its own seed, kicks elsewhere.
+            if not self._search.finished or self.proven() or end - time.perf_counter() <= 0.05:
+                return
+            start = self.best.sim
+            self._restarts += 1
+            self._search = self._local_search(start.decisions, seed=self._restarts)
 
-    def _local_search(self, start: list[Decision]) -> LocalSearch:
+    def _local_search(self, start: list[Decision], seed: int = 0) -> LocalSearch:
         """A local search from `start`, with this solve's actions and host budget."""
-        return LocalSearch(self.trace, self.budget, start, allowed=self.allowed, host_budget=self.host)
+        return LocalSearch(self.trace, self.budget, start, seed=seed, allowed=self.allowed, host_budget=self.host)
 
     def fifo_applies(self) -> bool:
         """Whether the FIFO sweep runs here: concurrent copies (with serial ones the fluid sweep is exact already)
