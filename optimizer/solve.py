@@ -919,10 +919,12 @@ class _Flow:
                 # (The H100 ResNet-50 at 75%, 10 s: the seed's search reached 0.004724 s, past the FIFO beam's
                 # 0.004941 s, and stayed there; from the beam's plan the search finds 0.003892 s.)
                 self._rival = self._local_search(incumbent.decisions)
+        # The solve's last time (no phase after this one): a search that stops by itself leaves it to new ones.
+        last = until >= self.deadline - self.reserve - 1e-3
         if self._rival is not None:
-            self._race(until, target)
+            self._race(until, target, last)
         else:
-            self._polish_from(self.best.sim, limit, target)
+            self._polish_from(self.best.sim, limit, target, last)
 
     def late_beam(self, until: float) -> None:
         """Where the gap is still open on a long trace: one fluid beam much wider than `beam`'s, pruned at the best
@@ -987,7 +989,7 @@ class _Flow:
             self.add("dp-beam", wide[0])
             self._rival = self._local_search(wide[0].decisions)
 
-    def _race(self, until: float, target: float | None) -> None:
+    def _race(self, until: float, target: float | None, restart: bool = False) -> None:
         """The last local search (going on where it stopped) and a rival from another basin: the late beam's plan
         (`late_beam`), or the incumbent that the exact DP's seed's search passed (`polish`), taking turns of
         _RACE_TURN_S until `until`. The rival leaves the race once it trails the other and has found nothing better
@@ -1019,11 +1021,11 @@ class _Flow:
                 turn += 1
         self._search_at = self._search.best
         left = until - time.perf_counter()
-        if left > 0.05 and not self.proven():
+        if restart and left > 0.05 and not self.proven():
             # Both searches stopped by themselves: new ones from the best plan get the rest (`_polish_from`).
-            self._polish_from(self.best.sim, left, target)
+            self._polish_from(self.best.sim, left, target, restart)
 
-    def _polish_from(self, start: SimResult, limit: float, target: float | None) -> None:
+    def _polish_from(self, start: SimResult, limit: float, target: float | None, restart: bool = False) -> None:
         """The local search from `start` for `limit` seconds; a better plan than `start` joins the candidates.
         Where `start` is where the last local search stands (its result, or its start if it found nothing
         better), that search goes on where it stopped instead of starting again (LocalSearch)."""
@@ -1035,9 +1037,10 @@ class _Flow:
             self._search_at = res.sim if res.improved else start
             if res.improved:
                 self.add("local-search", res.sim)
-            # A search that stopped by itself (its kicks found nothing for _MAX_STALE_RESTARTS in a row) leaves
-            # time the user gave to an open gap: a new one from the best plan, with its own seed, kicks elsewhere.
-            if not self._search.finished or self.proven() or end - time.perf_counter() <= 0.05:
+            # With `restart` (the solve's last time), a search that stopped by itself (its kicks found nothing for
+            # _MAX_STALE_RESTARTS in a row) leaves the time the user gave to an open gap: a new one from the best
+            # plan, with its own seed, kicks elsewhere. Earlier, the phases that follow get that time.
+            if not restart or not self._search.finished or self.proven() or end - time.perf_counter() <= 0.05:
                 return
             start = self.best.sim
             self._restarts += 1
