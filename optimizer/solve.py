@@ -309,6 +309,9 @@ _LATE_BEAM_MAX_WIDTH = 24_576
 """At most this many labels per boundary (the 200-layer synthetic chain at 20%: 17 s)."""
 _LATE_BEAM_SAFETY = 0.8
 """The late beam's width is sized to end within this share of its time (the probe's time is noisy)."""
+_MAX_FRUITLESS_RESTARTS = 3
+"""Local searches started again in the solve's last time, in a row, that find nothing better before the restarts
+stop (`_Flow._polish_from`): the first search's stop counts as one."""
 _RACE_TURN_S = 0.5
 """Seconds per turn of each local search in a race (`_Flow._race`)."""
 _RACE_PATIENCE = 2
@@ -1032,15 +1035,22 @@ class _Flow:
         end = time.perf_counter() + limit
         if self._search is None or start is not self._search_at:
             self._search = self._local_search(start.decisions)
+        fruitless = 0  # restarts in a row that found nothing better
         while True:
+            best = self.best.sim.overhead_s
             res = self._search.run(end - time.perf_counter(), target)
             self._search_at = res.sim if res.improved else start
             if res.improved:
                 self.add("local-search", res.sim)
+            fruitless = 0 if self.best.sim.overhead_s < best else fruitless + 1
             # With `restart` (the solve's last time), a search that stopped by itself (its kicks found nothing for
             # _MAX_STALE_RESTARTS in a row) leaves the time the user gave to an open gap: a new one from the best
-            # plan, with its own seed, kicks elsewhere. Earlier, the phases that follow get that time.
+            # plan, with its own seed, kicks elsewhere, until _MAX_FRUITLESS_RESTARTS in a row find nothing (a
+            # small trace's searches then stop in milliseconds: its plans are exhausted). Earlier, the phases that
+            # follow get that time.
             if not restart or not self._search.finished or self.proven() or end - time.perf_counter() <= 0.05:
+                return
+            if fruitless > _MAX_FRUITLESS_RESTARTS:
                 return
             start = self.best.sim
             self._restarts += 1
