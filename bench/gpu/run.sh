@@ -309,7 +309,9 @@ stage_replay() {
         if [ "$rc" -eq 2 ]; then
           # An infeasible budget is an answer (recorded above); the smallest feasible budget is still worth
           # measuring, as the deepest oversubscription this trace allows.
-          min_b=$(sed -n 's/.*smallest feasible budget for this trace is [^(]*(\([0-9]*\) bytes).*/\1/p' \
+          # Both wordings: 'the smallest feasible budget ... is X (N bytes)' and, when the search for it was cut by
+          # its time, 'the smallest budget found to fit (...) for this trace is X (N bytes)'.
+          min_b=$(sed -n '/smallest/s/.*for this trace is [^(]*(\([0-9]*\) bytes).*/\1/p' \
             "$RUN_DIR/logs/solve-$stem-$b.log" | tail -1)
           if [ -n "$min_b" ]; then
             rc=0
