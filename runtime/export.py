@@ -162,10 +162,12 @@ def _wrap(model: nn.Module, schedule: Schedule, *, sac: bool, wrap_kept: bool) -
     for first, last in out.split_segments:
         log.warning("recompute segment %s..%s is checkpointed one layer at a time", first, last)
     config: Any = getattr(model, "config", None)
-    if out.recomputed and getattr(config, "use_cache", None) is True:
-        # A recomputed attention layer would append its keys and values to the KV cache a second time in the
-        # backward (transient memory no schedule priced); Hugging Face's own gradient checkpointing turns
-        # the cache off in training for the same reason. Put back by remove().
+    if getattr(config, "use_cache", None) is True:
+        # The trace was taken without the cache (memsched.runtime.kv_cache), so every plan runs without it: a
+        # kept attention layer would save the cache's copies of its keys and values, and a recomputed one would
+        # append them to the cache a second time in the backward (transient memory no schedule priced);
+        # Hugging Face's own gradient checkpointing turns the cache off in training for the same reason. Put
+        # back by remove().
         log.warning("%s: use_cache switched off while the checkpoint wrappers are on", type(model).__name__)
         out._use_cache, config.use_cache = True, False
     return out

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import logging
 import threading
 import weakref
@@ -36,13 +35,14 @@ from torch.utils.hooks import RemovableHandle
 from memsched.errors import ScheduleMismatchError
 from memsched.runtime.checkpointing import LayerBuffers, Segment, flatten, glue_error
 from memsched.runtime.copier import Copier
+from memsched.runtime.kv_cache import CacheOff, cache_message, hook_caches
 from memsched.runtime.ledger import SavedLedger
 from memsched.runtime.linkcheck import check_link
 from memsched.runtime.offload import OffloadRecord
 from memsched.runtime.plan import LayerPlan, RuntimePlan, build_plan
 from memsched.runtime.pool import HostBufferPool, PoolStats
 from memsched.runtime.storage import StaticStorages, storage_key, tensor_nbytes
-from memsched.runtime.wrapping import CopySafeHook, LayerHooks, check_compiled, is_wrapped
+from memsched.runtime.wrapping import LayerHooks, check_compiled, is_wrapped
 from memsched.schema import Action, Schedule, Trace
 
 log = logging.getLogger(__name__)
@@ -133,34 +133,6 @@ class _Call:
 
 
 _PLAIN = _Call(None)
-
-
-class _CacheOff(CopySafeHook):
-    """A forward pre-hook on a `transformers`-style model (one with `config.use_cache` and a `use_cache`
-    argument): training forwards under the schedule run with use_cache=False."""
-
-    __slots__ = ("owner",)
-
-    def __init__(self, owner: ScheduledModel) -> None:
-        self.owner = owner
-
-    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not (module.training and torch.is_grad_enabled()):
-            return None
-        asked = kwargs.get("use_cache")
-        if asked is False or (asked is None and not getattr(module.config, "use_cache", False)):
-            return None
-        if not self.owner._cache_warned:
-            self.owner._cache_warned = True
-            log.warning(
-                "memsched: %s has use_cache=True, which keeps every layer's keys and values alive until the "
-                "backward, outside the schedule's budget; training forwards under the schedule run with "
-                "use_cache=False (as gradient_checkpointing_enable does). Without the cache the attention reads "
-                "its keys in another memory layout, so gradients can differ in the last bit from a keep-all run "
-                "with the cache on; pass use_cache=False in training to compare bitwise",
-                type(module).__name__,
-            )
-        return args, {**kwargs, "use_cache": False}
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
@@ -274,8 +246,13 @@ class ScheduledModel:
                     "call .remove()) before applying another"
                 )
         self._hooks = LayerHooks(self.plan.modules, self)
-        if any(lp.action != Action.KEEP for lp in self.plan.layers):
-            self._cache_handles = _hook_caches(self.model, _CacheOff(self))
+        # Every plan, keep-all too: the trace was taken without the cache (memsched.runtime.kv_cache).
+        self._cache_handles = hook_caches(self.model, CacheOff(self._cache_switched))
+
+    def _cache_switched(self, model: nn.Module) -> None:
+        if not self._cache_warned:
+            self._cache_warned = True
+            log.warning("%s", cache_message(model, "training forwards under the schedule"))
 
     # -- per-thread state ----------------------------------------------------------------------------------
 
@@ -544,26 +521,6 @@ def _output_bytes(out: Any) -> int:
             seen.add(k)
             total += tensor_nbytes(t)
     return total
-
-
-def _hook_caches(model: nn.Module, hook: _CacheOff) -> list[RemovableHandle]:
-    """Put `hook` on each outermost module that keeps a cache on request (`config.use_cache` and a
-    `use_cache` argument: a `transformers` model, or a DDP-wrapped one)."""
-    handles: list[RemovableHandle] = []
-    hooked: list[str] = []
-    for name, m in model.named_modules():
-        if any(name.startswith(f"{h}.") for h in hooked):
-            continue
-        if not isinstance(getattr(getattr(m, "config", None), "use_cache", None), bool):
-            continue
-        try:
-            takes = "use_cache" in inspect.signature(m.forward).parameters
-        except (TypeError, ValueError):
-            takes = False
-        if takes:
-            handles.append(m.register_forward_pre_hook(hook, with_kwargs=True))
-            hooked.append(name)
-    return handles
 
 
 def _keep(x: torch.Tensor) -> torch.Tensor:

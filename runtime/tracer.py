@@ -41,6 +41,7 @@ from memsched.runtime.checkpointing import flatten
 from memsched.runtime.clock import Clock, time_steps
 from memsched.runtime.device import device_memory, device_name, framework_versions, measure_runtime_copy_speed
 from memsched.runtime.hostalloc import steady_host_allocator
+from memsched.runtime.kv_cache import CacheOff, cache_message, hook_caches
 from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
 from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
@@ -1069,16 +1070,28 @@ def trace_with_report(
         if all(o is not opt for o in stepped):
             stepped.append(opt)
 
-    hook = register_optimizer_step_post_hook(on_step)
+    def cache_switched(m: nn.Module) -> None:
+        msg = cache_message(m, "the traced training forwards, like those under a schedule,")
+        if msg not in report.warnings:
+            report.warn(msg)
+
+    # The forwards are traced as a schedule replays them: without a KV cache (memsched.runtime.kv_cache).
+    cache_handles = hook_caches(model, CacheOff(cache_switched))
     try:
-        for _ in range(warmup):
-            step_fn()
-        step_s = _time_step_and_layers(step_fn, modules, stats, device, steps)
+        hook = register_optimizer_step_post_hook(on_step)
+        try:
+            for _ in range(warmup):
+                step_fn()
+            step_s = _time_step_and_layers(step_fn, modules, stats, device, steps)
+        finally:
+            hook.remove()
+        optimizers = _check_optimizers(model, optimizer, stepped, report)
+        names = [name for name, _ in found]
+        checkpointed = _time_reruns(model, step_fn, names, modules, stats, Clock(device), report)
+        mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizers)
     finally:
-        hook.remove()
-    optimizers = _check_optimizers(model, optimizer, stepped, report)
-    checkpointed = _time_reruns(model, step_fn, [name for name, _ in found], modules, stats, Clock(device), report)
-    mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizers)
+        for h in cache_handles:
+            h.remove()
     static = static_bytes(model, optimizers[0] if optimizers else None)
     for extra in optimizers[1:]:
         static.optimizer_state += static_bytes(model, extra).optimizer_state

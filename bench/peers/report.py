@@ -211,8 +211,10 @@ def model_section(res: dict[str, Any], out_dir: Path) -> str:
             fits.append("-" if v is None else ("yes" if v else "no"))
         notes = "; ".join(r.get("notes", []))
         pool = r.get("extra", {}).get("pool_resident_bytes")
-        if pool:
+        if pool and res["settings"]["device"] == "cpu":
             notes += f"; includes {pool / _MIB:.1f} MiB of host-pool buffers (same RAM on CPU)"
+        elif pool:
+            notes += f"; {pool / _MIB:.1f} MiB of host-pool buffers (pinned host memory, not in the peak)"
         lines.append(
             f"| {label} | {bud} | {r['effective_peak_bytes'] / _MIB:.1f} | {_fmt_ratio(r['peak_ratio'])} | "
             f"{_mib(r.get('forward_end_bytes'))} | {r['step_s']:.3f} | {_fmt_ratio(r['time_ratio'])} | "
@@ -255,12 +257,18 @@ def write_report(out_dir: Path) -> Path:
     results = load_results(out_dir)
     out = out_dir / "peers.md"
     parts = ["# memsched vs. what users would pick instead — measured side by side\n"]
-    parts.append(
-        "**These are CPU numbers: they show the recompute side of the trade.** On a CPU-only machine host memory "
-        "*is* device memory, so offloading (save_on_cpu, memsched's offload actions) cannot lower the measured "
-        "peak, and recompute is priced at CPU compute speed. GPU numbers — where offload overlaps with compute "
-        "over PCIe/NVLink — come from the GPU evidence issue, not from this file.\n"
-    )
+    if all(r["settings"]["device"] == "cpu" for r in results):
+        parts.append(
+            "**These are CPU numbers: they show the recompute side of the trade.** On a CPU-only machine host "
+            "memory *is* device memory, so offloading (save_on_cpu, memsched's offload actions) cannot lower the "
+            "measured peak, and recompute is priced at CPU compute speed. GPU numbers — where offload overlaps "
+            "with compute over PCIe/NVLink — come from the GPU evidence issue, not from this file.\n"
+        )
+    else:
+        parts.append(
+            "**GPU numbers**: the peak is the device's (`max_memory_allocated`); offloaded bytes live in pinned "
+            "host memory, outside it.\n"
+        )
     findings = out_dir / "peers-findings.md"
     if findings.is_file():  # hand-written conclusions for the committed run (the rest of this file is generated)
         parts.append(findings.read_text())

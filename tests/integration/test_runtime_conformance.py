@@ -264,8 +264,7 @@ def _traced(case: Case) -> Trace:
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
-        # Traced as the replay will run it: without the KV cache (GPT-2's cache would add its own copies of
-        # the keys and values to the traced saved bytes; the tracer does not switch it off itself yet).
+        # Without the KV cache, as the tracer and the replay run training forwards anyway (kv_cache).
         case.loss(
             model, {**batch, "use_cache": False} if case.hf and hasattr(model.config, "use_cache") else batch
         ).backward()

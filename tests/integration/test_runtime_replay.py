@@ -15,7 +15,7 @@ from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.baselines import BASELINES
 from memsched.optimizer.decisions import KEEP, offload_subset, recompute
 from memsched.optimizer.saved_profile import predicted_saved_profile
-from memsched.runtime import SavedLedger, apply_schedule, trace
+from memsched.runtime import SavedLedger, Workload, apply_schedule, trace
 from memsched.runtime.wrapping import is_wrapped
 from memsched.schema import Action
 from memsched.service import solve_trace
@@ -290,6 +290,55 @@ def test_a_recompute_plan_at_another_sequence_length_warns(gpt2, caplog):
     msg = record.getMessage()
     assert msg.startswith("layer transformer.h.0 returned 8192 bytes of output but 16384 when traced")
     assert "batch_size=2, seq_len=32" in msg and "trace and solve at the batch size and sequence length" in msg
+
+
+def _cached(name: str) -> Workload:
+    """GPT-2 or Llama as a user builds it from its config: use_cache=True, the config's default."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if name == "gpt2":
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=64, n_layer=4, n_head=4, vocab_size=256, n_positions=32))
+    else:
+        model = tiny("llama", layers=4).model
+    assert model.config.use_cache
+    ids = torch.randint(0, 256, (2, 32))
+    return Workload(model.train(), name, {"input_ids": ids, "labels": ids}, 2, 32)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_model_with_a_kv_cache_is_traced_as_the_schedule_replays_it(name, caplog):
+    """GPT-2's and Llama's config default use_cache=True copies each layer's keys and values into the cache,
+    and the attention saves the copies. The tracer traced that (GPT-2: 7% more saved bytes, other save
+    indices) while the replay runs without the cache, so an offload moved other tensors than planned (seen on
+    an H200: 96 of 240 MiB missing in a GPT-2 layer, the plan over its budget). Now both run without it: the
+    trace is the one a use_cache=False step gives, and a partial offload moves exactly the planned bytes."""
+    w = _cached(name)
+
+    def no_cache_step():
+        w.model.zero_grad(set_to_none=True)
+        w.model(**w.batch, use_cache=False).loss.backward()
+
+    with caplog.at_level(logging.WARNING, logger="memsched"):
+        tr = trace(w.model, w.backward, steps=1, warmup=0, batch_size=2, seq_len=32, measure_bandwidth=False)
+    assert sum("use_cache=True" in r.getMessage() for r in caplog.records) == 1
+    ref = trace(w.model, no_cache_step, steps=1, warmup=0, batch_size=2, seq_len=32, measure_bandwidth=False)
+    assert [x.saved_tensor_bytes for x in tr.layers] == [x.saved_tensor_bytes for x in ref.layers]
+    assert w.model.config.use_cache and w.model(input_ids=w.batch["input_ids"]).past_key_values is not None
+
+    _, expected = grads(w)
+    # Not Llama's layer-0 tensors 4 and 5 (RoPE's cos and sin, which its code holds through the forward).
+    for decisions in ([KEEP] * tr.n, [offload_subset(tr, i, (1, 2, 3)) for i in range(tr.n)]):
+        sched = schedule_of(tr, decisions)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="memsched"), apply_schedule(w.model, sched, trace=tr) as sm:
+            _, got = grads(w, sm)
+            stats = sm.pool_stats()
+        said = [r.getMessage().split(",")[0] for r in caplog.records]
+        assert said == [f"memsched: {type(w.model).__name__} has use_cache=True"]  # no bytes missed
+        assert stats.allocated_bytes == sum(a.offload.bytes for a in sched.actions if a.offload)
+        assert_close(got, expected)
+        assert _ledger_peak(w, sched, tr) == max(predicted_saved_profile(tr, sched))
 
 
 def test_a_kv_cache_is_switched_off_under_a_moving_plan_and_back_on_after(caplog):
