@@ -62,6 +62,11 @@ class OffloadRecord:
             self._copier.wait(self._d2h)
             self._device = None
 
+    @property
+    def released(self) -> bool:
+        """Whether the done-by stage has let go of the device storage (the record no longer holds it)."""
+        return self._device is None
+
     # -- backward side ------------------------------------------------------------------------------------
 
     def prefetch(self) -> None:

@@ -179,6 +179,7 @@ class ScheduledModel:
         self._segment: Segment | None = None
         self._warned: set[str] = set()
         self._cache_warned = False
+        self._priced_holds = None if trace is None else _priced_holds(trace)
         self._buffers = [
             LayerBuffers(lp.name, m) if lp.action == Action.RECOMPUTE else None
             for lp, m in zip(self.plan.layers, self.plan.modules, strict=True)
@@ -293,6 +294,8 @@ class ScheduledModel:
                 self._hooks.unwind(keep=1)
             p = self._new_pass()
         p.last_forward = i
+        if i == self.plan.n - 1 and self._priced_holds is not None:
+            self._check_code_holds(p, args, kwargs)
         # Parameters a sharding wrapper (FSDP) gathers just before this layer runs are new storages: still
         # static memory, never activations to offload or count.
         p.static.add_module(self.plan.modules[i])
@@ -493,6 +496,39 @@ class ScheduledModel:
             if t.requires_grad:
                 t.register_hook(on_grad)
 
+    def _check_code_holds(self, p: _Pass, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """As the last layer's forward starts, the schedule has let go of every storage it offloads by then. One
+        that is still alive is held by the model's own code (a local variable of its forward: an embedding
+        output, a rotary table or an attention mask made before the layers), so the device frees it only when
+        the code lets go of it, while the cost model counts it freed at its done-by stage. Say so, with the
+        bytes, once per layer. Not the outputs of the last layer's producers that it takes as inputs, nor
+        outputs whose holding by the code the cost model prices (_priced_holds)."""
+        assert self._priced_holds is not None and self.trace is not None
+        inputs = {id(t.untyped_storage()) for _, t in flatten((args, kwargs))}
+        producers = set(self.trace.layers[-1].deps)  # their outputs in its inputs: its workspace holds them
+        held: dict[int, int] = {}
+        for sid, (ref, rec) in p.offloaded.items():
+            if not rec.released or ref() is None or self._priced_holds[rec.layer]:
+                continue
+            if sid in inputs and rec.layer in producers:
+                continue
+            held[rec.layer] = held.get(rec.layer, 0) + rec.nbytes
+        for j, nbytes in sorted(held.items()):
+            name = self.plan.layers[j].name
+            if f"held:{name}" in self._warned:
+                continue
+            self._warned.add(f"held:{name}")
+            log.warning(
+                "layer %s: %d of the bytes it offloads are still on the device in the forward of the last layer: "
+                "the model's code holds them (a local variable of its forward, such as an embedding output, a "
+                "rotary table or an attention mask made before the layers, or autocast's cache of weight casts), "
+                "so offloading them frees nothing before the code lets go, and the measured peak can exceed the "
+                "prediction by up to that much. Solve with this layer kept, or have the model's forward drop its "
+                "reference",
+                name,
+                nbytes,
+            )
+
     def _backward_stage(self, p: _Pass, i: int) -> None:
         """The backward of layer i is about to run (its output gradient is complete)."""
         if i in p.backward_started:
@@ -509,6 +545,23 @@ class ScheduledModel:
         for j in self.plan.prefetch_at.get(i, ()):
             for rec in p.records.get(j, ()):
                 rec.prefetch()
+
+
+def _priced_holds(trace: Trace) -> list[bool]:
+    """Per layer, whether the cost model prices the model's code holding the output the layer saved itself into
+    the last layer's forward: a reader there or later (Layer.output_saved_readers, else deps), or the tracer saw
+    the code hold it that long (Layer.output_held_until)."""
+    n = trace.n
+    readers: list[list[int]] = [[] for _ in range(n)]
+    for c, layer in enumerate(trace.layers):
+        for j in layer.deps:
+            readers[j].append(c)
+    out = []
+    for j, x in enumerate(trace.layers):
+        r = x.output_saved_readers if x.output_saved_readers is not None else readers[j]
+        late = max(r, default=-1) >= n - 1 or (x.output_held_until or 0) >= n - 1
+        out.append(bool(x.output_saved) and late)
+    return out
 
 
 def _output_bytes(out: Any) -> int:
