@@ -388,6 +388,15 @@ class Trace(_Strict):
     def layer_names(self) -> list[str]:
         return [layer.name for layer in self.layers]
 
+    def saved_output_readers(self) -> list[list[int]]:
+        """Per layer, the later layers that read the outputs it saved itself (Layer.output_saved_readers), or where
+        the trace does not say, every layer that reads any of its outputs (deps)."""
+        readers: list[list[int]] = [[] for _ in range(self.n)]
+        for c, layer in enumerate(self.layers):
+            for j in layer.deps:
+                readers[j].append(c)
+        return [r if (r := x.output_saved_readers) is not None else readers[j] for j, x in enumerate(self.layers)]
+
     def segment_rerun_s(self, a: int, b: int) -> float:
         """Seconds a recompute segment [a..b] re-runs in B_b: the whole forwards of layers a..b-1 and the last
         layer's re-run up to the checkpoint's early stop (Layer.rerun_s). Every pricer uses this rule."""

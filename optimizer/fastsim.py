@@ -28,7 +28,6 @@ from memsched.optimizer.simulate import (
     keepall_step_s,
     loss_point_transient,
     other_step_s,
-    saved_output_readers,
 )
 from memsched.schema import Trace
 
@@ -52,7 +51,7 @@ class FastSim:
         self.out_saved = np.array([x.output_saved for x in layers], dtype=np.int64)
         self.cut = np.array(forward_cuts(trace), dtype=np.int64)
         self.skip_until = np.array(code_hold_until(trace), dtype=np.int64)  # simulate.skip_holds
-        readers = saved_output_readers(trace)
+        readers = trace.saved_output_readers()
         self.reader_ptr = np.zeros(trace.n + 1, dtype=np.int64)
         self.reader_ptr[1:] = np.cumsum([len(r) for r in readers])
         self.readers = np.array([c for r in readers for c in r], dtype=np.int64)

@@ -261,7 +261,7 @@ def checkpoint_own_inputs(
     segment's hold (ResNet's block output, which the block's last ReLU saves). An offloaded j is charged: the
     checkpoint keeps the storage on the device whatever the copy does (an over-count only where j offloads a
     subset without it)."""
-    readers = saved_output_readers(trace)
+    readers = trace.saved_output_readers()
     earliest: dict[int, int] = {}
     for a, b in (segment_ends(decisions) if ends is None else ends).items():
         for j in segment_outside_deps(trace, a, b):
@@ -289,16 +289,6 @@ def side_input_hold(trace: Trace, decisions: list[Decision], ends: dict[int, int
     return start, held
 
 
-def saved_output_readers(trace: Trace) -> list[list[int]]:
-    """Per layer, the later layers that read the outputs it saved itself (Layer.output_saved_readers), or where
-    the trace does not say, every layer that reads any of its outputs (deps)."""
-    readers: list[list[int]] = [[] for _ in range(trace.n)]
-    for c, layer in enumerate(trace.layers):
-        for j in layer.deps:
-            readers[j].append(c)
-    return [r if (r := x.output_saved_readers) is not None else readers[j] for j, x in enumerate(trace.layers)]
-
-
 def own_output_read_by_all(trace: Trace) -> list[bool]:
     """Per layer, whether every layer that reads its outputs reads the part it saved itself (so a checkpoint
     holding its outputs holds that part too: `checkpoint_own_inputs` starts with `checkpoint_inputs`). The DP
@@ -307,7 +297,7 @@ def own_output_read_by_all(trace: Trace) -> list[bool]:
     for c, layer in enumerate(trace.layers):
         for j in layer.deps:
             readers[j].add(c)
-    return [set(r) == readers[j] for j, r in enumerate(saved_output_readers(trace))]
+    return [set(r) == readers[j] for j, r in enumerate(trace.saved_output_readers())]
 
 
 def skip_holds(
@@ -338,7 +328,7 @@ def code_hold_until(trace: Trace) -> list[int]:
     layer does not keep it (`skip_holds`): its last reader's (`code_holds`), or later where the tracer saw the code
     hold it longer (Layer.output_held_until; n: across the loss point too); -1 where the code never does."""
     out = []
-    for j, readers in enumerate(saved_output_readers(trace)):
+    for j, readers in enumerate(trace.saved_output_readers()):
         layer = trace.layers[j]
         held = layer.output_saved and any(code_holds(trace, j, r) for r in readers)
         until = max(readers) if held else -1
@@ -383,7 +373,7 @@ def checkpoint_backward_holds(
     (`checkpoint_own_inputs`; a later segment's B_a lies inside that one's hold) (docs/cost-model.md,
     'Checkpoint inputs')."""
     group_end = segment_ends(decisions) if ends is None else ends
-    readers = saved_output_readers(trace)
+    readers = trace.saved_output_readers()
     shared = {a: trace.layers[a].shared_input for a in group_end}
     out: dict[int, int] = {}
     for j, a in checkpoint_own_inputs(trace, decisions, group_end).items():

@@ -178,7 +178,6 @@ class ScheduledModel:
         self._pass: _Pass | None = None
         self._segment: Segment | None = None
         self._warned: set[str] = set()
-        self._cache_warned = False
         self._priced_holds = None if trace is None else _priced_holds(trace)
         self._buffers = [
             LayerBuffers(lp.name, m) if lp.action == Action.RECOMPUTE else None
@@ -251,8 +250,8 @@ class ScheduledModel:
         self._cache_handles = hook_caches(self.model, CacheOff(self._cache_switched))
 
     def _cache_switched(self, model: nn.Module) -> None:
-        if not self._cache_warned:
-            self._cache_warned = True
+        if "use_cache" not in self._warned:
+            self._warned.add("use_cache")
             log.warning("%s", cache_message(model, "training forwards under the schedule"))
 
     # -- per-thread state ----------------------------------------------------------------------------------
@@ -551,17 +550,11 @@ def _priced_holds(trace: Trace) -> list[bool]:
     """Per layer, whether the cost model prices the model's code holding the output the layer saved itself into
     the last layer's forward: a reader there or later (Layer.output_saved_readers, else deps), or the tracer saw
     the code hold it that long (Layer.output_held_until)."""
-    n = trace.n
-    readers: list[list[int]] = [[] for _ in range(n)]
-    for c, layer in enumerate(trace.layers):
-        for j in layer.deps:
-            readers[j].append(c)
-    out = []
-    for j, x in enumerate(trace.layers):
-        r = x.output_saved_readers if x.output_saved_readers is not None else readers[j]
-        late = max(r, default=-1) >= n - 1 or (x.output_held_until or 0) >= n - 1
-        out.append(bool(x.output_saved) and late)
-    return out
+    last = trace.n - 1
+    return [
+        bool(x.output_saved) and (max(r, default=-1) >= last or (x.output_held_until or 0) >= last)
+        for x, r in zip(trace.layers, trace.saved_output_readers(), strict=True)
+    ]
 
 
 def _output_bytes(out: Any) -> int:
