@@ -59,12 +59,16 @@ def pg_url(pg_target: PgTarget) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path_factory.mktemp('db') / 'memsched.db'}"
-    base: str = request.getfixturevalue("pg_url")
-    # One schema-free database per session: tables are shared by the modules, ids keep them apart.
-    return base
+        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'memsched.db'}"
+        return
+    # A database of the module's own, like SQLite's file: a server starting on a database that an earlier
+    # module's server left with a running job re-queues and solves it, which a module counting its solves
+    # would see as its own.
+    target: PgTarget = request.getfixturevalue("pg_target")
+    with target.throwaway_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -81,6 +81,10 @@ def safe_broker_url(url: str) -> str:
     return url
 
 
+# How long a dead worker's hold on Redis's redelivery-sweep lock lasts (see `make_celery`).
+RESTORE_MUTEX_EXPIRE_S = 5
+
+
 def make_celery(settings: Settings) -> Any:
     """The Celery app of a replica or a worker. Its settings are the same on both sides."""
     from celery import Celery
@@ -98,6 +102,10 @@ def make_celery(settings: Settings) -> Any:
             # default scans only every 100 s).
             "unacked_restore_interval": max(1.0, min(10.0, vt / 4)),
             "unacked_restore_throttle": 1,
+            # A sweep holds a Redis lock; a worker killed mid-sweep leaves it held until it expires, and until
+            # then no worker delivers a lost job again (kombu's default, 300 s, would stall one for 5 minutes).
+            # A sweep takes milliseconds, and each restore is a WATCH transaction, so a short expiry is safe.
+            "unacked_mutex_expire": RESTORE_MUTEX_EXPIRE_S,
             "global_keyprefix": settings.broker_key_prefix,
             "socket_connect_timeout": 3,
         }

@@ -184,9 +184,32 @@ def test_100_jobs_round_robin_with_repeats_are_solved_once(cluster: Cluster) -> 
     assert re.search(r"^memsched_queue_depth 0\.0$", metrics, re.M), metrics
 
 
+def _hold_restore_lock_as_a_killed_worker_would(cluster: Cluster) -> None:
+    """A worker killed while it sweeps for lost messages leaves kombu's sweep lock held for the expiry it was
+    taken with; until then no worker delivers a lost job again. Take it as such a worker would have."""
+    import redis
+    from kombu.transport.redis import Channel
+
+    from memsched.api.runners.celery_runner import make_celery
+    from memsched.api.settings import Settings
+
+    options = make_celery(Settings(database_url=cluster.db_url, **cluster.settings)).conf.broker_transport_options
+    expire_s = options.get("unacked_mutex_expire", Channel.unacked_mutex_expire)
+    client = redis.Redis.from_url(cluster.broker_url)
+    client.set(f"{cluster.settings['broker_key_prefix']}{Channel.unacked_mutex_key}", "killed", px=int(expire_s * 1000))
+    client.close()
+
+
+def _log_tails(procs: list[Worker]) -> str:
+    return "\n".join(
+        f"--- {w.log_path.name}\n" + "\n".join(w.log_path.read_text(errors="replace").splitlines()[-15:]) for w in procs
+    )
+
+
 def test_worker_killed_mid_solve_its_job_completes_on_the_other(cluster: Cluster) -> None:
-    """kill -9 the worker (main and pool processes) running a long solve: Redis delivers the job again after
-    the visibility timeout, the other worker completes it, and the row records the interruption."""
+    """kill -9 the worker (main and pool processes) running a long solve, as it holds the lock of the sweep
+    for lost messages: Redis delivers the job again after the visibility timeout, the other worker completes
+    it, and the row records the interruption."""
     trace = synthetic_trace(12, scale=201).model_dump(mode="json")
     with cluster.apis[0].client() as c0, cluster.apis[1].client() as c1:
         job = _post(c0, trace, "50%", "cbc", 4, gap=SLOW)
@@ -199,13 +222,15 @@ def test_worker_killed_mid_solve_its_job_completes_on_the_other(cluster: Cluster
         time.sleep(1.0)  # mid-solve
         assert c1.get(f"/v1/schedules/{job['id']}").json()["status"] == "running"
         victim.kill()
+        _hold_restore_lock_as_a_killed_worker_would(cluster)
         try:
             final = _final(c1, job["id"], timeout=60)
+            tails = _log_tails(cluster.workers)
         finally:
             # Put a worker back for the tests that follow.
             cluster.workers.remove(victim)
             cluster.worker(f"w{len(cluster.workers) + 1}").start()
-    assert final["status"] == "done", final
+    assert final["status"] == "done", (final, tails)
     assert final["attempts"] == 2
     assert "attempt 1 was interrupted" in final["reason"] and "its worker was lost mid-solve" in final["reason"]
     # The second attempt overran too and ended at its soft limit with the heuristic's schedule.
