@@ -86,15 +86,34 @@ class StaticBytes(_Strict):
     treats them as static; but the step allocates them, so to the user they are activations, and a percentage
     budget counts them as such (optimizer/budget.py). 0 in traces written before this field (there they are
     in `other`)."""
+    saved_held_by_code: Bytes = 0
+    """Bytes that traced layers save and that the model's own code also holds past the layer's forward: an
+    embedding output or rotary table a forward keeps in a local variable, autocast's cache of weight casts. Moving
+    them frees nothing while the code holds them, so each sits in its layer's save order with 0 bytes (no plan
+    moves it) and is counted here, for the whole step: what the tracer measured (docs/cost-model.md, 'Storages
+    the model's code holds'). Activations to the user, like saved_before_layers. 0 in traces written before this
+    field."""
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer_state + self.other + self.saved_before_layers
+        return (
+            self.params
+            + self.grads
+            + self.optimizer_state
+            + self.other
+            + self.saved_before_layers
+            + self.saved_held_by_code
+        )
+
+    @property
+    def saved_static(self) -> int:
+        """Activations no schedule moves: saved_before_layers + saved_held_by_code."""
+        return self.saved_before_layers + self.saved_held_by_code
 
     @property
     def resident(self) -> int:
-        """What the device holds when the step begins (total without saved_before_layers)."""
-        return self.total - self.saved_before_layers
+        """What the device holds when the step begins (total without the activations in saved_static)."""
+        return self.total - self.saved_static
 
 
 # How far below the sum of its layers' forward + backward times a trace's measured step may be (see
@@ -409,8 +428,9 @@ class Trace(_Strict):
         doc = self.model_dump(mode="json")
         if doc["device"].get("concurrent_copies", True):
             doc["device"].pop("concurrent_copies", None)
-        if not doc["static"].get("saved_before_layers"):
-            doc["static"].pop("saved_before_layers", None)
+        for key in ("saved_before_layers", "saved_held_by_code"):
+            if not doc["static"].get(key):
+                doc["static"].pop(key, None)
         for layer in doc["layers"]:
             for key in (
                 "recompute_s",

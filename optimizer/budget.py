@@ -17,8 +17,9 @@ def keepall_activation_peak(trace: Trace) -> int:
 def keepall_step_activations(trace: Trace) -> int:
     """What the in-core step allocates at its peak beyond what the device held when it began: the '100%' of a
     percentage budget, as a user measures it (peak minus the memory at the step's start). It includes what the
-    step saves before the first traced layer (StaticBytes.saved_before_layers), which no schedule moves."""
-    return keepall_activation_peak(trace) + trace.static.saved_before_layers
+    step saves that no schedule moves (StaticBytes.saved_static: before the first traced layer, or held by the
+    model's code)."""
+    return keepall_activation_peak(trace) + trace.static.saved_static
 
 
 def resolve_budget(spec: BudgetSpec | str | int, trace: Trace) -> int:

@@ -65,6 +65,13 @@ class SavedLedger:
             self._bump()
         weakref.finalize(storage, self._freed, sid)
 
+    def forget(self, t: torch.Tensor) -> None:
+        """Stop counting t's storage (it turned out to be static memory, not a saved tensor a schedule moves)."""
+        with self._lock:
+            entry = self._live.pop(id(t.untyped_storage()), None)
+            if entry is not None:
+                self._bytes -= entry[0]
+
     def _freed(self, sid: int) -> None:
         with self._lock:
             entry = self._live.pop(sid, None)

@@ -89,6 +89,10 @@ class _Pass:
         self.offloaded: dict[int, tuple[weakref.ref[torch.UntypedStorage], OffloadRecord]] = {}
         self.records: dict[int, list[OffloadRecord]] = {}
         self.offloaded_bytes = [0] * n
+        # Storages claimed at a place the trace counts with 0 bytes: static memory in the cost model (saved by code
+        # before the layers, or held by the model's code: StaticBytes.saved_static), so never moved, and not in
+        # the ledger, which measures the saved part a schedule moves.
+        self.static_saves: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.last_forward = -1
         self.backward_started: set[int] = set()
 
@@ -107,6 +111,10 @@ class _Pass:
         idx = self.next_index[layer]
         self.next_index[layer] += 1
         return layer, idx
+
+    def is_static_save(self, s: torch.UntypedStorage) -> bool:
+        hit = self.static_saves.get(id(s))
+        return hit is not None and hit() is s
 
     def offload_record(self, s: torch.UntypedStorage) -> OffloadRecord | None:
         """The record of this very storage if it was offloaded in this pass (ids of dead storages are
@@ -179,6 +187,11 @@ class ScheduledModel:
         self._segment: Segment | None = None
         self._warned: set[str] = set()
         self._priced_holds = None if trace is None else _priced_holds(trace)
+        # Per layer, the places in its save order that the trace counts with 0 bytes (Pass.static_saves).
+        self._static_places = [
+            frozenset() if trace is None else frozenset(k for k, b in enumerate(x.saved_tensor_bytes) if b == 0)
+            for x in (trace.layers if trace is not None else self.plan.layers)
+        ]
         self._buffers = [
             LayerBuffers(lp.name, m) if lp.action == Action.RECOMPUTE else None
             for lp, m in zip(self.plan.layers, self.plan.modules, strict=True)
@@ -409,6 +422,7 @@ class ScheduledModel:
         plan = self.plan.layers[i]
         offload = plan.action == Action.OFFLOAD
         ledger = self.ledger
+        static_places = self._static_places[i]
 
         def pack(x: torch.Tensor) -> Any:
             if not isinstance(x, torch.Tensor) or p.is_static(x):
@@ -419,6 +433,11 @@ class ScheduledModel:
                 # Already offloaded (a view of it, or a storage an earlier layer offloaded): share the copy.
                 return rec.handle(x)
             owner, idx = p.claim(s, i)
+            if idx is not None and idx in static_places:
+                p.static_saves[id(s)] = weakref.ref(s)
+                return _keep(x)
+            if p.is_static_save(s):
+                return _keep(x)
             if ledger is not None:
                 ledger.note(x, owner)
             if offload and idx is not None and idx in plan.offload_tensors and self._offloadable(x):
@@ -454,16 +473,31 @@ class ScheduledModel:
             if not stack or not start <= stack[-1] <= end:
                 seg.glue_saves = True
                 return
-            owner, _ = p.claim(x.untyped_storage(), stack[-1])
-            if ledger is not None:
+            s = x.untyped_storage()
+            owner, idx = p.claim(s, stack[-1])
+            if idx is not None and idx in self._static_places[stack[-1]]:
+                p.static_saves[id(s)] = weakref.ref(s)
+                if ledger is not None:
+                    ledger.forget(x)  # the checkpoint saved it first, as its input (on_input_save)
+            if ledger is not None and not p.is_static_save(s):
                 ledger.note(x, owner)
 
         def on_recompute_save(x: torch.Tensor) -> None:
-            if ledger is not None and isinstance(x, torch.Tensor) and not p.is_static(x):
+            if (
+                ledger is not None
+                and isinstance(x, torch.Tensor)
+                and not p.is_static(x)
+                and not p.is_static_save(x.untyped_storage())
+            ):
                 ledger.note(x, stack[-1] if stack else start)
 
         def on_input_save(x: torch.Tensor) -> None:
-            if ledger is not None and isinstance(x, torch.Tensor) and not p.is_static(x):
+            if (
+                ledger is not None
+                and isinstance(x, torch.Tensor)
+                and not p.is_static(x)
+                and not p.is_static_save(x.untyped_storage())
+            ):
                 ledger.note(x, start)
 
         def context_fn() -> tuple[Any, Any]:

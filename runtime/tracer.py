@@ -144,8 +144,21 @@ class _MemoryStep:
         stats: list[_LayerStats],
         modules: Sequence[nn.Module],
         meter: MemoryMeter,
+        held: dict[int, set[int]] | None = None,
+        probe: bool = False,
     ) -> None:
         self.static = StaticStorages().add_module(model)
+        # Per layer, the places in its save order of the storages the model's code holds past its forward, which
+        # the probe step found (`_code_holds_probe`): in this step they take 0 bytes there and count in
+        # code_held, as static (StaticBytes.saved_held_by_code).
+        self.held = held or {}
+        self.code_held: dict[int, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
+        # The probe step (`probe`): autograd keeps copies of what the layers save, so a layer's saved storage
+        # outlives its forward only where the model's code holds it. watch: (layer, place in its save order,
+        # storage) of every storage a layer claimed; found: what the later layers' starts saw alive.
+        self.probe = probe
+        self.watch: list[tuple[int, int, weakref.ref[torch.UntypedStorage]]] = []
+        self.found: dict[int, set[int]] = {}
         self.modules = modules
         self.stats = stats
         self.meter = meter
@@ -187,6 +200,10 @@ class _MemoryStep:
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and x not in self.static:
             self._note(x)
+            if self.probe and self.stack and not (x.is_leaf and x.requires_grad):
+                # A copy, so that autograd does not keep the layer's storage alive (a leaf that requires grad
+                # is the user's input: autograd needs that very tensor back).
+                return x.detach().clone()
         # Detached: the packed tensor must not point back at its own grad_fn (see replay._keep).
         return x.detach() if isinstance(x, torch.Tensor) and x.grad_fn is not None else x
 
@@ -211,7 +228,7 @@ class _MemoryStep:
         pinned = self._pinned(x)
         ref = self.claims.get(id(s))
         if ref is not None and ref() is s:
-            if pinned:
+            if pinned or self._code_held(s):
                 return  # static (below): no layer holds it alone
             # Counted once, for the layer that saved it first. A later layer saving it too (ResNet: a block's
             # last ReLU output is the next block's input) needs it back at its own backward, before the first
@@ -236,8 +253,48 @@ class _MemoryStep:
         if late is not None and late[0]() is not s:
             self.between[id(s)] = late
         self.claims[id(s)] = weakref.ref(s)
-        self.owner[id(s)] = self.stack[-1]
-        self.stats[self.stack[-1]].saved.append(storage_nbytes(x))
+        me = self.stack[-1]
+        self.owner[id(s)] = me
+        place = len(self.stats[me].saved)
+        if place in self.held.get(me, ()):
+            # The model's code holds it past this layer's forward: moving it would free nothing, so it keeps its
+            # place in the save order with 0 bytes, like a pinned storage above, and is static.
+            self.code_held[id(s)] = (weakref.ref(s), storage_nbytes(x))
+            self.stats[me].saved.append(0)
+            return
+        if self.probe:
+            self.watch.append((me, place, weakref.ref(s)))
+        self.stats[me].saved.append(storage_nbytes(x))
+
+    def _code_held(self, s: torch.UntypedStorage) -> bool:
+        hit = self.code_held.get(id(s))
+        return hit is not None and hit[0]() is s
+
+    def code_held_bytes(self) -> int:
+        """Bytes of the storages layers saved that the model's code holds (StaticBytes.saved_held_by_code)."""
+        return sum(nbytes for _ref, nbytes in self.code_held.values())
+
+    def _note_code_holds(self, i: int, inputs: Sequence[torch.Tensor]) -> None:
+        """Probe step, as layer i starts: the storages earlier layers saved that are still alive are held by the
+        model's code, other than its own saved outputs (Layer.output_held_until prices those) and the outputs of
+        traced layers that it passes to layer i (the data flow: deps and shared inputs price those)."""
+        flow = set()
+        for t in inputs:
+            hit = self.producers.get(id(t.untyped_storage()))
+            if hit is not None and hit[1]() is t.untyped_storage():
+                flow.add(id(t.untyped_storage()))
+        alive = []
+        for j, place, ref in self.watch:
+            held = ref()
+            if held is None:
+                continue
+            alive.append((j, place, ref))
+            if j == i or id(held) in flow:
+                continue
+            own = {id(o.untyped_storage()) for r in self.own_outputs.get(j, []) if (o := r()) is not None}
+            if id(held) not in own:
+                self.found.setdefault(j, set()).add(place)
+        self.watch = alive
 
     # LayerCalls (memsched.runtime.wrapping): around each traced layer's forward.
 
@@ -249,6 +306,8 @@ class _MemoryStep:
         self._note_held(i)
         self.static.add_module(self.modules[i])  # parameters gathered just in time (FSDP)
         inputs = _input_tensors(args, kwargs)
+        if self.probe:
+            self._note_code_holds(i, inputs)
         # An input that code before the first layer saved (a stem's last ReLU output) is static: a checkpoint of
         # this layer holds nothing more by keeping it, so it is not a checkpoint input (nor, then, counted as
         # the input gradient: the whole-step fit carries that at B_i).
@@ -355,7 +414,13 @@ class _MemoryStep:
         """Whether layer i saved this tensor's storage first, with its bytes (not a 0-byte static placeholder)."""
         s = t.untyped_storage()
         ref = self.claims.get(id(s))
-        return ref is not None and ref() is s and self.owner.get(id(s)) == i and not self._pinned(t)
+        return (
+            ref is not None
+            and ref() is s
+            and self.owner.get(id(s)) == i
+            and not self._pinned(t)
+            and not self._code_held(s)
+        )
 
     def _backward_mark(self, i: int) -> Callable[[torch.Tensor], None]:
         def on_grad(_g: torch.Tensor) -> None:
@@ -773,6 +838,29 @@ def resident_beyond_static(model: nn.Module, static: StaticBytes, whole: StepMem
     return max(0, whole.start_bytes - present)
 
 
+def _code_holds_probe(
+    model: nn.Module, step_fn: StepFn, modules: Sequence[nn.Module], stats: Sequence[_LayerStats], device: torch.device
+) -> dict[int, set[int]]:
+    """One step in which autograd keeps copies of what the layers save: per layer (registration index), the places
+    in its save order of the storages still alive as a later layer starts, which the model's code holds (a local
+    variable of its forward: an embedding output, a rotary table; autocast's cache of weight casts). Offloading or
+    recomputing them frees nothing while the code holds them. The step holds those storages twice (the copy
+    too); a layer's storages are checked at the later layers' starts, so the last layer's never are."""
+    probe_stats = [_LayerStats(st.name, st.kind) for st in stats]
+    mem = _MemoryStep(model, probe_stats, modules, MemoryMeter(device), probe=True)
+
+    def instrumented() -> None:
+        mem.note_resident()
+        with wrapped(modules, mem), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
+            step_fn()
+
+    try:
+        instrumented()
+    finally:
+        mem.forget_graph()
+    return mem.found
+
+
 def _memory_step(
     model: nn.Module,
     step_fn: StepFn,
@@ -780,10 +868,12 @@ def _memory_step(
     stats: list[_LayerStats],
     device: torch.device,
     optimizers: Sequence[torch.optim.Optimizer],
+    held: dict[int, set[int]] | None = None,
 ) -> tuple[_MemoryStep, StepMemory]:
-    """One instrumented step, measured whole (after a plain priming step on the CPU)."""
+    """One instrumented step, measured whole (after a plain priming step on the CPU). `held`: the storages the
+    model's code holds (`_code_holds_probe`), counted as static."""
     meter = MemoryMeter(device)
-    mem = _MemoryStep(model, stats, modules, meter)
+    mem = _MemoryStep(model, stats, modules, meter, held=held)
     handles = [o.register_step_pre_hook(lambda *_a: meter.mark("optimizer")) for o in optimizers]
 
     def instrumented() -> None:
@@ -893,6 +983,9 @@ class TraceReport:
     """Bytes saved by ops between two traced layers, outside both (a norm, a residual add between
     sub-module layers), per gap: (the layer after which they were saved, bytes). No layer owns them, so no
     schedule moves them; the stage peaks they are live in (the layers' workspace) hold them."""
+    code_held: list[tuple[str, int]] = field(default_factory=list)
+    """Bytes per layer (name, bytes) of the storages it saves that the model's code also holds past its forward
+    (StaticBytes.saved_held_by_code), in forward order."""
     optimizers: list[str] = field(default_factory=list)
     """Class names of the optimizers whose state the trace counts."""
     warnings: list[str] = field(default_factory=list)
@@ -980,6 +1073,26 @@ def _check_unowned(mem: _MemoryStep, stats: Sequence[_LayerStats], report: Trace
         f"({where}{more}) and belong to no layer: no schedule can free them, and as they are all live when the "
         f"backward starts they add up to {format_bytes(report.unowned_bytes)} to the smallest feasible budget; "
         "select layers that cover them (the enclosing blocks, the default, or a wider --layer-pattern)"
+    )
+
+
+def _check_code_held(mem: _MemoryStep, stats: Sequence[_LayerStats], report: TraceReport) -> None:
+    """Say which layers save storages that the model's code holds, and that they are counted as static."""
+    per_layer: dict[int, int] = {}
+    for sid, (_ref, nbytes) in mem.code_held.items():
+        j = mem.owner[sid]
+        per_layer[j] = per_layer.get(j, 0) + nbytes
+    report.code_held = [(stats[j].name, b) for j, b in sorted(per_layer.items(), key=lambda kv: mem.order.index(kv[0]))]
+    if not report.code_held:
+        return
+    where = ", ".join(f"{format_bytes(b)} of {name!r}" for name, b in report.code_held[:3])
+    more = f" and {len(report.code_held) - 3} more layers" if len(report.code_held) > 3 else ""
+    report.warn(
+        f"layers: {format_bytes(mem.code_held_bytes())} that the layers save are also held by the model's own code "
+        f"past their forward ({where}{more}): a local variable of the forward (an embedding output, a rotary table, "
+        "a mask) or autocast's cache of weight casts. Offloading or recomputing them would free nothing, so no plan "
+        "moves them and the trace counts them as static memory (saved_held_by_code); a forward that lets go of them "
+        "(del the variable, autocast(cache_enabled=False)) gives the planner those bytes"
     )
 
 
@@ -1088,7 +1201,8 @@ def trace_with_report(
         optimizers = _check_optimizers(model, optimizer, stepped, report)
         names = [name for name, _ in found]
         checkpointed = _time_reruns(model, step_fn, names, modules, stats, Clock(device), report)
-        mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizers)
+        held = _code_holds_probe(model, step_fn, modules, stats, device)
+        mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizers, held)
     finally:
         for h in cache_handles:
             h.remove()
@@ -1097,6 +1211,8 @@ def trace_with_report(
         static.optimizer_state += static_bytes(model, extra).optimizer_state
     static.other += resident_beyond_static(model, static, whole)
     static.saved_before_layers = sum(nbytes for _, nbytes in mem.outside.values())
+    static.saved_held_by_code = mem.code_held_bytes()
+    _check_code_held(mem, stats, report)
     workspace, forward_workspace = fit_workspace([stats[i] for i in mem.order], static.total, whole)
     traced = _layers(stats, mem.order, workspace, forward_workspace)
     _check_times(traced, step_s, report)

@@ -167,8 +167,9 @@ def trace_cmd(
     out.print(
         f"static {format_bytes(s.total)} (params {format_bytes(s.params)}, grads {format_bytes(s.grads)}, "
         f"optimizer {format_bytes(s.optimizer_state)}, other {format_bytes(s.other)}: buffers and what the process "
-        f"holds at the step's start, saved before the layers {format_bytes(s.saved_before_layers)}: activations no "
-        f"schedule moves); baseline step {format_seconds(tr.baseline.step_s)}, "
+        f"holds at the step's start, saved before the layers {format_bytes(s.saved_before_layers)} and held by the "
+        f"model's code {format_bytes(s.saved_held_by_code)}: activations no schedule moves); "
+        f"baseline step {format_seconds(tr.baseline.step_s)}, "
         f"peak {format_bytes(tr.baseline.peak_bytes)}; copies h2d {tr.device.h2d_bytes_per_s / 1e9:.1f} GB/s, "
         f"d2h {tr.device.d2h_bytes_per_s / 1e9:.1f} GB/s, latency {tr.device.copy_latency_s * 1e6:.1f} us"
     )

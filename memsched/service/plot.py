@@ -80,6 +80,7 @@ def static_parts(trace: Trace) -> list[tuple[str, int]]:
         # The tracer puts buffers and what the process holds at the step's start here; an importer the batch.
         ("other: buffers, the batch, what the process holds", s.other),
         ("saved before the traced layers (embeddings, stem)", s.saved_before_layers),
+        ("saved by layers, held by the model's code", s.saved_held_by_code),
     ]
     return [(name, b) for name, b in parts if b > 0]
 
