@@ -275,8 +275,8 @@ class _MemoryStep:
         return sum(nbytes for _ref, nbytes in self.code_held.values())
 
     def _note_code_holds(self, i: int, inputs: Sequence[torch.Tensor]) -> None:
-        """Probe step, as layer i starts: the storages earlier layers saved that are still alive are held by the
-        model's code, other than its own saved outputs (Layer.output_held_until prices those) and the outputs of
+        """Probe step, as layer i starts: the storages that layers whose forward has ended saved and that are still
+        alive are held by the model's code, other than its own saved outputs (Layer.output_held_until prices those) and the outputs of
         traced layers that it passes to layer i (the data flow: deps and shared inputs price those)."""
         flow = set()
         for t in inputs:
@@ -289,8 +289,8 @@ class _MemoryStep:
             if held is None:
                 continue
             alive.append((j, place, ref))
-            if j == i or id(held) in flow:
-                continue
+            if j == i or j in self.stack or id(held) in flow:
+                continue  # an enclosing layer's forward is still running: its own code holds what it saved
             own = {id(o.untyped_storage()) for r in self.own_outputs.get(j, []) if (o := r()) is not None}
             if id(held) not in own:
                 self.found.setdefault(j, set()).add(place)

@@ -230,8 +230,8 @@ def test_trace_prints_every_static_part(tmp_path, capsys):
     parts = (
         f"static {format_bytes(s.total)} (params {format_bytes(s.params)}, grads {format_bytes(s.grads)}, "
         f"optimizer {format_bytes(s.optimizer_state)}, other {format_bytes(s.other)}: buffers and what the process "
-        f"holds at the step's start, saved before the layers {format_bytes(s.saved_before_layers)}: activations no "
-        "schedule moves)"
+        f"holds at the step's start, saved before the layers {format_bytes(s.saved_before_layers)} and held by the "
+        f"model's code {format_bytes(s.saved_held_by_code)}: activations no schedule moves)"
     )
     assert parts in text
-    assert s.params + s.grads + s.optimizer_state + s.other + s.saved_before_layers == s.total
+    assert s.params + s.grads + s.optimizer_state + s.other + s.saved_before_layers + s.saved_held_by_code == s.total
