@@ -102,14 +102,19 @@ class _Pass:
             return hit[0]
         return None
 
-    def claim(self, s: torch.UntypedStorage, layer: int) -> tuple[int, int | None]:
-        """(owner, index in the owner's save order if this call made the claim, else None)."""
+    def claim(
+        self, s: torch.UntypedStorage, layer: int, static_places: frozenset[int] = frozenset()
+    ) -> tuple[int, int | None]:
+        """(owner, index in the owner's save order if this call made the claim, else None). A claim at one of
+        `static_places` (the layer's 0-byte places in the trace) makes the storage a static save."""
         owner = self.owner(s)
         if owner is not None:
             return owner, None
         self.claims[id(s)] = (layer, weakref.ref(s))
         idx = self.next_index[layer]
         self.next_index[layer] += 1
+        if idx in static_places:
+            self.static_saves[id(s)] = weakref.ref(s)
         return layer, idx
 
     def is_static_save(self, s: torch.UntypedStorage) -> bool:
@@ -188,10 +193,11 @@ class ScheduledModel:
         self._warned: set[str] = set()
         self._priced_holds = None if trace is None else _priced_holds(trace)
         # Per layer, the places in its save order that the trace counts with 0 bytes (Pass.static_saves).
-        self._static_places = [
-            frozenset() if trace is None else frozenset(k for k, b in enumerate(x.saved_tensor_bytes) if b == 0)
-            for x in (trace.layers if trace is not None else self.plan.layers)
-        ]
+        self._static_places: list[frozenset[int]] = (
+            [frozenset(k for k, b in enumerate(x.saved_tensor_bytes) if b == 0) for x in trace.layers]
+            if trace is not None
+            else [frozenset()] * self.plan.n
+        )
         self._buffers = [
             LayerBuffers(lp.name, m) if lp.action == Action.RECOMPUTE else None
             for lp, m in zip(self.plan.layers, self.plan.modules, strict=True)
@@ -432,10 +438,7 @@ class ScheduledModel:
             if rec is not None:
                 # Already offloaded (a view of it, or a storage an earlier layer offloaded): share the copy.
                 return rec.handle(x)
-            owner, idx = p.claim(s, i)
-            if idx is not None and idx in static_places:
-                p.static_saves[id(s)] = weakref.ref(s)
-                return _keep(x)
+            owner, idx = p.claim(s, i, static_places)
             if p.is_static_save(s):
                 return _keep(x)
             if ledger is not None:
@@ -474,12 +477,10 @@ class ScheduledModel:
                 seg.glue_saves = True
                 return
             s = x.untyped_storage()
-            owner, idx = p.claim(s, stack[-1])
-            if idx is not None and idx in self._static_places[stack[-1]]:
-                p.static_saves[id(s)] = weakref.ref(s)
-                if ledger is not None:
-                    ledger.forget(x)  # the checkpoint saved it first, as its input (on_input_save)
-            if ledger is not None and not p.is_static_save(s):
+            owner, _ = p.claim(s, stack[-1], self._static_places[stack[-1]])
+            if ledger is not None and p.is_static_save(s):
+                ledger.forget(x)  # the checkpoint may have saved it first, as its input (on_input_save)
+            elif ledger is not None:
                 ledger.note(x, owner)
 
         def on_recompute_save(x: torch.Tensor) -> None:

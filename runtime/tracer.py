@@ -276,8 +276,9 @@ class _MemoryStep:
 
     def _note_code_holds(self, i: int, inputs: Sequence[torch.Tensor]) -> None:
         """Probe step, as layer i starts: the storages that layers whose forward has ended saved and that are still
-        alive are held by the model's code, other than its own saved outputs (Layer.output_held_until prices those) and the outputs of
-        traced layers that it passes to layer i (the data flow: deps and shared inputs price those)."""
+        alive are held by the model's code, other than their own saved outputs (Layer.output_held_until prices
+        those) and the outputs of traced layers passed to layer i (the data flow: deps and shared inputs price
+        those)."""
         flow = set()
         for t in inputs:
             hit = self.producers.get(id(t.untyped_storage()))
@@ -848,17 +849,22 @@ def _code_holds_probe(
     too); a layer's storages are checked at the later layers' starts, so the last layer's never are."""
     probe_stats = [_LayerStats(st.name, st.kind) for st in stats]
     mem = _MemoryStep(model, probe_stats, modules, MemoryMeter(device), probe=True)
+    try:
+        _instrumented(mem, modules, step_fn)()
+    finally:
+        mem.forget_graph()
+    return mem.found
 
-    def instrumented() -> None:
+
+def _instrumented(mem: _MemoryStep, modules: Sequence[nn.Module], step_fn: StepFn) -> Callable[[], None]:
+    """`step_fn` with `mem` around every traced layer and on every saved tensor."""
+
+    def run() -> None:
         mem.note_resident()
         with wrapped(modules, mem), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
             step_fn()
 
-    try:
-        instrumented()
-    finally:
-        mem.forget_graph()
-    return mem.found
+    return run
 
 
 def _memory_step(
@@ -875,14 +881,8 @@ def _memory_step(
     meter = MemoryMeter(device)
     mem = _MemoryStep(model, stats, modules, meter, held=held)
     handles = [o.register_step_pre_hook(lambda *_a: meter.mark("optimizer")) for o in optimizers]
-
-    def instrumented() -> None:
-        mem.note_resident()
-        with wrapped(modules, mem), torch.autograd.graph.saved_tensors_hooks(mem.pack, lambda x: x):
-            step_fn()
-
     try:
-        whole = meter.measure(instrumented, prime=step_fn)
+        whole = meter.measure(_instrumented(mem, modules, step_fn), prime=step_fn)
     finally:
         mem.forget_graph()
         for h in handles:
@@ -1060,17 +1060,22 @@ def _check_times(layers: Sequence[Layer], step_s: float, report: TraceReport) ->
     report.warn(msg)
 
 
+def _first_three(per_layer: Sequence[tuple[str, int]], preposition: str, noun: str) -> str:
+    """'B of 'name', ...' for the first three (layer name, bytes), and how many more `noun` there are."""
+    where = ", ".join(f"{format_bytes(b)} {preposition} {name!r}" for name, b in per_layer[:3])
+    return where + (f" and {len(per_layer) - 3} more {noun}" if len(per_layer) > 3 else "")
+
+
 def _check_unowned(mem: _MemoryStep, stats: Sequence[_LayerStats], report: TraceReport) -> None:
     """Say which bytes no traced layer owns and what they cost the smallest feasible budget."""
     gaps = mem.between_bytes()
     report.unowned = [(stats[mem.order[k - 1]].name, b) for k, b in sorted(gaps.items())]
     if not report.unowned:
         return
-    where = ", ".join(f"{format_bytes(b)} after {name!r}" for name, b in report.unowned[:3])
-    more = f" and {len(report.unowned) - 3} more gaps" if len(report.unowned) > 3 else ""
+    where = _first_three(report.unowned, "after", "gaps")
     report.warn(
         f"layers: {format_bytes(report.unowned_bytes)} of activations are saved by ops between the traced layers "
-        f"({where}{more}) and belong to no layer: no schedule can free them, and as they are all live when the "
+        f"({where}) and belong to no layer: no schedule can free them, and as they are all live when the "
         f"backward starts they add up to {format_bytes(report.unowned_bytes)} to the smallest feasible budget; "
         "select layers that cover them (the enclosing blocks, the default, or a wider --layer-pattern)"
     )
@@ -1085,11 +1090,10 @@ def _check_code_held(mem: _MemoryStep, stats: Sequence[_LayerStats], report: Tra
     report.code_held = [(stats[j].name, b) for j, b in sorted(per_layer.items(), key=lambda kv: mem.order.index(kv[0]))]
     if not report.code_held:
         return
-    where = ", ".join(f"{format_bytes(b)} of {name!r}" for name, b in report.code_held[:3])
-    more = f" and {len(report.code_held) - 3} more layers" if len(report.code_held) > 3 else ""
+    where = _first_three(report.code_held, "of", "layers")
     report.warn(
         f"layers: {format_bytes(mem.code_held_bytes())} that the layers save are also held by the model's own code "
-        f"past their forward ({where}{more}): a local variable of the forward (an embedding output, a rotary table, "
+        f"past their forward ({where}): a local variable of the forward (an embedding output, a rotary table, "
         "a mask) or autocast's cache of weight casts. Offloading or recomputing them would free nothing, so no plan "
         "moves them and the trace counts them as static memory (saved_held_by_code); a forward that lets go of them "
         "(del the variable, autocast(cache_enabled=False)) gives the planner those bytes"
