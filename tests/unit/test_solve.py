@@ -160,7 +160,7 @@ def test_every_plan_ends_by_the_deadline_and_backends_are_a_table(solver: Solver
         return
     # Long traces: the DP after the local search (climbing).
     probe = [Step.DP_PROBE, Step.DP_FIRST] if n_layers <= 300 else []
-    first = [Step.BEAM, *probe, Step.POLISH, Step.FIFO_PROBE]
+    first = [Step.BEAM, Step.RATIO, *probe, Step.POLISH, Step.FIFO_PROBE]
     assert [p.step for p in phases[: len(first)]] == first
     milp = [p for p in phases if p.step == Step.MILP]
     assert all(p.backend in BACKENDS for p in milp)
@@ -180,13 +180,13 @@ def test_a_lagrangian_runs_after_the_beam_and_takes_its_time_from_the_local_sear
             continue  # after the exact DP (the next test)
         phases = plan_for(SolverName.AUTO, n_layers, lagrange=kind)
         if kind == LagrangeKind.ROWS and n_layers <= 300:  # the exact DP, pruned by its prices, before the search
-            assert [p.step for p in phases[:4]] == [Step.BEAM, Step.LAGRANGE, Step.DP_FIRST, Step.POLISH]
+            assert [p.step for p in phases[:5]] == [Step.BEAM, Step.RATIO, Step.LAGRANGE, Step.DP_FIRST, Step.POLISH]
             continue
-        assert [p.step for p in phases[:3]] == [Step.BEAM, Step.LAGRANGE, Step.POLISH]
+        assert [p.step for p in phases[:4]] == [Step.BEAM, Step.RATIO, Step.LAGRANGE, Step.POLISH]
         if n_layers > 300 and kind == LagrangeKind.LINK:
             # On long traces the exact DP's time is not what pays for the link windows: they take theirs from the
             # local search before the DP (the memory rows' prices let the DP finish: short shares as on short traces).
-            assert sum(p.share or 0.0 for p in phases[:3]) == pytest.approx(sum(p.share or 0.0 for p in plain[:2]))
+            assert sum(p.share or 0.0 for p in phases[:4]) == pytest.approx(sum(p.share or 0.0 for p in plain[:3]))
 
 
 @pytest.mark.parametrize("solver", [SolverName.AUTO, SolverName.CBC])
