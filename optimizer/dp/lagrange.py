@@ -963,8 +963,10 @@ def link_widths(n: int) -> np.ndarray:
 
 LINK_ALL_WINDOWS = 500
 """Up to this many layers every window length is priced (n x n prices)."""
-_LINK_RATE = 1e-3
-"""Adam's step on the link prices, as a fraction of the best known overhead (in seconds per `limit` bytes)."""
+_LINK_RATE = 5e-3
+"""Adam's step on the link prices, as a fraction of the best known overhead (in seconds per `limit` bytes). 1e-3
+until the ratio plan lowered the best known overheads of long traces (and so the steps): docs/formulation.md, 'The
+prices' under 'Copies beside compute'."""
 _LINK_PATIENCE = 300
 """Steps without a gain of 1e-4 of the best value before the link search stops."""
 _ADAM_B1, _ADAM_B2 = 0.9, 0.999
