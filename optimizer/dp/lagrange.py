@@ -865,7 +865,8 @@ def link_lagrangian_bound(
     """The Lagrangian of the fluid link windows (copies beside compute), its prices raised by projected Adam
     steps: plain subgradient steps oscillate here (the first steps make offload free, the next make it dear).
     Every value is a bound; the best is returned. Stops at `deadline`, at `target_s`, after `max_iterations`,
-    or when _LINK_PATIENCE steps in a row raise the best value by less than 1e-4 of it."""
+    or after a plateau (_LINK_PATIENCE steps in a row that raise the best value by less than 1e-4 of it) at the
+    smallest rate; each plateau above it halves the rate."""
     a = arrays
     assert not a.serial, "serial copies: lagrangian_bound prices them exactly"
     t0 = time.perf_counter()
@@ -905,8 +906,13 @@ def link_lagrangian_bound(
             stopped = "target"
             break
         if it - last_gain >= _LINK_PATIENCE:
-            stopped = "converged"
-            break
+            # A plateau: Adam's steps at this rate circle the best value. Halve them (down to _LINK_RATE_MIN): the
+            # large first rate climbs fast on long traces, the smaller ones close in where it only oscillates.
+            if step / 2 < _LINK_RATE_MIN * upper_s:
+                stopped = "converged"
+                break
+            step /= 2
+            last_gain = it
         # Compiled: on DenseNet-121 (428 x 428 prices a row family) numpy's passes over these arrays took more time
         # than the Lagrangian itself (1.14 s against 0.85 s of 2 s).
         loss_grad[0, 0] = g_row[n]
@@ -967,6 +973,8 @@ _LINK_RATE = 5e-3
 """Adam's step on the link prices, as a fraction of the best known overhead (in seconds per `limit` bytes). 1e-3
 until the ratio plan lowered the best known overheads of long traces (and so the steps): docs/formulation.md, 'The
 prices' under 'Copies beside compute'."""
+_LINK_RATE_MIN = 1e-3
+"""The smallest rate: after a plateau at it the search stops (each plateau above it halves the rate)."""
 _LINK_PATIENCE = 300
-"""Steps without a gain of 1e-4 of the best value before the link search stops."""
+"""Steps without a gain of 1e-4 of the best value before the link search halves its rate, or stops at the smallest."""
 _ADAM_B1, _ADAM_B2 = 0.9, 0.999
