@@ -1611,7 +1611,9 @@ def _heuristic_only(trace: Trace, budget_bytes: int, flow: _Flow) -> SolveReport
             f"the {what} beats the greedy heuristic ({best.sim.overhead_s:.6g} s vs "
             f"{heur.sim.overhead_s:.6g} s overhead)"
         )
-    rec = _record(best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, time.perf_counter() - flow.t0, msg)
+    rec = _record(
+        best.name, SolverStatus.HEURISTIC, best.sim.overhead_s, time.perf_counter() - flow.t0, msg, details=flow.notes
+    )
     return SolveReport(make_schedule(trace, best.sim.decisions, budget_bytes, best.name, rec), None, None)
 
 
@@ -1882,6 +1884,9 @@ def _solve_report(
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     if not phases:
+        # The ratio plan scores its members with a compiled kernel: loaded (or, first in an environment, compiled)
+        # here as in every solve, with the time-limit signals held (optimizer/jit.py), never mid-call.
+        flow.prepare_kernels()
         flow.ratio(flow.until(_RATIO_SHARE))
         return _heuristic_only(trace, budget_bytes, flow)
     flow.prepare_kernels()
