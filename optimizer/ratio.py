@@ -82,21 +82,27 @@ def ratio_plan(
                 base_kind[i], base_bytes[i] = KIND_OFFLOAD, d.offload_bytes
     offloads = bool((base_kind == KIND_OFFLOAD).any())
     score = FastSim(trace, budget_bytes)
-    memo: dict[tuple[int, int], tuple[float, bool]] = {}
+    seen: set[tuple[int, int]] = set()
     best: tuple[float, int, int] | None = None  # (overhead, k, tail) of the best member that fits
 
-    def member(k: int, tail: int) -> None:
-        """Score the member recomputing order[:k] and keeping what it would offload from layer `tail` on."""
-        nonlocal best
-        if (k, tail) in memo:
-            return
+    def arrays(k: int, tail: int) -> tuple[np.ndarray, np.ndarray]:
+        """The member recomputing order[:k] and keeping what it would offload from layer `tail` on, as FastSim's
+        (kind, offloaded bytes) per layer."""
         kind, nbytes = base_kind.copy(), base_bytes.copy()
         kind[tail:], nbytes[tail:] = KIND_KEEP, 0
         for i in order[:k]:
             kind[i], nbytes[i] = KIND_START, 0
+        return kind, nbytes
+
+    def member(k: int, tail: int) -> None:
+        """Score one member; the best that fits is kept."""
+        nonlocal best
+        if (k, tail) in seen:
+            return
+        seen.add((k, tail))
+        kind, nbytes = arrays(k, tail)
         overhead, excess = score(kind, nbytes)
         fits = excess == 0 and (host_budget is None or int(nbytes.sum()) <= host_budget)
-        memo[k, tail] = (overhead, fits)
         if fits and (best is None or (overhead, k, -tail) < (best[0], best[1], -best[2])):
             best = (overhead, k, tail)
 
@@ -123,10 +129,9 @@ def ratio_plan(
             scan(_grid(max(0, k0 - fine_k), min(len(order), k0 + fine_k), 1), [t0])
     if best is None:
         return None
-    _, k, tail = best
-    chosen = set(order[:k])
+    kind, _ = arrays(best[1], best[2])
     decisions: list[Decision] = [
-        recompute() if i in chosen else offload_all(trace, i) if base_kind[i] == KIND_OFFLOAD and i < tail else KEEP
+        recompute() if kind[i] == KIND_START else offload_all(trace, i) if kind[i] == KIND_OFFLOAD else KEEP
         for i in range(n)
     ]
     sim = simulate(trace, decisions, budget_bytes, with_events=False)

@@ -1883,13 +1883,12 @@ def _solve_report(
         phases = _from_start(flow, start, phases)
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
+    # Every solve's compiled kernels (the heuristic-only one's ratio plan scores with one too): loaded, or compiled
+    # first in an environment, with the time-limit signals held (optimizer/jit.py), never mid-call.
+    flow.prepare_kernels()
     if not phases:
-        # The ratio plan scores its members with a compiled kernel: loaded (or, first in an environment, compiled)
-        # here as in every solve, with the time-limit signals held (optimizer/jit.py), never mid-call.
-        flow.prepare_kernels()
         flow.ratio(flow.until(_RATIO_SHARE))
         return _heuristic_only(trace, budget_bytes, flow)
-    flow.prepare_kernels()
     for phase in phases:
         if (phase.only_if_open and flow.proven()) or flow.left() < phase.min_left_s:
             continue
