@@ -144,7 +144,18 @@ it improves the answer. On the synthetic 200-layer chain at 20% (10 s) the sweep
 after 4.4-4.7 s, its bound 0.0208 s below the link windows' 0.0263 s; with 240 s it hit the label cap three times
 and finished only at a quantum of 20 MB, its bound 0.0185 s. Paced, it stops at layer 55 after 2.6 s and the
 answer is 0.030913 s instead of 0.031164-0.032097 s. On PipeDream ResNet-50 (176 layers) at 12-56% the sweep
-finishes in 0.3-3 s and is not stopped (bench/results/solver_bench_stalls.md, 2026-11-29)."""
+finishes in 0.3-3 s and is not stopped (bench/results/solver_bench_stalls.md, 2026-11-29). From this many layers
+the sweeps also climb from the bound held (_MID_CLIMB_PACE)."""
+_MID_CLIMB_PACE = 1.5
+"""From _PACED_MIN_LAYERS up to _LONG_TRACE layers with copies beside compute, the exact DP climbs from the bound held
+(exact_search's climb_from_proven, as on long traces), each sweep stopped at this pace (_LONG_PACE's rule). A sweep
+at the top threshold that the clock cuts proves only its frontier, where a finished lower step proves its threshold:
+PipeDream ResNet-50 with every node output saved at 25%, 10 s, the top sweep needed 5.9 s and had 4.3 s (bound
+0.0577 s, gap 10.5%); the climb proves 0.0604 s (gap 6.3%), with 100 us copy latency 0.0572 -> 0.0605 s. At _LONG_PACE
+the climb's first step on the synthetic 200-layer DAG at 20% (which no sweep finishes) ran 2.9 s where the top sweep
+stopped after 1.3 s, and the local search lost that time (answer 0.0285 -> 0.0294-0.0301 s); at this pace it stops
+as soon and the answer is the same. The cost: where the top sweep finishes, the lower steps come first (PipeDream
+ResNet-50 at 25-34%, 10 s: proven in 7.6-7.8 s instead of 6.1-6.3 s; at 26%, 5 s: 4.5 instead of 3.9 s)."""
 _LAGRANGE_SHARE = 0.1
 _LAGRANGE_SHARE_LONG = 0.25
 """The Lagrangian bound on the memory rows (optimizer/dp/lagrange.py) runs right after the beam for up to this
@@ -1293,14 +1304,15 @@ class _Flow:
         if self.dp is not None and self.dp.fluid_optimum:
             return  # an earlier run found the fluid optimum: another would prove no more
         relaxed = not self.problem().offload_complete
-        # Where the memory rows' prices do not prune the DP: from _PACED_MIN_LAYERS its sweeps stop at their pace,
-        # and on long traces (_LONG_TRACE) they climb too.
+        # Where the memory rows' prices do not prune the DP: from _PACED_MIN_LAYERS its sweeps stop at their pace.
         rows = lagrange_kind(self.trace, self.allowed) == LagrangeKind.ROWS
         long_trace = self.trace.n > _LONG_TRACE and not rows
         # Over _LONG_TRACE layers on the memory rows too: there the prices let most sweeps finish, and a pace that
         # says one cannot gives its time to the mixed rule's bound and the local search (the 1,000-layer DAG at
         # 20%, keep / recompute, 10 s: the sweep spent 4.8 s to reach layer 17 of 1,000).
         paced = self.trace.n >= _PACED_MIN_LAYERS and (not rows or self.trace.n > _LONG_TRACE)
+        # From _PACED_MIN_LAYERS with copies beside compute they climb from the bound held (_MID_CLIMB_PACE).
+        climbs = long_trace or (paced and not rows)
         if relaxed:
             self._coarse_dp(until)
         ladder = self.relaxed_ladder() if relaxed else _RELAXED_LADDER[:1]
@@ -1320,9 +1332,9 @@ class _Flow:
             out = self._fluid_sweep(
                 step_until,
                 cells,
-                climb=self.host_binds or long_trace,
-                pace=_LONG_PACE if paced else None,
-                from_proven=long_trace,
+                climb=self.host_binds or climbs,
+                pace=None if not paced else _MID_CLIMB_PACE if climbs and not long_trace else _LONG_PACE,
+                from_proven=climbs,
             )
             log.info(
                 "exact DP: %d ranges: bound %s, %.2f s%s", cells, out.bound_s, out.wall_s, " (cut)" * out.timed_out

@@ -227,7 +227,7 @@ def _paced_flow(trace: Trace, actions: list[str] | None = None) -> object:
         (400, ["keep", "recompute"], True),
     ],
 )
-def test_from_150_layers_with_copies_beside_compute_the_exact_dp_stops_at_its_pace(
+def test_from_150_layers_with_copies_beside_compute_the_exact_dp_climbs_and_stops_at_its_pace(
     monkeypatch: pytest.MonkeyPatch, n_layers: int, actions: list[str] | None, paced: bool
 ) -> None:
     # The exact DP phase's sweeps get a pace from _PACED_MIN_LAYERS where the memory rows' Lagrangian does not
@@ -252,10 +252,13 @@ def test_from_150_layers_with_copies_beside_compute_the_exact_dp_stops_at_its_pa
     monkeypatch.setattr(solve_mod._Flow, "_fluid_sweep", sweep)
     flow = _paced_flow(make_trace(n_layers, 1), actions)
     flow.exact_dp(time.perf_counter() + 5.0)  # type: ignore[attr-defined]
-    # Over _LONG_TRACE layers the sweeps climb too, from just above the bound held (the link windows' Lagrangian);
-    # not on the memory rows, whose prices let the sweep at the incumbent finish.
-    long_trace = paced and n_layers > solve_mod._LONG_TRACE and actions is None
-    assert calls == [(solve_mod._LONG_PACE if paced else None, long_trace, long_trace)]
+    # With copies beside compute the paced sweeps climb too, from just above the bound held (the link windows'
+    # Lagrangian), up to _LONG_TRACE layers at the stricter _MID_CLIMB_PACE; not on the memory rows, whose prices
+    # let the sweep at the incumbent finish.
+    climbs = paced and actions is None
+    mid = climbs and n_layers <= solve_mod._LONG_TRACE
+    pace = solve_mod._MID_CLIMB_PACE if mid else solve_mod._LONG_PACE if paced else None
+    assert calls == [(pace, climbs, climbs)]
 
 
 def test_a_paced_exact_dp_that_cannot_finish_gives_its_time_back() -> None:
