@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.decisions import KEEP, offload_all, recompute
 from memsched.optimizer.ratio import _recompute_order, ratio_plan
-from memsched.optimizer.simulate import simulate
+from memsched.optimizer.simulate import checkpoint_input_bytes, external_input_bytes, simulate
 from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
 from memsched.schema import Action
@@ -39,6 +39,65 @@ def _members(trace, budget, offload=True, host_budget=None):  # type: ignore[no-
             if sim.feasible and (host_budget is None or host <= host_budget):
                 out.append((sim.overhead_s, k, -tail))
     return out
+
+
+def _greedy_order(trace):  # type: ignore[no-untyped-def]
+    """_recompute_order by its definition, one full scoring per pick: the layer of least re-run per byte freed,
+    where producers an earlier pick's checkpoint holds cost nothing (ties: the lower index)."""
+    held: set[int] = set()
+    left = set(range(trace.n))
+    order = []
+    while True:
+        best = None
+        for i in sorted(left):
+            layer = trace.layers[i]
+            holds = sum(checkpoint_input_bytes(trace, j) for j in set(layer.deps) if j not in held)
+            freed = layer.saved_bytes - holds - external_input_bytes(trace, i)
+            if freed > 0 and (best is None or layer.rerun_s / freed < best[0]):
+                best = (layer.rerun_s / freed, i)
+        if best is None:
+            return order
+        order.append(best[1])
+        left.discard(best[1])
+        held |= set(trace.layers[best[1]].deps)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 60), seed=st.integers(0, 10**6), dag=st.booleans())
+def test_the_recompute_order_picks_by_bytes_freed_given_what_is_held(n: int, seed: int, dag: bool) -> None:
+    trace = make_trace(n, seed, dag=dag)
+    assert _recompute_order(trace) == _greedy_order(trace)
+
+
+def test_a_held_producer_frees_its_other_readers() -> None:
+    # Layer 2 reads layer 0's 40 MiB output (a skip) besides layer 1's 1 MiB, and saves 30 MiB: recomputed alone
+    # it would hold more than it frees. Layer 1 (64 MiB saved, reading layer 0) is picked first, and then its
+    # checkpoint holds layer 0's output already: layer 2 holds only layer 1's, frees 29 MiB, and is picked too.
+    mib = 2**20
+    base = make_trace(4, 1, dag=False)
+    sizes = {0: (8, 40), 1: (64, 1), 2: (30, 4), 3: (8, 4)}  # layer: (saved MiB, output MiB)
+    layers = []
+    for i, lay in enumerate(base.layers):
+        saved, out = sizes[i]
+        deps = [0, 1] if i == 2 else [i - 1] if i else []
+        layers.append(
+            lay.model_copy(
+                update={
+                    "saved_bytes": saved * mib,
+                    "saved_tensor_bytes": [saved * mib],
+                    "output_bytes": out * mib,
+                    "input_bytes": sum(sizes[j][1] for j in deps) * mib if deps else lay.input_bytes,
+                    "deps": deps,
+                }
+            )
+        )
+    trace = base.model_copy(update={"layers": layers})
+    trace = type(trace).model_validate(trace.model_dump())
+    order = _recompute_order(trace)
+    assert order == _greedy_order(trace)
+    assert 2 in order and order.index(1) < order.index(2)
+    alone = layers[2].saved_bytes - checkpoint_input_bytes(trace, 0) - checkpoint_input_bytes(trace, 1)
+    assert alone <= 0
 
 
 @settings(max_examples=25, deadline=None)
