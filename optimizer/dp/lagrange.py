@@ -863,69 +863,106 @@ def link_lagrangian_bound(
     max_iterations: int = 100_000,
 ) -> LagrangeResult:
     """The Lagrangian of the fluid link windows (copies beside compute), its prices raised by projected Adam
+    steps (`LinkLagrangian`) until `deadline`, `target_s`, `max_iterations` or convergence."""
+    return LinkLagrangian(arrays, upper_s).run(deadline, target_s, max_iterations)
+
+
+class LinkLagrangian:
+    """The Lagrangian of the fluid link windows (copies beside compute), its prices raised by projected Adam
     steps: plain subgradient steps oscillate here (the first steps make offload free, the next make it dear).
-    Every value is a bound; the best is returned. Stops at `deadline`, at `target_s`, after `max_iterations`,
-    or after a plateau (_LINK_PATIENCE steps in a row that raise the best value by less than 1e-4 of it) at the
-    smallest rate; each plateau above it halves the rate."""
-    a = arrays
-    assert not a.serial, "serial copies: lagrangian_bound prices them exactly"
-    t0 = time.perf_counter()
-    n = len(a.saved)
-    widths = link_widths(n)
-    shape = (n, len(widths))
-    # Window w of row m needs w <= m; the lengths ascend, so row m's windows are its first cols[m] columns.
-    cols = np.searchsorted(widths, np.arange(n), side="right").astype(np.int64)
-    # Adam on the prices in units of seconds per `limit` bytes, with steps of _LINK_RATE x upper_s.
-    unit = float(max(a.limit, 1))
-    step = _LINK_RATE * upper_s
-    x = [np.zeros(shape), np.zeros(shape), np.zeros((1, 1))]
-    first = [np.zeros(shape), np.zeros(shape), np.zeros((1, 1))]
-    second = [np.zeros(shape), np.zeros(shape), np.zeros((1, 1))]
-    loss_grad, loss_cols = np.zeros((1, 1)), np.ones(1, dtype=np.int64)
-    g_row, g_f, g_b = np.zeros(2 * n + 1), np.zeros(shape), np.zeros(shape)
-    lam_f, lam_b = np.zeros(shape), np.zeros(shape)  # the prices in bytes units, filled by each step
-    best, last_gain, it, stopped = 0.0, 0, 0, "iterations"
-    while it < max_iterations:
-        if time.perf_counter() >= deadline:
-            stopped = "deadline"
-            break
-        it += 1
-        value = float(
-            _link_lagrangian(
-                x[0], x[1], unit, widths, cols, float(x[2][0, 0]) / unit, upper_s, a.saved, a.cut, a.overlap,
-                a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr, a.first_prod, a.head_bytes,
-                a.span_ptr, a.span_at, a.span_bytes, a.span_last, a.opt_ptr,
-                a.opt_free, a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute, g_row, g_f, g_b,
-                lam_f, lam_b,
-            )
-        )  # fmt: skip
-        if value > best * (1 + 1e-4) + 1e-15:
-            last_gain = it
-        best = max(best, value)
-        if target_s is not None and best >= target_s:
-            stopped = "target"
-            break
-        if it - last_gain >= _LINK_PATIENCE:
-            # A plateau: Adam's steps at this rate circle the best value. Halve them (down to _LINK_RATE_MIN): the
-            # large first rate climbs fast on long traces, the smaller ones close in where it only oscillates.
-            if step / 2 < _LINK_RATE_MIN * upper_s:
-                stopped = "converged"
+    Every value is a bound; the best is kept. `run` stops at its deadline and a later `run` goes on from the same
+    prices, moments and rate (`solve()` resumes it where the local search has stopped gaining); it ends for good
+    after a plateau (_LINK_PATIENCE steps in a row that raise the best value by less than 1e-4 of it) at the
+    smallest rate, each plateau above it halving the rate, or at its target."""
+
+    def __init__(self, arrays: LagrangeArrays, upper_s: float) -> None:
+        a = arrays
+        assert not a.serial, "serial copies: lagrangian_bound prices them exactly"
+        n = len(a.saved)
+        self.arrays = a
+        self.upper_s = upper_s
+        self.widths = link_widths(n)
+        shape = (n, len(self.widths))
+        # Window w of row m needs w <= m; the lengths ascend, so row m's windows are its first cols[m] columns.
+        self.cols = np.searchsorted(self.widths, np.arange(n), side="right").astype(np.int64)
+        # Adam on the prices in units of seconds per `limit` bytes, with steps of _LINK_RATE x upper_s.
+        self.unit = float(max(a.limit, 1))
+        self.step = _LINK_RATE * upper_s
+        self.x = [np.zeros(shape), np.zeros(shape), np.zeros((1, 1))]
+        self.first = [np.zeros(shape), np.zeros(shape), np.zeros((1, 1))]
+        self.second = [np.zeros(shape), np.zeros(shape), np.zeros((1, 1))]
+        self.loss_grad, self.loss_cols = np.zeros((1, 1)), np.ones(1, dtype=np.int64)
+        self.g_row, self.g_f, self.g_b = np.zeros(2 * n + 1), np.zeros(shape), np.zeros(shape)
+        self.lam_f, self.lam_b = np.zeros(shape), np.zeros(shape)  # the prices in bytes units, filled by each step
+        self.best = 0.0
+        """The best value so far: a lower bound on every plan's overhead."""
+        self.iterations = 0
+        self.wall_s = 0.0
+        self.done = False
+        """It has converged or reached its target: a later `run` returns at once."""
+        self._last_gain = 0
+        self._gains: list[tuple[float, float]] = [(0.0, 0.0)]  # (seconds run, best value) after each rise
+
+    def recent_rate(self, span_s: float) -> float:
+        """How fast the bound rose over its last `span_s` seconds of running (seconds of bound per second)."""
+        span = min(span_s, self.wall_s)
+        if span <= 0.0:
+            return 0.0
+        before = max(v for t, v in self._gains if t <= self.wall_s - span)
+        return (self.best - before) / span
+
+    def run(self, deadline: float, target_s: float | None = None, max_iterations: int = 100_000) -> LagrangeResult:
+        """Steps until `deadline`, `target_s` (the bound reached it), `max_iterations` steps in all or a plateau at
+        the smallest rate; the result counts every step and second of every run so far."""
+        a, t0 = self.arrays, time.perf_counter()
+        n = len(a.saved)
+        x, first, second = self.x, self.first, self.second
+        stopped = "converged" if self.done else "iterations"
+        while not self.done and self.iterations < max_iterations:
+            if time.perf_counter() >= deadline:
+                stopped = "deadline"
                 break
-            step /= 2
-            last_gain = it
-        # Compiled: on DenseNet-121 (428 x 428 prices a row family) numpy's passes over these arrays took more time
-        # than the Lagrangian itself (1.14 s against 0.85 s of 2 s).
-        loss_grad[0, 0] = g_row[n]
-        _adam_step(x[0], first[0], second[0], g_f, cols, unit, step, it)
-        _adam_step(x[1], first[1], second[1], g_b, cols, unit, step, it)
-        _adam_step(x[2], first[2], second[2], loss_grad, loss_cols, unit, step, it)
-    return LagrangeResult(
-        bound_s=max(0.0, best),
-        iterations=it,
-        wall_s=time.perf_counter() - t0,
-        stopped_by=stopped,
-        prices=np.zeros(0),
-    )
+            self.iterations += 1
+            it = self.iterations
+            value = float(
+                _link_lagrangian(
+                    x[0], x[1], self.unit, self.widths, self.cols, float(x[2][0, 0]) / self.unit, self.upper_s,
+                    a.saved, a.cut, a.overlap, a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr,
+                    a.first_prod, a.head_bytes, a.span_ptr, a.span_at, a.span_bytes, a.span_last, a.opt_ptr,
+                    a.opt_free, a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute, self.g_row,
+                    self.g_f, self.g_b, self.lam_f, self.lam_b,
+                )
+            )  # fmt: skip
+            if value > self.best * (1 + 1e-4) + 1e-15:
+                self._last_gain = it
+            if value > self.best:
+                self._gains.append((self.wall_s + time.perf_counter() - t0, value))
+            self.best = max(self.best, value)
+            if target_s is not None and self.best >= target_s:
+                stopped, self.done = "target", True
+                break
+            if it - self._last_gain >= _LINK_PATIENCE:
+                # A plateau: Adam's steps at this rate circle the best value. Halve them (down to _LINK_RATE_MIN):
+                # the large first rate climbs fast on long traces, the smaller ones close in where it only oscillates.
+                if self.step / 2 < _LINK_RATE_MIN * self.upper_s:
+                    stopped, self.done = "converged", True
+                    break
+                self.step /= 2
+                self._last_gain = it
+            # Compiled: on DenseNet-121 (428 x 428 prices a row family) numpy's passes over these arrays took more
+            # time than the Lagrangian itself (1.14 s against 0.85 s of 2 s).
+            self.loss_grad[0, 0] = self.g_row[n]
+            _adam_step(x[0], first[0], second[0], self.g_f, self.cols, self.unit, self.step, it)
+            _adam_step(x[1], first[1], second[1], self.g_b, self.cols, self.unit, self.step, it)
+            _adam_step(x[2], first[2], second[2], self.loss_grad, self.loss_cols, self.unit, self.step, it)
+        self.wall_s += time.perf_counter() - t0
+        return LagrangeResult(
+            bound_s=max(0.0, self.best),
+            iterations=self.iterations,
+            wall_s=self.wall_s,
+            stopped_by=stopped,
+            prices=np.zeros(0),
+        )
 
 
 @njit(cache=True, fastmath=True)

@@ -24,7 +24,13 @@ from helpers.pricing import (
 from memsched.optimizer.actions import restrict
 from memsched.optimizer.budget import budget_between, keepall_activation_peak
 from memsched.optimizer.dp import build_problem, exact_search
-from memsched.optimizer.dp.lagrange import lagrange_arrays, lagrangian_bound, link_lagrangian_bound, raise_future
+from memsched.optimizer.dp.lagrange import (
+    LinkLagrangian,
+    lagrange_arrays,
+    lagrangian_bound,
+    link_lagrangian_bound,
+    raise_future,
+)
 from memsched.optimizer.dp.problem import relaxed_problem
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
@@ -184,6 +190,33 @@ def test_link_bound_is_below_the_exact_optimum(seed: int) -> None:
         assert opt is not None
         if opt > 0.0:
             assert _link_bound(tr, budget, opt) <= opt * (1 + 1e-9) + 1e-12
+
+
+def test_a_resumed_link_lagrangian_takes_the_same_steps_as_one_run() -> None:
+    """`solve()` pauses the link windows' Lagrangian at its share and resumes it later (`LinkLagrangian.run`): the
+    steps, the rate halvings and the best value are those of one run of as many steps."""
+    tr = make_trace(40, 3)
+    p = relaxed_problem(build_problem(tr, budget_between(tr, 0.2)), tr, 32)
+    arrays = lagrange_arrays(p, tr)
+    upper = 0.05
+    one = LinkLagrangian(arrays, upper)
+    whole = one.run(FAR, max_iterations=900)
+    parts = LinkLagrangian(arrays, upper)
+    for steps in (1, 250, 600, 900):
+        res = parts.run(FAR, max_iterations=steps)
+    assert res.iterations == whole.iterations == 900
+    assert res.bound_s == whole.bound_s > 0.0
+    assert parts.step == one.step < LinkLagrangian(arrays, upper).step  # the same halvings, at least one
+    assert all(np.array_equal(a, b) for a, b in zip(parts.x, one.x, strict=True))
+    assert link_lagrangian_bound(arrays, upper, FAR, max_iterations=900).bound_s == whole.bound_s
+    # Stopped by its deadline, it says so, and a run after convergence returns at once with the same bound.
+    paused = LinkLagrangian(arrays, upper).run(time.perf_counter() - 1.0)
+    assert paused.stopped_by == "deadline" and paused.iterations == 0 and paused.bound_s == 0.0
+    done = LinkLagrangian(arrays, upper)
+    first = done.run(FAR)
+    assert first.stopped_by == "converged" and done.done
+    again = done.run(FAR)
+    assert again.iterations == first.iterations and again.bound_s == first.bound_s
 
 
 def test_link_bound_is_strong_on_a_chain_with_offload() -> None:

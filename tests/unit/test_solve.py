@@ -596,14 +596,14 @@ def test_the_link_lagrangian_is_skipped_where_stalls_decide_the_plans(monkeypatc
     from memsched.service.importers import import_pipedream
 
     prepare_kernels()  # its warm-up calls the Lagrangian once, before the spy counts
-    ran: list[int] = []
-    real = lagrange_mod.link_lagrangian_bound
+    ran: list[int] = []  # one entry per link windows' Lagrangian started (a resumed one is the same)
+    real = lagrange_mod.LinkLagrangian.__init__
 
-    def spy(*args: object, **kwargs: object) -> object:
+    def spy(self: object, *args: object, **kwargs: object) -> None:
         ran.append(1)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+        real(self, *args, **kwargs)
 
-    monkeypatch.setattr(lagrange_mod, "link_lagrangian_bound", spy)
+    monkeypatch.setattr(lagrange_mod.LinkLagrangian, "__init__", spy)
     seen: list[bool] = []
     real_lagrange = solve_mod._Flow.lagrange
 
@@ -756,3 +756,33 @@ def test_the_mixed_rule_runs_after_the_exact_dp_on_the_memory_rows_only() -> Non
         assert steps.index(Step.LAGRANGE_MIXED) == steps.index(Step.EXACT_DP) + 1
         for kind in (None, LagrangeKind.LINK):
             assert Step.LAGRANGE_MIXED not in [p.step for p in plan_for(SolverName.AUTO, n_layers, lagrange=kind)]
+
+
+def test_the_last_local_search_shares_its_time_with_a_link_lagrangian_cut_at_its_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 400-layer chain at 20% with the link windows' Lagrangian cut short at its share: the solve's last time
+    # resumes it where it stopped (the same prices: its step count goes on), and the reported bound is at least
+    # what it reached, below the answer, without the note that its share stopped it.
+    from memsched.optimizer import solve as solve_mod
+    from memsched.optimizer.dp import lagrange as lagrange_mod
+    from memsched.optimizer.jit import prepare_kernels
+
+    prepare_kernels()
+    runs: list[tuple[int, float, str]] = []  # (steps so far, bound, why it stopped) after each run
+    real = lagrange_mod.LinkLagrangian.run
+
+    def spy(self: lagrange_mod.LinkLagrangian, *args: object, **kwargs: object) -> lagrange_mod.LagrangeResult:
+        res = real(self, *args, **kwargs)
+        runs.append((res.iterations, res.bound_s, res.stopped_by))
+        return res
+
+    monkeypatch.setattr(lagrange_mod.LinkLagrangian, "run", spy)
+    monkeypatch.setattr(solve_mod, "_LAGRANGE_SHARE", 0.01)
+    trace = make_trace(400, 1)
+    rec = solve_mod.solve_report(trace, budget_between(trace, 0.2), SolveOptions(time_limit_s=6.0)).schedule.solver
+    assert runs[0][2] == "deadline"
+    assert len(runs) >= 2 and runs[-1][0] > runs[0][0] and runs[-1][1] > runs[0][1]
+    assert rec.best_bound_s is not None and rec.objective_s is not None
+    assert runs[-1][1] <= rec.best_bound_s <= rec.objective_s
+    assert "stopped at its time share" not in rec.message
