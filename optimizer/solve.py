@@ -332,7 +332,11 @@ _SHARE_TURN_S = 0.5
 """Seconds per turn of the local search or the link windows' Lagrangian in the solve's last time
 (`_Flow._polish_and_bound`)."""
 _SHARE_MAX_TURNS = 4
-"""At most this many turns in a row to one side there: the other's rate is measured again."""
+"""At most this many turns in a row to the Lagrangian there, then one to the search, to measure it again."""
+_SHARE_STALE_S = 2.0
+"""Seconds of local search without a better plan after which the Lagrangian may take more of the last time than
+the search (`_Flow._polish_and_bound`): a search on 1,000 layers gains in bursts (its kicks' cycles take seconds),
+so a turn without a gain alone does not say it has stopped."""
 _RACE_TURN_S = 0.5
 """Seconds per turn of each local search in a race (`_Flow._race`)."""
 _RACE_PATIENCE = 2
@@ -659,6 +663,8 @@ class _Flow:
         """A second local search, from the late beam's plan (`late_beam`), that the last one races (`_race`)."""
         self._restarts = 0
         """Local searches started again after one stopped by itself (`_polish_from`): each one's seed."""
+        self.improved_at = time.perf_counter()
+        """When the best plan last improved (perf_counter)."""
         self._share_note = ""
         """The note that the Lagrangian bound stopped at its time share (`lagrange`), if it did."""
         self._link: LinkLagrangian | None = None
@@ -711,6 +717,8 @@ class _Flow:
     def add(self, name: str, sim: SimResult) -> None:
         # A plan over the host budget is never a candidate (the DP's relaxation and its priced sweeps decode them).
         if sim.feasible and fits_host(sim, self.host):
+            if not self.cands or sim.overhead_s < self.best.sim.overhead_s:
+                self.improved_at = time.perf_counter()
             self.cands.append(Candidate(name, sim))
             self.cands.sort(key=lambda c: c.sim.overhead_s)
 
@@ -957,18 +965,18 @@ class _Flow:
             self._polish_from(self.best.sim, limit, target, last)
 
     def _polish_and_bound(self, until: float) -> None:
-        """The solve's last time where the link windows' Lagrangian stopped at its share (`lagrange`): turns of
-        _SHARE_TURN_S go to the local search or to the Lagrangian (resumed where it stopped), whichever narrowed
-        the gap faster in its last turn (the answer lowered, or the bound raised, per second); each gets a turn at
-        least every _SHARE_MAX_TURNS, so a rate measured once does not decide the rest. Where the local search
-        has converged, its time used to go unspent (the 1,000-layer chain at 20%: the answer stays at 0.1127 s
-        from about 5 s on, while the bound, cut at 10%, had 0.0884 s of its 0.097 s)."""
+        """The solve's last time where the link windows' Lagrangian stopped at its share (`lagrange`): it shares
+        that time with the local search in turns of _SHARE_TURN_S, the answer first. A turn goes to the Lagrangian
+        (resumed where it stopped) where it raised the bound faster in its last turn than the search lowered the
+        answer in its own, but while the search keeps finding better plans the Lagrangian has at most as much of
+        the time as the search; once the search has found nothing for _SHARE_STALE_S of its turns (or of the time
+        since the best plan last improved), the Lagrangian may take up to _SHARE_MAX_TURNS turns in a row, and the
+        search then gets one to measure it again. On the 1,000-layer chain at 20%, 10 s, the search from the ratio
+        plan stops gaining at about 5 s, and the bound, cut at 10%, had 0.0884 s of the 0.097 s it reaches."""
         link = self._link
         assert link is not None
-        search_rate: float | None = None  # unknown until its first turn: it goes first
-        bound_rate = link.recent_rate(_SHARE_TURN_S)
         try:
-            self._share_turns(until, link, search_rate, bound_rate)
+            self._share_turns(until, link)
         finally:
             log.info("link windows' Lagrangian resumed: bound %.6g s after %d prices", link.best, link.iterations)
             # Its share's note no longer says where it stopped.
@@ -977,8 +985,12 @@ class _Flow:
             if not link.done and not self.proven():
                 self.notes.append(f"the Lagrangian bound stopped at the time limit after {link.iterations} prices")
 
-    def _share_turns(self, until: float, link: LinkLagrangian, search_rate: float | None, bound_rate: float) -> None:
+    def _share_turns(self, until: float, link: LinkLagrangian) -> None:
         """`_polish_and_bound`'s turns."""
+        search_rate: float | None = None  # seconds of answer per second in its last turn (None: none yet)
+        bound_rate = link.recent_rate(_SHARE_TURN_S)  # seconds of bound per second in its last turn
+        stale = time.perf_counter() - self.improved_at  # search time without a better plan (at first: wall time)
+        search_s = bound_s = 0.0  # seconds each side has had
         in_a_row, last_side = 0, ""
         while not self.proven():
             left = until - time.perf_counter()
@@ -988,23 +1000,32 @@ class _Flow:
             if link.done:
                 self._polish_from(self.best.sim, left, target, restart=True)
                 return
-            turn = min(_SHARE_TURN_S, left)
-            side = "search" if search_rate is None or search_rate >= bound_rate else "bound"
-            if side == last_side and in_a_row >= _SHARE_MAX_TURNS:
-                side = "bound" if side == "search" else "search"
+            stuck = stale >= _SHARE_STALE_S
+            bound_turn = (
+                search_rate is not None
+                and bound_rate > search_rate
+                and (stuck or bound_s < search_s)
+                and not (last_side == "bound" and in_a_row >= _SHARE_MAX_TURNS)
+            )
+            side = "bound" if bound_turn else "search"
             in_a_row = in_a_row + 1 if side == last_side else 1
             last_side = side
+            turn = min(_SHARE_TURN_S, left)
             began = time.perf_counter()
             if side == "search":
                 before = self.best.sim.overhead_s
                 self._polish_from(self.best.sim, turn, target, restart=True)
-                search_rate = (before - self.best.sim.overhead_s) / max(time.perf_counter() - began, 1e-6)
+                took = time.perf_counter() - began
+                search_s += took
+                search_rate = (before - self.best.sim.overhead_s) / max(took, 1e-6)
+                stale = 0.0 if search_rate > 0.0 else stale + took
             else:
                 before = link.best
-                gap_target = self.best.sim.overhead_s * (1.0 - self.options.gap)
-                res = link.run(began + turn, target_s=gap_target)
+                res = link.run(began + turn, target_s=self.best.sim.overhead_s * (1.0 - self.options.gap))
                 self.prove(res.bound_s, "lagrangian-link")
-                bound_rate = (link.best - before) / max(time.perf_counter() - began, 1e-6)
+                took = time.perf_counter() - began
+                bound_s += took
+                bound_rate = (link.best - before) / max(took, 1e-6)
             log.debug("last time, %s turn: search %s s/s, bound %.3g s/s", side, search_rate, bound_rate)
 
     def late_beam(self, until: float) -> None:
