@@ -8,7 +8,7 @@ more than that split needs.
 
 The family has two parameters:
 - k: recompute the k layers cheapest per byte freed (`_recompute_order`), each as a segment of its own;
-- the tail: offload every other layer whole up to the tail, keep it from there on (or keep every layer, where
+- the tail: offload each layer not recomputed whole up to the tail, keep it from there on (or keep every layer, where
   offload is not allowed). The last layers' copies would still be queued when the backward needs them back, so
   past some point an offload only adds to the link's backlog.
 
