@@ -726,6 +726,11 @@ class _Flow:
         if value is not None and value > self.bound:
             self.bound, self.bound_source = value, source
 
+    def _proven_below(self) -> float | None:
+        """The overhead at or below which a plan is proven within the requested gap by the bound found so far (the
+        local search's target; None where no bound or gap makes one)."""
+        return self.bound / (1.0 - self.options.gap) if self.bound > 0.0 and self.options.gap < 1.0 else None
+
     def proven(self) -> bool:
         obj = self.best.sim.overhead_s
         # 1e-6 relative: backends round (CP-SAT scales times to integer nanoseconds).
@@ -936,8 +941,7 @@ class _Flow:
         limit = until - time.perf_counter()
         if limit <= 0.05:
             return
-        # A plan this cheap is proven within the requested gap by the bound already found.
-        target = self.bound / (1.0 - self.options.gap) if self.bound > 0.0 and self.options.gap < 1.0 else None
+        target = self._proven_below()
         seed, self.dp_seed = self.dp_seed, None
         if seed is not None and not self.proven():
             # The exact DP's optimum has the actions the bound says are best; where its copies' timing made it
@@ -996,7 +1000,7 @@ class _Flow:
             left = until - time.perf_counter()
             if left <= 0.05:
                 return
-            target = self.bound / (1.0 - self.options.gap) if self.bound > 0.0 and self.options.gap < 1.0 else None
+            target = self._proven_below()
             if link.done:
                 self._polish_from(self.best.sim, left, target, restart=True)
                 return
