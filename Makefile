@@ -24,7 +24,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy memsched optimizer runtime api
+	$(BIN)/python .ci/typecheck
 	$(BIN)/python .ci/lint-imports
 
 # Two pytest workers, a module each at a time (module-scoped servers start once), one torch thread each: the

@@ -10,7 +10,7 @@ from memsched.api.schemas import JobOut
 from memsched.api.settings import Settings
 from memsched.api.tables import JobRow, TraceRow
 from memsched.errors import MemschedError
-from memsched.schema import Schedule, Trace
+from memsched.schema import JobStatus, Schedule, Trace
 from memsched.service import resolve_budget
 
 MAX_STEP_S = 1e15
@@ -54,10 +54,10 @@ def resolve_trace(
         row, _ = crud.store_trace(s, owner, trace)
         return row, trace
     assert trace_id is not None
-    row = crud.get_trace(s, owner, trace_id)
-    if row is None:
+    stored = crud.get_trace(s, owner, trace_id)
+    if stored is None:
         raise ApiError(404, f"no trace with id {trace_id}; POST it to /v1/traces first", "trace_id")
-    return row, Trace.model_validate_json(row.body)
+    return stored, Trace.model_validate_json(stored.body)
 
 
 def request_budget(budget: int | str, trace: Trace, check_feasible: bool) -> int:
@@ -72,7 +72,7 @@ def request_budget(budget: int | str, trace: Trace, check_feasible: bool) -> int
 def job_out(row: JobRow, cached: bool | None = None, with_schedule: bool = True) -> JobOut:
     return JobOut(
         id=row.id,
-        status=row.status,  # stored as its string value
+        status=JobStatus(row.status),  # stored as its string value
         trace_id=row.trace_id,
         budget=row.budget_spec,
         budget_bytes=row.budget_bytes,

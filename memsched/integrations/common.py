@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -65,6 +65,13 @@ class RunStep:
     around the submodule a plan is for): its state is the one put back after tracing."""
 
 
+class TraceCounts(TypedDict, total=False):
+    """The tracer's step counts that a TraceSettings sets (the others keep the tracer's defaults)."""
+
+    steps: int
+    warmup: int
+
+
 @dataclass(frozen=True)
 class TraceSettings:
     """How many steps the tracer runs when the plan is traced inside the run (None: the tracer's defaults)."""
@@ -74,8 +81,8 @@ class TraceSettings:
     warmup: int | None = None
     """Untimed steps first (the tracer's `warmup`)."""
 
-    def kwargs(self) -> dict[str, int]:
-        out = {}
+    def kwargs(self) -> TraceCounts:
+        out: TraceCounts = {}
         if self.steps is not None:
             out["steps"] = self.steps
         if self.warmup is not None:

@@ -68,7 +68,7 @@ class FifoLabels:
     def cost(self) -> np.ndarray:
         return self.cf + self.cr
 
-    def queues(self) -> tuple[np.ndarray, ...]:
+    def queues(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(dq_t, dq_b, dq_n, hq_t, hq_b, hq_n): both queues, in the order the kernels take them."""
         return self.dq_t, self.dq_b, self.dq_n, self.hq_t, self.hq_b, self.hq_n
 

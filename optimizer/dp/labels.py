@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Protocol, Self, TypeVar
 
 import numpy as np
 from numba import njit
@@ -305,7 +306,20 @@ def _scramble(m: int) -> np.ndarray:
     return (h >> np.uint64(64 - _TIE_BITS)).astype(np.int64)
 
 
-def beam_select(labels: Labels, width: int, score: np.ndarray) -> Labels:
+class _Beamable(Protocol):
+    """Labels a beam can cut: the fluid sweep's (Labels) and the FIFO sweep's (fifo.FifoLabels)."""
+
+    retained: np.ndarray
+
+    def __len__(self) -> int: ...
+
+    def take(self, idx: np.ndarray) -> Self: ...
+
+
+_B = TypeVar("_B", bound=_Beamable)
+
+
+def beam_select(labels: _B, width: int, score: np.ndarray) -> _B:
     """At most `width` labels spread along the retained-bytes axis: the best-scoring of each of `width` runs
     of equal count in retained order, so the beam keeps both cheap-but-full and costly-but-lean plans."""
     if len(labels) <= width:
