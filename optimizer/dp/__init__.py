@@ -219,7 +219,7 @@ def next_threshold(
     the climb covers, the scale of the prior and the clamps (default: top, a climb from 0). `top_share`: the top
     is chosen wherever its sweep is predicted to take at most this share of `left_s`, however many times the last
     sweep's time that is (`growth` caps only the steps below it): for a climb whose top sweep alone ends the
-    search, and which gives that sweep more of its time (solve.py, _FIFO_CLIMB_TOP_SHARE). `growth`: a step's
+    search, and which gives that sweep more of its time (flow/shares.py, FIFO_CLIMB_TOP_SHARE). `growth`: a step's
     predicted time is at most this many times the last sweep's (_CLIMB_GROWTH, _CLIMB_FROM_PROVEN_GROWTH).
     `prior_scale`: the prior doubling's scale, before two sweeps are timed (default: `span`; predicted_s)."""
     span = top if span is None else span

@@ -111,7 +111,7 @@ class _Sweep:
         # the dominance test uses; serial devices have no backlogs.
         self._bandwidths = (np.inf, np.inf) if p.serial else (p.fluid_d2h_bw, p.fluid_h2d_bw)
         # The proving sweeps also prune by the stalls a label's backlogs force (DpProblem.backlog_bound); a beam
-        # does not, so that its labels, and the mispricing its plans measure (solve.py), stay as measured.
+        # does not, so that its labels, and the mispricing its plans measure (flow/answers.py), stay as measured.
         self._backlog_prune = not p.serial and cfg.beam is None
 
     # ------------------------------------------------------------------ helpers

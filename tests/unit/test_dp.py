@@ -233,7 +233,7 @@ def test_resnet50_at_25_percent_is_proven() -> None:
     trace = import_pipedream(require_pipedream() / "resnet50.graph.txt", 128)
     budget = resolve_budget("25%", trace)
     # The default time limit (30 s), which is what a user gets (it proves at about 7 s on one core alone; before
-    # _PRICED_EXACTLY was 5e-3 the test asked for 150 s, as the phases' shares of the limit delayed the proof).
+    # PRICED_EXACTLY was 5e-3 the test asked for 150 s, as the phases' shares of the limit delayed the proof).
     report = solve_report(trace, budget, SolveOptions())
     rec = report.schedule.solver
     assert rec.objective_s <= 0.0896

@@ -1,5 +1,5 @@
 """Climbing thresholds (optimizer/dp/__init__.py, next_threshold): the exact DP's under a host budget
-(exact_search's `climb`) and the FIFO sweep's from the fluid bound (solve._Flow.fifo_climb). Every finished sweep
+(exact_search's `climb`) and the FIFO sweep's from the fluid bound (Flow.fifo_climb). Every finished sweep
 proves its threshold, a climb from a poor incumbent ends at the same fluid optimum as one sweep at it, the steps
 are sized by their predicted time, and a FIFO climb raises the bound past the fluid one but never past the exact
 optimum."""
@@ -26,6 +26,8 @@ from memsched.optimizer.dp import (
     next_threshold,
     predicted_s,
 )
+from memsched.optimizer.flow import shares
+from memsched.optimizer.flow.phases import Flow
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
@@ -98,7 +100,7 @@ def test_a_climb_cut_by_the_clock_keeps_a_true_bound_and_says_why() -> None:
 
 
 def test_a_sweep_that_cannot_finish_stops_at_its_pace_with_a_true_bound() -> None:
-    # Long traces (solve's _LONG_PACE): a sweep whose time per layer so far, times the layers left, exceeds
+    # Long traces (solve's LONG_PACE): a sweep whose time per layer so far, times the layers left, exceeds
     # `pace` x its time left gives up at once, so that the local search gets the time back. The 1,000-layer chain
     # at 20% with copies beside compute: its sweep at the keep-all cost reaches layer ~36 in 5 s.
     trace = make_trace(1000, 1)
@@ -259,8 +261,8 @@ def test_a_fifo_climb_raises_the_bound_past_the_fluid_one_and_never_past_the_opt
     monkeypatch: pytest.MonkeyPatch, n: int, seed: int
 ) -> None:
     # The FIFO probe stops at its smallest label cap, so after the fluid sweep the FIFO sweep climbs
-    # (solve._Flow.fifo_climb) from the fluid bound.
-    monkeypatch.setattr(solve_module, "_FIFO_LABELS_PER_S", 1)
+    # (Flow.fifo_climb) from the fluid bound.
+    monkeypatch.setattr(shares, "FIFO_LABELS_PER_S", 1)
     trace = make_trace(n, seed, dag=seed % 2 == 1, copy_latency_s=10e-6)
     budget = budget_between(trace, 0.15)
     sc = solve_report(trace, budget, SolveOptions(time_limit_s=6, gap=0.0, solver="dp")).schedule
@@ -278,11 +280,11 @@ def test_a_fifo_climb_raises_the_bound_past_the_fluid_one_and_never_past_the_opt
     assert bound <= exact.bound_s * (1 + 1e-9) + 1e-12
 
 
-def _stand_in_flow(monkeypatch: pytest.MonkeyPatch) -> solve_module._Flow:
-    """A _Flow on a 12-layer chain whose proven bound is 0.1 and whose best plan costs 1.0 (a stand-in): a FIFO
+def _stand_in_flow(monkeypatch: pytest.MonkeyPatch) -> Flow:
+    """A Flow on a 12-layer chain whose proven bound is 0.1 and whose best plan costs 1.0 (a stand-in): a FIFO
     climb from it runs up to 0.99 (gap 1%)."""
     trace = make_trace(12, 1)
-    flow = solve_module._Flow(
+    flow = Flow(
         trace,
         budget_between(trace, 0.3),
         SolveOptions(time_limit_s=100.0),
@@ -292,7 +294,7 @@ def _stand_in_flow(monkeypatch: pytest.MonkeyPatch) -> solve_module._Flow:
     )
     flow.bound = 0.1
     incumbent = SimpleNamespace(name="stand-in", sim=SimpleNamespace(overhead_s=1.0))
-    monkeypatch.setattr(solve_module._Flow, "best", property(lambda _: incumbent))
+    monkeypatch.setattr(Flow, "best", property(lambda _: incumbent))
     return flow
 
 
@@ -301,9 +303,9 @@ def test_the_fifo_climb_goes_to_the_top_once_it_is_predicted_to_fit_and_gives_it
 ) -> None:
     # Stand-in FIFO sweeps that always finish, on a clock of their own: the first two steps take 0.15 / 0.21 s, a
     # slope that predicts the top (0.99) at about 1.6 s, more than 4x the last step but within
-    # _FIFO_CLIMB_TOP_SHARE of the 2.64 s left. So the third sweep is the top's (without the top share: a step
+    # FIFO_CLIMB_TOP_SHARE of the 2.64 s left. So the third sweep is the top's (without the top share: a step
     # below it), and it may run past the share of any other step (0.7 x the time left), to
-    # _FIFO_CLIMB_TOP_MARGIN x its prediction.
+    # FIFO_CLIMB_TOP_MARGIN x its prediction.
     from memsched.optimizer import dp as dp_module
     from memsched.optimizer.dp import DpOutcome
 
@@ -337,19 +339,19 @@ def test_the_fifo_climb_goes_to_the_top_once_it_is_predicted_to_fit_and_gives_it
     timed, top, left_s, span = asked[1]
     assert len(timed) == 2
     predicted = predicted_s(timed, top, span)
-    assert _CLIMB_GROWTH * timed[-1][1] < predicted <= solve_module._FIFO_CLIMB_TOP_SHARE * left_s
+    assert _CLIMB_GROWTH * timed[-1][1] < predicted <= shares.FIFO_CLIMB_TOP_SHARE * left_s
     below = real_next(timed, top, left_s, span)
     assert below is not None and below < top  # the growth cap alone would have stepped below the top
     given = tried[2][1]
-    assert given > solve_module._FIFO_CLIMB_STEP_SHARE * left_s
-    assert given == pytest.approx(min(left_s, solve_module._FIFO_CLIMB_TOP_MARGIN * predicted))
+    assert given > shares.FIFO_CLIMB_STEP_SHARE * left_s
+    assert given == pytest.approx(min(left_s, shares.FIFO_CLIMB_TOP_MARGIN * predicted))
 
 
 def test_a_fifo_climb_step_the_clock_cuts_falls_back_below_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # The FIFO sweeps' stand-in: each finishes (proving its threshold) below 0.5 and is cut by its deadline at or
     # above it. The climb starts 0.15 of the way from the proven 0.1 to the top 0.99 and steps up as
     # next_threshold sizes it; after each cut step it falls back to a third of the way from the last proven
-    # threshold, until _FIFO_CLIMB_RETRIES fallbacks are spent (here 0.2335, 0.3403, 0.4471, 0.5539 cut, 0.4827,
+    # threshold, until FIFO_CLIMB_RETRIES fallbacks are spent (here 0.2335, 0.3403, 0.4471, 0.5539 cut, 0.4827,
     # 0.5183 cut, 0.4946, 0.5064 cut). It never proves a threshold the sweep could not finish, and the fallbacks
     # prove more than the last step before the first cut.
     from memsched.optimizer import dp as dp_module
@@ -367,9 +369,9 @@ def test_a_fifo_climb_step_the_clock_cuts_falls_back_below_it(monkeypatch: pytes
     monkeypatch.setattr(dp_module, "fifo_search", stand_in)
     flow = _stand_in_flow(monkeypatch)
     flow.fifo_climb(time.perf_counter() + 50.0)
-    assert tried[0] == pytest.approx(0.1 + solve_module._FIFO_CLIMB_FIRST * (0.99 - 0.1))
+    assert tried[0] == pytest.approx(0.1 + shares.FIFO_CLIMB_FIRST * (0.99 - 0.1))
     cut = [t for t in tried if t >= 0.5]
-    assert 1 <= len(cut) <= solve_module._FIFO_CLIMB_RETRIES + 1
+    assert 1 <= len(cut) <= shares.FIFO_CLIMB_RETRIES + 1
     # After each cut step the next one lies below it, a third of the way from the last proven threshold.
     for i, t in enumerate(tried[:-1]):
         if t >= 0.5:

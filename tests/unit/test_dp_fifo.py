@@ -19,6 +19,7 @@ from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.dp.problem import DpProblem
 from memsched.optimizer.dp.sweep import SweepResult
+from memsched.optimizer.flow.phases import Flow
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
@@ -345,18 +346,17 @@ def test_a_probe_out_of_time_gets_the_time_the_fluid_sweep_leaves(monkeypatch: p
     """Where the probe stops at its share and the fluid sweep finishes with a loose bound, the FIFO sweep climbs
     from that bound with the time left and proves the answer (8-layer DAG: fluid optimum 0.00639 s, exact
     0.00786 s)."""
-    from memsched.optimizer import solve as solve_mod
 
     trace, budget = _case(0)
     fluid = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
     opt = exact_optimum(trace, budget)
     probe_ran: list[bool] = []
 
-    def probe_out_of_time(self: solve_mod._Flow) -> None:
+    def probe_out_of_time(self: Flow) -> None:
         probe_ran.append(True)
         self.fifo_timed_out = True
 
-    monkeypatch.setattr(solve_mod._Flow, "fifo_probe", probe_out_of_time)
+    monkeypatch.setattr(Flow, "fifo_probe", probe_out_of_time)
     report = solve_report(trace, budget, SolveOptions(solver="dp", time_limit_s=10, gap=0.0))
     rec = report.schedule.solver
     assert probe_ran and report.dp is not None
@@ -371,21 +371,18 @@ def test_the_probe_is_skipped_where_the_fluid_beams_price_their_plans_exactly(
 ) -> None:
     """The fluid beams' best plans cost in the simulator what the sweep said (12-layer chains at 50%, no latency):
     the FIFO probe is skipped. Where they were mispriced (seed 3 at 30%: stalls decide) it runs."""
-    from memsched.optimizer import solve as solve_mod
     from memsched.optimizer.decisions import ALL_ACTIONS
     from memsched.optimizer.synthetic import make_trace
     from memsched.options import SolveResources
 
     trace = make_trace(12, seed, copy_latency_s=0.0)
     budget = budget_between(trace, frac)
-    flow = solve_mod._Flow(
-        trace, budget, SolveOptions(time_limit_s=2), SolveResources(), time.perf_counter(), ALL_ACTIONS
-    )
+    flow = Flow(trace, budget, SolveOptions(time_limit_s=2), SolveResources(), time.perf_counter(), ALL_ACTIONS)
     flow.prepare_kernels()
     flow.beam(time.perf_counter() + 1.0)
     assert flow.priced_exactly == exact
     probed: list[float] = []
-    monkeypatch.setattr(solve_mod._Flow, "fifo_dp", lambda self, until: probed.append(until))
+    monkeypatch.setattr(Flow, "fifo_dp", lambda self, until: probed.append(until))
     flow.fifo_probe()
     assert bool(probed) == (not exact)
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from test_dp import _random_trace, exact_optimum
 
-from memsched.optimizer import solve as solve_mod
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.dp import DpOutcome, build_problem, fifo_beam_search
 from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import fifo_sweep
+from memsched.optimizer.flow.phases import Flow
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
 from memsched.options import SolveOptions, SolveResources
@@ -81,9 +81,9 @@ def test_an_expired_deadline_stops_the_beam_with_no_plan() -> None:
 
 def _record_fifo_beams(monkeypatch: pytest.MonkeyPatch) -> list[DpOutcome]:
     seen: list[DpOutcome] = []
-    real = solve_mod._Flow._fifo_beam
+    real = Flow._fifo_beam
 
-    def spy(flow: solve_mod._Flow, until: float, width: int) -> bool:
+    def spy(flow: Flow, until: float, width: int) -> bool:
         from memsched.optimizer import dp
 
         orig = dp.fifo_beam_search
@@ -99,7 +99,7 @@ def _record_fifo_beams(monkeypatch: pytest.MonkeyPatch) -> list[DpOutcome]:
         finally:
             monkeypatch.setattr(dp, "fifo_beam_search", orig)
 
-    monkeypatch.setattr(solve_mod._Flow, "_fifo_beam", spy)
+    monkeypatch.setattr(Flow, "_fifo_beam", spy)
     return seen
 
 
@@ -121,7 +121,7 @@ def test_no_fifo_beam_on_serial_copies_or_under_a_binding_host_budget(monkeypatc
     solve_report(serial, budget_between(serial, rng.uniform(0.1, 0.5)), SolveOptions(time_limit_s=1.0))
     assert not seen, "on the compute thread the fluid beam prices copies exactly"
     trace, budget = _case(41, (10, 16))
-    flow_host = solve_mod._Flow(
+    flow_host = Flow(
         trace,
         budget,
         SolveOptions(time_limit_s=1.0, host_budget=1),

@@ -25,6 +25,9 @@ from memsched.optimizer.dp.problem import (
     relaxed_problem,
 )
 from memsched.optimizer.dp.sweep import SweepConfig, SweepResult
+from memsched.optimizer.flow import shares
+from memsched.optimizer.flow.phases import Flow
+from memsched.optimizer.flow.state import near_exact_ranges
 from memsched.optimizer.ilp.model import build_model
 from memsched.optimizer.ilp.pulp_backend import solve_pulp
 from memsched.optimizer.simulate import simulate
@@ -87,7 +90,7 @@ def test_relaxed_bounds_never_exceed_the_exact_optimum(seed: int) -> None:
         draw += 1000
     assert max(len(x) for x in p.offload) == MAX_OFFLOAD_OPTIONS
     opt = exact_optimum(trace, budget)
-    for cells in (1, 4, 12, 32):  # 32: the FIFO climb's ranges (solve._FIFO_RELAXED_CELLS)
+    for cells in (1, 4, 12, 32):  # 32: the FIFO climb's ranges (shares.FIFO_RELAXED_CELLS)
         rp = relaxed_problem(p, trace, cells)
         assert rp.offload_complete and rp.relaxed
         out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0, problem=rp)
@@ -186,7 +189,6 @@ def test_on_a_serial_device_the_coarse_ladder_skips_the_backlog_only_step(
     # the step before it again (a CPU Llama of 48 blocks at 50%: 0.4-0.7 s for the same bound). Beside compute it
     # runs. Gap 0: nothing is proven before the ladder; every step finishes at once on these 3 layers.
     import memsched.optimizer.dp as dp_module
-    import memsched.optimizer.solve as solve_module
 
     rng = random.Random(5)
     trace, budget = None, 0
@@ -210,12 +212,12 @@ def test_on_a_serial_device_the_coarse_ladder_skips_the_backlog_only_step(
         return out
 
     monkeypatch.setattr(dp_module, "exact_search", recording_search)
-    monkeypatch.setattr(solve_module._Flow, "proven", lambda flow: False)  # the whole ladder runs
+    monkeypatch.setattr(Flow, "proven", lambda flow: False)  # the whole ladder runs
     solve_report(trace, budget, SolveOptions(time_limit_s=10, gap=0.0))
     (limit,) = limits
-    ladder = [(limit >> shift, limit >> backlog_shift) for _, shift, backlog_shift in solve_module._COARSE_LADDER]
+    ladder = [(limit >> shift, limit >> backlog_shift) for _, shift, backlog_shift in shares.COARSE_LADDER]
     if serial:
-        steps = dict.fromkeys((cells, shift) for cells, shift, _ in solve_module._COARSE_LADDER)
+        steps = dict.fromkeys((cells, shift) for cells, shift, _ in shares.COARSE_LADDER)
         assert ran == [(limit >> shift, limit >> shift) for _, shift in steps], ran
         assert len(ran) == len(ladder) - 1
     else:
@@ -224,13 +226,12 @@ def test_on_a_serial_device_the_coarse_ladder_skips_the_backlog_only_step(
 
 def test_a_relaxed_ladder_step_cut_by_its_share_makes_way_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
     import memsched.optimizer.dp as dp_module
-    import memsched.optimizer.solve as solve_module
 
     trace = many_tensor_trace(3, 1, True, False)  # serial copies: the last step (512 ranges) finishes at once
     budget = budget_between(trace, 0.3)
     assert not build_problem(trace, budget).offload_complete
     # Every capped step gets (almost) no time, so each is cut by its share, not by the DP's deadline.
-    monkeypatch.setattr(solve_module, "_LADDER_STEP_SHARE", 1e-9)
+    monkeypatch.setattr(shares, "LADDER_STEP_SHARE", 1e-9)
     exact_ranges: list[int] = []
     real_search = dp_module.exact_search
 
@@ -247,7 +248,7 @@ def test_a_relaxed_ladder_step_cut_by_its_share_makes_way_for_the_next(monkeypat
     assert rec.best_bound_s is not None and rec.best_bound_s <= opt * (1 + 1e-9) + 1e-12
     # The ladder went on past its cut steps, in order, to the last one, which had the time left and proved
     # the optimum (gap 0).
-    assert len(exact_ranges) == len(solve_module._RELAXED_LADDER), exact_ranges
+    assert len(exact_ranges) == len(shares.RELAXED_LADDER), exact_ranges
     assert exact_ranges == sorted(exact_ranges) and rec.status == SolverStatus.OPTIMAL, (exact_ranges, rec.status)
 
 
@@ -277,9 +278,8 @@ def test_on_block_like_layers_the_ladder_ends_at_its_near_exact_ranges_and_the_b
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Layers whose tensors repeat a few sizes (block_tensor_trace): the exact DP's ladder is the coarsest ranges
-    and then the near-exact ones (solve._Flow.relaxed_ladder), and every bound stays below the exact optimum."""
+    and then the near-exact ones (Flow.relaxed_ladder), and every bound stays below the exact optimum."""
     import memsched.optimizer.dp as dp_module
-    import memsched.optimizer.solve as solve_module
 
     rng = random.Random(3000 + seed)
     serial, latency = seed % 2 == 0, seed % 4 == 1
@@ -291,7 +291,7 @@ def test_on_block_like_layers_the_ladder_ends_at_its_near_exact_ranges_and_the_b
         if not p.offload_complete and exact_search(trace, budget, FAR, None, 0.0, problem=p).bound_s:
             break
         draw += 1000
-    near = solve_module._near_exact_cells(trace)
+    near = near_exact_ranges(trace)
     assert near is not None
     opt = exact_optimum(trace, budget)
     out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0, problem=relaxed_problem(p, trace, near))
@@ -318,7 +318,6 @@ def test_on_block_like_layers_the_ladder_ends_at_its_near_exact_ranges_and_the_b
 
 def test_the_coarse_ladder_stops_at_a_step_that_proves_no_more(monkeypatch: pytest.MonkeyPatch) -> None:
     import memsched.optimizer.dp as dp_module
-    import memsched.optimizer.solve as solve_module
 
     coarse: list[float] = []  # bounds of the coarse steps (bytes rounded to a quantum), in order
     real_search = dp_module.exact_search
@@ -345,6 +344,6 @@ def test_the_coarse_ladder_stops_at_a_step_that_proves_no_more(monkeypatch: pyte
         # ladder before its end.
         assert all(b > a for a, b in itertools.pairwise(coarse[:-1])), coarse
         if len(coarse) >= 2 and coarse[-1] <= coarse[-2]:
-            assert len(coarse) < len(solve_module._COARSE_LADDER), coarse
+            assert len(coarse) < len(shares.COARSE_LADDER), coarse
             stopped += 1
     assert stopped >= 2  # the rule acted on some of these traces

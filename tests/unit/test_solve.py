@@ -12,6 +12,8 @@ from helpers import PIPEDREAM as SHARED_PIPEDREAM
 from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget, resolve_budget
+from memsched.optimizer.flow import backends, shares
+from memsched.optimizer.flow.phases import Flow
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve
@@ -68,12 +70,11 @@ def test_keep_all_when_it_fits() -> None:
 
 
 def test_a_schedule_without_overhead_is_optimal_without_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
-    from memsched.optimizer import solve as solve_mod
 
     def unreachable(*_a: object, **_k: object) -> None:
         raise AssertionError("the exact backend should not run: nothing beats zero overhead")
 
-    monkeypatch.setattr(solve_mod, "_run_backend", unreachable)
+    monkeypatch.setattr(backends, "run_backend", unreachable)
     trace = make_trace(30, 0)
     budget = trace.static.total + round(keepall_activation_peak(trace) * 0.6)  # keep-all does not fit
     assert simulate(trace, solve(trace, budget, SolveOptions(solver="heuristic"))).overhead_s == 0.0
@@ -125,13 +126,12 @@ def test_export_model(tmp_path: Path, solver: str, suffix: str) -> None:
 def test_backend_without_incumbent_keeps_the_best_candidate_and_a_true_bound(
     monkeypatch: pytest.MonkeyPatch, exact: bool
 ) -> None:
-    from memsched.optimizer import solve as solve_mod
     from memsched.optimizer.ilp.outcome import Outcome
 
     def no_incumbent(*_a: object, **_k: object) -> tuple[Outcome, bool]:
         return Outcome("cbc", None, None, None, 1e-6, 1.0, "cbc: Stopped on time limit"), exact
 
-    monkeypatch.setattr(solve_mod, "_run_backend", no_incumbent)
+    monkeypatch.setattr(backends, "run_backend", no_incumbent)
     trace = make_trace(15, 4)
     schedule = solve(trace, budget_between(trace, 0.05), SolveOptions(solver="cbc", time_limit_s=3))
     rec = schedule.solver
@@ -191,29 +191,28 @@ def test_a_lagrangian_runs_after_the_beam_and_takes_its_time_from_the_local_sear
 
 @pytest.mark.parametrize("solver", [SolverName.AUTO, SolverName.CBC])
 def test_on_long_traces_the_exact_dp_leaves_the_local_search_its_time(solver: SolverName) -> None:
-    # Over 300 layers (where the memory rows' prices do not prune it) the exact DP stops at _DP_UNTIL_LONG: it
+    # Over 300 layers (where the memory rows' prices do not prune it) the exact DP stops at shares.DP_UNTIL_LONG: it
     # climbs and stops at its pace, and the local search, which improves the answer there, goes on after it.
-    from memsched.optimizer.solve import _DP_UNTIL, _DP_UNTIL_LONG, LagrangeKind, Step, plan_for
+    from memsched.optimizer.solve import LagrangeKind, Step, plan_for
 
     def dp_until(n_layers: int, kind: LagrangeKind | None) -> float | None:
         (dp,) = [p for p in plan_for(solver, n_layers, lagrange=kind) if p.step == Step.EXACT_DP]
         return dp.share
 
     if solver == SolverName.AUTO:
-        assert [dp_until(400, kind) for kind in (None, LagrangeKind.LINK)] == [_DP_UNTIL_LONG] * 2
-        assert dp_until(400, LagrangeKind.ROWS) == dp_until(300, None) == _DP_UNTIL
+        assert [dp_until(400, kind) for kind in (None, LagrangeKind.LINK)] == [shares.DP_UNTIL_LONG] * 2
+        assert dp_until(400, LagrangeKind.ROWS) == dp_until(300, None) == shares.DP_UNTIL
         assert plan_for(solver, 400)[-1].step == Step.POLISH
     else:  # a backend asked for by name gets what the DP leaves, on every trace
         assert dp_until(400, None) == dp_until(300, None)
 
 
 def _paced_flow(trace: Trace, actions: list[str] | None = None) -> object:
-    """A _Flow on `trace` at 20% (10 s), as solve() builds it."""
-    from memsched.optimizer import solve as solve_mod
+    """A Flow on `trace` at 20% (10 s), as solve() builds it."""
 
     options = SolveOptions.from_user(time_limit_s=10.0, actions=actions)
     allowed = options.allowed_actions(trace)
-    return solve_mod._Flow(trace, budget_between(trace, 0.2), options, SolveResources(), time.perf_counter(), allowed)
+    return Flow(trace, budget_between(trace, 0.2), options, SolveResources(), time.perf_counter(), allowed)
 
 
 @pytest.mark.parametrize(
@@ -230,10 +229,9 @@ def _paced_flow(trace: Trace, actions: list[str] | None = None) -> object:
 def test_from_150_layers_with_copies_beside_compute_the_exact_dp_climbs_and_stops_at_its_pace(
     monkeypatch: pytest.MonkeyPatch, n_layers: int, actions: list[str] | None, paced: bool
 ) -> None:
-    # The exact DP phase's sweeps get a pace from _PACED_MIN_LAYERS where the memory rows' Lagrangian does not
+    # The exact DP phase's sweeps get a pace from PACED_MIN_LAYERS where the memory rows' Lagrangian does not
     # prune them (copies beside compute); keep / recompute plans (the memory rows) mostly finish, and are paced
-    # only over _LONG_TRACE layers, where a sweep that cannot finish leaves its time to the mixed rule's bound.
-    from memsched.optimizer import solve as solve_mod
+    # only over LONG_TRACE layers, where a sweep that cannot finish leaves its time to the mixed rule's bound.
     from memsched.optimizer.dp import DpOutcome
 
     calls: list[tuple[float | None, bool, bool]] = []
@@ -249,15 +247,15 @@ def test_from_150_layers_with_copies_beside_compute_the_exact_dp_climbs_and_stop
         calls.append((pace, climb, from_proven))
         return DpOutcome(bound_s=0.0)
 
-    monkeypatch.setattr(solve_mod._Flow, "_fluid_sweep", sweep)
+    monkeypatch.setattr(Flow, "_fluid_sweep", sweep)
     flow = _paced_flow(make_trace(n_layers, 1), actions)
     flow.exact_dp(time.perf_counter() + 5.0)  # type: ignore[attr-defined]
     # With copies beside compute the paced sweeps climb too, from just above the bound held (the link windows'
-    # Lagrangian), up to _LONG_TRACE layers at the stricter _MID_CLIMB_PACE; not on the memory rows, whose prices
+    # Lagrangian), up to LONG_TRACE layers at the stricter MID_CLIMB_PACE; not on the memory rows, whose prices
     # let the sweep at the incumbent finish.
     climbs = paced and actions is None
-    mid = climbs and n_layers <= solve_mod._LONG_TRACE
-    pace = solve_mod._MID_CLIMB_PACE if mid else solve_mod._LONG_PACE if paced else None
+    mid = climbs and n_layers <= shares.LONG_TRACE
+    pace = shares.MID_CLIMB_PACE if mid else shares.LONG_PACE if paced else None
     assert calls == [(pace, climbs, climbs)]
 
 
@@ -275,18 +273,17 @@ def test_a_paced_exact_dp_that_cannot_finish_gives_its_time_back() -> None:
 
 
 def _spy_phases(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> list[str]:
-    """The names of the _Flow methods among `names` in the order a solve calls them."""
-    from memsched.optimizer import solve as solve_mod
+    """The names of the Flow methods among `names` in the order a solve calls them."""
 
     ran: list[str] = []
     for name in names:
-        real = getattr(solve_mod._Flow, name)
+        real = getattr(Flow, name)
 
-        def spy(flow: solve_mod._Flow, *args: object, name: str = name, real: object = real, **kw: object) -> object:
+        def spy(flow: Flow, *args: object, name: str = name, real: object = real, **kw: object) -> object:
             ran.append(name)
             return real(flow, *args, **kw)  # type: ignore[operator]
 
-        monkeypatch.setattr(solve_mod._Flow, name, spy)
+        monkeypatch.setattr(Flow, name, spy)
     return ran
 
 
@@ -390,14 +387,14 @@ def test_a_beam_round_predicted_to_pass_the_share_is_not_started(monkeypatch: py
 
     monkeypatch.setattr(dp_mod, "beam_search", slowed)
     phase_s: list[float] = []
-    real_beam = solve_mod._Flow.beam
+    real_beam = Flow.beam
 
-    def timed(flow: solve_mod._Flow, until: float) -> None:
+    def timed(flow: Flow, until: float) -> None:
         began = time.perf_counter()
         real_beam(flow, until)
         phase_s.append(time.perf_counter() - began)
 
-    monkeypatch.setattr(solve_mod._Flow, "beam", timed)
+    monkeypatch.setattr(Flow, "beam", timed)
     options = SolveOptions.from_user(time_limit_s=10.0, actions=["keep", "offload", "recompute"])
     solve_mod.solve_report(trace, resolve_budget("50%", trace), options)
     assert [w for w in widths if w >= 24] == [24, 96, 384], widths  # (8: the kernels' warm-up, once a process)
@@ -410,20 +407,17 @@ def test_the_first_beam_round_may_finish_past_the_beams_share(monkeypatch: pytes
     # real beam's first round is slowed past the share: it still finishes and its plan joins the candidates, and
     # no later round starts.
     from memsched.optimizer import dp as dp_mod
-    from memsched.optimizer import solve as solve_mod
     from memsched.optimizer.decisions import ALL_ACTIONS
 
     trace = make_trace(40, 1)
     options = SolveOptions.from_user(time_limit_s=10.0)
-    flow = solve_mod._Flow(
-        trace, budget_between(trace, 0.3), options, SolveResources(), time.perf_counter(), ALL_ACTIONS
-    )
+    flow = Flow(trace, budget_between(trace, 0.3), options, SolveResources(), time.perf_counter(), ALL_ACTIONS)
     widths: list[int] = []
     real = dp_mod.beam_search
 
     def slowed(*args: object, **kw: object) -> object:
         widths.append(int(kw["width"]))  # type: ignore[call-overload]
-        time.sleep(0.6)  # past the share below, within _BEAM_FIRST_SHARE of the limit (2.5 s)
+        time.sleep(0.6)  # past the share below, within BEAM_FIRST_SHARE of the limit (2.5 s)
         return real(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(dp_mod, "beam_search", slowed)
@@ -431,7 +425,7 @@ def test_the_first_beam_round_may_finish_past_the_beams_share(monkeypatch: pytes
     flow.beam(began + 0.3)
     assert widths == [24]
     assert "dp-beam" in [c.name for c in flow.cands]
-    assert time.perf_counter() - began < solve_mod._BEAM_FIRST_SHARE * 10.0
+    assert time.perf_counter() - began < shares.BEAM_FIRST_SHARE * 10.0
 
 
 def test_once_the_fluid_beam_misprices_its_plans_the_fifo_beam_goes_first_in_each_round(
@@ -463,7 +457,7 @@ def test_once_the_fluid_beam_misprices_its_plans_the_fifo_beam_goes_first_in_eac
 
 
 def test_a_beam_round_fits_where_its_growth_says_it_finishes() -> None:
-    from memsched.optimizer.solve import _beam_round_fits
+    from memsched.optimizer.flow.answers import _beam_round_fits
 
     now = time.perf_counter()
     assert _beam_round_fits([], now)  # no timing yet: it may
@@ -484,7 +478,7 @@ def test_a_later_exact_dp_phase_does_not_redo_sweeps_that_finished(monkeypatch: 
     trace = load_trace(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small6-b8-s128-cpu.json")
     assert not trace.device.concurrent_copies
     ran = _spy_phases(monkeypatch, ("exact_dp", "_fluid_sweep", "polish"))
-    monkeypatch.setattr(solve_mod._Flow, "proven", lambda flow: False)
+    monkeypatch.setattr(Flow, "proven", lambda flow: False)
     options = SolveOptions.from_user(time_limit_s=4.0, actions=["keep", "offload", "recompute"])
     report = solve_mod.solve_report(trace, resolve_budget("50%", trace), options)
     assert report.schedule.solver.status == SolverStatus.FEASIBLE  # never proven: `proven` says no
@@ -507,7 +501,7 @@ def test_a_later_exact_dp_phase_runs_only_the_sweeps_an_earlier_one_did_not_fini
 
     trace = load_trace(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small6-b8-s128-cpu.json")
     ran = _spy_phases(monkeypatch, ("dp_first", "exact_dp"))
-    monkeypatch.setattr(solve_mod._Flow, "proven", lambda flow: False)
+    monkeypatch.setattr(Flow, "proven", lambda flow: False)
     sweeps: list[tuple[int, bool, bool]] = []  # (phases begun, coarse, cut)
     real = dp_mod.exact_search
 
@@ -556,21 +550,21 @@ def test_the_early_dp_gives_its_finest_relaxed_step_the_exact_dp_phase_s_time(mo
     from memsched.optimizer import solve as solve_mod
 
     trace = load_trace(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small6-b8-s128-cpu.json")
-    monkeypatch.setattr(solve_mod._Flow, "proven", lambda flow: False)
+    monkeypatch.setattr(Flow, "proven", lambda flow: False)
     phases: list[tuple[solve_mod.Phase, float]] = []  # (phase, its start from the solve's), as run
     sweeps: list[tuple[int, int, float]] = []  # (phases begun, byte ranges, deadline), per exact sweep
-    real_run, real_sweep = solve_mod._run_phase, solve_mod._Flow._fluid_sweep
+    real_run, real_sweep = solve_mod._run_phase, Flow._fluid_sweep
 
-    def run_spy(flow: solve_mod._Flow, phase: solve_mod.Phase) -> None:
+    def run_spy(flow: Flow, phase: solve_mod.Phase) -> None:
         phases.append((phase, time.perf_counter() - flow.t0))
         real_run(flow, phase)
 
-    def sweep_spy(flow: solve_mod._Flow, until: float, cells: int, *args: object, **kw: object) -> object:
+    def sweep_spy(flow: Flow, until: float, cells: int, *args: object, **kw: object) -> object:
         sweeps.append((len(phases), cells, until - flow.t0))
         return real_sweep(flow, until, cells, *args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(solve_mod, "_run_phase", run_spy)
-    monkeypatch.setattr(solve_mod._Flow, "_fluid_sweep", sweep_spy)
+    monkeypatch.setattr(Flow, "_fluid_sweep", sweep_spy)
     options = SolveOptions.from_user(time_limit_s=4.0, actions=["keep", "offload", "recompute"])
     solve_mod.solve_report(trace, resolve_budget("50%", trace), options)
     at = next(i for i, (ph, _) in enumerate(phases) if ph.step == solve_mod.Step.DP_FIRST)
@@ -605,13 +599,13 @@ def test_the_link_lagrangian_is_skipped_where_stalls_decide_the_plans(monkeypatc
 
     monkeypatch.setattr(lagrange_mod.LinkLagrangian, "__init__", spy)
     seen: list[bool] = []
-    real_lagrange = solve_mod._Flow.lagrange
+    real_lagrange = Flow.lagrange
 
-    def lagrange_spy(flow: solve_mod._Flow, until: float) -> None:
+    def lagrange_spy(flow: Flow, until: float) -> None:
         seen.append(flow.stalls_decide)
         real_lagrange(flow, until)
 
-    monkeypatch.setattr(solve_mod._Flow, "lagrange", lagrange_spy)
+    monkeypatch.setattr(Flow, "lagrange", lagrange_spy)
     resnet = import_pipedream(require_pipedream() / "resnet50.graph.txt", 128)
     budget = resnet.static.total + round(keepall_activation_peak(resnet) * 0.19)
     solve_mod.solve_report(resnet, budget, SolveOptions(time_limit_s=5.0))
@@ -634,7 +628,7 @@ def test_the_message_is_one_plain_sentence_and_the_details_are_structured() -> N
     else:
         assert rec.message.startswith("Not proven")
     # A bound that does not close the gap: the sentence says how far the answer may be from the best, and why.
-    from memsched.optimizer.solve import plain_summary
+    from memsched.optimizer.flow.report import plain_summary
 
     msg = plain_summary(SolverStatus.FEASIBLE, 0.2, 0.15, "dp", 0.25, 0.01, 10.0, 10.2)
     assert msg == (
@@ -647,15 +641,15 @@ def test_the_message_is_one_plain_sentence_and_the_details_are_structured() -> N
 @pytest.mark.parametrize("n_layers", [5, 100, 150])
 @pytest.mark.parametrize("solver", [SolverName.AUTO, SolverName.DP, SolverName.CBC])
 def test_with_relaxed_offload_the_dp_leaves_the_exact_window_milp_its_share(n_layers: int, solver: SolverName) -> None:
-    from memsched.optimizer.solve import _DP_UNTIL, _DP_UNTIL_RELAXED, Step, plan_for
+    from memsched.optimizer.solve import Step, plan_for
 
     def dp_share(relaxed: bool) -> float | None:
         (dp,) = [p for p in plan_for(solver, n_layers, relaxed=relaxed) if p.step == Step.EXACT_DP]
         return dp.share
 
     if solver == SolverName.AUTO and n_layers <= 100:  # the exact-window MILP follows the DP
-        assert (dp_share(False), dp_share(True)) == (_DP_UNTIL, _DP_UNTIL_RELAXED)
-        assert _DP_UNTIL_RELAXED < _DP_UNTIL
+        assert (dp_share(False), dp_share(True)) == (shares.DP_UNTIL, shares.DP_UNTIL_RELAXED)
+        assert shares.DP_UNTIL_RELAXED < shares.DP_UNTIL
     else:  # no exact-window MILP after it: nothing to leave time for
         assert dp_share(True) == dp_share(False)
 
@@ -714,9 +708,7 @@ def test_the_local_search_starts_from_the_dp_optimum_where_its_timing_made_it_de
     incumbent = others.schedules[1]
     assert incumbent.overhead_s < seed.schedules[0].overhead_s
     assert incumbent.overhead_s > seed.bound_s / 0.99  # not proven by the bound
-    flow = solve_mod._Flow(
-        resnet, budget, SolveOptions(time_limit_s=10), SolveResources(), time.perf_counter(), ALL_ACTIONS
-    )
+    flow = Flow(resnet, budget, SolveOptions(time_limit_s=10), SolveResources(), time.perf_counter(), ALL_ACTIONS)
     flow.cands = [solve_mod.Candidate("dp", incumbent)]
     flow.prove(seed.bound_s, "dp")
     flow.dp_seed = seed.schedules[0]
@@ -732,13 +724,12 @@ def test_the_mixed_checkpoint_rule_raises_the_memory_rows_bound_on_a_dag_and_sta
     # The synthetic DAG's producers are read by several layers. The memory rows' Lagrangian runs by the first
     # reader's rule (its prices prune the DP best); the mixed rule's ascent from those prices (`lagrange_mixed`)
     # charges the bytes that rule leaves nearly free, so its bound is higher, and still below the proven optimum.
-    from memsched.optimizer import solve as solve_mod
 
     tr = make_trace(n_layers, 1, dag=True)
     budget = budget_between(tr, frac)
     actions = ["keep", "recompute"]
     options = SolveOptions.from_user(time_limit_s=10.0, actions=actions)
-    flow = solve_mod._Flow(tr, budget, options, SolveResources(), time.perf_counter(), options.allowed_actions(tr))
+    flow = Flow(tr, budget, options, SolveResources(), time.perf_counter(), options.allowed_actions(tr))
     flow.lagrange(time.perf_counter() + 1.0)
     first = flow.bound
     assert first > 0.0 and flow._rows_prices is not None
@@ -778,7 +769,7 @@ def test_the_last_local_search_shares_its_time_with_a_link_lagrangian_cut_at_its
         return res
 
     monkeypatch.setattr(lagrange_mod.LinkLagrangian, "run", spy)
-    monkeypatch.setattr(solve_mod, "_LAGRANGE_SHARE", 0.01)
+    monkeypatch.setattr(shares, "LAGRANGE_SHARE", 0.01)
     trace = make_trace(400, 1)
     rec = solve_mod.solve_report(trace, budget_between(trace, 0.2), SolveOptions(time_limit_s=6.0)).schedule.solver
     assert runs[0][2] == "deadline"

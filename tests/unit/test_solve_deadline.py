@@ -19,6 +19,7 @@ import pytest
 
 from memsched.optimizer.budget import resolve_budget
 from memsched.optimizer.dp import build_problem, exact_search, fifo_search
+from memsched.optimizer.flow.phases import Flow
 from memsched.optimizer.jit import prepare_kernels
 from memsched.optimizer.simulate import simulate
 from memsched.schema import Schedule, SolverStatus, Trace
@@ -68,7 +69,7 @@ def test_the_whole_process_ends_within_the_limit(path: Path, limit: float, tmp_p
 
 def test_a_late_beam_and_race_end_within_the_limit(tmp_path: Path) -> None:
     # A 200-layer chain at 20% keeps its gap open to the last local search: the late beam and the race of two
-    # local searches (_Flow.late_beam, _Flow._race) take the end of the limit, and the process still ends by it.
+    # local searches (Flow.late_beam, Flow._race) take the end of the limit, and the process still ends by it.
     from memsched.optimizer.synthetic import make_trace
 
     path = tmp_path / "chain-200.json"
@@ -160,17 +161,16 @@ def test_a_relaxed_trace_climbs_on_the_ranges_its_fluid_sweep_finished() -> None
 def test_no_fifo_climb_where_copies_are_serial(monkeypatch: pytest.MonkeyPatch) -> None:
     """The FIFO climb on relaxed ranges runs only where the FIFO sweep applies: with serial copies (a trace
     measured on the CPU) the fluid sweep is exact and the FIFO sweep refuses the problem."""
-    from memsched.optimizer import solve as solve_mod
     from memsched.optimizer.budget import budget_between
     from memsched.optimizer.decisions import ALL_ACTIONS
     from memsched.options import SolveOptions, SolveResources
 
     trace = Trace.model_validate_json(RESNET.read_text())
     climbs: list[int] = []
-    monkeypatch.setattr(solve_mod._Flow, "fifo_climb", lambda self, until, cells=4: climbs.append(cells))
+    monkeypatch.setattr(Flow, "fifo_climb", lambda self, until, cells=4: climbs.append(cells))
     for concurrent in (False, True):
         trace.device.concurrent_copies = concurrent
-        flow = solve_mod._Flow(
+        flow = Flow(
             trace,
             budget_between(trace, 0.5),
             SolveOptions(time_limit_s=10),

@@ -42,7 +42,7 @@ def test_a_solve_from_an_earlier_answer_proves_it_before_any_search(seed: int, c
     first = solve(trace, budget, OPTS)
     assert first.solver.status == SolverStatus.OPTIMAL and first.prediction.overhead_s > 0
     caplog.clear()  # only the second solve's records
-    with caplog.at_level(logging.INFO, logger="memsched.optimizer.solve"):
+    with caplog.at_level(logging.INFO, logger="memsched.optimizer.flow"):
         again = solve(trace, budget, OPTS, start=_unproven(first))
     assert again.solver.status == SolverStatus.OPTIMAL
     assert again.prediction.overhead_s <= first.prediction.overhead_s * (1 + 1e-9)

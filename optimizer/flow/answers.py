@@ -1,0 +1,403 @@
+"""The solve's phases that find plans (AnswerPhases): the fluid and FIFO beams, the ratio plan, the late beam
+and the local searches, with the last time they share with the link windows' Lagrangian."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from memsched.optimizer.decisions import Decision
+from memsched.optimizer.flow import shares
+from memsched.optimizer.flow.state import FlowState
+from memsched.optimizer.host import fits_host, next_price
+from memsched.optimizer.polish import LocalSearch
+from memsched.optimizer.ratio import ratio_plan
+from memsched.optimizer.simulate import SimResult
+from memsched.schema import Action
+
+if TYPE_CHECKING:
+    from memsched.optimizer.dp import DpOutcome
+    from memsched.optimizer.dp.lagrange import LinkLagrangian
+
+log = logging.getLogger(__name__)
+
+
+class AnswerPhases(FlowState):
+    """The phases that find plans: the beams, the ratio plan and the local searches."""
+
+    def beam(self, until: float) -> None:
+        """Beams of growing width within the share: an answer early, a better one if time allows. Where copies run
+        beside compute and a fluid beam misprices its plans, a FIFO beam follows it (`_fifo_beam`), and in each
+        later round goes first. A cut beam decodes no plan, so a round that its series' growth says will not
+        finish in the time left is not started (`_beam_round_fits`): its time goes to the other series or the
+        next phase."""
+        from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
+
+        width = 24
+        fluid_on = True
+        fifo_on = self.fifo_beam_ok()
+        mispriced = False  # the last fluid beam's plans cost more than it said (_mispriced)
+        fluid_s: list[float] = []  # each width's fluid beam time, widest last
+        fifo_s: list[float] = []  # each width's FIFO beam time, widest last
+        ratios: list[float] = []  # each fluid beam's mispricing (_mispricing)
+        price = 0.0  # the host budget's price per offloaded byte (host.py), raised while no plan fits the host
+        # The first fluid round may finish past the share, up to BEAM_FIRST_SHARE: cut, it decodes no plan, and the
+        # local search then starts from the baselines' (BEAM_FIRST_SHARE).
+        first_until = max(until, self.until(shares.BEAM_FIRST_SHARE))
+
+        def fifo_round() -> bool:
+            """The FIFO beam's next round, where it may finish; False once one did not (or would not)."""
+            if not _beam_round_fits(fifo_s, until):
+                return False
+            began = time.perf_counter()
+            finished = self._fifo_beam(until, shares.FIFO_BEAM_FIRST * 4 ** len(fifo_s))  # 16, 64, 256, ... labels
+            fifo_s.append(time.perf_counter() - began)
+            return finished
+
+        # Rounds of 4x the width, up to MAX_BEAM_WIDTH: in each the fluid beam and, where the fluid beam misprices
+        # its plans, the FIFO beam. Once it has, the FIFO beam goes first: its plans are priced as the simulator
+        # prices them, and the fluid beam's wider rounds rank plans by a cost the simulator does not charge
+        # (GPT-2 medium on an H100 at 50%: the fluid beam's best plans cost 0.0370, 0.0403, 0.0435, 0.0415 s at
+        # 24-1536 labels; the FIFO beam of 256 finds 0.0347 s when it is not cut by the share after them).
+        while width <= shares.MAX_BEAM_WIDTH and time.perf_counter() < until and (fluid_on or (fifo_on and mispriced)):
+            fifo_first = fifo_on and mispriced
+            if fifo_first:
+                fifo_on = fifo_round()
+            fluid_on = fluid_on and _beam_round_fits(fluid_s, until)
+            if fluid_on:
+                p = self.problem() if not price else dataclasses.replace(self.problem(), host_price=price, _remaps={})
+                # A plan within the host budget costs at most its overhead + price x H in the priced sweep.
+                shift = price * self.host if price and self.host is not None else 0.0
+                began = time.perf_counter()
+                out = beam_search(
+                    self.trace,
+                    self.budget,
+                    until if fluid_s else first_until,
+                    width=width,
+                    threshold=self.best.sim.overhead_s + shift,
+                    problem=p,
+                )
+                fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
+                if fitted:
+                    self.add("dp-beam", fitted[0])
+                if out.timed_out:
+                    break
+                if out.schedules and not fitted and self.host_binds and price < 1e6 * self.price_scale:
+                    price = next_price(price, None, self.price_scale)  # the same width again, offloads dearer
+                    continue
+                fluid_s.append(time.perf_counter() - began)
+                if not price:
+                    self.widest_beam = width
+                ratio = _mispricing(out)
+                if ratio is not None:
+                    ratios.append(ratio)
+                # The FIFO beam where the fluid beam misprices its own plans: their stalls, which the fluid sweep
+                # drains as it goes, decide them (synthetic 200-layer chain: priced exactly, the FIFO beam only
+                # takes the fluid beam's time; PipeDream ResNet-50 at 19%: the simulator's cost 1.28-1.36x the
+                # sweep's).
+                mispriced = _mispriced(out)
+            if not fifo_first and fifo_on and mispriced:
+                fifo_on = fifo_round()
+            width *= 4
+        self.stalls_decide = self.fifo_beam_ok() and bool(ratios) and min(ratios) > 1.0 + shares.STALLS_DECIDE
+        self.priced_exactly = bool(ratios) and max(ratios) <= 1.0 + shares.PRICED_EXACTLY
+
+    def fifo_beam_ok(self) -> bool:
+        """The FIFO beam applies: copies run beside compute (on the compute thread the fluid beam prices them
+        exactly), offload is allowed, the trace is short enough for the FIFO sweep, and no host budget binds (the
+        FIFO sweep does not price host bytes, so its plans would mostly be discarded)."""
+        return (
+            self.trace.device.concurrent_copies
+            and Action.OFFLOAD in self.allowed
+            and self.trace.n <= shares.FIFO_MAX_LAYERS
+            and not self.host_binds
+        )
+
+    def _fifo_beam(self, until: float, width: int) -> bool:
+        """One FIFO beam (dp.fifo_beam_search) of `width` labels per boundary, pruned at the best plan known; its
+        plans join the candidates. False where the clock stopped it (a wider one would not finish either)."""
+        from memsched.optimizer.dp import fifo_beam_search
+
+        out = fifo_beam_search(
+            self.trace, self.budget, until, width, threshold=self.best.sim.overhead_s, problem=self.problem()
+        )
+        for sim in out.schedules[:1]:
+            self.add("dp-fifo-beam", sim)
+        log.info(
+            "fifo beam %d: best %s, %.2f s",
+            width,
+            f"{out.schedules[0].overhead_s:.6g} s" if out.schedules else "none below the incumbent",
+            out.wall_s,
+        )
+        return not out.timed_out
+
+    def ratio(self, until: float) -> None:
+        """The ratio plan (optimizer/ratio.py) joins the candidates. After the beam, whose rounds are pruned at the
+        best plan known: a strong start there leaves them nothing to decode, and then nothing to judge their own
+        pricing by (`priced_exactly`, `stalls_decide`), which the phases after them read."""
+        began = time.perf_counter()
+        sim = ratio_plan(self.trace, self.budget, self.allowed, self.host, until)
+        if sim is not None:
+            self.add("ratio", sim)
+        log.info(
+            "ratio plan: %s, %.2f s",
+            "none fits" if sim is None else f"{sim.overhead_s:.6g} s",
+            time.perf_counter() - began,
+        )
+
+    def polish(self, until: float) -> None:
+        limit = until - time.perf_counter()
+        if limit <= 0.05:
+            return
+        target = self._proven_below()
+        seed, self.dp_seed = self.dp_seed, None
+        if seed is not None and not self.proven():
+            # The exact DP's optimum has the actions the bound says are best; where its copies' timing made it
+            # simulate dearer than the incumbent, the local search (which re-times every candidate) starts there
+            # for a share of its time (PipeDream ResNet-50 at 56%: the sweep's optimum 0.026937 s decoded to
+            # 0.027509 s, polished back to 0.026937 s in under 0.5 s, where the incumbent's search ended at 0.027356 s).
+            incumbent = self.best.sim
+            self._polish_from(seed, shares.DP_SEED_SHARE * limit, target)
+            limit = until - time.perf_counter()
+            if self.proven() or limit <= 0.05:
+                return
+            if self.best.sim is not incumbent and self._rival is None:
+                # The seed's search passed the incumbent, whose own basin would be left unsearched from here on:
+                # a search from the incumbent races it (`_race`), and leaves once it trails and finds nothing.
+                # (The H100 ResNet-50 at 75%, 10 s: the seed's search reached 0.004724 s, past the FIFO beam's
+                # 0.004941 s, and stayed there; from the beam's plan the search finds 0.003892 s.)
+                self._rival = self._local_search(incumbent.decisions)
+        # The solve's last time (no phase after this one): a search that stops by itself leaves it to new ones.
+        last = until >= self.deadline - self.reserve - 1e-3
+        if self._rival is not None:
+            self._race(until, target, last)
+        elif last and self._link is not None and not self._link.done:
+            self._polish_and_bound(until)
+        else:
+            self._polish_from(self.best.sim, limit, target, last)
+
+    def _polish_and_bound(self, until: float) -> None:
+        """The solve's last time where the link windows' Lagrangian stopped at its share (`lagrange`): it shares
+        that time with the local search in turns of SHARE_TURN_S, the answer first. A turn goes to the Lagrangian
+        (resumed where it stopped) where it raised the bound faster in its last turn than the search lowered the
+        answer in its own, but while the search keeps finding better plans the Lagrangian has at most as much of
+        the time as the search; once the search has found nothing for SHARE_STALE_S of its turns (or of the time
+        since the best plan last improved), the Lagrangian may take up to SHARE_MAX_TURNS turns in a row, and the
+        search then gets one to measure it again. On the 1,000-layer chain at 20%, 10 s, the search from the ratio
+        plan stops gaining at about 5 s, and the bound, cut at 10%, had 0.0884 s of the 0.097 s it reaches."""
+        link = self._link
+        assert link is not None
+        try:
+            self._share_turns(until, link)
+        finally:
+            log.info("link windows' Lagrangian resumed: bound %.6g s after %d prices", link.best, link.iterations)
+            # Its share's note no longer says where it stopped.
+            if self._share_note in self.notes:
+                self.notes.remove(self._share_note)
+            if not link.done and not self.proven():
+                self.notes.append(f"the Lagrangian bound stopped at the time limit after {link.iterations} prices")
+
+    def _share_turns(self, until: float, link: LinkLagrangian) -> None:
+        """`_polish_and_bound`'s turns."""
+        search_rate: float | None = None  # seconds of answer per second in its last turn (None: none yet)
+        bound_rate = link.recent_rate(shares.SHARE_TURN_S)  # seconds of bound per second in its last turn
+        stale = time.perf_counter() - self.improved_at  # search time without a better plan (at first: wall time)
+        search_s = bound_s = 0.0  # seconds each side has had
+        in_a_row, last_side = 0, ""
+        while not self.proven():
+            left = until - time.perf_counter()
+            if left <= 0.05:
+                return
+            target = self._proven_below()
+            if link.done:
+                self._polish_from(self.best.sim, left, target, restart=True)
+                return
+            stuck = stale >= shares.SHARE_STALE_S
+            bound_turn = (
+                search_rate is not None
+                and bound_rate > search_rate
+                and (stuck or bound_s < search_s)
+                and not (last_side == "bound" and in_a_row >= shares.SHARE_MAX_TURNS)
+            )
+            side = "bound" if bound_turn else "search"
+            in_a_row = in_a_row + 1 if side == last_side else 1
+            last_side = side
+            turn = min(shares.SHARE_TURN_S, left)
+            began = time.perf_counter()
+            if side == "search":
+                before = self.best.sim.overhead_s
+                self._polish_from(self.best.sim, turn, target, restart=True)
+                took = time.perf_counter() - began
+                search_s += took
+                search_rate = (before - self.best.sim.overhead_s) / max(took, 1e-6)
+                stale = 0.0 if search_rate > 0.0 else stale + took
+            else:
+                before = link.best
+                res = link.run(began + turn, target_s=self.best.sim.overhead_s * (1.0 - self.options.gap))
+                self.prove(res.bound_s, "lagrangian-link")
+                took = time.perf_counter() - began
+                bound_s += took
+                bound_rate = (link.best - before) / max(took, 1e-6)
+            log.debug("last time, %s turn: search %s s/s, bound %.3g s/s", side, search_rate, bound_rate)
+
+    def late_beam(self, until: float) -> None:
+        """Where the gap is still open on a long trace: one fluid beam much wider than `beam`'s, pruned at the best
+        plan known, its width sized by a probe's time to end by `until` (LATE_BEAM_SAFETY, LATE_BEAM_MIN_WIDTH,
+        LATE_BEAM_MIN_GROWTH). Its plan joins the candidates and seeds a second local search, which the last one
+        races (`_race`): a local search's answer depends on its start, and a wide beam's plan lies in another basin
+        of the same problem (the 200-layer synthetic chain at 20%: 0.0336 s after 9 s from the incumbent, 0.0286 s
+        from a 6,144-label beam's plan). The incumbent's own search goes on beside it, so a beam plan that polishes
+        worse costs time, not the answer."""
+        from memsched.optimizer.dp import beam_search
+
+        if self.proven() or not self.widest_beam:
+            log.info("late beam skipped: %s", "proven" if self.proven() else "no beam round finished")
+            return
+        if self.stalls_decide:
+            # The fluid beams mispriced every plan they found: a wider one ranks plans by the same wrong costs.
+            log.info("late beam skipped: stalls decide the plans (the fluid beams mispriced them)")
+            return
+        if self.dp_seed is not None or (self.dp is not None and self.dp.fluid_optimum):
+            # The exact DP found the fluid optimum: the local search from its plan (`polish`) is what closes the
+            # gap, and needs the time (DenseNet-121 at 75%, 10 s: proven at 9.9 s, not proven with a late beam).
+            log.info("late beam skipped: the exact DP found the fluid optimum")
+            return
+        until = min(until, self.deadline - self.reserve)
+        # Pruned at a better incumbent than `beam`'s, a beam of the same width is several times faster (DenseNet-121
+        # at 50%: 192 labels in 0.36 s); so a probe at `beam`'s widest width times it, and the wide one is sized by
+        # that, its time about linear in the width.
+        probe_width = self.widest_beam
+        began = time.perf_counter()
+        out = beam_search(
+            self.trace,
+            self.budget,
+            until,
+            width=probe_width,
+            threshold=self.best.sim.overhead_s,
+            problem=self.problem(),
+        )
+        probe_s = time.perf_counter() - began
+        # The probe's plan is a candidate but seeds no search: `beam` ran as wide, so its basin is one `beam` found.
+        # As the best plan, though, it is where the last local search starts, so a probe that can only lead to a skip
+        # is still run whole (cut where it could no longer leave room for the late beam, PipeDream ResNet-50 with
+        # every node output saved at 25%, 10 s, ended at 0.065503 s instead of 0.064151 s, twice; 2026-11-30).
+        for sim in out.schedules[:1]:
+            self.add("dp-beam", sim)
+        width = min(
+            shares.LATE_BEAM_MAX_WIDTH,
+            int(probe_width * shares.LATE_BEAM_SAFETY * (until - time.perf_counter()) / probe_s),
+        )
+        if out.timed_out or width < max(shares.LATE_BEAM_MIN_WIDTH, shares.LATE_BEAM_MIN_GROWTH * probe_width):
+            log.info("late beam skipped: %d labels fit its share (probe: %d in %.2f s)", width, probe_width, probe_s)
+            return
+        out = beam_search(
+            self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s, problem=self.problem()
+        )
+        wide = [sim for sim in out.schedules[:1] if fits_host(sim, self.host)]
+        log.info(
+            "late beam %d (probe %d in %.2f s): best %s, %.2f s%s",
+            width,
+            probe_width,
+            probe_s,
+            f"{wide[0].overhead_s:.6g} s" if wide else "none below the incumbent",
+            out.wall_s,
+            " (cut)" if out.timed_out else "",
+        )
+        if wide:
+            self.add("dp-beam", wide[0])
+            self._rival = self._local_search(wide[0].decisions)
+
+    def _race(self, until: float, target: float | None, restart: bool = False) -> None:
+        """The last local search (going on where it stopped) and a rival from another basin: the late beam's plan
+        (`late_beam`), or the incumbent that the exact DP's seed's search passed (`polish`), taking turns of
+        RACE_TURN_S until `until`. The rival leaves the race once it trails the other and has found nothing better
+        in RACE_PATIENCE turns in a row; a search that stops by itself leaves the other the rest."""
+        if self._search is None:
+            self._search = self._local_search(self.best.sim.decisions)
+        main, rival = self._search, self._rival
+        assert rival is not None
+        racers = [main, rival]
+        turn = 0
+        stale = 0  # the rival's turns in a row without a better plan
+        while racers and not self.proven():
+            left = until - time.perf_counter()
+            if left <= 0.05:
+                break
+            search = racers[turn % len(racers)]
+            found = search.found_s
+            res = search.run(min(left, shares.RACE_TURN_S), target)
+            if res.improved:
+                self.add("local-search", res.sim)
+            if search is rival:
+                stale = 0 if search.found_s < found else stale + 1
+            if search.finished or (search is rival and stale >= shares.RACE_PATIENCE and rival.found_s > main.found_s):
+                log.debug(
+                    "race: the %s search leaves at %.6g s", "rival" if search is rival else "main", search.found_s
+                )
+                racers.remove(search)
+            else:
+                turn += 1
+        self._search_at = self._search.best
+        left = until - time.perf_counter()
+        if restart and left > 0.05 and not self.proven():
+            # Both searches stopped by themselves: new ones from the best plan get the rest (`_polish_from`).
+            self._polish_from(self.best.sim, left, target, restart)
+
+    def _polish_from(self, start: SimResult, limit: float, target: float | None, restart: bool = False) -> None:
+        """The local search from `start` for `limit` seconds; a better plan than `start` joins the candidates.
+        Where `start` is where the last local search stands (its result, or its start if it found nothing
+        better), that search goes on where it stopped instead of starting again (LocalSearch)."""
+        end = time.perf_counter() + limit
+        if self._search is None or start is not self._search_at:
+            self._search = self._local_search(start.decisions)
+        fruitless = 0  # restarts in a row that found nothing better
+        while True:
+            best = self.best.sim.overhead_s
+            res = self._search.run(end - time.perf_counter(), target)
+            self._search_at = res.sim if res.improved else start
+            if res.improved:
+                self.add("local-search", res.sim)
+            fruitless = 0 if self.best.sim.overhead_s < best else fruitless + 1
+            # With `restart` (the solve's last time), a search that stopped by itself (its kicks found nothing for
+            # _MAX_STALE_RESTARTS in a row) leaves the time the user gave to an open gap: a new one from the best
+            # plan, with its own seed, kicks elsewhere, until MAX_FRUITLESS_RESTARTS in a row find nothing (a
+            # small trace's searches then stop in milliseconds: its plans are exhausted). Earlier, the phases that
+            # follow get that time.
+            if not restart or not self._search.finished or self.proven() or end - time.perf_counter() <= 0.05:
+                return
+            if fruitless > shares.MAX_FRUITLESS_RESTARTS:
+                return
+            start = self.best.sim
+            self._restarts += 1
+            self._search = self._local_search(start.decisions, seed=self._restarts)
+
+    def _local_search(self, start: list[Decision], seed: int = 0) -> LocalSearch:
+        """A local search from `start`, with this solve's actions and host budget."""
+        return LocalSearch(self.trace, self.budget, start, seed=seed, allowed=self.allowed, host_budget=self.host)
+
+
+def _mispricing(out: DpOutcome) -> float | None:
+    """The simulator's cost of a fluid beam's best plan over the sweep's own (None: no plan, or a free one)."""
+    if out.swept_s is None or not out.schedules or out.swept_s <= 0.0:
+        return None
+    return out.schedules[0].overhead_s / out.swept_s
+
+
+def _mispriced(out: DpOutcome) -> bool:
+    """Whether the simulator prices a fluid beam's best plan at least MISPRICED above the sweep's own cost."""
+    ratio = _mispricing(out)
+    return ratio is not None and ratio > 1.0 + shares.MISPRICED
+
+
+def _beam_round_fits(times: list[float], until: float) -> bool:
+    """Whether a beam's next round (4x the width of the last) may finish by `until`: its time predicted as the
+    last round's times the growth between the last two (at least 1). That growth rises with the width (2.0-3.6x
+    from 384 to 1536 labels on the H100 decoders and a CPU Llama of 48 blocks), so the prediction errs low: it
+    rarely skips a round that would finish, while a cut beam decodes no plan (the fluid beam of 1536 labels on
+    that Llama at 50%: 1.25 s of a 2 s share, for nothing). Fewer than two rounds: it may."""
+    if len(times) < 2:
+        return True
+    growth = max(1.0, times[-1] / max(times[-2], 1e-9))
+    return time.perf_counter() + growth * times[-1] <= until

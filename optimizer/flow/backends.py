@@ -1,0 +1,125 @@
+"""The MILP backends (optimizer/ilp/) as the solve runs them: one entry per solver name."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from memsched.optimizer.decisions import Decision
+from memsched.optimizer.ilp.cbc import grace_s
+from memsched.optimizer.ilp.model import MilpModel, build_model
+from memsched.optimizer.ilp.outcome import Outcome
+from memsched.optimizer.ilp.warm import representable
+from memsched.optimizer.simulate import simulate
+from memsched.options import SolveOptions, SolveResources, SolverName
+from memsched.schema import Trace
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger(__name__)
+
+
+AUTO_BACKEND = SolverName.CBC  # measured fastest on our 2-core machine (bench/results/solver_bench.md)
+
+
+def _best_start(m: MilpModel, starts: list[list[Decision]]) -> list[Decision] | None:
+    """The start that is best *in the model's terms*: each is pulled into the model's windows
+    (warm.representable, which can cost a lot: a done-by clipped to W stages makes the forward wait), and
+    the best of those that still fit the budget, by the simulator, warm-starts the backend."""
+    best: tuple[float, list[Decision]] | None = None
+    for start in starts:
+        rep = representable(m, start)
+        if rep is None:
+            continue
+        sim = simulate(m.trace, rep, m.budget_bytes, with_events=False)
+        if sim.feasible and (best is None or sim.overhead_s < best[0]):
+            best = (sim.overhead_s, rep)
+    return best[1] if best is not None else None
+
+
+def _model_is_exact(m: MilpModel, offload: bool) -> bool:
+    """Whether the MILP's windows cover every schedule of its trace (then its bound is a true bound)."""
+    n = m.trace.n
+    timing_free = m.window >= n - 1 or not m.trace.device.concurrent_copies or not offload
+    return timing_free and m.max_segment >= n
+
+
+def _solve_pulp_backend(name: str) -> Callable[..., Outcome]:
+    def run(m: MilpModel, limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None) -> Outcome:
+        from memsched.optimizer.ilp.pulp_backend import solve_pulp
+
+        return solve_pulp(m, name, limit_s, gap, warm, threads)
+
+    return run
+
+
+def _solve_cpsat(m: MilpModel, limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None) -> Outcome:
+    from memsched.optimizer.ilp.cpsat_backend import solve_cpsat
+
+    return solve_cpsat(m, limit_s, gap, warm, threads)
+
+
+def _export_pulp(m: MilpModel, path: Path) -> None:
+    from memsched.optimizer.ilp.pulp_backend import export_pulp
+
+    export_pulp(m, path)
+
+
+def _export_cpsat(m: MilpModel, path: Path) -> None:
+    from memsched.optimizer.ilp.cpsat_backend import export_cpsat
+
+    export_cpsat(m, path)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A MILP backend: how it solves a built model and how it writes the model out."""
+
+    solve: Callable[[MilpModel, float, float, list[Decision] | None, int | None], Outcome]
+    """(model, time limit s, gap, warm start, threads) -> outcome; imports its library on first use."""
+    export: Callable[[MilpModel, Path], None]
+    """Writes the model for reproduction (LP/MPS, or the CP-SAT proto)."""
+    objective_is_simulated: bool
+    """Whether its objective equals the simulator's overhead to rounding (CP-SAT scales times to integers)."""
+
+
+BACKENDS: dict[SolverName, Backend] = {
+    SolverName.CBC: Backend(_solve_pulp_backend("cbc"), _export_pulp, objective_is_simulated=True),
+    SolverName.HIGHS: Backend(_solve_pulp_backend("highs"), _export_pulp, objective_is_simulated=True),
+    SolverName.CPSAT: Backend(_solve_cpsat, _export_cpsat, objective_is_simulated=False),
+}
+"""Every MILP backend, by the solver name that asks for it."""
+
+
+def run_backend(
+    trace: Trace,
+    budget_bytes: int,
+    options: SolveOptions,
+    backend: SolverName,
+    starts: list[list[Decision]],
+    deadline: float,
+    resources: SolveResources,
+    offload: bool = True,
+) -> tuple[Outcome, bool]:
+    """One MILP run (windows from `options`; `offload=False`: the recompute-only model) that ends by `deadline`
+    (perf_counter), model building included; returns its outcome and whether its model is exact (windows
+    cover everything)."""
+    m = build_model(
+        trace, budget_bytes, options.window, options.max_segment, offload=offload, host_budget=options.host_budget
+    )
+    warm = _best_start(m, starts)
+    time_limit_s = backend_limit(deadline - time.perf_counter())
+    entry = BACKENDS[backend]
+    if resources.export_model is not None:
+        entry.export(m, resources.export_model)
+    return entry.solve(m, time_limit_s, options.gap, warm, resources.threads), _model_is_exact(m, offload)
+
+
+def backend_limit(seconds_left: float) -> float:
+    """The limit to hand a MILP backend so that it, and CBC's kill grace after it, end within what is left."""
+    return max(0.1, min(seconds_left - grace_s(seconds_left), seconds_left / 1.05))

@@ -1,0 +1,547 @@
+"""The solve's phases that prove bounds (BoundPhases): the Lagrangians, the exact DP's fluid sweeps and
+ladders, the FIFO probe and climb, the host budget's prices, and the MILP."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from memsched.errors import SolverError
+from memsched.optimizer.decisions import ALL_ACTIONS
+from memsched.optimizer.flow import backends, shares
+from memsched.optimizer.flow.state import FlowState, LagrangeKind, SweepKey, lagrange_kind, near_exact_ranges
+from memsched.optimizer.host import MAX_PRICES, fits_host, next_price, priced_sweep
+from memsched.optimizer.simulate import simulate
+from memsched.options import SolverName
+from memsched.schema import Action, SolverStatus
+
+if TYPE_CHECKING:
+    from memsched.optimizer.dp import DpOutcome
+
+log = logging.getLogger(__name__)
+
+
+class BoundPhases(FlowState):
+    """The phases that prove bounds: the Lagrangians, the exact and FIFO sweeps, the host budget's prices and
+    the MILP."""
+
+    def lagrange(self, until: float) -> None:
+        """The Lagrangian bounds (optimizer/dp/lagrange.py): on the memory rows where it is strong
+        (LAGRANGE_SHARE), whose prices then also prune the exact DP; on the fluid link windows where copies run
+        beside compute on a trace long enough that the exact sweep may not finish (LINK_MIN_LAYERS)."""
+        from memsched.optimizer.dp.lagrange import LinkLagrangian, lagrange_arrays, lagrangian_bound, raise_future
+
+        kind = lagrange_kind(self.trace, self.allowed)
+        if kind is None:
+            return
+        if kind == LagrangeKind.LINK and self.stalls_decide:  # (stalls_decide holds on <= FIFO_MAX_LAYERS)
+            # The link windows' bound is the LP of the fluid model, looser than the fluid sweep's own optimum,
+            # which the sweep finds fast where stalls decide the plans (ResNet-50 at 1.5-2.6 GiB: 0.5-1.6 s); there
+            # the FIFO climb after it is what proves, and it gets this time.
+            log.info("link windows' Lagrangian skipped: the fluid beam mispriced its plans (stalls decide them)")
+            return
+        if kind == LagrangeKind.LINK and self.dp is not None and self.dp.fluid_optimum:
+            # The DP probe found the fluid optimum, which the LP of the same fluid model cannot pass.
+            log.info("link windows' Lagrangian skipped: the exact DP found the fluid optimum")
+            return
+        strong = kind == LagrangeKind.ROWS
+        until = min(until, self.deadline - self.reserve)
+        if until - time.perf_counter() < shares.LAGRANGE_MIN_S:
+            return
+        obj = self.best.sim.overhead_s
+        p = self.bound_problem(shares.RELAXED_LADDER[-2])
+        arrays = lagrange_arrays(p, self.trace)
+        target = obj * (1.0 - self.options.gap)
+        if strong:
+            # Checkpoint inputs by the first reader's rule alone, the completion tables' own: the path's mix of rules
+            # (lagrange._span_charges) bounds DAGs higher, but its prices prune the exact DP less (keep / recompute:
+            # the 1,000-layer DAG at 20%, 0.938 -> 1.007 s, but DenseNet-121 at 75% proven in 13.7 s, not 6.6 s).
+            res = lagrangian_bound(arrays, obj, until, target_s=target, first_reader_only=True)
+        else:
+            link = LinkLagrangian(arrays, obj)
+            res = link.run(until, target_s=target)
+            if res.stopped_by == "deadline":
+                self._link = link
+        log.info(
+            "lagrangian bound (%s) %.6g s after %d prices, %.2f s (%s)",
+            "memory rows" if strong else "link windows",
+            res.bound_s,
+            res.iterations,
+            res.wall_s,
+            res.stopped_by,
+        )
+        self.prove(res.bound_s, "lagrangian" if strong else "lagrangian-link")
+        if strong and res.bound_s > 0.0 and not self.proven():
+            # The same prices bound every completion of a partial plan: the exact DP prunes with the larger of
+            # this and its own future-cost table (shared by every problem of this solve, so updated in place).
+            raise_future(p, arrays, res.prices)
+        if strong:
+            self._rows_prices = arrays, res.prices
+        if res.stopped_by == "deadline" and not self.proven():
+            self._share_note = f"the Lagrangian bound stopped at its time share after {res.iterations} prices"
+            self.notes.append(self._share_note)
+
+    def lagrange_mixed(self, until: float) -> None:
+        """Where the exact DP left the gap open on a trace whose checkpoint inputs several layers read: the memory
+        rows' Lagrangian again with the path's mix of rules for them (lagrange._span_charges), from the first
+        reader's rule's best prices (`lagrange`). That rule alone leaves such bytes nearly free where a producer's
+        first reader is seldom recomputed (DAGs with skips, DenseNet's blocks); its prices are the ones that prune
+        the DP best, so it runs first and this one, for the bound alone, after the DP (LAGRANGE_MIXED_SHARE)."""
+        from memsched.optimizer.dp.lagrange import lagrangian_bound
+
+        if self._rows_prices is None or self.proven():
+            return
+        arrays, prices = self._rows_prices
+        until = min(until, self.deadline - self.reserve)
+        if not len(arrays.span_at) or until - time.perf_counter() < shares.LAGRANGE_MIN_S:
+            return  # no producer is read by several layers: the rules agree
+        obj = self.best.sim.overhead_s
+        res = lagrangian_bound(arrays, obj, until, target_s=obj * (1.0 - self.options.gap), start=prices)
+        log.info(
+            "lagrangian bound (memory rows, mixed rule) %.6g s after %d prices, %.2f s (%s)",
+            res.bound_s,
+            res.iterations,
+            res.wall_s,
+            res.stopped_by,
+        )
+        self.prove(res.bound_s, "lagrangian")
+
+    def fifo_applies(self) -> bool:
+        """Whether the FIFO sweep runs here: concurrent copies (with serial ones the fluid sweep is exact already)
+        and at most FIFO_MAX_LAYERS layers."""
+        return self.trace.n <= shares.FIFO_MAX_LAYERS and self.trace.device.concurrent_copies
+
+    def _fifo_sweep(self, until: float, incumbent_s: float, gap: float, cells: int, max_labels: int) -> DpOutcome:
+        """One FIFO sweep (dp.fifo_search) pruned at incumbent x (1 - gap), on `cells` byte ranges per relaxed
+        layer: its best plan joins the candidates, its bound is proved."""
+        from memsched.optimizer.dp import fifo_search
+
+        out = fifo_search(
+            self.trace,
+            self.budget,
+            until,
+            incumbent_s,
+            gap,
+            problem=self.bound_problem(cells),
+            max_labels=max_labels,
+        )
+        for sim in out.schedules[:1]:
+            self.add("dp-fifo", sim)
+        self.prove(out.bound_s, "dp-fifo")
+        return out
+
+    def fifo_dp(self, until: float) -> None:
+        """Tier 2: the exact sweep with FIFO copy queues until `until`; a proof where it finishes."""
+        if not self.fifo_applies():
+            return
+        until = min(until, self.deadline - self.reserve)
+        seconds = until - time.perf_counter()
+        if seconds < 0.05:
+            return
+        cap = max(20_000, min(shares.FIFO_MAX_LABELS, int(shares.FIFO_LABELS_PER_S * seconds)))
+        out = self._fifo_sweep(until, self.best.sim.overhead_s, self.options.gap, shares.RELAXED_LADDER[0], cap)
+        self.fifo_timed_out = out.timed_out
+        self.fifo_capped = out.cap_hit
+        if out.schedules or self.proven():
+            self.dp = out
+        self.fifo_note = out.message or None
+        log.info(
+            "fifo sweep: bound %s, peak %d labels, %.2f s (%s)",
+            out.bound_s,
+            out.peak_labels,
+            out.wall_s,
+            out.message or "finished",
+        )
+
+    def prove_start(self, until: float) -> None:
+        """Where the solve starts from an earlier answer (the best candidate then, its bound proved): the exact
+        sweeps up to its threshold, incumbent x (1 - gap), until `until` (PROVE_SHARE). The fluid sweep first
+        (stopped at its pace where it cannot finish): finished, it proves the gap, or finds its optimum, which
+        proves the gap where the simulator prices that plan as the sweep does. Where the simulator prices it
+        dearer (by over MISPRICED: stalls decide) and the FIFO sweep applies, the FIFO sweep at the threshold
+        with up to PROVE_TOP_SHARE of the time: an answer that a whole solve left is near the optimum, and this
+        one sweep proves it or finds the optimum below it. Cut, FIFO sweeps climb from the bound proven so far
+        (`fifo_climb`) with the rest; what they leave open, the rest of the plan takes up as usual."""
+        until = min(until, self.deadline - self.reserve)
+        fluid = self._fluid_sweep(until, shares.RELAXED_LADDER[0], pace=shares.LONG_PACE)
+        # The simulator's cost of the sweep's best plan over its bound (None: cut, or no plan below the threshold).
+        ratio = None
+        if fluid.schedules and fluid.bound_s and not (fluid.timed_out or fluid.cap_hit):
+            ratio = fluid.schedules[0].overhead_s / fluid.bound_s
+        log.info("prove from the start: exact DP, bound %s, %.2f s, its plan x%s", fluid.bound_s, fluid.wall_s, ratio)
+        fifo = self.fifo_applies() and self.allowed == ALL_ACTIONS and not self.host_binds
+        if self.proven() or not fifo or ratio is None or ratio <= 1.0 + shares.MISPRICED:
+            return
+        now = time.perf_counter()
+        top_until = now + shares.PROVE_TOP_SHARE * (until - now)
+        out = self._fifo_sweep(
+            top_until, self.best.sim.overhead_s, self.options.gap, shares.RELAXED_LADDER[0], shares.FIFO_MAX_LABELS
+        )
+        log.info("prove from the start: FIFO sweep at the threshold, bound %s, %.2f s", out.bound_s, out.wall_s)
+        if not self.proven() and not out.schedules:
+            self.fifo_climb(until, shares.RELAXED_LADDER[0])
+
+    def dp_probe(self, until: float) -> None:
+        """The exact DP before the bounds and the local search, where the fluid beams priced their plans exactly
+        (`priced_exactly`), every layer's offload subsets are enumerated and no host budget binds: its optimum is
+        then what the simulator says, so a finished sweep ends the solve (DP_PROBE_SHARE). Cut by its share, it has
+        proved what it can; the exact DP phase runs again later, pruned by a better incumbent."""
+        if not self.priced_exactly or self.host_binds or not self.problem().offload_complete:
+            return
+        out = self._fluid_sweep(until, shares.RELAXED_LADDER[0], climb=True, pace=shares.PROBE_PACE)
+        log.info("exact DP probe: bound %s, %.2f s%s", out.bound_s, out.wall_s, " (cut)" * out.timed_out)
+
+    def dp_first(self, until: float, last_until: float | None = None) -> None:
+        """The exact DP before the local search (DP_FIRST_SHARE), where the fluid sweeps finish fast and prove: on
+        the memory rows (no copies beside compute: the fluid model is exact, and the Lagrangian's prices prune it),
+        and where some layer has too many saved tensors to try every offload subset (its relaxed sweeps, coarse
+        first, are what proves there; the FIFO probe runs on their coarsest ranges). Not on the other traces with
+        copies beside compute: where stalls decide, the FIFO probe and climb prove, and need the time.
+        `last_until`: the exact DP phase's own end, to which the finest relaxed step may run (DP_FIRST_SHARE)."""
+        rows = lagrange_kind(self.trace, self.allowed) == LagrangeKind.ROWS
+        if rows or not self.problem().offload_complete:
+            self.exact_dp(until, last_until)
+
+    def _fluid_sweep(
+        self, until: float, cells: int, climb: bool = False, pace: float | None = None, from_proven: bool = False
+    ) -> DpOutcome:
+        """The exact DP's sweeps (exact_search) on `cells` byte ranges per relaxed layer, pruned at the best
+        candidate; its plan joins the candidates (and seeds the next local search where it simulates dearer than
+        the best), its bound is proved. `from_proven`: a climb starts just above the bound proven so far
+        (exact_search's climb_from_proven)."""
+        from memsched.optimizer.dp import exact_search
+
+        out = exact_search(
+            self.trace,
+            self.budget,
+            until,
+            self.best.sim.overhead_s,
+            self.options.gap,
+            problem=self.bound_problem(cells),
+            climb=climb,
+            proven_s=self.bound,
+            pace=pace,
+            climb_from_proven=from_proven,
+        )
+        self.dp = out
+        if not out.timed_out and not out.cap_hit:
+            self.fluid_cells = cells
+            self._finished((cells, None, None), out)
+        if out.schedules:
+            self.add("dp", out.schedules[0])
+            if self.best.sim is not out.schedules[0] and fits_host(out.schedules[0], self.host):
+                self.dp_seed = out.schedules[0]
+        self.prove(out.bound_s, "dp")
+        return out
+
+    def fifo_probe(self) -> None:
+        """The FIFO sweep first, for a share of the limit (see FIFO_SHARE), unless the fluid beams priced their
+        plans exactly (`priced_exactly`): the FIFO sweep stops at its label cap far below the fluid bound there,
+        and the climb it would start finds nothing (ResNet-50 at 6.7 GiB: 3 s)."""
+        if self.priced_exactly:
+            log.info("fifo probe skipped: every fluid beam's plan cost what the fluid sweep said")
+            return
+        share = max(shares.FIFO_SHARE * self.options.time_limit_s, shares.FIFO_MIN_S)
+        self.fifo_dp(time.perf_counter() + share)
+
+    def fifo_again(self, until: float) -> None:
+        """Where the FIFO probe stopped (its time share or its label cap) and the fluid sweep then finished with
+        the gap open, FIFO sweeps climb from the proven bound (`fifo_climb`): a loose fluid bound is what the FIFO
+        sweep exists to replace, and each finished step proves its threshold, where one sweep at the incumbent
+        proves nothing until it ends (PipeDream ResNet-50 at 2.25 GiB: 22 s at the incumbent on one core, 0.6 s
+        at 0.169 s, 1.15 s at 0.174 s). Where layers offload relaxed byte ranges, the probe ran on the coarsest
+        (RELAXED_LADDER[0]), whose FIFO optimum can lie below the fluid bound of finer ranges; the climb then runs
+        on the finest ranges the fluid ladder finished, up to FIFO_RELAXED_CELLS, whether the probe stopped or not."""
+        if not self.fifo_applies() or self.fluid_cells is None or self.proven() or self.left() <= 1.0:
+            return
+        cells = min(self.fluid_cells, shares.FIFO_RELAXED_CELLS)
+        if self.fifo_capped or self.fifo_timed_out or cells > shares.RELAXED_LADDER[0]:
+            self.fifo_climb(min(until, time.perf_counter() + shares.FIFO_CLIMB_SHARE * self.left()), cells)
+
+    def fifo_climb(self, until: float, cells: int = shares.RELAXED_LADDER[0]) -> None:
+        """FIFO sweeps at thresholds climbing from the proven bound towards incumbent x (1 - gap), each step sized
+        by its predicted time (dp.next_threshold). Each one that finishes proves its threshold, or finds the
+        exact optimum below it. A step the clock or the label cap stops proves nothing new; the climb then falls
+        back to a third of the way from the last proven threshold to the one that failed (FIFO_CLIMB_RETRIES
+        times), so a prediction that was too bold costs one step's share, not the rest of the climb. The top step,
+        which alone proves the gap, comes as soon as it is predicted to fit (FIFO_CLIMB_TOP_SHARE) and may run
+        to twice its prediction (FIFO_CLIMB_TOP_MARGIN)."""
+        from memsched.optimizer.dp import next_threshold, predicted_s
+
+        start = self.bound
+        top = self.best.sim.overhead_s * (1.0 - self.options.gap)
+        if top <= start:
+            return
+        span = top - start
+        threshold: float | None = start + shares.FIFO_CLIMB_FIRST * span
+        timed: list[tuple[float, float]] = []
+        ceiling = float("inf")  # the lowest threshold whose sweep did not finish
+        retries = 0
+        while threshold is not None and not self.proven():
+            seconds = until - time.perf_counter()
+            if seconds < 0.05:
+                break
+            began = time.perf_counter()
+            # No step below the top takes all the time left: the first has no timing to be sized by, and a later
+            # one's prediction may be off; what a cut step leaves goes to the fallback or the phases after the climb.
+            share = shares.FIFO_CLIMB_STEP_SHARE if timed else shares.FIFO_CLIMB_FIRST_SHARE
+            step_s = share * seconds
+            if timed and threshold >= top:  # the top alone ends the search: a margin over its prediction
+                step_s = max(step_s, min(seconds, shares.FIFO_CLIMB_TOP_MARGIN * predicted_s(timed, top, span)))
+            # Labels are bounded by memory only: the sweep's clock keeps it within its share, and a step that
+            # would pass the cap is one that failed.
+            out = self._fifo_sweep(began + step_s, threshold, 0.0, cells, shares.FIFO_MAX_LABELS)
+            log.info("fifo climb: threshold %.6g s, bound %s, %.2f s", threshold, out.bound_s, out.wall_s)
+            if out.schedules:
+                break  # the exact optimum lies below this threshold: found
+            if out.timed_out or out.cap_hit:
+                proven = timed[-1][0] if timed else start
+                ceiling = threshold
+                retries += 1
+                fallback = proven + (threshold - proven) / 3.0
+                threshold = fallback if retries <= shares.FIFO_CLIMB_RETRIES and fallback > self.bound else None
+                continue
+            if threshold >= top:
+                break
+            timed.append((threshold, time.perf_counter() - began))
+            threshold = next_threshold(timed, top, until - time.perf_counter(), span, shares.FIFO_CLIMB_TOP_SHARE)
+            if threshold is not None and threshold >= ceiling:
+                threshold = (timed[-1][0] + ceiling) / 2.0  # below the step that failed
+        if timed:
+            self.fifo_note = (
+                f"the FIFO sweep proved {self.bound:.6g} s, climbing from the fluid bound {start:.6g} s; its next "
+                "step would pass its label cap or its time"
+            )
+
+    def exact_dp(self, until: float, last_until: float | None = None) -> None:
+        """The exact DP's sweeps. Where layers have too many saved tensors to enumerate, they run on relaxed byte
+        ranges, coarse first (they finish fast and prove a bound), then finer while the gap is open and time
+        remains; `last_until`: there the finest step may run to this time instead of `until` (`dp_first`)."""
+        if self.dp is not None and self.dp.fluid_optimum:
+            return  # an earlier run found the fluid optimum: another would prove no more
+        relaxed = not self.problem().offload_complete
+        # Where the memory rows' prices do not prune the DP: from PACED_MIN_LAYERS its sweeps stop at their pace.
+        rows = lagrange_kind(self.trace, self.allowed) == LagrangeKind.ROWS
+        long_trace = self.trace.n > shares.LONG_TRACE and not rows
+        # Over LONG_TRACE layers on the memory rows too: there the prices let most sweeps finish, and a pace that
+        # says one cannot gives its time to the mixed rule's bound and the local search (the 1,000-layer DAG at
+        # 20%, keep / recompute, 10 s: the sweep spent 4.8 s to reach layer 17 of 1,000).
+        paced = self.trace.n >= shares.PACED_MIN_LAYERS and (not rows or self.trace.n > shares.LONG_TRACE)
+        # From PACED_MIN_LAYERS with copies beside compute they climb from the bound held (MID_CLIMB_PACE).
+        climbs = long_trace or (paced and not rows)
+        if relaxed:
+            self._coarse_dp(until)
+        ladder = self.relaxed_ladder() if relaxed else shares.RELAXED_LADDER[:1]
+        for i, cells in enumerate(ladder):
+            last = i == len(ladder) - 1
+            end = max(until, last_until) if relaxed and last and last_until is not None else until
+            if self.proven() or (i > 0 and end - time.perf_counter() < 0.05):
+                break
+            if (cells, None, None) in self.finished_sweeps:
+                continue  # an earlier run finished it (finished_sweeps)
+            # A relaxed step's cost does not grow with its ranges (fewer ranges free more bytes per copy, so
+            # fewer labels are pruned): each but the last gets at most LADDER_STEP_SHARE of the time left, and
+            # one cut by that share makes way for the next.
+            capped = relaxed and not last
+            now = time.perf_counter()
+            step_until = now + shares.LADDER_STEP_SHARE * (until - now) if capped else end
+            out = self._fluid_sweep(
+                step_until,
+                cells,
+                climb=self.host_binds or climbs,
+                pace=None if not paced else shares.MID_CLIMB_PACE if climbs and not long_trace else shares.LONG_PACE,
+                from_proven=climbs,
+            )
+            log.info(
+                "exact DP: %d ranges: bound %s, %.2f s%s", cells, out.bound_s, out.wall_s, " (cut)" * out.timed_out
+            )
+            if not self.bound_problem(cells).relaxed or out.cap_hit or (out.timed_out and not capped):
+                break
+        if self.dp is not None and self.dp.message and self.dp.message not in self.notes:
+            self.notes.append(self.dp.message)
+        if self.host_binds and not self.proven() and self.dp is not None and not self.dp.timed_out:
+            self.lagrangian(until, cells)
+
+    def _finished(self, key: SweepKey, out: DpOutcome) -> None:
+        """Record a finished sweep (finished_sweeps)."""
+        if not self.host_binds:
+            self.finished_sweeps[key] = out.bound_s or 0.0
+
+    def relaxed_ladder(self) -> tuple[int, ...]:
+        """The byte ranges of the exact DP's successive relaxed sweeps: the coarsest, then the fewest ranges at
+        which the relaxation is near exact (near_exact_ranges) as the last step; RELAXED_LADDER where no
+        number of ranges up to NEAR_EXACT_CELLS' largest is."""
+        near = self.near_exact_cells
+        return shares.RELAXED_LADDER if near is None else (shares.RELAXED_LADDER[0], near)
+
+    @functools.cached_property
+    def near_exact_cells(self) -> int | None:
+        """near_exact_ranges of this trace (computed once)."""
+        return near_exact_ranges(self.trace)
+
+    def lagrangian(self, until: float, cells: int) -> None:
+        """The host budget priced into the exact DP (optimizer/host.py): each price lambda gives the bound
+        DP(lambda) - lambda x H on every plan within the host budget, and its minimiser, a candidate where it fits.
+        The price is bisected on the sign of (minimiser's host bytes - H), the subgradient of that concave bound."""
+        assert self.host is not None
+        lo, hi = 0.0, None
+        over: tuple[float, int] | None = None  # (overhead, host bytes) of the last minimiser over H, and within
+        within: tuple[float, int] | None = None
+        tried: set[float] = set()
+        for _ in range(MAX_PRICES):
+            if self.proven() or until - time.perf_counter() < 0.05:
+                return
+            price = next_price(lo, hi, self.price_scale, over, within)
+            if price in tried:
+                return  # the cutting plane repeats itself: this bound is the best these plans give
+            tried.add(price)
+            res = priced_sweep(
+                self.trace,
+                self.budget,
+                self.bound_problem(cells),
+                self.host,
+                price,
+                self.best.sim.overhead_s,
+                self.options.gap,
+                until,
+            )
+            self.prove(res.bound_s, "dp-lagrangian")
+            for sim in res.dp.schedules:
+                self.add("dp-lagrangian", sim)
+            if res.dp.timed_out or res.dp.cap_hit or not res.dp.schedules:
+                return  # the clock, or nothing left below the threshold: its bound closes the gap then
+            chosen = min(res.dp.schedules, key=lambda sim: sim.overhead_s + price * sim.host_peak_bytes)
+            if chosen.host_peak_bytes > self.host:
+                lo, over = price, (chosen.overhead_s, chosen.host_peak_bytes)
+            else:
+                hi, within = price, (chosen.overhead_s, chosen.host_peak_bytes)
+
+    def _coarse_dp(self, until: float) -> None:
+        """Coarse relaxed sweeps first (COARSE_LADDER), coarsest first, each with the time left: each finished
+        one proves a bound (the best is kept: every step is a relaxation of the real problem), and the first that
+        the clock stops ends the ladder, as a finer one would not finish either; so does, where the ranges are
+        near exact, a finished step that proves no more than the one before. A step whose first threshold lies at
+        or below the bound proven so far starts at the top threshold (exact_search's proven_s)."""
+        from memsched.optimizer.dp import exact_search
+
+        previous: float | None = None  # the last finished step's bound
+        near_exact = self.near_exact_cells is not None
+        steps: tuple[tuple[int, int, int], ...] = shares.COARSE_LADDER
+        if self.problem().serial:
+            # Copies on the compute thread leave no backlogs, so a step that only refines their quantum is the step
+            # before it again (a CPU Llama of 48 blocks at 50%: 0.4-0.7 s for the same bound).
+            steps = tuple(dict.fromkeys((cells, shift, shift) for cells, shift, _ in shares.COARSE_LADDER))
+        for cells, shift, backlog_shift in steps:
+            if until - time.perf_counter() < 0.05 or self.proven():
+                return
+            done = self.finished_sweeps.get((cells, shift, backlog_shift))
+            if done is not None:  # an earlier run finished it (finished_sweeps): where its ladder went on, go on
+                if near_exact and previous is not None and done <= previous:
+                    return
+                previous = done
+                continue
+            p = self.bound_problem(cells)
+            out = exact_search(
+                self.trace,
+                self.budget,
+                until,
+                self.best.sim.overhead_s,
+                self.options.gap,
+                problem=p,
+                quantum_bytes=max(1, p.limit >> shift),
+                climb=self.host_binds,
+                proven_s=self.bound,
+                backlog_quantum_bytes=max(1, p.limit >> backlog_shift),
+            )
+            if out.schedules:
+                self.add("dp", out.schedules[0])
+            self.prove(out.bound_s, "dp")
+            log.info(
+                "coarse DP: %d ranges at limit / 2^%d (backlogs 2^%d): bound %s, %.2f s",
+                cells,
+                shift,
+                backlog_shift,
+                out.bound_s,
+                out.wall_s,
+            )
+            if out.timed_out or out.cap_hit:
+                return
+            self._finished((cells, shift, backlog_shift), out)
+            bound = out.bound_s or 0.0
+            if near_exact and previous is not None and bound <= previous:
+                # A finer step that proves no more than the one before, where the exact sweeps after the ladder
+                # run on near-exact ranges: they prove more than the rounding lets any coarse step prove, and get
+                # the time (gpt2-medium on an H100 at 75%: 0.0138 s at 32 and at 64 ranges, then 0.0143 s at
+                # limit / 2^12 in 1.7 s, where the near-exact sweep proves 0.0160 s in 2-2.5 s). Elsewhere the
+                # finer quanta still pay (a CPU Llama of 48 blocks at 50%: 0.0303 s twice, then 0.0308 s).
+                return
+            previous = bound
+
+    def milp(self, backend: SolverName, exact_windows: bool = False) -> None:
+        """A MILP backend with what is left; `exact_windows`: W = L = n, so the model covers every schedule."""
+        if self.left() < shares.MILP_MIN_LEFT_S:
+            self.notes.append(f"no time left for {backend}")
+            return
+        options = self.options
+        if exact_windows:
+            options = options.model_copy(update={"window": self.trace.n, "max_segment": self.trace.n})
+        starts = [c.sim.decisions for c in self.cands]
+        outcome, exact = backends.run_backend(
+            self.trace,
+            self.budget,
+            options,
+            backend,
+            starts,
+            self.deadline - self.reserve,
+            self.resources,
+            offload=Action.OFFLOAD in self.allowed,
+        )
+        self.outcome = outcome
+        if outcome.status == SolverStatus.INFEASIBLE:
+            raise SolverError(
+                f"{backend} reported the model infeasible although the budget is feasible "
+                f"({outcome.message}); this is a bug: please report it with --export-model output"
+            )
+        if outcome.decisions is None:
+            self.notes.append(f"{backend} found no schedule ({outcome.message})")
+        else:
+            sim = simulate(self.trace, outcome.decisions, self.budget, with_events=False)
+            if sim.feasible and not fits_host(sim, self.host):
+                # The MILP's host row holds its solution within the budget up to the solver's tolerance.
+                self.notes.append(f"{backend} returned a schedule over the host budget (discarded)")
+            elif not sim.feasible:
+                # The MILP's memory leaves out the last layer's saved-twice hold at the loss point
+                # (docs/formulation.md, 'Saved twice') and relaxes a few holds (DpProblem.output_relaxed's);
+                # else the solver's tolerance.
+                log.info(
+                    "%s incumbent simulates over budget (%d > %d bytes): a hold the MILP's memory leaves out, or "
+                    "its tolerance; discarded",
+                    backend,
+                    sim.peak_bytes,
+                    self.budget,
+                )
+                self.notes.append(f"{backend} returned a schedule over budget (discarded)")
+            else:
+                self.ilp_sim = sim
+                if outcome.objective_s is not None and backends.BACKENDS[backend].objective_is_simulated:
+                    diff = abs(outcome.objective_s - sim.overhead_s)
+                    if diff > 1e-6 * max(sim.overhead_s, 1e-6):
+                        log.warning(
+                            "%s objective %.9g s differs from the simulated %.9g s",
+                            backend,
+                            outcome.objective_s,
+                            sim.overhead_s,
+                        )
+                self.add("ilp", sim)
+                self.notes.append(f"{backend}: {outcome.message}")
+        if outcome.bound_s is not None:
+            if exact:
+                self.prove(outcome.bound_s, backend)
+            else:
+                self.notes.append(
+                    f"{backend}'s bound within its windows (W={self.options.window or 'default'}, "
+                    f"L={self.options.max_segment or 'default'}) is {outcome.bound_s:.6g} s; it does not bound "
+                    "schedules outside them, so it is not reported as a bound"
+                )
