@@ -182,10 +182,11 @@ class AnswerPhases(FlowState):
         """The solve's last time where the link windows' Lagrangian stopped at its share (`lagrange`): it shares
         that time with the local search in turns of SHARE_TURN_S, the answer first. A turn goes to the Lagrangian
         (resumed where it stopped) where it raised the bound faster in its last turn than the search lowered the
-        answer in its own, but while the search keeps finding better plans the Lagrangian has at most as much of
-        the time as the search; once the search has found nothing for SHARE_STALE_S of its turns (or of the time
-        since the best plan last improved), the Lagrangian may take up to SHARE_MAX_TURNS turns in a row, and the
-        search then gets one to measure it again. On the 1,000-layer chain at 20%, 10 s, the search from the ratio
+        answer in its own, or where it has run less than a turn in all (its rate is not measured yet), but while
+        the search keeps finding better plans the Lagrangian has at most as much of the time as the search; once
+        the search has found nothing for SHARE_STALE_S of its turns (or of the time since the best plan last
+        improved), the Lagrangian may take up to SHARE_MAX_TURNS turns in a row, and the search then gets one to
+        measure it again. On the 1,000-layer chain at 20%, 10 s, the search from the ratio
         plan stops gaining at about 5 s, and the bound, cut at 10%, had 0.0884 s of the 0.097 s it reaches."""
         link = self._link
         assert link is not None
@@ -215,10 +216,14 @@ class AnswerPhases(FlowState):
                 self._polish_from(self.best.sim, left, target, restart=True)
                 return
             stuck = stale >= shares.SHARE_STALE_S
+            # A Lagrangian that has run less than a turn in all has no rate to compare yet: its first prices leave
+            # its value at 0 until they bite (a 400-layer chain at 20%: 0 s after 17 prices, 0.043 s after 50), so
+            # it gets the turn after the search's first, to be measured.
+            unmeasured = link.wall_s < shares.SHARE_TURN_S
+            ahead = bound_rate > search_rate if search_rate is not None else False
             bound_turn = (
                 search_rate is not None
-                and bound_rate > search_rate
-                and (stuck or bound_s < search_s)
+                and (unmeasured or (ahead and (stuck or bound_s < search_s)))
                 and not (last_side == "bound" and in_a_row >= shares.SHARE_MAX_TURNS)
             )
             side = "bound" if bound_turn else "search"
