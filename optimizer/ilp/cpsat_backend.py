@@ -3,8 +3,8 @@
 Scaling: CP-SAT needs integer coefficients. Bytes are exact: every byte quantity is divided by their
 greatest common divisor (the budget side of a memory row is rounded down, which is exact because the
 left side is a multiple of that unit). Times are rounded to 1 ns ( or coarser for very long
-steps so the horizon stays below 2^40 units), so CP-SAT's objective is approximate: solve.py re-evaluates
-its schedule with the simulator and reports the simulator's value.
+steps so the horizon stays below 2^40 units), so CP-SAT's objective is approximate: the solve
+(optimizer/flow/bounds.py) re-evaluates its schedule with the simulator and reports the simulator's value.
 """
 
 from __future__ import annotations
