@@ -251,6 +251,7 @@ def exact_search(
     backlog_quantum_bytes: int | None = None,
     pace: float | None = None,
     climb_from_proven: bool = False,
+    finish_by: float | None = None,
 ) -> DpOutcome:
     """Exact sweeps under rising thresholds up to incumbent x (1 - gap): _FIRST_THRESHOLD of it, then all of it,
     or with `climb` (where the incumbent is expected to lie well above the sweep's optimum: a host budget the
@@ -265,7 +266,9 @@ def exact_search(
     finish by the deadline (SweepConfig.pace; projected on the shape of the last finished sweep's time where one
     took long enough to have a shape). `climb_from_proven`: a climb whose first step would lie at or below
     `proven_s` starts just above it (_CLIMB_FROM_PROVEN), not at the top, and climbs in smaller steps
-    (_CLIMB_FROM_PROVEN_GROWTH)."""
+    (_CLIMB_FROM_PROVEN_GROWTH). `finish_by` (later than `deadline`): no sweep starts after `deadline` and the
+    climb's steps are sized to it, but one that started may run on to this time where its projection says it ends
+    by then (SweepConfig.finish_by): a sweep cut by the clock proves no more than the bound held."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     out = DpOutcome(notes=_approximation_notes(p))
@@ -292,7 +295,7 @@ def exact_search(
     while threshold is not None:
         started = time.perf_counter()
         res = _sweep_with_cap(
-            p, out, deadline, threshold, max_labels, quantum_bytes, backlog_quantum_bytes, pace, profile
+            p, out, deadline, threshold, max_labels, quantum_bytes, backlog_quantum_bytes, pace, profile, finish_by
         )
         log.debug(
             "exact DP: threshold %.6g s, %s in %.2f s",
@@ -326,6 +329,11 @@ def exact_search(
         if timed[-1][1] >= _CLIMB_MIN_TIMED_S:  # shorter ones are fixed costs, not a shape
             profile = res.profile
         if not climb:
+            if finish_by is not None and time.perf_counter() >= deadline:
+                # Past the deadline only a sweep already running may run on (finish_by), not a new one.
+                out.timed_out = True
+                out.notes.append(f"the exact DP proved {best_bound:.6g} s and stopped at its deadline")
+                break
             threshold = top
             continue
         threshold = next_threshold(
@@ -407,10 +415,11 @@ def _sweep_with_cap(
     backlog_quantum: int | None = None,
     pace: float | None = None,
     pace_profile: np.ndarray | None = None,
+    finish_by: float | None = None,
 ) -> SweepResult:
     """One exact sweep; where the label cap stops it, again at coarser byte quanta (each still a relaxation).
     `backlog_quantum`: the backlogs' own quantum, never coarser than `quantum` (None: `quantum`); `pace`:
-    SweepConfig.pace and its pace_profile."""
+    SweepConfig.pace and its pace_profile; `finish_by`: SweepConfig.finish_by."""
     while True:
         cfg = SweepConfig(
             deadline=deadline,
@@ -420,6 +429,7 @@ def _sweep_with_cap(
             max_labels=max_labels,
             pace=pace,
             pace_profile=pace_profile,
+            finish_by=finish_by,
         )
         res = run_sweep(p, cfg)
         out.peak_labels, out.quantum_bytes = max(out.peak_labels, res.peak_labels), quantum
@@ -428,7 +438,7 @@ def _sweep_with_cap(
             return res
         out.cap_hit = True
         coarser = max(quantum * 16, 1, p.limit >> 14)
-        if coarser > max(1, p.limit) or time.perf_counter() > deadline:
+        if coarser > max(1, p.limit) or time.perf_counter() > cfg.stop_at:
             out.notes.append(f"label cap hit even at {quantum}-byte resolution: the bound is the partial sweep's")
             return res
         log.info("dp: %d labels at quantum %d bytes hit the cap; retrying at %d", res.total_labels, quantum, coarser)

@@ -51,11 +51,21 @@ class SweepConfig:
     """Stop early (`paced`) where the time the sweep is projected to need to its last boundary exceeds this many
     times the time left to the deadline: a sweep that cannot finish then gives its time to the phases after it
     (on long traces, the local search) at once instead of at its deadline. None: only the deadline stops it."""
+    finish_by: float | None = None
+    """Later than `deadline`: the sweep may run on to this time where its projection (as `pace`'s, with no margin)
+    says it reaches its last boundary by then, and is stopped as soon as it says not (`_behind`); None: the
+    deadline stops it. A sweep cut by the clock proves no more than its frontier, so the last one a climb started
+    is worth a short overrun (solve's DP_GRACE_LONG)."""
     pace_profile: np.ndarray | None = None
     """The projection's shape: the share of a finished sweep's time (an earlier one of the same problem at a
     lower threshold) spent before each boundary, n + 1 values from 0 to 1 (SweepResult.profile). None: linear in
     the boundaries. Labels pile up where many tensors are live, at the same boundaries from one threshold to the
     next (DenseNet-121: its first dense blocks), which a linear projection overrates."""
+
+    @property
+    def stop_at(self) -> float:
+        """When the clock stops the sweep: `finish_by` where it is later than `deadline`."""
+        return self.deadline if self.finish_by is None else max(self.deadline, self.finish_by)
 
 
 @dataclass
@@ -101,7 +111,7 @@ class _Sweep:
     def __init__(self, p: DpProblem, cfg: SweepConfig) -> None:
         self.p = p
         self.cfg = cfg
-        self.clock = SweepClock(cfg.deadline, _FILTER_S_PER_LABEL)
+        self.clock = SweepClock(cfg.stop_at, _FILTER_S_PER_LABEL)
         self.pending: list[list[Labels]] = [[] for _ in range(p.n + 1)]
         self.pending_count = 0
         self.pending_sizes = [0] * (p.n + 1)
@@ -313,7 +323,7 @@ class _Sweep:
         capacity = max(4 * (p.n - k), 1 << 20)
         pos = 0
         while pos < len(idx):
-            if time.perf_counter() > cfg.deadline:
+            if time.perf_counter() > cfg.stop_at:
                 raise _Stop("deadline")
             sl = slice(pos, pos + max(1, min(len(idx) - pos, 1 << 14)))
             done, w, dst, parent, ret, hd, cost_o, d2h_o, h2d_o = segment_children(
@@ -404,12 +414,15 @@ class _Stop(Exception):
 
 def _behind(cfg: SweepConfig, started: float, now: float, k: int, n: int) -> bool:
     """Whether a sweep at boundary k of n, at its pace so far, would take more than cfg.pace x its time left to
-    reach boundary n: linear in the boundaries, or shaped as an earlier sweep's time was (cfg.pace_profile). Either
-    projection is rough (the labels' growth with the threshold is not even over the boundaries): the margin
-    `pace` allows for it."""
-    assert cfg.pace is not None and k > 0
+    reach boundary n, and (with cfg.finish_by) more than the time left to finish_by: linear in the boundaries, or
+    shaped as an earlier sweep's time was (cfg.pace_profile). Either projection is rough (the labels' growth with
+    the threshold is not even over the boundaries): the margin `pace` allows for it."""
+    assert (cfg.pace is not None or cfg.finish_by is not None) and k > 0
     done = k / n if cfg.pace_profile is None else max(float(cfg.pace_profile[k]), _PACE_MIN_SHARE)
-    return (now - started) * (1.0 - done) / done > cfg.pace * (cfg.deadline - now)
+    allowed = (cfg.pace or 0.0) * (cfg.deadline - now)
+    if cfg.finish_by is not None:
+        allowed = max(allowed, cfg.finish_by - now)
+    return (now - started) * (1.0 - done) / done > allowed
 
 
 def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
@@ -437,9 +450,10 @@ def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
             current_min = np.inf
             now = time.perf_counter()
             reached[k] = now - started if k else 0.0
-            if now > cfg.deadline:
+            if now > cfg.stop_at:
                 raise _Stop("deadline")
-            if cfg.pace is not None and k > 0 and now - started > _PACE_MIN_S and _behind(cfg, started, now, k, p.n):
+            paced = cfg.pace is not None or cfg.finish_by is not None
+            if paced and k > 0 and now - started > _PACE_MIN_S and _behind(cfg, started, now, k, p.n):
                 raise _Stop("pace")
             lab = sw.collect(k)
             res.stored.append((lab.parent, lab.parent_boundary, lab.action))

@@ -205,12 +205,18 @@ class BoundPhases(FlowState):
             self.exact_dp(until, last_until)
 
     def _fluid_sweep(
-        self, until: float, cells: int, climb: bool = False, pace: float | None = None, from_proven: bool = False
+        self,
+        until: float,
+        cells: int,
+        climb: bool = False,
+        pace: float | None = None,
+        from_proven: bool = False,
+        finish_by: float | None = None,
     ) -> DpOutcome:
         """The exact DP's sweeps (exact_search) on `cells` byte ranges per relaxed layer, pruned at the best
         candidate; its plan joins the candidates (and seeds the next local search where it simulates dearer than
         the best), its bound is proved. `from_proven`: a climb starts just above the bound proven so far
-        (exact_search's climb_from_proven)."""
+        (exact_search's climb_from_proven); `finish_by`: its last step may run on to this time (exact_search)."""
         from memsched.optimizer.dp import exact_search
 
         out = exact_search(
@@ -224,6 +230,7 @@ class BoundPhases(FlowState):
             proven_s=self.bound,
             pace=pace,
             climb_from_proven=from_proven,
+            finish_by=finish_by,
         )
         self.dp = out
         if not out.timed_out and not out.cap_hit:
@@ -347,12 +354,17 @@ class BoundPhases(FlowState):
             capped = relaxed and not last
             now = time.perf_counter()
             step_until = now + shares.LADDER_STEP_SHARE * (until - now) if capped else end
+            # On long traces the climb's last step may run past the phase's end (DP_GRACE_LONG).
+            grace = long_trace and not capped
             out = self._fluid_sweep(
                 step_until,
                 cells,
                 climb=self.host_binds or climbs,
                 pace=None if not paced else shares.MID_CLIMB_PACE if climbs and not long_trace else shares.LONG_PACE,
                 from_proven=climbs,
+                finish_by=self.until_at(step_until + shares.DP_GRACE_LONG * self.options.time_limit_s)
+                if grace
+                else None,
             )
             log.info(
                 "exact DP: %d ranges: bound %s, %.2f s%s", cells, out.bound_s, out.wall_s, " (cut)" * out.timed_out

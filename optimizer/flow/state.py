@@ -188,6 +188,10 @@ class FlowState:
         """A phase deadline: `share` of the limit from now, never past the overall deadline."""
         return min(time.perf_counter() + share * self.options.time_limit_s, self.deadline - self.reserve)
 
+    def until_at(self, when: float) -> float:
+        """A phase deadline at `when` (perf_counter), never past the overall deadline."""
+        return min(when, self.deadline - self.reserve)
+
     def until_from_start(self, share: float) -> float:
         """A phase deadline: `share` of the limit from the solve's start, never past the overall deadline."""
         return min(self.t0 + share * self.options.time_limit_s, self.deadline - self.reserve)

@@ -99,6 +99,58 @@ def test_a_climb_cut_by_the_clock_keeps_a_true_bound_and_says_why() -> None:
             assert out.timed_out and out.notes, out.notes
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("poor", [1.2, 3.0])  # the first step's threshold below the optimum, and above it
+def test_a_climbing_step_started_by_the_deadline_runs_on_to_finish_by_and_no_step_starts_after(
+    seed: int, poor: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long trace's exact DP phase (solve's DP_GRACE_LONG): a step the climb started before the phase's end may
+    # run past it, to `finish_by`, since a cut step proves nothing; the climb starts no step after the end. Here
+    # the end has passed when the first step starts: with `finish_by` that step finishes (it proves its threshold
+    # or finds the fluid optimum) and is the only one; without it, the clock cuts it.
+    import memsched.optimizer.dp as dp_module
+
+    trace = make_trace(24 + seed, seed, dag=seed % 2 == 1, copy_latency_s=10e-6)
+    budget = budget_between(trace, 0.1 + 0.03 * seed)
+    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    assert free.bound_s is not None and free.fluid_optimum and free.bound_s > 0.0
+    optimum, incumbent = free.bound_s, poor * free.bound_s
+    thresholds: list[float] = []
+    real = dp_module._sweep_with_cap
+
+    def spy(p, out, deadline, threshold, *args, **kwargs):  # type: ignore[no-untyped-def]
+        thresholds.append(threshold)
+        return real(p, out, deadline, threshold, *args, **kwargs)
+
+    monkeypatch.setattr(dp_module, "_sweep_with_cap", spy)
+    past = time.perf_counter() - 1.0
+    graced = exact_search(trace, budget, past, incumbent, 0.0, climb=True, finish_by=FAR)
+    assert len(thresholds) == 1
+    assert graced.bound_s is not None and graced.bound_s <= optimum * (1 + 1e-9)
+    if thresholds[0] >= optimum:
+        assert graced.fluid_optimum and graced.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
+    else:  # it found nothing below its threshold, which it proves; the next one was not started
+        assert graced.bound_s >= thresholds[0] * (1 - 1e-9) and graced.timed_out, graced.notes
+        assert "its next sweep was not predicted to end by its deadline" in graced.message
+    thresholds.clear()
+    cut = exact_search(trace, budget, past, incumbent, 0.0, climb=True)
+    assert len(thresholds) == 1 and cut.timed_out and not cut.fluid_optimum
+    assert cut.bound_s is not None and cut.bound_s < thresholds[0]
+
+
+def test_a_sweep_past_its_deadline_stops_once_its_projection_says_it_cannot_end_by_finish_by() -> None:
+    # The grace is for a sweep that can end in it: the 1,000-layer chain's sweep at the keep-all cost cannot end
+    # in 1.5 s (it reaches layer ~36 in 5 s), so past its deadline its projection stops it at once, with a true
+    # bound, not the clock at finish_by.
+    trace = make_trace(1000, 1)
+    budget = budget_between(trace, 0.2)
+    began = time.perf_counter()
+    out = exact_search(trace, budget, began - 1.0, 1.0, 0.0, climb=True, finish_by=began + 1.5)
+    assert out.timed_out and not out.schedules
+    assert any("at its pace" in note for note in out.notes), out.notes
+    assert out.bound_s is not None and 0.0 <= out.bound_s < 1.0
+
+
 def test_a_sweep_that_cannot_finish_stops_at_its_pace_with_a_true_bound() -> None:
     # Long traces (solve's LONG_PACE): a sweep whose time per layer so far, times the layers left, exceeds
     # `pace` x its time left gives up at once, so that the local search gets the time back. The 1,000-layer chain

@@ -234,7 +234,7 @@ def test_from_150_layers_with_copies_beside_compute_the_exact_dp_climbs_and_stop
     # only over LONG_TRACE layers, where a sweep that cannot finish leaves its time to the mixed rule's bound.
     from memsched.optimizer.dp import DpOutcome
 
-    calls: list[tuple[float | None, bool, bool]] = []
+    calls: list[tuple[float | None, bool, bool, float | None]] = []
 
     def sweep(
         flow: object,
@@ -243,8 +243,9 @@ def test_from_150_layers_with_copies_beside_compute_the_exact_dp_climbs_and_stop
         climb: bool = False,
         pace: float | None = None,
         from_proven: bool = False,
+        finish_by: float | None = None,
     ) -> DpOutcome:
-        calls.append((pace, climb, from_proven))
+        calls.append((pace, climb, from_proven, None if finish_by is None else finish_by - until))
         return DpOutcome(bound_s=0.0)
 
     monkeypatch.setattr(Flow, "_fluid_sweep", sweep)
@@ -253,10 +254,13 @@ def test_from_150_layers_with_copies_beside_compute_the_exact_dp_climbs_and_stop
     # With copies beside compute the paced sweeps climb too, from just above the bound held (the link windows'
     # Lagrangian), up to LONG_TRACE layers at the stricter MID_CLIMB_PACE; not on the memory rows, whose prices
     # let the sweep at the incumbent finish.
+    # Over LONG_TRACE layers the climb's last step may run on past the phase's end (DP_GRACE_LONG of the limit).
     climbs = paced and actions is None
     mid = climbs and n_layers <= shares.LONG_TRACE
     pace = shares.MID_CLIMB_PACE if mid else shares.LONG_PACE if paced else None
-    assert calls == [(pace, climbs, climbs)]
+    grace = shares.DP_GRACE_LONG * 10.0 if climbs and not mid else None
+    assert len(calls) == 1 and calls[0][:3] == (pace, climbs, climbs)
+    assert calls[0][3] == (None if grace is None else pytest.approx(grace))
 
 
 def test_a_paced_exact_dp_that_cannot_finish_gives_its_time_back() -> None:
