@@ -52,6 +52,26 @@ def test_a_climb_ends_at_the_fluid_optimum_whatever_the_incumbent(seed: int, poo
         assert out.bound_s == pytest.approx(optimum, rel=1e-9, abs=1e-12)
 
 
+def _spied_climb(seed: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Trace, int, float, list[float]]:
+    """A small trace with a positive fluid optimum: (trace, budget, optimum, the thresholds of every exact sweep
+    started from here on, as they start)."""
+    import memsched.optimizer.dp as dp_module
+
+    trace = make_trace(24 + seed, seed, dag=seed % 2 == 1, copy_latency_s=10e-6)
+    budget = budget_between(trace, 0.1 + 0.03 * seed)
+    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+    assert free.bound_s is not None and free.fluid_optimum and free.bound_s > 0.0
+    thresholds: list[float] = []
+    real = dp_module._sweep_with_cap
+
+    def spy(p, out, deadline, threshold, *args, **kwargs):  # type: ignore[no-untyped-def]
+        thresholds.append(threshold)
+        return real(p, out, deadline, threshold, *args, **kwargs)
+
+    monkeypatch.setattr(dp_module, "_sweep_with_cap", spy)
+    return trace, budget, free.bound_s, thresholds
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_a_climb_from_a_held_bound_starts_above_it_and_ends_at_the_fluid_optimum(
     seed: int, monkeypatch: pytest.MonkeyPatch
@@ -61,20 +81,8 @@ def test_a_climb_from_a_held_bound_starts_above_it_and_ends_at_the_fluid_optimum
     # the top (the sweep that may not finish); without a climb the one sweep is still at the top.
     import memsched.optimizer.dp as dp_module
 
-    trace = make_trace(24 + seed, seed, dag=seed % 2 == 1, copy_latency_s=10e-6)
-    budget = budget_between(trace, 0.1 + 0.03 * seed)
-    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
-    assert free.bound_s is not None and free.fluid_optimum and free.bound_s > 0.0
-    optimum = free.bound_s
+    trace, budget, optimum, thresholds = _spied_climb(seed, monkeypatch)
     proven, incumbent = 0.9 * optimum, 1.2 * optimum
-    thresholds: list[float] = []
-    real = dp_module._sweep_with_cap
-
-    def spy(p, out, deadline, threshold, *args, **kwargs):  # type: ignore[no-untyped-def]
-        thresholds.append(threshold)
-        return real(p, out, deadline, threshold, *args, **kwargs)
-
-    monkeypatch.setattr(dp_module, "_sweep_with_cap", spy)
     out = exact_search(
         trace, budget, FAR, incumbent_s=incumbent, gap=0.0, climb=True, proven_s=proven, climb_from_proven=True
     )
@@ -108,21 +116,8 @@ def test_a_climbing_step_started_by_the_deadline_runs_on_to_finish_by_and_no_ste
     # run past it, to `finish_by`, since a cut step proves nothing; the climb starts no step after the end. Here
     # the end has passed when the first step starts: with `finish_by` that step finishes (it proves its threshold
     # or finds the fluid optimum) and is the only one; without it, the clock cuts it.
-    import memsched.optimizer.dp as dp_module
-
-    trace = make_trace(24 + seed, seed, dag=seed % 2 == 1, copy_latency_s=10e-6)
-    budget = budget_between(trace, 0.1 + 0.03 * seed)
-    free = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
-    assert free.bound_s is not None and free.fluid_optimum and free.bound_s > 0.0
-    optimum, incumbent = free.bound_s, poor * free.bound_s
-    thresholds: list[float] = []
-    real = dp_module._sweep_with_cap
-
-    def spy(p, out, deadline, threshold, *args, **kwargs):  # type: ignore[no-untyped-def]
-        thresholds.append(threshold)
-        return real(p, out, deadline, threshold, *args, **kwargs)
-
-    monkeypatch.setattr(dp_module, "_sweep_with_cap", spy)
+    trace, budget, optimum, thresholds = _spied_climb(seed, monkeypatch)
+    incumbent = poor * optimum
     past = time.perf_counter() - 1.0
     graced = exact_search(trace, budget, past, incumbent, 0.0, climb=True, finish_by=FAR)
     assert len(thresholds) == 1
