@@ -269,7 +269,7 @@ class AnswerPhases(FlowState):
             # gap, and needs the time (DenseNet-121 at 75%, 10 s: proven at 9.9 s, not proven with a late beam).
             log.info("late beam skipped: the exact DP found the fluid optimum")
             return
-        until = min(until, self.deadline - self.reserve)
+        until = self.until_at(until)
         # Pruned at a better incumbent than `beam`'s, a beam of the same width is several times faster (DenseNet-121
         # at 50%: 192 labels in 0.36 s); so a probe at `beam`'s widest width times it, and the wide one is sized by
         # that, its time about linear in the width.

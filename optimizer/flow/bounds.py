@@ -47,7 +47,7 @@ class BoundPhases(FlowState):
             log.info("link windows' Lagrangian skipped: the exact DP found the fluid optimum")
             return
         strong = kind == LagrangeKind.ROWS
-        until = min(until, self.deadline - self.reserve)
+        until = self.until_at(until)
         if until - time.perf_counter() < shares.LAGRANGE_MIN_S:
             return
         obj = self.best.sim.overhead_s
@@ -94,7 +94,7 @@ class BoundPhases(FlowState):
         if self._rows_prices is None or self.proven():
             return
         arrays, prices = self._rows_prices
-        until = min(until, self.deadline - self.reserve)
+        until = self.until_at(until)
         if not len(arrays.span_at) or until - time.perf_counter() < shares.LAGRANGE_MIN_S:
             return  # no producer is read by several layers: the rules agree
         obj = self.best.sim.overhead_s
@@ -136,7 +136,7 @@ class BoundPhases(FlowState):
         """Tier 2: the exact sweep with FIFO copy queues until `until`; a proof where it finishes."""
         if not self.fifo_applies():
             return
-        until = min(until, self.deadline - self.reserve)
+        until = self.until_at(until)
         seconds = until - time.perf_counter()
         if seconds < 0.05:
             return
@@ -164,7 +164,7 @@ class BoundPhases(FlowState):
         with up to PROVE_TOP_SHARE of the time: an answer that a whole solve left is near the optimum, and this
         one sweep proves it or finds the optimum below it. Cut, FIFO sweeps climb from the bound proven so far
         (`fifo_climb`) with the rest; what they leave open, the rest of the plan takes up as usual."""
-        until = min(until, self.deadline - self.reserve)
+        until = self.until_at(until)
         fluid = self._fluid_sweep(until, shares.RELAXED_LADDER[0], pace=shares.LONG_PACE)
         # The simulator's cost of the sweep's best plan over its bound (None: cut, or no plan below the threshold).
         ratio = None

@@ -186,7 +186,7 @@ class FlowState:
 
     def until(self, share: float) -> float:
         """A phase deadline: `share` of the limit from now, never past the overall deadline."""
-        return min(time.perf_counter() + share * self.options.time_limit_s, self.deadline - self.reserve)
+        return self.until_at(time.perf_counter() + share * self.options.time_limit_s)
 
     def until_at(self, when: float) -> float:
         """A phase deadline at `when` (perf_counter), never past the overall deadline."""
@@ -194,7 +194,7 @@ class FlowState:
 
     def until_from_start(self, share: float) -> float:
         """A phase deadline: `share` of the limit from the solve's start, never past the overall deadline."""
-        return min(self.t0 + share * self.options.time_limit_s, self.deadline - self.reserve)
+        return self.until_at(self.t0 + share * self.options.time_limit_s)
 
     def add(self, name: str, sim: SimResult) -> None:
         # A plan over the host budget is never a candidate (the DP's relaxation and its priced sweeps decode them).
