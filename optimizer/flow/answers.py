@@ -220,10 +220,9 @@ class AnswerPhases(FlowState):
             # its value at 0 until they bite (a 400-layer chain at 20%: 0 s after 17 prices, 0.043 s after 50), so
             # it gets the turn after the search's first, to be measured.
             unmeasured = link.wall_s < shares.SHARE_TURN_S
-            ahead = bound_rate > search_rate if search_rate is not None else False
             bound_turn = (
                 search_rate is not None
-                and (unmeasured or (ahead and (stuck or bound_s < search_s)))
+                and (unmeasured or (bound_rate > search_rate and (stuck or bound_s < search_s)))
                 and not (last_side == "bound" and in_a_row >= shares.SHARE_MAX_TURNS)
             )
             side = "bound" if bound_turn else "search"
