@@ -80,7 +80,7 @@ def _recompute_order(trace: Trace) -> list[int]:
     return order
 
 
-def _grid(lo: int, hi: int, step: int) -> list[int]:
+def grid(lo: int, hi: int, step: int) -> list[int]:
     """lo..hi (both within) by `step`, with hi itself."""
     return sorted({*range(lo, hi + 1, max(1, step)), hi})
 
@@ -146,15 +146,15 @@ def ratio_plan(
     k_step = max(1, len(order) // _COARSE_K)
     # Without offload the tail changes nothing (every layer is kept or recomputed already).
     tail_step = max(1, n // _COARSE_TAIL) if offloads else n
-    if scan(_grid(0, len(order), k_step), sorted(_grid(0, n, tail_step), reverse=True)) and best is not None:
+    if scan(grid(0, len(order), k_step), sorted(grid(0, n, tail_step), reverse=True)) and best is not None:
         # Finer around the best: both parameters at an eighth of their steps, then every k near the best.
         _, k0, t0 = best
         fine_k, fine_t = max(1, k_step // _FINE), max(1, tail_step // _FINE)
-        ks = _grid(max(0, k0 - k_step), min(len(order), k0 + k_step), fine_k)
-        tails = _grid(max(0, t0 - tail_step), min(n, t0 + tail_step), fine_t) if offloads else [n]
+        ks = grid(max(0, k0 - k_step), min(len(order), k0 + k_step), fine_k)
+        tails = grid(max(0, t0 - tail_step), min(n, t0 + tail_step), fine_t) if offloads else [n]
         if scan(ks, tails) and best is not None:
             _, k0, t0 = best
-            scan(_grid(max(0, k0 - fine_k), min(len(order), k0 + fine_k), 1), [t0])
+            scan(grid(max(0, k0 - fine_k), min(len(order), k0 + fine_k), 1), [t0])
     if best is None:
         return None
     kind, _ = arrays(best[1], best[2])
@@ -166,4 +166,4 @@ def ratio_plan(
     return sim if sim.feasible else None
 
 
-__all__ = ["ratio_plan"]
+__all__ = ["grid", "ratio_plan"]

@@ -111,6 +111,7 @@ class Step(StrEnum):
     DP_PROBE = "dp_probe"
     DP_FIRST = "dp_first"
     LAGRANGE = "lagrange"
+    LINK_PLAN = "link_plan"
     LAGRANGE_MIXED = "lagrange_mixed"
     POLISH = "polish"
     FIFO_PROBE = "fifo_probe"
@@ -194,6 +195,7 @@ def plan_for(
         searches.append(Phase(Step.LAGRANGE, shares.LAGRANGE_SHARE_LONG if long_trace else shares.LAGRANGE_SHARE))
     elif lagrange == LagrangeKind.LINK:
         searches.append(Phase(Step.LAGRANGE, shares.LAGRANGE_SHARE))
+        searches.append(Phase(Step.LINK_PLAN, shares.LINK_PLAN_SHARE))
     if not long_trace:  # the exact DP before any local search, where its sweeps are what proves (dp_first)
         searches.append(Phase(Step.DP_FIRST, shares.DP_FIRST_SHARE))
     # On long traces the exact DP, after this local search, climbs and stops at its pace where it cannot finish
@@ -202,7 +204,8 @@ def plan_for(
     dp_long = long_trace and lagrange != LagrangeKind.ROWS
     polish_share = shares.POLISH_SHARE
     if dp_long:
-        polish_share = shares.POLISH_SHARE_LONG - (shares.LAGRANGE_SHARE if lagrange == LagrangeKind.LINK else 0.0)
+        link = lagrange == LagrangeKind.LINK
+        polish_share = shares.POLISH_SHARE_LONG - (shares.LAGRANGE_SHARE + shares.LINK_PLAN_SHARE if link else 0.0)
     # Before it a Lagrangian or (short traces) the exact DP can prove the requested gap; when one has, the answer is
     # what was asked for.
     searches.append(Phase(Step.POLISH, polish_share, only_if_open=lagrange is not None or not long_trace))
@@ -263,6 +266,8 @@ def _run_phase(flow: Flow, phase: Phase) -> None:
         flow.dp_probe(until)
     elif phase.step == Step.LAGRANGE:
         flow.lagrange(until)
+    elif phase.step == Step.LINK_PLAN:
+        flow.link_plan(until)
     elif phase.step == Step.LAGRANGE_MIXED:
         flow.lagrange_mixed(until)
     elif phase.step == Step.POLISH:

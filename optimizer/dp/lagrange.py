@@ -27,6 +27,7 @@ import numpy as np
 from numba import njit
 
 from memsched.optimizer.dp.problem import DpProblem
+from memsched.optimizer.link_plan import LinkShares
 from memsched.optimizer.simulate import checkpoint_input_bytes, loss_point_transient
 from memsched.schema import Trace
 
@@ -184,6 +185,8 @@ by several layers')."""
 
 # Arc kinds of the priced path.
 _KEEP, _OFFLOAD, _SEGMENT = 0, 1, 2
+# The link Lagrangian's plan per layer (`_link_lagrangian`'s `plan_out`): these, or the offload option's index.
+PLAN_KEEP, PLAN_START, PLAN_CONTINUE = -1, -2, -3
 
 
 @njit(cache=True)
@@ -770,13 +773,15 @@ def _link_lagrangian(
     g_b: np.ndarray,
     lam_f: np.ndarray,
     lam_b: np.ndarray,
+    plan_out: np.ndarray,
 ) -> float:  # pragma: no cover - compiled
     """The Lagrangian of the fluid link windows at prices lam_f[m, g] = x_f[m, g] / unit (row F_m with the copies
     of layers m-w..m-1 still in flight, w = widths[g]), lam_b[m, g] = x_b[m, g] / unit (row B_m, prefetches of
     layers m-w..m-1 already back) and mu_loss (the loss point). g_row, g_f, g_b receive a subgradient
     (docs/formulation.md, 'Copies beside compute'). A window with w > m does not exist: row m's windows are its
     first cols[m], and only they are read or written (in lam_f, lam_b, which this fills, and in g_f, g_b), so
-    the work is the n x n triangle of windows that exist."""
+    the work is the n x n triangle of windows that exist. plan_out receives the least priced plan, per layer:
+    PLAN_KEEP, PLAN_START or PLAN_CONTINUE (a recompute segment's first layer or a later one) or the offload option."""
     n = len(saved)
     two_n = 2 * n
     mu = np.zeros(two_n + 1)
@@ -816,6 +821,17 @@ def _link_lagrangian(
         first_prod, ckpt_bytes, span_ptr, span_at, span_bytes, span_last, recompute, np.zeros(0),
     )  # fmt: skip
     value = dist[n]
+    node = n
+    while node > 0:
+        k = arc_from[node]
+        if arc_kind[node] == _KEEP:
+            plan_out[k] = PLAN_KEEP
+        elif arc_kind[node] == _OFFLOAD:
+            plan_out[k] = off_choice[k, 0]
+        else:
+            plan_out[k] = PLAN_START
+            plan_out[k + 1 : node] = PLAN_CONTINUE
+        node = k
     # Stalls: a second of stall costs 1 and gives bw bytes of link time to every window holding its stage; where
     # that is worth more than 1, the cap on any plan worth proving (total stall below `upper`) applies.
     sf = -1
@@ -894,6 +910,13 @@ class LinkLagrangian:
         self.loss_grad, self.loss_cols = np.zeros((1, 1)), np.ones(1, dtype=np.int64)
         self.g_row, self.g_f, self.g_b = np.zeros(2 * n + 1), np.zeros(shape), np.zeros(shape)
         self.lam_f, self.lam_b = np.zeros(shape), np.zeros(shape)  # the prices in bytes units, filled by each step
+        self.plan = np.zeros(n, dtype=np.int64)
+        """The last step's least priced plan (`_link_lagrangian`'s plan_out)."""
+        # Each layer's count of steps recomputed and offloaded, summed per block of _PLAN_BLOCK steps (the last
+        # block open), so that `shares` can average the later half of the steps whatever their number.
+        self._plan_blocks: list[tuple[np.ndarray, np.ndarray, int]] = []
+        self._open_block = (np.zeros(n), np.zeros(n))
+        self._open_steps = 0
         self.best = 0.0
         """The best value so far: a lower bound on every plan's overhead."""
         self.iterations = 0
@@ -902,6 +925,34 @@ class LinkLagrangian:
         """It has converged or reached its target: a later `run` returns at once."""
         self._last_gain = 0
         self._gains: list[tuple[float, float]] = [(0.0, 0.0)]  # (seconds run, best value) after each rise
+
+    def _count_plan(self) -> None:
+        rec, off = self._open_block
+        rec += self.plan <= PLAN_START
+        off += self.plan >= 0
+        self._open_steps += 1
+        if self._open_steps == _PLAN_BLOCK:
+            self._plan_blocks.append((rec, off, self._open_steps))
+            self._open_block = (np.zeros_like(rec), np.zeros_like(off))
+            self._open_steps = 0
+
+    def shares(self) -> LinkShares | None:
+        """Each layer's share of the later half of the steps so far (whole blocks, the latest last) in which the
+        least priced plan recomputed or offloaded it (optimizer/link_plan.py); None before any step. The early steps
+        are left out: the prices start at 0, where every plan is free of the windows."""
+        blocks = [*self._plan_blocks, (*self._open_block, self._open_steps)]
+        total = sum(steps for _, _, steps in blocks)
+        if total == 0:
+            return None
+        rec, off = np.zeros_like(self._open_block[0]), np.zeros_like(self._open_block[1])
+        counted = 0
+        for r, o, steps in reversed(blocks):
+            if counted >= total / 2:
+                break
+            rec += r
+            off += o
+            counted += steps
+        return LinkShares(recompute=rec / counted, offload=off / counted, steps=counted)
 
     def recent_rate(self, span_s: float) -> float:
         """How fast the bound rose over its last `span_s` seconds of running (seconds of bound per second)."""
@@ -930,9 +981,10 @@ class LinkLagrangian:
                     a.saved, a.cut, a.overlap, a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr,
                     a.first_prod, a.head_bytes, a.span_ptr, a.span_at, a.span_bytes, a.span_last, a.opt_ptr,
                     a.opt_free, a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute, self.g_row,
-                    self.g_f, self.g_b, self.lam_f, self.lam_b,
+                    self.g_f, self.g_b, self.lam_f, self.lam_b, self.plan,
                 )
             )  # fmt: skip
+            self._count_plan()
             if value > self.best * (1 + 1e-4) + 1e-15:
                 self._last_gain = it
             if value > self.best:
@@ -1004,6 +1056,8 @@ def link_widths(n: int) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
+_PLAN_BLOCK = 32
+"""Steps per block of the plan counts (`LinkLagrangian.shares`)."""
 LINK_ALL_WINDOWS = 500
 """Up to this many layers every window length is priced (n x n prices)."""
 _LINK_RATE = 5e-3

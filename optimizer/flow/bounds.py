@@ -62,6 +62,7 @@ class BoundPhases(FlowState):
         else:
             link = LinkLagrangian(arrays, obj)
             res = link.run(until, target_s=target)
+            self.link_shares = link.shares()
             if res.stopped_by == "deadline":
                 self._link = link
         log.info(

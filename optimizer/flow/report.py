@@ -21,8 +21,8 @@ class Candidate:
     """A schedule someone proposed, as judged by the simulator."""
 
     name: str
-    """Where it came from: 'heuristic', 'ratio' (optimizer/ratio.py), a baseline policy, 'dp-beam', 'dp-fifo-beam',
-    'dp', 'dp-fifo', 'dp-lagrangian', 'local-search' or 'ilp'."""
+    """Where it came from: 'heuristic', 'ratio' (optimizer/ratio.py), 'link-plan' (optimizer/link_plan.py), a baseline
+    policy, 'dp-beam', 'dp-fifo-beam', 'dp', 'dp-fifo', 'dp-lagrangian', 'local-search' or 'ilp'."""
     sim: SimResult
     """Simulated under the budget (timing filled in)."""
 

@@ -8,6 +8,10 @@ RATIO_SHARE = 0.05
 """The ratio plan (optimizer/ratio.py), right after the beam, stops its scans at this share of the limit: about
 2,000 plans scored by the compiled simulator, 0.33 s on the 1,000-layer synthetic chain, 3.9 s on a 5,000-layer
 one (cut there, it keeps the best member scanned)."""
+LINK_PLAN_SHARE = 0.05
+"""The link plan (optimizer/link_plan.py), right after the link windows' Lagrangian whose steps it rounds, stops its
+scans at this share of the limit: about 1,400 plans scored by the compiled simulator, 0.3 s on the 1,000-layer
+synthetic chain (cut there, it keeps the best member scanned)."""
 BEAM_SHARE = 0.2
 POLISH_SHARE = 0.15
 BEAM_FIRST_SHARE = 0.25
@@ -22,9 +26,9 @@ its sweep at the incumbent in a time limit of minutes, so there it climbs (each 
 last one's time: one cut by the clock has proved its last step) and gives up as soon as its pace says a sweep
 cannot finish (LONG_PACE): the local search, which improves the answer, gets the time back."""
 POLISH_SHARE_LONG = 0.3
-"""On long traces: the local search's first share (less the link-window Lagrangian's where that runs), before
-the exact DP, whose climb starts at 0.7 of its answer (the beam's can lie 3x above the optimum: DenseNet-121 at
-25%). The exact DP then has until DP_UNTIL_LONG of the limit and the same local search goes on after it
+"""On long traces: the local search's first share (less the link-window Lagrangian's and the link plan's where they
+run), before the exact DP, whose climb starts at 0.7 of its answer (the beam's can lie 3x above the optimum:
+DenseNet-121 at 25%). The exact DP then has until DP_UNTIL_LONG of the limit and the same local search goes on after it
 (optimizer/polish.py's LocalSearch resumes where it stopped). Measured on one core (2026-11-28), against a
 local search of 75% first and the exact DP's two sweeps after it: DenseNet-121 at 75%, 10 s: gap 30.7% ->
 proven (the climb passes the fluid optimum, 0.002594 s, in 1.6-3 s; after the long local search it had 0.8 s
