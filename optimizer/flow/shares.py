@@ -92,13 +92,18 @@ read by several layers runs after it for up to this share (`lagrange_mixed`), fr
 synthetic 1,000-layer DAG at 20%, keep / recompute, 2 s raised the bound 0.9377 -> 1.0065 s (the same as 4.5 s from
 zero). On long traces the DP stops at its pace there to leave it the time (`exact_dp`)."""
 LAGRANGE_MIN_S = 0.05
-LINK_MIN_LAYERS = 150
-"""Copies beside compute: from this many layers the Lagrangian of the fluid link windows runs in the same phase.
-Below it the exact sweeps finish or come close, and their fluid bound is at least as strong (the Lagrangian's best
-is the LP relaxation of the same fluid model): on a 60-layer chain 0.937 of the optimum, on PipeDream ResNet-50 at
-50% 0 where the fluid sweep proves the optimum. Above it: the 200-layer synthetic chain at 20%, 0.0263 s against
-an answer of 0.0312 s (the sweeps' bound: 0.0185 s); DenseNet-121 at 50% / 25%, 0.0143 / 0.0326 s against
-0.0209 / 0.0511 s (before: 0.0102 / 0.0232 s)."""
+LINK_MIN_LAYERS = 100
+"""Copies beside compute: from this many layers the Lagrangian of the fluid link windows (and the link plan after it)
+runs in the same phase. Below it the exact sweeps finish or come close, and their fluid bound is at least as strong
+(the Lagrangian's best is the LP relaxation of the same fluid model): on a 60-layer chain 0.937 of the optimum, on
+PipeDream ResNet-50 at 50% 0 where the fluid sweep proves the optimum. Above it: the 200-layer synthetic chain at
+20%, 0.0263 s against an answer of 0.0312 s (the sweeps' bound: 0.0185 s); DenseNet-121 at 50% / 25%, 0.0143 /
+0.0326 s against 0.0209 / 0.0511 s (before: 0.0102 / 0.0232 s). It was 150 until 2026-11-30 (stop 58); at 100, 10 s,
+both sides at once on their own cores, on 13 synthetic chains and DAGs of 100-140 layers at 15-30%: no answer
+worse, 9 of them 0.8-10% better (the link plan), and 10 of 13 bounds higher (the 120-layer chain at 20%, gap 30.7%
+-> 2.9%; the 100-layer DAG 49.2% -> 29.4%; the 140-layer DAG at 25% 50.8% -> 19.0%). At 64 the 64-layer DAG at 20%
+ended 4.3% dearer (the local search's time went to the Lagrangian) with the same gap, and the CPU Llama of 48
+blocks per sub-module (96 layers), proven in about 1 s, keeps its flow at 100."""
 LINK_MAX_LAYERS = 2000
 """Beyond this many layers its O(n^2) path per step leaves too few steps in a time limit of minutes."""
 DP_FIRST_SHARE = 0.25
