@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memsched.optimizer.decisions import Decision
-from memsched.optimizer.ilp.cbc import grace_s
+from memsched.optimizer.ilp.limits import MIN_SEARCH_S, limit_within
 from memsched.optimizer.ilp.model import MilpModel, build_model
 from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import representable
@@ -50,18 +50,22 @@ def _model_is_exact(m: MilpModel, offload: bool) -> bool:
 
 
 def _solve_pulp_backend(name: str) -> Callable[..., Outcome]:
-    def run(m: MilpModel, limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None) -> Outcome:
+    def run(
+        m: MilpModel, limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None, deadline: float
+    ) -> Outcome:
         from memsched.optimizer.ilp.pulp_backend import solve_pulp
 
-        return solve_pulp(m, name, limit_s, gap, warm, threads)
+        return solve_pulp(m, name, limit_s, gap, warm, threads, deadline)
 
     return run
 
 
-def _solve_cpsat(m: MilpModel, limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None) -> Outcome:
+def _solve_cpsat(
+    m: MilpModel, limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None, deadline: float
+) -> Outcome:
     from memsched.optimizer.ilp.cpsat_backend import solve_cpsat
 
-    return solve_cpsat(m, limit_s, gap, warm, threads)
+    return solve_cpsat(m, limit_s, gap, warm, threads, deadline)
 
 
 def _export_pulp(m: MilpModel, path: Path) -> None:
@@ -80,8 +84,9 @@ def _export_cpsat(m: MilpModel, path: Path) -> None:
 class Backend:
     """A MILP backend: how it solves a built model and how it writes the model out."""
 
-    solve: Callable[[MilpModel, float, float, list[Decision] | None, int | None], Outcome]
-    """(model, time limit s, gap, warm start, threads) -> outcome; imports its library on first use."""
+    solve: Callable[[MilpModel, float, float, list[Decision] | None, int | None, float], Outcome]
+    """(model, time limit s, gap, warm start, threads, deadline) -> outcome, its solver ending by the deadline
+    (perf_counter) whatever its set-up took; imports its library on first use."""
     export: Callable[[MilpModel, Path], None]
     """Writes the model for reproduction (LP/MPS, or the CP-SAT proto)."""
     objective_is_simulated: bool
@@ -113,13 +118,10 @@ def run_backend(
         trace, budget_bytes, options.window, options.max_segment, offload=offload, host_budget=options.host_budget
     )
     warm = _best_start(m, starts)
-    time_limit_s = backend_limit(deadline - time.perf_counter())
     entry = BACKENDS[backend]
     if resources.export_model is not None:
         entry.export(m, resources.export_model)
-    return entry.solve(m, time_limit_s, options.gap, warm, resources.threads), _model_is_exact(m, offload)
-
-
-def backend_limit(seconds_left: float) -> float:
-    """The limit to hand a MILP backend so that it, and CBC's kill grace after it, end within what is left."""
-    return max(0.1, min(seconds_left - grace_s(seconds_left), seconds_left / 1.05))
+    # The backend cuts its solver's limit again once its own set-up is done (ilp.cbc.solver_limit).
+    time_limit_s = max(MIN_SEARCH_S, limit_within(deadline - time.perf_counter()))
+    outcome = entry.solve(m, time_limit_s, options.gap, warm, resources.threads, deadline)
+    return outcome, _model_is_exact(m, offload)

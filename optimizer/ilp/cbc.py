@@ -21,6 +21,7 @@ from pathlib import Path
 import pulp
 
 from memsched.errors import SolverError
+from memsched.optimizer.ilp.limits import grace_s
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +36,6 @@ class CbcRun:
     """CBC crashed with the MIP start and was re-run without it."""
     killed: bool
     """CBC ran past the hard deadline and was killed: no solution was read."""
-
-
-def grace_s(time_limit_s: float) -> float:
-    """How long past its limit CBC may run before it is killed (the caller's whole-solve limit includes it)."""
-    return min(2.0, max(0.5, 0.05 * time_limit_s))
 
 
 def run_cbc(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, threads: int | None) -> CbcRun:

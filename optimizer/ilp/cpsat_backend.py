@@ -18,6 +18,7 @@ from ortools.sat.python import cp_model
 
 from memsched.errors import SolverError
 from memsched.optimizer.decisions import Decision
+from memsched.optimizer.ilp.limits import solver_limit
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
 from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
@@ -104,15 +105,25 @@ def export_cpsat(m: MilpModel, path: Path) -> None:
 
 
 def solve_cpsat(
-    m: MilpModel, time_limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None = None
+    m: MilpModel,
+    time_limit_s: float,
+    gap: float,
+    warm: list[Decision] | None,
+    threads: int | None = None,
+    deadline: float | None = None,
 ) -> Outcome:
+    """Solve with CP-SAT for up to `time_limit_s` and, where given, ending by `deadline` (perf_counter) however
+    long the model took to build (`solver_limit`)."""
     model, cols, tu, rows = to_cpsat(m)
     if warm is not None:
         # Greedy hint first (a complete one: continuous variables at their least values), then search.
         for j, val in complete(m, hint(m, warm), rows, integral=True).items():
             model.add_hint(cols[j], round(val))
+    limit = solver_limit(time_limit_s, deadline)
+    if limit is None:
+        return Outcome("cpsat", None, None, None, None, 0.0, "cpsat: no time left to search once its model was built")
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.max_time_in_seconds = float(limit)
     solver.parameters.relative_gap_limit = float(gap)
     solver.parameters.num_workers = threads if threads else 2
     t0 = time.perf_counter()

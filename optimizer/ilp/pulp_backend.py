@@ -18,7 +18,8 @@ import pulp
 
 from memsched.errors import SolverError
 from memsched.optimizer.decisions import Decision
-from memsched.optimizer.ilp.cbc import grace_s, run_cbc
+from memsched.optimizer.ilp.cbc import run_cbc
+from memsched.optimizer.ilp.limits import grace_s, solver_limit
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
 from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 TIME_SCALE = 1e3  # seconds -> milliseconds
 BYTE_SCALE = 1.0 / 2**20  # bytes -> MiB
 _SENSE = {">=": pulp.LpConstraintGE, "<=": pulp.LpConstraintLE, "==": pulp.LpConstraintEQ}
+
+
+_NO_TIME = "{}: no time left to search once its model was built"
 
 
 def _row_scale(unit: str) -> float:
@@ -178,11 +182,13 @@ def solve_pulp(
     gap: float,
     warm: list[Decision] | None,
     threads: int | None = None,
+    deadline: float | None = None,
 ) -> Outcome:
-    """Solve with 'cbc' or 'highs'. Raises SolverError when the solver itself fails, and for any
-    PulpError (PuLP's own checks, e.g. a non-finite coefficient), with its reason."""
+    """Solve with 'cbc' or 'highs' for up to `time_limit_s` and, where given, ending by `deadline` (perf_counter)
+    however long the model took to build (`solver_limit`). Raises SolverError when the solver itself fails, and
+    for any PulpError (PuLP's own checks, e.g. a non-finite coefficient), with its reason."""
     try:
-        return _solve_pulp(m, backend, time_limit_s, gap, warm, threads)
+        return _solve_pulp(m, backend, time_limit_s, gap, warm, threads, deadline)
     except pulp.PulpError as exc:
         raise SolverError(f"{backend}: PuLP failed: {exc}") from exc
 
@@ -194,9 +200,10 @@ def _solve_pulp(
     gap: float,
     warm: list[Decision] | None,
     threads: int | None,
+    deadline: float | None,
 ) -> Outcome:
     if backend == "highs":
-        return _solve_highs(m, time_limit_s, gap, warm, threads)
+        return _solve_highs(m, time_limit_s, gap, warm, threads, deadline)
     prob, cols, rows = to_pulp(m)
     # Greedy hint: the binaries of the warm schedule, every other variable at its least value (complete).
     start = complete(m, hint(m, warm), rows, integral=False) if warm is not None else {}
@@ -206,6 +213,10 @@ def _solve_pulp(
     bound: float | None = None
     message = ""
     if backend == "cbc":  # (HiGHS is handled above)
+        limit = solver_limit(time_limit_s, deadline)
+        if limit is None:
+            return Outcome(backend, None, None, None, None, 0.0, _NO_TIME.format(backend))
+        time_limit_s = limit
         run = run_cbc(prob, time_limit_s, gap, bool(start), threads)
         text = run.log_text
         if run.killed:
@@ -266,7 +277,12 @@ def _solve_pulp(
 
 
 def _solve_highs(
-    m: MilpModel, time_limit_s: float, gap: float, warm: list[Decision] | None, threads: int | None
+    m: MilpModel,
+    time_limit_s: float,
+    gap: float,
+    warm: list[Decision] | None,
+    threads: int | None,
+    deadline: float | None,
 ) -> Outcome:
     """HiGHS through highspy directly: the same scaled big-M rows as CBC, passed as one row-wise matrix.
     (PuLP's HiGHS API adds the rows one by one, which took several seconds of a 10 s limit on ResNet-50,
@@ -311,7 +327,6 @@ def _solve_highs(
     ]
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", float(gap))
     if threads is not None:
         h.setOptionValue("threads", int(threads))
@@ -325,6 +340,10 @@ def _solve_highs(
         sol.value_valid = True
         if h.setSolution(sol) != highspy.HighsStatus.kOk:
             log.warning("highs rejected the warm start")
+    limit = solver_limit(time_limit_s, deadline)
+    if limit is None:
+        return Outcome("highs", None, None, None, None, time.perf_counter() - t0, _NO_TIME.format("highs"))
+    h.setOptionValue("time_limit", float(limit))
     run_status = h.run()
     wall = time.perf_counter() - t0
     status = h.getModelStatus()

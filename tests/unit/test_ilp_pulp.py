@@ -46,3 +46,34 @@ def test_pulp_error_becomes_solver_error(monkeypatch: pytest.MonkeyPatch, tmp_pa
         solve_pulp(_model(), "cbc", 5, 0.01, None)
     with pytest.raises(SolverError, match="synthetic failure"):
         export_pulp(_model(), tmp_path / "m.mps")
+
+
+@pytest.mark.parametrize("backend", ["cbc", "highs", "cpsat"])
+def test_the_solver_limit_is_read_after_the_model_is_built(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Building a model takes seconds on a few hundred layers: the solver gets what the deadline leaves after that,
+    # and none at all where nothing is left.
+    import time
+
+    from memsched.optimizer.ilp import cpsat_backend, limits, pulp_backend
+
+    seen: list[float] = []
+    real = limits.solver_limit
+
+    def spy(time_limit_s: float, deadline: float | None) -> float | None:
+        time.sleep(0.3)  # the model's build, as it ends
+        out = real(time_limit_s, deadline)
+        seen.append(-1.0 if out is None else out)
+        return out
+
+    monkeypatch.setattr(pulp_backend, "solver_limit", spy)
+    monkeypatch.setattr(cpsat_backend, "solver_limit", spy)
+    solve = cpsat_backend.solve_cpsat if backend == "cpsat" else lambda *a: solve_pulp(a[0], backend, *a[1:])
+    deadline = time.perf_counter() + 1.5
+    out = solve(_model(), 60.0, 0.01, None, None, deadline)
+    assert 0.0 < seen[-1] <= limits.limit_within(1.5 - 0.3)
+    assert out.backend == backend
+    t0 = time.perf_counter()
+    out = solve(_model(), 60.0, 0.01, None, None, time.perf_counter() + 0.2)
+    assert seen[-1] == -1.0 and out.decisions is None and "no time left" in out.message
+    assert time.perf_counter() - t0 < 1.0
+    assert limits.solver_limit(5.0, None) == 5.0

@@ -1,0 +1,29 @@
+"""How long a MILP solver may run: its limit, cut so that it ends by the solve's deadline with CBC's kill grace
+(optimizer/ilp/cbc.py) after it, read right before the solver's own clock starts."""
+
+from __future__ import annotations
+
+import time
+
+
+def grace_s(time_limit_s: float) -> float:
+    """How long past its limit CBC may run before it is killed (the caller's whole-solve limit includes it)."""
+    return min(2.0, max(0.5, 0.05 * time_limit_s))
+
+
+MIN_SEARCH_S = 0.1
+"""A MILP solver is not started with less than this limit: what is left goes to the solve's last phases."""
+
+
+def limit_within(seconds_left: float) -> float:
+    """The limit to hand a MILP solver so that it, and CBC's kill grace after it, end within `seconds_left`."""
+    return min(seconds_left - grace_s(seconds_left), seconds_left / 1.05)
+
+
+def solver_limit(time_limit_s: float, deadline: float | None) -> float | None:
+    """`time_limit_s`, cut so that a solver whose clock starts now ends by `deadline` (perf_counter), kill grace
+    included; None where that leaves less than MIN_SEARCH_S. Read right before the solver starts: building its
+    model takes seconds on a few hundred layers (a 100-layer DAG's exact-window model, 1.1 s to build and 2 s
+    into PuLP: a limit taken before them let CBC run 1.9 s past the solve's deadline)."""
+    limit = time_limit_s if deadline is None else min(time_limit_s, limit_within(deadline - time.perf_counter()))
+    return limit if limit >= MIN_SEARCH_S else None
