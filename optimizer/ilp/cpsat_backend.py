@@ -18,7 +18,7 @@ from ortools.sat.python import cp_model
 
 from memsched.errors import SolverError
 from memsched.optimizer.decisions import Decision
-from memsched.optimizer.ilp.limits import solver_limit
+from memsched.optimizer.ilp.limits import NO_TIME, solver_limit
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
 from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
@@ -121,7 +121,7 @@ def solve_cpsat(
             model.add_hint(cols[j], round(val))
     limit = solver_limit(time_limit_s, deadline)
     if limit is None:
-        return Outcome("cpsat", None, None, None, None, 0.0, "cpsat: no time left to search once its model was built")
+        return Outcome("cpsat", None, None, None, None, 0.0, f"cpsat: {NO_TIME}")
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(limit)
     solver.parameters.relative_gap_limit = float(gap)

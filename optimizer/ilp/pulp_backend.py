@@ -19,7 +19,7 @@ import pulp
 from memsched.errors import SolverError
 from memsched.optimizer.decisions import Decision
 from memsched.optimizer.ilp.cbc import run_cbc
-from memsched.optimizer.ilp.limits import grace_s, solver_limit
+from memsched.optimizer.ilp.limits import NO_TIME, grace_s, solver_limit
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
 from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 TIME_SCALE = 1e3  # seconds -> milliseconds
 BYTE_SCALE = 1.0 / 2**20  # bytes -> MiB
 _SENSE = {">=": pulp.LpConstraintGE, "<=": pulp.LpConstraintLE, "==": pulp.LpConstraintEQ}
-
-
-_NO_TIME = "{}: no time left to search once its model was built"
 
 
 def _row_scale(unit: str) -> float:
@@ -215,7 +212,7 @@ def _solve_pulp(
     if backend == "cbc":  # (HiGHS is handled above)
         limit = solver_limit(time_limit_s, deadline)
         if limit is None:
-            return Outcome(backend, None, None, None, None, 0.0, _NO_TIME.format(backend))
+            return Outcome(backend, None, None, None, None, 0.0, f"{backend}: {NO_TIME}")
         time_limit_s = limit
         run = run_cbc(prob, time_limit_s, gap, bool(start), threads)
         text = run.log_text
@@ -342,7 +339,7 @@ def _solve_highs(
             log.warning("highs rejected the warm start")
     limit = solver_limit(time_limit_s, deadline)
     if limit is None:
-        return Outcome("highs", None, None, None, None, time.perf_counter() - t0, _NO_TIME.format("highs"))
+        return Outcome("highs", None, None, None, None, time.perf_counter() - t0, f"highs: {NO_TIME}")
     h.setOptionValue("time_limit", float(limit))
     run_status = h.run()
     wall = time.perf_counter() - t0

@@ -77,3 +77,28 @@ def test_the_solver_limit_is_read_after_the_model_is_built(backend: str, monkeyp
     assert seen[-1] == -1.0 and out.decisions is None and "no time left" in out.message
     assert time.perf_counter() - t0 < 1.0
     assert limits.solver_limit(5.0, None) == 5.0
+
+
+def test_a_model_built_too_late_to_hand_over_is_not_handed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hand-over takes up to SETUP_PER_BUILD times the build: where that would pass the deadline, the backend is
+    # not called and the outcome says why (a 100-layer chain at 30%, 10 s: built with 0.35 s left, its hand-over
+    # ran 1.1 s past the deadline).
+    import time
+
+    from memsched.optimizer.flow import backends
+    from memsched.optimizer.ilp.limits import SETUP_PER_BUILD, worth_handing_over
+    from memsched.options import SolveOptions, SolveResources, SolverName
+
+    called: list[str] = []
+    entry = backends.BACKENDS[SolverName.CBC]
+    monkeypatch.setitem(
+        backends.BACKENDS, SolverName.CBC, backends.Backend(lambda *a: called.append("solve"), entry.export, True)
+    )
+    trace = make_trace(6, 1)
+    budget = min_feasible_budget(trace) * 2
+    out, _ = backends.run_backend(
+        trace, budget, SolveOptions(), SolverName.CBC, [], time.perf_counter() + 0.01, SolveResources()
+    )
+    assert not called and out.decisions is None and "no time left" in out.message
+    assert worth_handing_over(0.1, 0.1 * SETUP_PER_BUILD + 1.0)
+    assert not worth_handing_over(1.0, SETUP_PER_BUILD * 1.0 + 0.1)
