@@ -119,16 +119,16 @@ def run_backend(
         trace, budget_bytes, options.window, options.max_segment, offload=offload, host_budget=options.host_budget
     )
     warm = _best_start(m, starts)
+    built_s = time.perf_counter() - began
     entry = BACKENDS[backend]
     if resources.export_model is not None:
         entry.export(m, resources.export_model)
-    built_s = time.perf_counter() - began
     if not worth_handing_over(built_s, deadline - time.perf_counter()):
         # Handing it over would pass the deadline before the solver starts (a 100-layer chain at 30%, 10 s: built
         # in 1.0 s with 0.35 s left, its hand-over ran 1.1 s past the deadline).
         wall = time.perf_counter() - began
         return Outcome(str(backend), None, None, None, None, wall, f"{backend}: {NO_TIME}"), _model_is_exact(m, offload)
-    # The backend cuts its solver's limit again once its own set-up is done (ilp.cbc.solver_limit).
+    # The backend cuts its solver's limit again once its own set-up is done (ilp.limits.solver_limit).
     time_limit_s = max(MIN_SEARCH_S, limit_within(deadline - time.perf_counter()))
     outcome = entry.solve(m, time_limit_s, options.gap, warm, resources.threads, deadline)
     return outcome, _model_is_exact(m, offload)
