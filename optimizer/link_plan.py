@@ -30,7 +30,7 @@ import numpy as np
 
 from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, offload_all, recompute
 from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, FastSim
-from memsched.optimizer.ratio import grid
+from memsched.optimizer.ratio import grid, whole_offloads
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Action, Trace
 
@@ -70,13 +70,7 @@ def link_plan(
     n = trace.n
     if len(shares.recompute) != n or len(shares.offload) != n:
         raise ValueError(f"link_plan: shares for {len(shares.recompute)} layers, the trace has {n}")
-    movable = np.zeros(n, dtype=bool)  # offloading the layer whole offloads something
-    whole = np.zeros(n, dtype=np.int64)  # its bytes
-    if Action.OFFLOAD in allowed:
-        for i in range(n - 1):  # never the last layer: its copy has no interior to hide in
-            d = offload_all(trace, i)
-            if d.action == Action.OFFLOAD:
-                movable[i], whole[i] = True, d.offload_bytes
+    movable, whole = whole_offloads(trace, allowed)
     may_recompute = Action.RECOMPUTE in allowed
     score = FastSim(trace, budget_bytes)
     seen: set[tuple[float, int, float]] = set()

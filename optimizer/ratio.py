@@ -80,6 +80,19 @@ def _recompute_order(trace: Trace) -> list[int]:
     return order
 
 
+def whole_offloads(trace: Trace, allowed: frozenset[Action] = ALL_ACTIONS) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, whether offloading it whole (`offload_all`: its movable tensors) offloads anything, and those
+    bytes; never the last layer, whose copy has no interior to hide in, and none where offload is not allowed."""
+    movable = np.zeros(trace.n, dtype=bool)
+    nbytes = np.zeros(trace.n, dtype=np.int64)
+    if Action.OFFLOAD in allowed:
+        for i in range(trace.n - 1):
+            d = offload_all(trace, i)
+            if d.action == Action.OFFLOAD:
+                movable[i], nbytes[i] = True, d.offload_bytes
+    return movable, nbytes
+
+
 def grid(lo: int, hi: int, step: int) -> list[int]:
     """lo..hi (both within) by `step`, with hi itself."""
     return sorted({*range(lo, hi + 1, max(1, step)), hi})
@@ -99,16 +112,10 @@ def ratio_plan(
         return None
     n = trace.n
     order = _recompute_order(trace)
-    # The base plan: every layer offloaded whole (its movable tensors; never the last layer, whose copy has no
-    # interior to hide in), or kept where offload is not allowed.
-    base_kind = np.full(n, KIND_KEEP, dtype=np.int64)
-    base_bytes = np.zeros(n, dtype=np.int64)
-    if Action.OFFLOAD in allowed:
-        for i in range(n - 1):
-            d = offload_all(trace, i)
-            if d.action == Action.OFFLOAD:
-                base_kind[i], base_bytes[i] = KIND_OFFLOAD, d.offload_bytes
-    offloads = bool((base_kind == KIND_OFFLOAD).any())
+    # The base plan: every layer offloaded whole where that offloads something, else kept.
+    movable, base_bytes = whole_offloads(trace, allowed)
+    base_kind = np.where(movable, KIND_OFFLOAD, KIND_KEEP).astype(np.int64)
+    offloads = bool(movable.any())
     score = FastSim(trace, budget_bytes)
     seen: set[tuple[int, int]] = set()
     best: tuple[float, int, int] | None = None  # (overhead, k, tail) of the best member that fits
@@ -166,4 +173,4 @@ def ratio_plan(
     return sim if sim.feasible else None
 
 
-__all__ = ["grid", "ratio_plan"]
+__all__ = ["grid", "ratio_plan", "whole_offloads"]

@@ -12,8 +12,9 @@ def grace_s(time_limit_s: float) -> float:
 
 
 MIN_SEARCH_S = 0.1
-NO_TIME = "no time left to search once its model was built"
 """A MILP solver is not started with less than this limit: what is left goes to the solve's last phases."""
+NO_TIME = "no time left to search once its model was built"
+"""The outcome's message where a solver was not started for want of time."""
 
 
 def limit_within(seconds_left: float) -> float:
