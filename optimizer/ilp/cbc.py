@@ -21,7 +21,7 @@ from pathlib import Path
 import pulp
 
 from memsched.errors import SolverError
-from memsched.optimizer.ilp.limits import grace_s
+from memsched.optimizer.ilp.limits import MIN_SEARCH_S, grace_s
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ class CbcRun:
     """CBC crashed with the MIP start and was re-run without it."""
     killed: bool
     """CBC ran past the hard deadline and was killed: no solution was read."""
+    started: bool = True
+    """False where writing its files left it less than MIN_SEARCH_S: CBC was not run and no solution was read."""
 
 
 def run_cbc(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, threads: int | None) -> CbcRun:
@@ -56,7 +58,9 @@ def run_cbc(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, t
         if warm:
             solver.writesol(mst, prob, vs, var_names, con_names)
         while True:
-            limit = max(0.2, time_limit_s - (time.perf_counter() - t0))  # a re-run gets what is left
+            limit = time_limit_s - (time.perf_counter() - t0)  # a re-run gets what is left
+            if limit < MIN_SEARCH_S:  # writing the files took its time (a 100-layer DAG's MPS: seconds)
+                return CbcRun("", retried, killed=False, started=False)
             args = [solver.path, mps]
             if warm:
                 args += ["-mips", mst]

@@ -215,6 +215,8 @@ def _solve_pulp(
             return Outcome(backend, None, None, None, None, 0.0, f"{backend}: {NO_TIME}")
         time_limit_s = limit
         run = run_cbc(prob, time_limit_s, gap, bool(start), threads)
+        if not run.started:
+            return Outcome(backend, None, None, None, None, time.perf_counter() - t0, f"{backend}: {NO_TIME}")
         text = run.log_text
         if run.killed:
             message = (
