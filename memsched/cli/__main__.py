@@ -1,5 +1,5 @@
 """`python -m memsched.cli`: the same as the `memsched` console script."""
 
-from memsched.cli import main
+from memsched.cli import run
 
-main()
+run()

@@ -31,13 +31,26 @@ def solver_limit(time_limit_s: float, deadline: float | None) -> float | None:
     return limit if limit >= MIN_SEARCH_S else None
 
 
-SETUP_PER_BUILD = 2.5
-"""A built model's hand-over to its solver (PuLP's problem, the warm start, the MPS file; CP-SAT's proto) takes up
-to this many times as long as building it: 1.5-2x measured on 100-layer synthetic chains and DAGs with exact
-windows (build 0.9-1.1 s, hand-over 1.5-2.0 s, 2026-11-30)."""
+BUILD_S_PER_CELL = 1e-4
+"""Building a model takes about this long per layer and step of its widest window (max(W, L)), or longer: 0.9-1.5 s
+for 100-layer synthetic chains and DAGs with exact windows (W = L = 100) on a 2-core machine, 2026-11-30. A build
+whose hand-over could not fit in the time left is not started (predicted_build_s)."""
 
 
-def worth_handing_over(built_s: float, seconds_left: float) -> bool:
-    """Whether a model that took `built_s` to build can still be handed over and searched within `seconds_left`
-    (its solver's limit at least MIN_SEARCH_S, CBC's kill grace after it)."""
-    return limit_within(seconds_left - SETUP_PER_BUILD * built_s) >= MIN_SEARCH_S
+def predicted_build_s(n: int, window: int, max_segment: int) -> float:
+    """The least time a model of `n` layers with windows of `window` stages and segments of `max_segment` layers
+    takes to build (BUILD_S_PER_CELL): a floor, so that a build skipped for it would not have fit."""
+    return BUILD_S_PER_CELL * n * max(window, max_segment, 1)
+
+
+MPS_PER_PROBLEM = 2.0
+"""Writing a PuLP problem's MPS file (and its MIP start) takes up to this many times as long as building the
+PuLP problem did: 1.3-1.9x measured on 40- to 100-layer synthetic chains and DAGs with exact windows (a 100-layer
+DAG: to_pulp 1.4 s, MPS 2.5 s, 2026-11-30)."""
+
+
+def worth_handing_over(built_s: float, seconds_left: float, setup_per_build: float) -> bool:
+    """Whether a model that took `built_s` to build can still be handed over, its backend's set-up taking up to
+    `setup_per_build` times the build (Backend.setup_per_build), and searched within `seconds_left` (its solver's
+    limit at least MIN_SEARCH_S, CBC's kill grace after it)."""
+    return limit_within(seconds_left - setup_per_build * built_s) >= MIN_SEARCH_S

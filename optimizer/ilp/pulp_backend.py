@@ -19,7 +19,7 @@ import pulp
 from memsched.errors import SolverError
 from memsched.optimizer.decisions import Decision
 from memsched.optimizer.ilp.cbc import run_cbc
-from memsched.optimizer.ilp.limits import NO_TIME, grace_s, solver_limit
+from memsched.optimizer.ilp.limits import MPS_PER_PROBLEM, NO_TIME, grace_s, solver_limit
 from memsched.optimizer.ilp.model import BIN, BYTE_UNIT, BYTES, FRAC, SECONDS, TIME, MilpModel
 from memsched.optimizer.ilp.outcome import Outcome
 from memsched.optimizer.ilp.warm import ScaledRow, complete, decode, hint
@@ -201,7 +201,9 @@ def _solve_pulp(
 ) -> Outcome:
     if backend == "highs":
         return _solve_highs(m, time_limit_s, gap, warm, threads, deadline)
+    began = time.perf_counter()
     prob, cols, rows = to_pulp(m)
+    problem_s = time.perf_counter() - began
     # Greedy hint: the binaries of the warm schedule, every other variable at its least value (complete).
     start = complete(m, hint(m, warm), rows, integral=False) if warm is not None else {}
     for j, val in start.items():
@@ -211,7 +213,10 @@ def _solve_pulp(
     message = ""
     if backend == "cbc":  # (HiGHS is handled above)
         limit = solver_limit(time_limit_s, deadline)
-        if limit is None:
+        # CBC's files take up to MPS_PER_PROBLEM times PuLP's problem to write, before CBC's clock starts: where
+        # that leaves no search, they are not written (a 100-layer DAG's MPS: 1.9 s, past the deadline).
+        writing_s = MPS_PER_PROBLEM * problem_s
+        if limit is None or (deadline is not None and solver_limit(time_limit_s, deadline - writing_s) is None):
             return Outcome(backend, None, None, None, None, 0.0, f"{backend}: {NO_TIME}")
         time_limit_s = limit
         run = run_cbc(prob, time_limit_s, gap, bool(start), threads)

@@ -79,21 +79,18 @@ def test_a_late_beam_and_race_end_within_the_limit(tmp_path: Path) -> None:
     assert "late beam" in done.stderr, "the late beam phase was not reached"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known breach (stop 58): the MILP's build and hand-over (1-3 s on this 100-layer DAG) are not cut by the "
-    "deadline; the whole process ends at 10.3-11.5 s and, on a loaded 2-core machine, up to 12.05 s for 10 s",
-)
 def test_a_milp_whose_model_takes_seconds_to_build_ends_within_the_limit(tmp_path: Path) -> None:
     # A 100-layer DAG at 40%: the exact-window MILP (auto, up to 100 layers) took 1.1 s to build and 2 s more into
     # PuLP, and CBC, handed a limit read before both, ran 1.9 s past the deadline (11.8 s for 10 s, 2026-11-30).
+    # Then its MPS file, written after the limit was read, took 1.9 s past it (12.05 s), and the interpreter's
+    # teardown 0.6 s more.
     from memsched.optimizer.synthetic import make_trace
 
     path = tmp_path / "dag-100.json"
     path.write_text(make_trace(100, 1, dag=True).model_dump_json())
     env = {**os.environ, "MEMSCHED_LOG": "INFO"}
     done, _ = _solve_cli(path, "40%", 10.0, tmp_path / "schedule.json", env)
-    assert "cbc" in done.stderr, "the MILP phase was not reached"
+    assert "cbc" in done.stderr, "the MILP phase was not reached"  # run, or said why not
 
 
 @pytest.fixture(scope="module")
