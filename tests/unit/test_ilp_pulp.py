@@ -92,7 +92,9 @@ def test_a_model_that_cannot_be_handed_over_in_time_is_not_handed_over(monkeypat
     called: list[str] = []
     entry = backends.BACKENDS[SolverName.CBC]
     monkeypatch.setitem(
-        backends.BACKENDS, SolverName.CBC, backends.Backend(lambda *a: called.append("solve"), entry.export, True, entry.setup_per_build)
+        backends.BACKENDS,
+        SolverName.CBC,
+        backends.Backend(lambda *a: called.append("solve"), entry.export, True, entry.setup_per_build),
     )
     trace = make_trace(6, 1)
     budget = min_feasible_budget(trace) * 2
