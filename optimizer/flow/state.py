@@ -158,6 +158,9 @@ class FlowState:
         self._problem: DpProblem | None = None
         self._bound_problems: dict[int, DpProblem] = {}
         self._rows_prices: tuple[LagrangeArrays, np.ndarray] | None = None
+        self.setup_s = time.perf_counter() - t0
+        """Seconds from the solve's start (the CLI: its process's start) to here: the interpreter and imports, reading
+        the trace, the feasibility check and the first plans (said where they pass the limit: `plain_summary`)."""
         """The memory rows' Lagrangian arrays and best prices (first reader's rule), where it ran: the mixed rule's
         ascent after the exact DP starts there (`lagrange_mixed`)."""
 
@@ -266,6 +269,7 @@ class FlowState:
             self.options.time_limit_s,
             wall,
             self.kernels_s,
+            self.setup_s,
         )
         rec = record(best.name, status, obj, wall, msg, bound=self.bound, details=details)
         schedule = make_schedule(self.trace, best.sim.decisions, self.budget, best.name, rec)

@@ -643,6 +643,16 @@ def test_the_message_is_one_plain_sentence_and_the_details_are_structured() -> N
         "(the exact dynamic program proves at least 0.15 s), and the time limit of 10 s ran out before "
         "that gap closed to 1%."
     )
+    # Past the promise: the sentence says so, and names what took the time before any search could start.
+    msg = plain_summary(SolverStatus.FEASIBLE, 0.2, 0.0, "none", 1.0, 0.01, 1.0, 2.7, kernels_s=0.5, setup_s=1.4)
+    assert msg.endswith(
+        " The solve took 2.7 s, past its time limit of 1 s: 1.4 s went to starting (the interpreter and its imports, "
+        "reading the trace, the first greedy plans: no limit shortens these) and 0.5 s to preparing the optimizer's "
+        "compiled kernels (the first solve in an environment compiles them; `make install` does it ahead)."
+    )
+    assert plain_summary(SolverStatus.FEASIBLE, 0.2, 0.0, "none", 1.0, 0.01, 10.0, 12.0).endswith(
+        " The solve took 12 s, past its time limit of 10 s."
+    )
 
 
 @pytest.mark.parametrize("n_layers", [5, 100, 150])
