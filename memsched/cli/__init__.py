@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -476,12 +477,15 @@ def run() -> NoReturn:
     a 2-core machine (a 10 s solve: answer written at 9.93 s, process gone at 10.55 s), time the user waits for
     nothing and that `solve`'s limit promises to bound. Exit handlers still run (logging's flush, temporary
     directories) and the standard streams are flushed; every file memsched writes is closed before main
-    returns. An uncaught exception (MEMSCHED_DEBUG) leaves as Python's own, with its traceback."""
+    returns. A command that leaves a thread or a child process behind (a server's pools as it stops) exits the usual
+    way, which waits for them. An uncaught exception (MEMSCHED_DEBUG) leaves as Python's own, with its traceback."""
     try:
         main()
         code = 0
     except SystemExit as e:
         code = _exit_status(e.code)
+    if _left_running():
+        sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -489,6 +493,16 @@ def run() -> NoReturn:
         except (OSError, ValueError):
             code = code or 120  # what Python exits with where it cannot flush stdout at its exit (a closed pipe)
     os._exit(code)
+
+
+def _left_running() -> bool:
+    """Whether a thread other than this one, not a daemon, or a child process is still running: Python's own exit
+    waits for them (concurrent.futures' pools join their workers there)."""
+    main_thread = threading.main_thread()
+    if any(t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        return True
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and bool(mp.active_children())
 
 
 def _exit_status(code: object) -> int:

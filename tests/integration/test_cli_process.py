@@ -55,3 +55,20 @@ def test_exit_statuses_are_pythons(code: object, status: int, capsys: pytest.Cap
     assert _exit_status(code) == status
     if isinstance(code, str):
         assert capsys.readouterr().err.strip() == code
+
+
+def test_a_thread_left_running_takes_pythons_own_exit() -> None:
+    import threading
+
+    from memsched.cli import _left_running
+
+    assert not _left_running()
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait)  # not a daemon: Python's exit would wait for it
+    worker.start()
+    try:
+        assert _left_running()
+    finally:
+        release.set()
+        worker.join()
+    assert not _left_running()
