@@ -53,8 +53,6 @@ class DpOutcome:
     """The label cap stopped a sweep (a coarser one may have followed)."""
     timed_out: bool = False
     """The deadline stopped the last sweep."""
-    paced: bool = False
-    """The last sweep's pace stopped it before its deadline, saying it would not finish by then (timed_out too)."""
     quantum_bytes: int = 1
     """Resolution of the last sweep (1 = exact)."""
     peak_labels: int = 0
@@ -113,12 +111,10 @@ def beam_search(
     width: int = DEFAULT_BEAM_WIDTH,
     threshold: float = np.inf,
     problem: DpProblem | None = None,
-    pace: float | None = None,
 ) -> DpOutcome:
     """The sweep with at most `width` labels per boundary, dropping plans that already cost `threshold`
     (the best schedule known); its decoded plans (no bound). `problem`: build_problem(trace, budget_bytes),
-    where the caller already has it. `pace`: stop as soon as its pace says it would not reach its last boundary by
-    the deadline with that margin (SweepConfig.pace): a cut beam decodes no plan, so its time goes to the caller."""
+    where the caller already has it."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     if p.fluid_d2h_bw != p.d2h_bw or p.fluid_h2d_bw != p.h2d_bw:
@@ -126,9 +122,8 @@ def beam_search(
         # proving sweeps' link (DpProblem.fluid_d2h_bw): a search, not a bound, so it keeps the ranking whose
         # plans were measured (the slower link, on the ResNet-50 H100 trace at 75%: 0.00389 -> 0.00422 s).
         p = dataclasses.replace(p, fluid_d2h_bw=p.d2h_bw, fluid_h2d_bw=p.h2d_bw, _remaps={})
-    res = run_sweep(p, SweepConfig(deadline=deadline, beam=width, threshold=threshold, pace=pace))
+    res = run_sweep(p, SweepConfig(deadline=deadline, beam=width, threshold=threshold))
     out = DpOutcome(timed_out=res.timed_out, peak_labels=res.peak_labels, notes=_approximation_notes(p))
-    out.paced = res.paced
     if res.finished:
         out.schedules = _decode_finals(trace, p, res, budget_bytes)
         out.swept_s = res.finals[0][0] if res.finals else None

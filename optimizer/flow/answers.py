@@ -79,16 +79,11 @@ class AnswerPhases(FlowState):
                     width=width,
                     threshold=self.best.sim.overhead_s + shift,
                     problem=p,
-                    pace=None if fluid_s else shares.BEAM_FIRST_PACE,
                 )
                 fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
                 if fitted:
                     self.add("dp-beam", fitted[0])
                 if out.timed_out:
-                    if out.paced:
-                        log.info(
-                            "fluid beam %d: stopped at its pace after %.2f s (it would not finish)", width, out.wall_s
-                        )
                     break
                 if out.schedules and not fitted and self.host_binds and price < 1e6 * self.price_scale:
                     price = next_price(price, None, self.price_scale)  # the same width again, offloads dearer

@@ -20,11 +20,6 @@ round decodes no plan, and the local search's answer depends on where it starts.
 first round needs 1.9 s of the long trace's 1 s share; cut, the local search started from the best baseline
 (0.170 s) and ended at 0.0590 s; from the round's plan (0.107 s), at 0.0531 s (5 s of search from each: 0.0575-0.0590
 against 0.0525-0.0531 s)."""
-BEAM_FIRST_PACE = 2.0
-"""The beam's first fluid round stops as soon as its pace says it would need more than this many times the time
-left to its end (BEAM_FIRST_SHARE): cut, it decodes no plan, and its time goes to the phases after it. The
-1,000-layer synthetic DAG at 20%: the round of 24 labels takes 18-23 s (2 labels: 18 s) and finds no plan below
-the greedy one, so it spent 2.5 s of a 10 s limit and 15 s of 60 s for nothing."""
 LONG_TRACE = 300
 """Above this many layers (where the memory rows' Lagrangian does not prune it) the exact DP often cannot finish
 its sweep at the incumbent in a time limit of minutes, so there it climbs (each sweep's threshold sized by the

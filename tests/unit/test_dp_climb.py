@@ -21,7 +21,6 @@ from memsched.optimizer.dp import (
     _CLIMB_SAFETY,
     _CLIMB_SLOPE_RANGE,
     _FIRST_THRESHOLD,
-    beam_search,
     exact_search,
     fifo_search,
     next_threshold,
@@ -165,25 +164,6 @@ def test_a_sweep_that_cannot_finish_stops_at_its_pace_with_a_true_bound() -> Non
     short = make_trace(30, 2, copy_latency_s=10e-6)
     b = budget_between(short, 0.3)
     assert exact_search(short, b, FAR, None, 0.0, pace=3.0).bound_s == exact_search(short, b, FAR, None, 0.0).bound_s
-
-
-def test_a_beam_that_cannot_finish_stops_at_its_pace_and_one_that_can_is_not_stopped() -> None:
-    # The beam's first round (Flow.beam, BEAM_FIRST_PACE): cut, it decodes no plan, so a round that its pace says
-    # cannot finish gives its time back at once. The 1,000-layer DAG at 20%: 24 labels take 18-23 s.
-    trace = make_trace(1000, 1, dag=True)
-    budget = budget_between(trace, 0.2)
-    greedy = heuristic(trace, budget).sim.overhead_s
-    deadline = time.perf_counter() + 4.0
-    out = beam_search(trace, budget, deadline, width=24, threshold=greedy, pace=shares.BEAM_FIRST_PACE)
-    assert out.paced and out.timed_out and not out.schedules
-    assert deadline - time.perf_counter() > 2.0, "it stopped at its pace, well before its deadline"
-    # A beam that keeps up finishes as without the pace: the same plans.
-    short = make_trace(30, 2, copy_latency_s=10e-6)
-    b = budget_between(short, 0.3)
-    paced = beam_search(short, b, time.perf_counter() + 30.0, width=24, pace=shares.BEAM_FIRST_PACE)
-    plain = beam_search(short, b, FAR, width=24)
-    assert not paced.paced and paced.schedules
-    assert [s.overhead_s for s in paced.schedules] == [s.overhead_s for s in plain.schedules]
 
 
 def test_pace_compares_the_linear_projection_with_the_time_left() -> None:
