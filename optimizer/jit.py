@@ -74,6 +74,7 @@ def _exercise_every_kernel() -> None:
         link_lagrangian_bound,
         raise_future,
     )
+    from memsched.optimizer.fastsim import descend
     from memsched.optimizer.heuristic import heuristic
     from memsched.optimizer.polish import polish
     from memsched.optimizer.synthetic import make_trace
@@ -87,7 +88,14 @@ def _exercise_every_kernel() -> None:
     incumbent = beam.schedules[0].overhead_s if beam.schedules else None
     exact_search(trace, budget, far, incumbent, 0.0, problem=problem)
     fifo_search(trace, budget, far, incumbent if incumbent is not None else float("inf"), 0.0, problem=problem)
-    polish(trace, budget, heuristic(trace, budget).decisions, 0.05)
+    start = heuristic(trace, budget).decisions
+    polish(trace, budget, start, 0.05)
+    # The local search's descent passes (fastsim.descend) run only after its first moves: a polish that spent its
+    # 0.05 s compiling the rest (the install's first run) never reached them, and the first solve after `make
+    # install` then compiled them inside its limit (6-7 s of a 10 s solve). So it searches until they are compiled.
+    until = time.perf_counter() + 600.0
+    while not descend.signatures and time.perf_counter() < until:
+        polish(trace, budget, start, 0.5)
     # Both Lagrangians (a few steps each compile every kernel they call) and the completion bound.
     arrays = lagrange_arrays(problem, trace)
     upper = incumbent if incumbent else 1.0
