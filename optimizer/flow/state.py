@@ -158,11 +158,11 @@ class FlowState:
         self._problem: DpProblem | None = None
         self._bound_problems: dict[int, DpProblem] = {}
         self._rows_prices: tuple[LagrangeArrays, np.ndarray] | None = None
+        """The memory rows' Lagrangian arrays and best prices (first reader's rule), where it ran: the mixed rule's
+        ascent after the exact DP starts there (`lagrange_mixed`)."""
         self.setup_s = time.perf_counter() - t0
         """Seconds from the solve's start (the CLI: its process's start) to here: the interpreter and imports, reading
         the trace, the feasibility check and the first plans (said where they pass the limit: `plain_summary`)."""
-        """The memory rows' Lagrangian arrays and best prices (first reader's rule), where it ran: the mixed rule's
-        ascent after the exact DP starts there (`lagrange_mixed`)."""
 
     def problem(self) -> DpProblem:
         """The DP's arrays of this trace and budget, built once per solve (its future-cost table is the costly
