@@ -20,6 +20,7 @@ from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.baselines import BASELINES
 from memsched.optimizer.budget import check_budget_feasible, min_feasible_budget
 from memsched.optimizer.decisions import ALL_ACTIONS, uses_only
+from memsched.optimizer.jit import compiling
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Action, Trace
 from memsched.units import format_bytes
@@ -60,9 +61,12 @@ class Verdict:
 def dp_verdict(trace: Trace, budget_bytes: int, allowed: frozenset[Action], deadline: float) -> Verdict:
     """Whether any plan of the `allowed` actions fits `budget_bytes`, by the exact DP without an incumbent."""
     from memsched.optimizer.dp import exact_search  # numba loads here
+    from memsched.optimizer.jit import kernels_by
 
     if budget_bytes < trace.static.total:
         return Verdict(False)
+    if not kernels_by(deadline):  # the first run in an environment: still compiling the DP's kernels
+        return Verdict(None)
     p = restricted_problem(trace, budget_bytes, allowed, deadline)
     out = exact_search(trace, budget_bytes, deadline, None, 0.0, problem=p)
     if out.schedules:
@@ -125,9 +129,14 @@ def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], 
         return verdict.sim
     what = "keep and recompute" if Action.RECOMPUTE in allowed else "keep alone"
     if verdict.feasible is None:
+        why = (
+            "the exact DP's compiled kernels were still compiling, as they do once per environment"
+            if compiling()
+            else "the exact DP ran out of time, or the cheapest plans it found did not fit once simulated"
+        )
         raise MemschedError(
-            f"budget: no plan of {what} under {format_bytes(budget_bytes)} was found or ruled out (the exact DP ran "
-            "out of time, or the cheapest plans it found did not fit once simulated); the smallest budget memsched "
+            f"budget: no plan of {what} under {format_bytes(budget_bytes)} was found or ruled out ({why}); the "
+            "smallest budget memsched "
             f"found for them is {format_bytes(best[0].peak_bytes)} "
             f"({best[0].peak_bytes} bytes). Raise the budget, give a longer time limit, or allow offload "
             "(--actions keep,offload,recompute)"

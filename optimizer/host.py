@@ -115,11 +115,14 @@ def min_host_bytes(
     Where the clock or a relaxation stops the DP short of the optimum, `lower` < `upper`."""
     from memsched.optimizer.actions import restricted_problem
     from memsched.optimizer.dp import exact_search, relaxed_problem
+    from memsched.optimizer.jit import kernels_by
 
     upper_sims = [s for s in known if s.feasible]
     upper = min((s.host_peak_bytes for s in upper_sims), default=offloadable_bytes(trace))
     best: SimResult | None = None
     t0 = time.perf_counter()
+    if not kernels_by(deadline):  # the first run in an environment: the DP's kernels still compiling
+        return HostNeed(0, upper, None)
     p = restricted_problem(trace, budget_bytes, allowed, deadline)
     p = relaxed_problem(p, trace)  # a relaxation where some layer has too many subsets: its bound holds
     out = exact_search(trace, budget_bytes, deadline, None, 0.0, problem=_byte_problem(p))

@@ -13,17 +13,27 @@ things go wrong when that first call happens inside a job:
 `prepare_kernels()` runs the whole DP (problem, future table, beam and exact sweeps) and the local search on a
 tiny built-in trace, so every kernel is compiled, or loaded from the cache, with the argument types the solver
 uses. Workers call it
-before they take jobs; `solve()` calls it before its clock-driven phases. A file lock makes concurrent first
-runs take turns (one compiles and writes the cache, the others load it), and time-limit signals are held back
-until the kernels are whole.
+before they take jobs. A file lock makes concurrent first runs take turns (one compiles and writes the cache, the
+others load it), and time-limit signals are held back until the kernels are whole.
+
+A solve has a time limit that the compile (20-45 s from an empty cache: a `pip install` that skipped `make
+install`'s warm-up) must not break, so `solve()` calls `kernels_by(deadline)` instead: the kernels are loaded or
+compiled in a thread of their own (no time-limit signal reaches it) and the solve waits for them until its deadline
+at most, then answers with its greedy plans where they are not ready. A process that exits while that thread is
+still compiling (a short CLI solve) hands the rest to a detached `python -m memsched.optimizer.jit`, so that the
+next solve finds them; numba's cache keeps every kernel finished before.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import hashlib
 import logging
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -34,9 +44,41 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_ready = threading.Event()
-"""Set once this process has every kernel compiled or loaded."""
-_lock = threading.Lock()
+
+class _Kernels:
+    """This process's kernels: whether they are ready, and the thread that `kernels_by` starts (once) to load or
+    compile them."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        """Set once this process has every kernel compiled or loaded."""
+        self.lock = threading.Lock()
+        """Held by whoever loads or compiles them (prepare_kernels, the thread)."""
+        self.thread: threading.Thread | None = None
+        """`kernels_by`'s thread (None: not started)."""
+        self.done = threading.Event()
+        """Set when that thread has ended, with the kernels ready or with `error`."""
+        self.error: Exception | None = None
+        """What the thread raised, raised again where a caller waits for it."""
+        self.starting = threading.Lock()
+        """Held while a caller checks for the thread and starts it (not `lock`: the thread holds that throughout)."""
+
+    def forget_a_lost_thread(self) -> None:
+        """In a forked child: the thread did not come along, and the locks it held stay held there, so a compile
+        it had not finished starts again from a fresh state."""
+        if self.thread is not None and not self.done.is_set():
+            self.__init__()  # type: ignore[misc]
+
+
+_state = _Kernels()
+
+
+def _after_fork_in_child() -> None:
+    _state.forget_a_lost_thread()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # The time-limit signals of the worker pools (api/runners/solve_process.py: SIGALRM; Celery's prefork soft
 # limit: SIGUSR1).
@@ -47,22 +89,90 @@ _DEFERRED_SIGNALS = tuple(
 
 def kernels_ready() -> bool:
     """Whether this process has already compiled or loaded every kernel."""
-    return _ready.is_set()
+    return _state.ready.is_set()
 
 
 def prepare_kernels() -> float:
     """Compile (first run on a machine) or load (from numba's cache) every kernel; a no-op after the
     first call in a process. Returns the seconds it took."""
-    if _ready.is_set():
+    if _state.ready.is_set():
         return 0.0
     t0 = time.perf_counter()
-    with _lock, _deferred_signals(), _cache_lock():
-        if not _ready.is_set():
+    if _state.thread is not None:
+        _state.done.wait()
+        _raise_background_error()
+    with _state.lock, _deferred_signals(), _cache_lock():
+        if not _state.ready.is_set():
             _exercise_every_kernel()
-            _ready.set()
+            _state.ready.set()
     wall = time.perf_counter() - t0
     log.info("optimizer: kernels ready in %.2f s", wall)
     return wall
+
+
+def kernels_by(deadline: float) -> bool:
+    """Whether every kernel is ready by `deadline` (time.perf_counter()): loads or compiles them in a daemon thread
+    (started once per process) and waits for it until then. False leaves the thread running: a later call finds
+    them ready, and a process that exits first hands the compile to a process of its own (`_finish_after_exit`)."""
+    if _state.ready.is_set():
+        return True
+    with _state.starting:
+        if _state.thread is None and not _state.ready.is_set():
+            _state.thread = threading.Thread(target=_prepare_in_background, name="memsched-kernels", daemon=True)
+            atexit.register(_finish_after_exit)
+            _state.thread.start()
+    _state.done.wait(max(0.0, deadline - time.perf_counter()))
+    _raise_background_error()
+    return _state.ready.is_set()
+
+
+def compiling() -> bool:
+    """Whether `kernels_by`'s thread is still loading or compiling the kernels."""
+    return _state.thread is not None and not _state.done.is_set()
+
+
+def _prepare_in_background() -> None:
+    t0 = time.perf_counter()
+    try:
+        with _state.lock, _cache_lock():
+            if not _state.ready.is_set():
+                _exercise_every_kernel()
+                _state.ready.set()
+        log.info("optimizer: kernels ready in %.2f s", time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - re-raised in the thread that waits for it (kernels_by, prepare_kernels)
+        _state.error = e
+    finally:
+        _state.done.set()
+
+
+def _raise_background_error() -> None:
+    if _state.error is not None:
+        raise RuntimeError(f"optimizer: preparing the compiled kernels failed: {_state.error}") from _state.error
+
+
+def _finish_after_exit() -> None:
+    """At exit, where `kernels_by`'s thread is still compiling (a solve shorter than the first compile): start a
+    detached `python -m memsched.optimizer.jit` that finishes the compile into numba's cache after this process has
+    gone (it waits on the cache lock this process holds until then), so the next solve finds the kernels ready."""
+    if not compiling():
+        return
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "memsched.optimizer.jit"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # outlives this process and its terminal's signals
+            close_fds=True,
+        )
+    except OSError as e:
+        log.warning("optimizer: the compiled kernels are not finished, and no process could finish them (%s)", e)
+        return
+    log.warning(
+        "optimizer: the compiled kernels are not finished; process %d finishes them in the background for the next "
+        "solve (once per environment; `make install` or `python -m memsched.optimizer.jit` does it ahead)",
+        child.pid,
+    )
 
 
 def _exercise_every_kernel() -> None:
@@ -106,13 +216,15 @@ def _exercise_every_kernel() -> None:
 
 @contextlib.contextmanager
 def _cache_lock() -> Iterator[None]:
-    """An exclusive lock shared by every process of this user on this machine (POSIX; elsewhere none)."""
+    """An exclusive lock shared by every process of this user on this machine that uses the same numba cache
+    (NUMBA_CACHE_DIR; POSIX; elsewhere none): processes with caches of their own do not wait for each other."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: compiles may race; numba then recompiles on a bad entry
         yield
         return
-    path = Path(tempfile.gettempdir()) / f"memsched-numba-{os.getuid()}.lock"
+    cache = hashlib.sha256(os.environ.get("NUMBA_CACHE_DIR", "").encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"memsched-numba-{os.getuid()}-{cache}.lock"
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:

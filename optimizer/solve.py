@@ -340,7 +340,8 @@ def _solve_report(
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     # Every solve's compiled kernels (the heuristic-only one's ratio plan scores with one too): loaded, or compiled
     # first in an environment, with the time-limit signals held (optimizer/jit.py), never mid-call.
-    flow.prepare_kernels()
+    if not flow.prepare_kernels():
+        return _heuristic_only(trace, budget_bytes, flow) if not phases else flow.report()
     if not phases:
         flow.ratio(flow.until(shares.RATIO_SHARE))
         return _heuristic_only(trace, budget_bytes, flow)

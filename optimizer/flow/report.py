@@ -91,11 +91,13 @@ def plain_summary(
     wall_s: float,
     kernels_s: float = 0.0,
     setup_s: float = 0.0,
+    kernels_pending: bool = False,
 ) -> str:
     """One sentence for the user: what was proven about the answer, and what limited the proof. Where the solve
     passed its limit by more than the promise allows (1.1 x limit + 0.5 s), it says so, and names what took more than
     a quarter of the limit before any search could start: `setup_s` (the command's start, the trace, the first
-    plans) and `kernels_s` (loading or compiling the compiled kernels)."""
+    plans) and `kernels_s` (loading or compiling the compiled kernels). `kernels_pending`: the kernels were still
+    compiling when the limit ran out, so no search or bound ran."""
     source = _BOUND_SOURCES.get(bound_source, bound_source)
     if status == SolverStatus.OPTIMAL:
         if objective_s <= 0:
@@ -110,7 +112,14 @@ def plain_summary(
         if wall_s >= 0.9 * time_limit_s
         else "the solver's searches ended"
     )
-    if bound_source == "none":
+    if kernels_pending:
+        sentence = (
+            f"Not proven: this is the best greedy plan ({objective_s:.4g} s of overhead), not a searched one. The "
+            f"optimizer's compiled kernels were still compiling after {kernels_s:.2g} s, when the time limit of "
+            f"{time_limit_s:g} s ran out (the first solve in an environment compiles them, once; `make install` "
+            "does it ahead; they go on compiling in the background for the next solve)."
+        )
+    elif bound_source == "none":
         sentence = (
             f"Not proven: no lower bound above 0 was found before {limited}, so this schedule "
             f"({objective_s:.4g} s of overhead) may be far from the best."

@@ -131,6 +131,8 @@ class FlowState:
         dearer): the next local search starts from it first (`polish`)."""
         self.kernels_s = 0.0
         """Seconds spent loading (or, the first time, compiling) the compiled kernels."""
+        self.kernels_pending = False
+        """The kernels were still compiling at the deadline (`prepare_kernels`): the answer is a greedy plan."""
         self.host_binds = host_binds(trace, self.host, allowed)
         """Whether the host budget excludes some plan (else nothing below looks at it)."""
         self.price_scale = price_scale(trace)
@@ -226,18 +228,29 @@ class FlowState:
         return obj <= 0.0 or (obj - self.bound) <= (self.options.gap + 1e-6) * obj + 1e-12
 
     # ---------------------------------------------------------------- phases
-    def prepare_kernels(self) -> None:
+    def prepare_kernels(self) -> bool:
         """The compiled kernels (DP, local search), before the phases that share the clock: loading them takes
-        ~0.2 s, but the first run on a machine compiles them (3-4 s), which the time limit cannot shorten; say so."""
-        from memsched.optimizer.jit import prepare_kernels
+        0.2-0.8 s, but the first run in an environment compiles them (20-45 s), so the solve waits for them only
+        until its deadline. False: they were still compiling then, and only the greedy plans found before can be
+        the answer (the searches and bounds all run on the kernels)."""
+        from memsched.optimizer.jit import kernels_by
 
-        took = prepare_kernels()
-        self.kernels_s = took
-        if took > 0.25 * self.options.time_limit_s:
+        t0 = time.perf_counter()
+        ready = kernels_by(self.deadline - self.reserve)
+        took = self.kernels_s = time.perf_counter() - t0
+        self.kernels_pending = not ready
+        if not ready:
+            self.notes.append(
+                f"the optimizer's compiled kernels were still compiling after {took:.2g} s, when the time limit ran "
+                "out: no search or bound ran (the first solve in an environment compiles them, once; `make install` "
+                "does it ahead)"
+            )
+        elif took > 0.25 * self.options.time_limit_s:
             self.notes.append(
                 f"{took:.2g} s of the limit went to loading the optimizer's compiled kernels (once per "
                 "process; the first use in an environment also compiles them)"
             )
+        return ready
 
     # ---------------------------------------------------------------- the answer
     def report(self) -> SolveReport:
@@ -270,6 +283,7 @@ class FlowState:
             wall,
             self.kernels_s,
             self.setup_s,
+            self.kernels_pending,
         )
         rec = record(best.name, status, obj, wall, msg, bound=self.bound, details=details)
         schedule = make_schedule(self.trace, best.sim.decisions, self.budget, best.name, rec)
