@@ -192,6 +192,9 @@ stage_install() {
     step install project-into-site 10 240 install.log "$PY" -m pip install -q --no-index --no-deps \
       --no-build-isolation --target "$SITE" . || rc=$?
   fi
+  # The optimizer's kernels, compiled into numba's cache as `make install` does: else the first solve spends its
+  # limit compiling them (2026-11-30: 22 s of a 10 s solve) and answers with a greedy plan.
+  step install kernels 10 120 install.log "$PY" -m memsched.optimizer.jit || rc=$?
   step install check 5 60 install.log "$PY" -c \
     "import pydantic, pulp, torch, transformers, memsched.optimizer.solve, memsched.runtime, memsched.cli.runtime; \
 print('pydantic', pydantic.VERSION, 'pulp', pulp.__version__, 'torch', torch.__version__, \
