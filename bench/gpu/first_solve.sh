@@ -13,17 +13,17 @@ fi
 $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 export NUMBA_CACHE_DIR=$(mktemp -d)   # empty: as after an install that compiled nothing
 for run in first second; do
-  t0=$(date +%s.%N)
+  t0=$EPOCHREALTIME
   $PY -m memsched.cli solve "$trace" --budget 50% --time-limit "$limit" --json -o "$out/$run.schedule.json" \
     > "$out/$run.json" 2> "$out/$run.err"
   rc=$?
-  t1=$(date +%s.%N)
-  echo "$run solve: exit $rc, whole process $(echo "$t1 - $t0" | bc) s for --time-limit $limit"
+  t1=$EPOCHREALTIME
+  echo "$run solve: exit $rc, whole process $(awk "BEGIN{print $t1 - $t0}") s for --time-limit $limit"
   $PY -c "import json,sys; s=json.load(open(sys.argv[1]))['solver']; print(' ', s['backend'], s['status'], 'gap', round(100*s['gap'],2), '%;', s['message'])" "$out/$run.json"
   grep -h "background" "$out/$run.err"
   if [ "$run" = first ]; then
-    t2=$(date +%s.%N)
+    t2=$EPOCHREALTIME
     while pgrep -f "memsched.optimizer.jit" > /dev/null; do sleep 1; done
-    echo "background compile ended $(echo "$(date +%s.%N) - $t2" | bc) s after the first solve"
+    echo "background compile ended $(awk "BEGIN{print $EPOCHREALTIME - $t2}") s after the first solve"
   fi
 done

@@ -13,7 +13,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -155,29 +155,26 @@ def test_time_limit_signals_mid_compile_wait_for_the_kernels_and_leave_every_pro
 
 
 @pytest.fixture
-def cold_kernels(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[], object]], None]:
-    """This process's kernel state as in a fresh environment, with `work` standing in for the compile."""
-    from memsched.optimizer import jit
-
-    def install(work: Callable[[], object]) -> None:
-        monkeypatch.setattr(jit, "_state", jit._Kernels())
-        monkeypatch.setattr(jit, "_exercise_every_kernel", work)
-
-    return install
-
-
-def test_kernels_by_waits_until_its_deadline_and_leaves_the_compile_running(
-    cold_kernels: Callable[[Callable[[], object]], None],
-) -> None:
+def cold_kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """This process's kernel state as in a fresh environment, with a compile that lasts until the returned event is
+    set (at the end of the test at the latest)."""
     from memsched.optimizer import jit
 
     release = threading.Event()
-    cold_kernels(lambda: release.wait(30))
+    monkeypatch.setattr(jit, "_state", jit._Kernels())
+    monkeypatch.setattr(jit, "_exercise_every_kernel", lambda: release.wait(30))
+    yield release
+    release.set()
+
+
+def test_kernels_by_waits_until_its_deadline_and_leaves_the_compile_running(cold_kernels: threading.Event) -> None:
+    from memsched.optimizer import jit
+
     t0 = time.perf_counter()
     assert not jit.kernels_by(t0 + 0.3)
     assert 0.3 <= time.perf_counter() - t0 < 2.0  # not the compile's whole time
     assert jit.compiling() and not jit.kernels_ready()
-    release.set()
+    cold_kernels.set()
     assert jit.kernels_by(time.perf_counter() + 10)  # the same thread finished them: ready, once
     assert jit.kernels_ready() and not jit.compiling()
     assert jit.prepare_kernels() == 0.0
@@ -185,12 +182,10 @@ def test_kernels_by_waits_until_its_deadline_and_leaves_the_compile_running(
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_a_forked_child_compiles_afresh_where_the_parents_thread_had_not_finished(
-    cold_kernels: Callable[[Callable[[], object]], None],
+    cold_kernels: threading.Event,
 ) -> None:
     from memsched.optimizer import jit
 
-    release = threading.Event()
-    cold_kernels(lambda: release.wait(30))
     assert not jit.kernels_by(time.perf_counter() + 0.1)
     read, write = os.pipe()
     pid = os.fork()
@@ -203,76 +198,63 @@ def test_a_forked_child_compiles_afresh_where_the_parents_thread_had_not_finishe
     os.close(write)
     # The parent's compile ends (and lets go of the cache's file lock, which the child waits for) after the fork;
     # a child that kept the parent's state would wait for its thread's event for ever.
-    threading.Timer(0.5, release.set).start()
+    threading.Timer(0.5, cold_kernels.set).start()
     try:
         assert os.read(read, 2) == b"ok"
     finally:
         os.close(read)
         os.waitpid(pid, 0)
-        release.set()
 
 
 def test_a_failed_background_compile_is_raised_where_a_solve_waits(
-    cold_kernels: Callable[[Callable[[], object]], None],
+    cold_kernels: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from memsched.optimizer import jit
 
     def broken() -> None:
         raise ValueError("no LLVM here")
 
-    cold_kernels(broken)
+    monkeypatch.setattr(jit, "_exercise_every_kernel", broken)
     with pytest.raises(RuntimeError, match="preparing the compiled kernels failed: no LLVM here"):
         jit.kernels_by(time.perf_counter() + 10)
     with pytest.raises(RuntimeError, match="no LLVM here"):
         jit.prepare_kernels()
 
 
-def test_a_solve_answers_its_greedy_plan_when_the_kernels_are_not_ready(
-    cold_kernels: Callable[[Callable[[], object]], None],
-) -> None:
+@pytest.mark.usefixtures("cold_kernels")
+def test_a_solve_answers_its_greedy_plan_when_the_kernels_are_not_ready() -> None:
     from memsched.optimizer.budget import budget_between
     from memsched.optimizer.solve import solve
     from memsched.optimizer.synthetic import make_trace
     from memsched.options import SolveOptions
     from memsched.schema import SolverStatus
 
-    release = threading.Event()
-    cold_kernels(lambda: release.wait(30))
     trace = make_trace(30, 4, dag=True)
-    try:
-        for solver in ("auto", "heuristic"):
-            t0 = time.perf_counter()
-            res = solve(trace, budget_between(trace, 0.3), SolveOptions(solver=solver, time_limit_s=1.0))
-            assert time.perf_counter() - t0 < 1.1 + 0.5
-            assert res.solver.best_bound_s in (None, 0.0)
-            if solver == "auto":
-                assert res.solver.status == SolverStatus.FEASIBLE
-                assert "still compiling" in res.solver.message and "greedy plan" in res.solver.message
-            else:
-                assert res.solver.status == SolverStatus.HEURISTIC
-                assert any("still compiling" in d for d in res.solver.details)
-    finally:
-        release.set()
+    for solver in ("auto", "heuristic"):
+        t0 = time.perf_counter()
+        res = solve(trace, budget_between(trace, 0.3), SolveOptions(solver=solver, time_limit_s=1.0))
+        assert time.perf_counter() - t0 < 1.1 + 0.5
+        assert res.solver.best_bound_s in (None, 0.0)
+        if solver == "auto":
+            assert res.solver.status == SolverStatus.FEASIBLE
+            assert "still compiling" in res.solver.message and "greedy plan" in res.solver.message
+        else:
+            assert res.solver.status == SolverStatus.HEURISTIC
+            assert any("still compiling" in d for d in res.solver.details)
 
 
-def test_a_budget_only_the_dp_can_settle_says_the_kernels_are_compiling(
-    cold_kernels: Callable[[Callable[[], object]], None],
-) -> None:
+@pytest.mark.usefixtures("cold_kernels")
+def test_a_budget_only_the_dp_can_settle_says_the_kernels_are_compiling() -> None:
     from memsched.errors import MemschedError
     from memsched.optimizer.actions import check_feasible, recompute_baselines
     from memsched.optimizer.budget import min_feasible_budget
     from memsched.optimizer.synthetic import make_trace
     from memsched.schema import Action
 
-    release = threading.Event()
-    cold_kernels(lambda: release.wait(30))
     trace = make_trace(20, 5, dag=True)
     allowed = frozenset({Action.KEEP, Action.RECOMPUTE})
     low = max(min_feasible_budget(trace), trace.static.total)
     high = recompute_baselines(trace, allowed)[0].peak_bytes
     assert low < high
-    try:
-        with pytest.raises(MemschedError, match="still compiling"):
-            check_feasible(trace, (low + high) // 2, allowed, time.perf_counter() + 0.3)
-    finally:
-        release.set()
+    with pytest.raises(MemschedError, match="still compiling"):
+        check_feasible(trace, (low + high) // 2, allowed, time.perf_counter() + 0.3)
