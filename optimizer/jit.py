@@ -118,7 +118,9 @@ def kernels_by(deadline: float) -> bool:
         return True
     with _state.starting:
         if _state.thread is None and not _state.ready.is_set():
-            _state.thread = threading.Thread(target=_prepare_in_background, name="memsched-kernels", daemon=True)
+            _state.thread = threading.Thread(
+                target=_prepare_in_background, args=(_state,), name="memsched-kernels", daemon=True
+            )
             atexit.register(_finish_after_exit)
             _state.thread.start()
     _state.done.wait(max(0.0, deadline - time.perf_counter()))
@@ -131,18 +133,18 @@ def compiling() -> bool:
     return _state.thread is not None and not _state.done.is_set()
 
 
-def _prepare_in_background() -> None:
+def _prepare_in_background(state: _Kernels) -> None:
     t0 = time.perf_counter()
     try:
-        with _state.lock, _cache_lock():
-            if not _state.ready.is_set():
+        with state.lock, _cache_lock():
+            if not state.ready.is_set():
                 _exercise_every_kernel()
-                _state.ready.set()
+                state.ready.set()
         log.info("optimizer: kernels ready in %.2f s", time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - re-raised in the thread that waits for it (kernels_by, prepare_kernels)
-        _state.error = e
+        state.error = e
     finally:
-        _state.done.set()
+        state.done.set()
 
 
 def _raise_background_error() -> None:

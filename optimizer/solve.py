@@ -340,8 +340,16 @@ def _solve_report(
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     # Every solve's compiled kernels (the heuristic-only one's ratio plan scores with one too): loaded, or compiled
     # first in an environment, with the time-limit signals held (optimizer/jit.py), never mid-call.
-    if not flow.prepare_kernels():
-        return _heuristic_only(trace, budget_bytes, flow) if not phases else flow.report()
+    # The MILP needs no compiled kernels: where one follows, a first solve in an environment waits for them only
+    # part of its limit, and gives the MILP the rest if they are still compiling then.
+    milps = [ph for ph in phases if ph.step == Step.MILP]
+    if not flow.prepare_kernels(flow.until_from_start(shares.KERNELS_BEFORE_MILP) if milps else None):
+        if not phases:
+            return _heuristic_only(trace, budget_bytes, flow)
+        for phase in milps:
+            if flow.left() >= phase.min_left_s:
+                _run_phase(flow, phase)
+        return flow.report()
     if not phases:
         flow.ratio(flow.until(shares.RATIO_SHARE))
         return _heuristic_only(trace, budget_bytes, flow)

@@ -228,22 +228,22 @@ class FlowState:
         return obj <= 0.0 or (obj - self.bound) <= (self.options.gap + 1e-6) * obj + 1e-12
 
     # ---------------------------------------------------------------- phases
-    def prepare_kernels(self) -> bool:
+    def prepare_kernels(self, until: float | None = None) -> bool:
         """The compiled kernels (DP, local search), before the phases that share the clock: loading them takes
         0.2-0.8 s, but the first run in an environment compiles them (20-45 s), so the solve waits for them only
-        until its deadline. False: they were still compiling then, and only the greedy plans found before can be
-        the answer (the searches and bounds all run on the kernels)."""
+        until `until` (default: its deadline). False: they were still compiling then, and only the greedy plans
+        found before, and a MILP phase (it needs no kernels), can give the answer."""
         from memsched.optimizer.jit import kernels_by
 
         t0 = time.perf_counter()
-        ready = kernels_by(self.deadline - self.reserve)
+        ready = kernels_by(self.deadline - self.reserve if until is None else until)
         took = self.kernels_s = time.perf_counter() - t0
         self.kernels_pending = not ready
         if not ready:
             self.notes.append(
-                f"the optimizer's compiled kernels were still compiling after {took:.2g} s, when the time limit ran "
-                "out: no search or bound ran (the first solve in an environment compiles them, once; `make install` "
-                "does it ahead)"
+                f"the optimizer's compiled kernels were still compiling after {took:.2g} s: no search or bound that "
+                "runs on them ran (the first solve in an environment compiles them, once; `make install` does it "
+                "ahead)"
             )
         elif took > 0.25 * self.options.time_limit_s:
             self.notes.append(
