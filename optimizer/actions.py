@@ -129,17 +129,22 @@ def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], 
         return verdict.sim
     what = "keep and recompute" if Action.RECOMPUTE in allowed else "keep alone"
     if verdict.feasible is None:
+        pending = compiling()
         why = (
             "the exact DP's compiled kernels were still compiling, as they do once per environment"
-            if compiling()
+            if pending
             else "the exact DP ran out of time, or the cheapest plans it found did not fit once simulated"
+        )
+        fix = (
+            "Solve again once they are compiled (a background process finishes them; `python -m "
+            "memsched.optimizer.jit` waits for them), raise the budget"
+            if pending
+            else "Raise the budget, give a longer time limit"
         )
         raise MemschedError(
             f"budget: no plan of {what} under {format_bytes(budget_bytes)} was found or ruled out ({why}); the "
-            "smallest budget memsched "
-            f"found for them is {format_bytes(best[0].peak_bytes)} "
-            f"({best[0].peak_bytes} bytes). Raise the budget, give a longer time limit, or allow offload "
-            "(--actions keep,offload,recompute)"
+            f"smallest budget memsched found for them is {format_bytes(best[0].peak_bytes)} "
+            f"({best[0].peak_bytes} bytes). {fix}, or allow offload (--actions keep,offload,recompute)"
         )
     t0 = time.perf_counter()
     minimum, proven = smallest_budget(trace, allowed, deadline, known_infeasible=budget_bytes)
