@@ -225,14 +225,25 @@ def _cache_lock() -> Iterator[None]:
     except ImportError:  # pragma: no cover - Windows: compiles may race; numba then recompiles on a bad entry
         yield
         return
-    cache = hashlib.sha256(os.environ.get("NUMBA_CACHE_DIR", "").encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / f"memsched-numba-{os.getuid()}-{cache}.lock"
-    with open(path, "a") as f:
+    with open(_lock_path(), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _lock_path() -> Path:
+    """Inside NUMBA_CACHE_DIR where one is set (the lock goes with its cache), else in the temporary folder."""
+    cache_dir = os.environ.get("NUMBA_CACHE_DIR")
+    if cache_dir:
+        try:
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)  # numba makes it too, on its first write
+            return Path(cache_dir) / "memsched-compile.lock"
+        except OSError:  # not ours to create: the temporary folder, named after the cache
+            digest = hashlib.sha256(cache_dir.encode()).hexdigest()[:12]
+            return Path(tempfile.gettempdir()) / f"memsched-numba-{os.getuid()}-{digest}.lock"
+    return Path(tempfile.gettempdir()) / f"memsched-numba-{os.getuid()}.lock"
 
 
 @contextlib.contextmanager

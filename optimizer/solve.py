@@ -340,10 +340,14 @@ def _solve_report(
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     # Every solve's compiled kernels (the heuristic-only one's ratio plan scores with one too): loaded, or compiled
     # first in an environment, with the time-limit signals held (optimizer/jit.py), never mid-call.
-    # The MILP needs no compiled kernels: where one follows, a first solve in an environment waits for them only
-    # part of its limit, and gives the MILP the rest if they are still compiling then.
-    milps = [ph for ph in phases if ph.step == Step.MILP]
-    if not flow.prepare_kernels(flow.until_from_start(shares.KERNELS_BEFORE_MILP) if milps else None):
+    # The MILP needs no compiled kernels: where one follows (asked for by name, or under auto where a cold compile
+    # would outlast the limit), a first solve in an environment waits for them only part of its limit, and gives
+    # the MILP the rest if they are still compiling then.
+    milp_wait = flow.until_from_start(shares.KERNELS_BEFORE_MILP)
+    milp_room = flow.deadline - flow.reserve - milp_wait >= shares.MILP_MIN_LEFT_S
+    short = options.solver in BACKENDS or options.time_limit_s <= shares.COLD_COMPILE_S
+    milps = [ph for ph in phases if ph.step == Step.MILP] if milp_room and short else []
+    if not flow.prepare_kernels(milp_wait if milps else None):
         if not phases:
             return _heuristic_only(trace, budget_bytes, flow)
         for phase in milps:

@@ -138,9 +138,15 @@ DP_UNTIL = 0.95
 early with a gap (a loose fluid bound: stall-heavy traces) the rest goes to the exact-window MILP, so a late
 stop only takes time from traces whose final sweep is still running, and there finishing is what proves."""
 KERNELS_BEFORE_MILP = 0.5
-"""Where a MILP phase follows (a backend asked for by name; auto on short traces), a solve whose compiled kernels are
-not ready (the first in an environment: 20-45 s of compiling) waits for them until this share of the limit, then
-gives the MILP, which needs none, the rest: its plans and bound, where the other phases would have given none."""
+"""Where a MILP phase follows (a backend asked for by name; auto on short traces under COLD_COMPILE_S), a solve
+whose compiled kernels are not ready (the first in an environment) waits for them until this share of the limit,
+then gives the MILP, which needs none, the rest: its plans and bound, where the other phases would have given
+none."""
+COLD_COMPILE_S = 20.0
+"""The least time compiling every kernel from an empty cache took (20 s on this 2-core machine, 22-25 s on the
+H200's host, 45 s beside another compile). Under auto, only limits up to this give the MILP the rest where the
+kernels are not ready at KERNELS_BEFORE_MILP: a longer limit waits for them, as the DP and the local search they
+run prove more than the MILP where they arrive in time."""
 MILP_MIN_LEFT_S = 1.0
 """A MILP phase runs only with this many seconds left: building, warm-starting and CBC's kill grace need about
 that much. DP_UNTIL_RELAXED applies only where its share of the limit is half again as much, so that short limits

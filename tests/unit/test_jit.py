@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -278,3 +279,34 @@ def test_a_milp_answers_while_the_kernels_compile(solver: str) -> None:
     assert any("still compiling" in d for d in res.solver.details), res.solver.details
     assert res.solver.best_bound_s is not None and res.solver.best_bound_s > 0.0, res.solver.message
     assert any(d.startswith("cbc") for d in res.solver.details), res.solver.details
+
+
+def test_auto_with_a_limit_a_cold_compile_may_fit_waits_for_the_kernels(
+    cold_kernels: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past COLD_COMPILE_S the kernels may still arrive in time, and the DP they run proves more than the MILP: auto
+    # waits for them past KERNELS_BEFORE_MILP (here they arrive at 65% of the limit) and runs its phases.
+    from memsched.optimizer.budget import budget_between
+    from memsched.optimizer.flow import shares
+    from memsched.optimizer.solve import solve
+    from memsched.optimizer.synthetic import make_trace
+    from memsched.options import SolveOptions
+
+    limit = 4.0
+    monkeypatch.setattr(shares, "COLD_COMPILE_S", limit / 2)
+    trace = make_trace(10, 3)
+    threading.Timer(0.65 * limit, cold_kernels.set).start()
+    res = solve(trace, budget_between(trace, 0.3), SolveOptions(solver="auto", time_limit_s=limit))
+    assert not any("still compiling" in d for d in res.solver.details), res.solver.details
+    assert res.solver.best_bound_s is not None and res.solver.best_bound_s > 0.0
+
+
+def test_the_compile_lock_lives_with_its_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Processes with caches of their own do not wait for each other, and a cache's lock goes with it.
+    from memsched.optimizer.jit import _lock_path
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    assert _lock_path() == tmp_path / "cache" / "memsched-compile.lock"
+    assert (tmp_path / "cache").is_dir()
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    assert _lock_path().parent == Path(tempfile.gettempdir())
