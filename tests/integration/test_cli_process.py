@@ -94,7 +94,8 @@ def test_a_first_solve_keeps_its_limit_while_the_kernels_compile(tmp_path: Path)
     limit = 3.0
     t0 = time.perf_counter()
     done = subprocess.run(
-        [*CLI, "solve", str(trace), "--budget", "30%", "--time-limit", str(limit), "--json"],
+        [*CLI, "solve", str(trace), "--budget", "30%", "--time-limit", str(limit), "--json"]
+        + ["-o", str(tmp_path / "schedule.json")],
         capture_output=True,
         text=True,
         timeout=120,
