@@ -92,10 +92,10 @@ def test_a_first_solve_keeps_its_limit_while_the_kernels_compile(tmp_path: Path)
     trace.write_text(make_trace(120, 3, dag=True).model_dump_json())
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
     limit = 3.0
+    out = tmp_path / "schedule.json"
     t0 = time.perf_counter()
     done = subprocess.run(
-        [*CLI, "solve", str(trace), "--budget", "30%", "--time-limit", str(limit), "--json"]
-        + ["-o", str(tmp_path / "schedule.json")],
+        [*CLI, "solve", str(trace), "--budget", "30%", "--time-limit", str(limit), "--json", "-o", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
