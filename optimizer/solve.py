@@ -339,7 +339,7 @@ def _solve_report(
     if flow.best.sim.overhead_s <= 0.0:
         return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     # Every solve's compiled kernels (the heuristic-only one's ratio plan scores with one too): loaded, or compiled
-    # first in an environment, with the time-limit signals held (optimizer/jit.py), never mid-call.
+    # first in an environment, in a thread of their own that no time-limit signal reaches (optimizer/jit.py).
     # The MILP needs no compiled kernels: where one follows (asked for by name, or under auto where a cold compile
     # would outlast the limit), a first solve in an environment waits for them only part of its limit, and gives
     # the MILP the rest if they are still compiling then.

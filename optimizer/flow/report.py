@@ -97,7 +97,7 @@ def plain_summary(
     passed its limit by more than the promise allows (1.1 x limit + 0.5 s), it says so, and names what took more than
     a quarter of the limit before any search could start: `setup_s` (the command's start, the trace, the first
     plans) and `kernels_s` (loading or compiling the compiled kernels). `kernels_pending`: the kernels were still
-    compiling when the limit ran out, so no search or bound ran."""
+    compiling when the solve stopped waiting for them, so no search or bound that runs on them did."""
     source = _BOUND_SOURCES.get(bound_source, bound_source)
     if status == SolverStatus.OPTIMAL:
         if objective_s <= 0:

@@ -132,7 +132,8 @@ class FlowState:
         self.kernels_s = 0.0
         """Seconds spent loading (or, the first time, compiling) the compiled kernels."""
         self.kernels_pending = False
-        """The kernels were still compiling at the deadline (`prepare_kernels`): the answer is a greedy plan."""
+        """The kernels were still compiling when the solve stopped waiting (`prepare_kernels`): the answer is a greedy
+        plan, or the MILP's."""
         self.host_binds = host_binds(trace, self.host, allowed)
         """Whether the host budget excludes some plan (else nothing below looks at it)."""
         self.price_scale = price_scale(trace)
