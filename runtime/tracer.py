@@ -103,6 +103,8 @@ class _LayerStats:
     """Backward time per timing step."""
     rerun_s: list[float] = field(default_factory=list)
     """Re-run time inside the backward per re-run step (every layer checkpointed on its own)."""
+    checkpointed_forward_s: list[float] = field(default_factory=list)
+    """Forward time (outside the backward) in the re-run steps, rerun_s's pair step by step."""
     shared: int = 0
     """Bytes of storages it saved that an earlier layer saved first (attributed there)."""
     changed_buffer_bytes: int = 0
@@ -708,34 +710,37 @@ the checkpoint's early stop. Else recompute_s stays None (the layer re-runs whol
 
 
 class _RerunProbe:
-    """Times each traced layer's forward when it runs inside the backward: the re-run of a layer that is its
-    own checkpointed segment's last layer, from `enter` to `leave` or `fail` (the checkpoint's early stop ends
-    the re-run by an exception raised through the forward). LayerCalls (memsched.runtime.wrapping), installed
-    over the replay's own."""
+    """Times each traced layer's forward, from `enter` to `leave` or `fail`, in the re-run steps: inside the
+    backward, the re-run of a layer that is its own checkpointed segment's last layer (the checkpoint's early
+    stop ends it by an exception raised through the forward); outside, its forward in the same step, the pair
+    that the re-run is compared with (`_recompute_s`). LayerCalls (memsched.runtime.wrapping), installed over
+    the replay's own."""
 
     def __init__(self, stats: list[_LayerStats], clock: Clock) -> None:
         self.stats = stats
         self.clock = clock
-        self.marks: list[tuple[int, Any, Any]] = []
+        self.marks: list[tuple[int, bool, Any, Any]] = []
 
     def enter(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        # Inside the backward: the checkpoint's re-run; else nothing to time.
-        return self.clock.mark() if torch._C._current_graph_task_id() >= 0 else None
+        return torch._C._current_graph_task_id() >= 0, self.clock.mark()
 
     def leave(self, i: int, token: Any, out: Any) -> None:
         self.fail(i, token)
 
     def fail(self, i: int, token: Any) -> None:
-        if token is not None:
-            self.marks.append((i, token, self.clock.mark()))
+        rerun, start = token
+        self.marks.append((i, rerun, start, self.clock.mark()))
 
     def collect(self) -> None:
         self.clock.finish()
-        total: dict[int, float] = {}
-        for i, a, b in self.marks:
-            total[i] = total.get(i, 0.0) + self.clock.seconds(a, b)
-        for i, t in total.items():
-            self.stats[i].rerun_s.append(t)
+        total: dict[tuple[int, bool], float] = {}
+        for i, rerun, a, b in self.marks:
+            total[i, rerun] = total.get((i, rerun), 0.0) + self.clock.seconds(a, b)
+        # Both times of a layer in one step, or neither: the lists stay paired step by step (_recompute_s).
+        for (i, rerun), t in total.items():
+            if rerun and (i, False) in total:
+                self.stats[i].rerun_s.append(t)
+                self.stats[i].checkpointed_forward_s.append(total[i, False])
         self.marks.clear()
 
 
@@ -812,6 +817,7 @@ def _time_reruns(
         report.warn(f"re-run times not measured (recompute_s left null: priced as forward_s): {e}")
         for st in stats:
             st.rerun_s.clear()
+            st.checkpointed_forward_s.clear()
     return None
 
 
@@ -950,11 +956,18 @@ def _held_until(st: _LayerStats, pos: dict[int, int], n: int) -> int | None:
 
 
 def _recompute_s(st: _LayerStats) -> float | None:
-    """The median re-run where it is measurably below the median forward (RERUN_BELOW), else None."""
+    """The re-run's time where it is measurably below the forward's (RERUN_BELOW), else None: the median
+    forward (forward_s) times the median, over the re-run steps, of the re-run's time over the same step's
+    forward. Paired so, what the machine does between steps (another process's load on shared caches, a clock
+    boost) cancels out: compared across the timing and re-run steps, the same early stop of a GPT-2 block
+    measured 0.75x its forward in one run and 0.93-1.0x in another."""
     if not st.rerun_s or not st.forward_s:
         return None
-    rerun, fwd = statistics.median(st.rerun_s), statistics.median(st.forward_s)
-    return rerun if rerun < RERUN_BELOW * fwd else None
+    ratios = [r / f for r, f in zip(st.rerun_s, st.checkpointed_forward_s, strict=True) if f > 0]
+    if not ratios:
+        return None
+    ratio = statistics.median(ratios)
+    return ratio * statistics.median(st.forward_s) if ratio < RERUN_BELOW else None
 
 
 def _device_info(device: torch.device, measure_bandwidth: bool, layers: Sequence[_LayerStats]) -> DeviceInfo:

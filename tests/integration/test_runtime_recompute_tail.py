@@ -117,8 +117,10 @@ def test_the_tracer_measures_a_gpt2_blocks_rerun_below_its_forward(monkeypatch: 
     # and residual add are about a quarter of the block: re-run 0.75x forward there, 0.76x here. What this
     # checks is that the tracer sees the early stop, not its noise, so: a batch of 8 (at 2 the per-op overheads
     # are much of a block: beside a busy core re-runs measured 0.75-0.92x, some above RERUN_BELOW, recorded as
-    # None), and medians of 5 forwards and 5 re-runs (the CLI's 2 re-runs, beside the suite's other worker,
-    # measured 0.90 / 1.0 / 0.93 at batch 8 once). It runs with the wallclock tests, alone (tests/conftest.py).
+    # None), and 5 re-run steps (the CLI's 2, beside the suite's other worker, measured 0.90 / 1.0 / 0.93 at
+    # batch 8 once). Each re-run is paired with its forward in the same step (tracer._recompute_s): compared
+    # across steps, 1 of 3 fresh clones measured [1.0] * 3 or [0.92, 0.93, 0.88]; paired, 0.66-0.82 in 15
+    # layers, 6 of them beside a busy core. It runs with the wallclock tests, alone (tests/conftest.py).
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import memsched.runtime.tracer as tracer_module

@@ -399,3 +399,72 @@ def test_recompute_reads_the_buffers_the_forward_read_and_updates_them_once(step
     (g0, b0), (g1, b1) = results
     assert all(torch.equal(b1[k], v) for k, v in b0.items()) and b1["blocks.0.scale"].item() == 1.5**steps
     assert all(torch.equal(g1[k], v) for k, v in g0.items())
+
+
+class _TickClock:
+    """A Clock whose marks are the times it is given, in order (no device, no noise)."""
+
+    def __init__(self, times: list[float]) -> None:
+        self.times = iter(times)
+
+    def mark(self) -> float:
+        return next(self.times)
+
+    def finish(self) -> None:
+        pass
+
+    def seconds(self, a: float, b: float) -> float:
+        return b - a
+
+
+def test_a_rerun_is_priced_against_its_forward_of_the_same_step():
+    from memsched.runtime.tracer import RERUN_BELOW, _LayerStats, _recompute_s
+
+    # The timing steps ran at 1.0 s a forward; the re-run steps on a machine a third slower. Compared across
+    # the two, the re-run (1.0 s) would look whole; against its own step's forward (1.333 s) it is 0.75x.
+    st = _LayerStats(
+        "h", "Block", forward_s=[1.0, 1.0, 1.0], rerun_s=[1.0, 0.98, 1.02], checkpointed_forward_s=[4 / 3] * 3
+    )
+    assert _recompute_s(st) == pytest.approx(0.75)
+    # A re-run at RERUN_BELOW of its step's forward or above is the whole forward, within the noise.
+    whole = _LayerStats("h", "Block", forward_s=[1.0], rerun_s=[0.8 * RERUN_BELOW], checkpointed_forward_s=[0.8])
+    assert _recompute_s(whole) is None
+    assert _recompute_s(_LayerStats("h", "Block", forward_s=[1.0])) is None
+    assert _recompute_s(_LayerStats("h", "Block", forward_s=[1.0], rerun_s=[0.5], checkpointed_forward_s=[0.0])) is None
+
+
+def test_the_rerun_probe_pairs_each_rerun_with_its_forward_step_by_step():
+    from memsched.runtime import tracer
+
+    stats = [tracer._LayerStats("h.0", "Block"), tracer._LayerStats("h.1", "Block")]
+    # Step 1: layer 0 forward 0->2, layer 1 forward 2->5, then inside the backward layer 1's re-run 5->7,
+    # layer 0's 7->8. Step 2: layer 1 runs no forward (and so its re-run, if any, has no pair): only layer 0.
+    clock = _TickClock([0, 2, 2, 5, 5, 7, 7, 8, 10, 13, 20, 22, 30, 31])
+    probe = tracer._RerunProbe(stats, clock)  # type: ignore[arg-type]
+    backward = [False, False, True, True]
+    for i, inside in zip([0, 1, 1, 0], backward, strict=True):
+        token = _entered(probe, i, inside)
+        probe.leave(i, token, None)
+    probe.collect()
+    for i, inside in zip([0, 0, 1], [False, True, True], strict=True):
+        probe.leave(i, _entered(probe, i, inside), None)
+    probe.collect()
+    assert (stats[0].checkpointed_forward_s, stats[0].rerun_s) == ([2, 3], [1, 2])
+    assert (stats[1].checkpointed_forward_s, stats[1].rerun_s) == ([3], [2])
+
+
+def _entered(probe, i: int, inside_backward: bool):
+    with mock_graph_task(inside_backward):
+        return probe.enter(i, (), {})
+
+
+@contextlib.contextmanager
+def mock_graph_task(inside_backward: bool):
+    """torch._C._current_graph_task_id as inside (or outside) a backward, which is how the probe tells a
+    checkpoint's re-run from a forward."""
+    real = torch._C._current_graph_task_id
+    torch._C._current_graph_task_id = lambda: 7 if inside_backward else -1
+    try:
+        yield
+    finally:
+        torch._C._current_graph_task_id = real
