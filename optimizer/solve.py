@@ -106,6 +106,7 @@ class Step(StrEnum):
     """What a phase of the solve runs (the Flow method of the same name)."""
 
     PROVE = "prove"
+    STAGE_BOUND = "stage_bound"
     BEAM = "beam"
     RATIO = "ratio"
     DP_PROBE = "dp_probe"
@@ -168,7 +169,8 @@ def plan_for(
     relaxed: bool = False,
 ) -> list[Phase]:
     """The phases `solver` runs on a trace of `n_layers` layers, in order (docs/formulation.md, 'How solve()
-    proceeds'). Candidates first (beam DP, local search; long traces give the local search the larger share,
+    proceeds'). The stage bound first (milliseconds), then candidates (beam DP, local search; long traces give the
+    local search the larger share,
     as the exact DP rarely finishes there), then the FIFO sweep's probe, then what proves the bound. On short traces
     the exact DP runs before the local search where its sweeps are what proves (`Step.DP_FIRST`, DP_FIRST_SHARE).
     `lagrange`: the Lagrangian bound to run (`lagrange_kind`). On the memory rows its prices bound every
@@ -186,6 +188,7 @@ def plan_for(
         return []
     long_trace = n_layers > shares.LONG_TRACE
     searches = [
+        Phase(Step.STAGE_BOUND),
         Phase(Step.BEAM, shares.BEAM_SHARE / 2 if long_trace else shares.BEAM_SHARE, only_if_open=False),
         Phase(Step.RATIO, shares.RATIO_SHARE),
     ]
@@ -255,6 +258,8 @@ def _run_phase(flow: Flow, phase: Phase) -> None:
         until = flow.until(phase.share)
     if phase.step == Step.PROVE:
         flow.prove_start(until)
+    elif phase.step == Step.STAGE_BOUND:
+        flow.stage_memory_bound()
     elif phase.step == Step.BEAM:
         flow.beam(until)
     elif phase.step == Step.RATIO:

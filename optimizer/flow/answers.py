@@ -62,7 +62,13 @@ class AnswerPhases(FlowState):
         # prices them, and the fluid beam's wider rounds rank plans by a cost the simulator does not charge
         # (GPT-2 medium on an H100 at 50%: the fluid beam's best plans cost 0.0370, 0.0403, 0.0435, 0.0415 s at
         # 24-1536 labels; the FIFO beam of 256 finds 0.0347 s when it is not cut by the share after them).
-        while width <= shares.MAX_BEAM_WIDTH and time.perf_counter() < until and (fluid_on or (fifo_on and mispriced)):
+        # A round after the answer is proven (by the stage bound, which runs first) would find nothing it needs.
+        while (
+            width <= shares.MAX_BEAM_WIDTH
+            and time.perf_counter() < until
+            and (fluid_on or (fifo_on and mispriced))
+            and not self.proven()
+        ):
             fifo_first = fifo_on and mispriced
             if fifo_first:
                 fifo_on = fifo_round()
@@ -99,7 +105,7 @@ class AnswerPhases(FlowState):
                 # takes the fluid beam's time; PipeDream ResNet-50 at 19%: the simulator's cost 1.28-1.36x the
                 # sweep's).
                 mispriced = _mispriced(out)
-            if not fifo_first and fifo_on and mispriced:
+            if not fifo_first and fifo_on and mispriced and not self.proven():
                 fifo_on = fifo_round()
             width *= 4
         self.stalls_decide = self.fifo_beam_ok() and bool(ratios) and min(ratios) > 1.0 + shares.STALLS_DECIDE

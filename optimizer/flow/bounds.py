@@ -27,6 +27,23 @@ class BoundPhases(FlowState):
     """The phases that prove bounds: the Lagrangians, the exact and FIFO sweeps, the host budget's prices and
     the MILP."""
 
+    def stage_memory_bound(self) -> None:
+        """The stage bound (optimizer/stage_bound.py): each stage's memory alone, every copy paying its latency.
+        Milliseconds on short traces (0.33 s on a 1,000-layer DAG, within STAGE_BOUND_SHARE), so it runs first:
+        where a few long-latency copies are all the link can make before the peak, it proves what the fluid sweeps
+        cannot (bert-large on an H100)."""
+        from memsched.optimizer.stage_bound import stage_bound
+
+        began = time.perf_counter()
+        res = stage_bound(self.trace, self.budget, self.allowed, until=self.until(shares.STAGE_BOUND_SHARE))
+        log.info("stage bound: %.6g s at stage %d, %.3f s", res.bound_s, res.stage, time.perf_counter() - began)
+        best = self.best.sim.overhead_s
+        if res.bound_s > best * (1.0 + 1e-9) + 1e-12:
+            # A plan that fits costs less: the relaxation missed a way to free memory. Never claim it.
+            log.warning("stage bound %.9g s is above a plan that fits (%.9g s): not claimed", res.bound_s, best)
+            return
+        self.prove(res.bound_s, "stage")
+
     def lagrange(self, until: float) -> None:
         """The Lagrangian bounds (optimizer/dp/lagrange.py): on the memory rows where it is strong
         (LAGRANGE_SHARE), whose prices then also prune the exact DP; on the fluid link windows where copies run

@@ -72,6 +72,7 @@ _BOUND_SOURCES = {
     "dp-lagrangian": "the exact dynamic program with the host budget priced (a Lagrangian bound)",
     "lagrangian": "the Lagrangian bound on the memory rows",
     "lagrangian-link": "the Lagrangian bound on the copy links' windows",
+    "stage": "the stage bound (each stage's memory alone, every copy paying its latency)",
     "cbc": "the CBC MILP",
     "highs": "the HiGHS MILP",
     "cpsat": "the CP-SAT model",
