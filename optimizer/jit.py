@@ -110,10 +110,13 @@ def prepare_kernels() -> float:
     return wall
 
 
-def kernels_by(deadline: float) -> bool:
+def kernels_by(deadline: float, unless_compiling_at: float | None = None) -> bool:
     """Whether every kernel is ready by `deadline` (time.perf_counter()): loads or compiles them in a daemon thread
     (started once per process) and waits for it until then. False leaves the thread running: a later call finds
-    them ready, and a process that exits first hands the compile to a process of its own (`_finish_after_exit`)."""
+    them ready, and a process that exits first hands the compile to a process of its own (`_finish_after_exit`).
+    `unless_compiling_at`: from then on, stop waiting as soon as a kernel has missed numba's cache (a compile of
+    20-45 s is under way, `cache_missed`); while every kernel so far came from the cache, a load of about a second
+    on a slow machine, wait on (up to `deadline`)."""
     if _state.ready.is_set():
         return True
     with _state.starting:
@@ -123,9 +126,41 @@ def kernels_by(deadline: float) -> bool:
             )
             atexit.register(_finish_after_exit)
             _state.thread.start()
-    _state.done.wait(max(0.0, deadline - time.perf_counter()))
+    cutoff = deadline if unless_compiling_at is None else min(unless_compiling_at, deadline)
+    _state.done.wait(max(0.0, cutoff - time.perf_counter()))
+    while not _state.done.is_set() and time.perf_counter() < deadline and not cache_missed():
+        _state.done.wait(min(_POLL_S, max(0.0, deadline - time.perf_counter())))
     _raise_background_error()
     return _state.ready.is_set()
+
+
+_POLL_S = 0.02
+"""How often `kernels_by` looks for a cache miss once past `unless_compiling_at`."""
+
+_KERNEL_MODULES = (
+    "memsched.optimizer.fastsim",
+    "memsched.optimizer.dp.fifo_kernels",
+    "memsched.optimizer.dp.future",
+    "memsched.optimizer.dp.kernels",
+    "memsched.optimizer.dp.labels",
+    "memsched.optimizer.dp.lagrange",
+)
+"""The modules whose numba kernels are cached (`cache=True`)."""
+
+
+def cache_missed() -> bool:
+    """Whether a kernel of this process has missed numba's cache so far: it is compiled, not loaded. (numba counts
+    the miss before it compiles.) Only the modules already imported are looked at: the others have not begun."""
+    from numba.core.registry import CPUDispatcher
+
+    for name in _KERNEL_MODULES:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        for obj in list(vars(module).values()):
+            if isinstance(obj, CPUDispatcher) and sum(obj.stats.cache_misses.values()) > 0:
+                return True
+    return False
 
 
 def compiling() -> bool:

@@ -231,13 +231,14 @@ class FlowState:
     # ---------------------------------------------------------------- phases
     def prepare_kernels(self, until: float | None = None) -> bool:
         """The compiled kernels (DP, local search), before the phases that share the clock: loading them takes
-        0.2-0.8 s, but the first run in an environment compiles them (20-45 s), so the solve waits for them only
-        until `until` (default: its deadline). False: they were still compiling then, and only the greedy plans
-        found before, and a MILP phase (it needs no kernels), can give the answer."""
+        0.2-1.3 s, but the first run in an environment compiles them (20-45 s), so the solve waits for them until
+        its deadline at most, and where `until` is given, only until then if they are being compiled (a kernel
+        missed numba's cache) and not loaded. False: they were still compiling, and only the greedy plans found
+        before, and a MILP phase (it needs no kernels), can give the answer."""
         from memsched.optimizer.jit import kernels_by
 
         t0 = time.perf_counter()
-        ready = kernels_by(self.deadline - self.reserve if until is None else until)
+        ready = kernels_by(self.deadline - self.reserve, until)
         took = self.kernels_s = time.perf_counter() - t0
         self.kernels_pending = not ready
         if not ready:

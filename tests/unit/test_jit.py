@@ -164,8 +164,67 @@ def cold_kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     release = threading.Event()
     monkeypatch.setattr(jit, "_state", jit._Kernels())
     monkeypatch.setattr(jit, "_exercise_every_kernel", lambda: release.wait(30))
+    monkeypatch.setattr(jit, "cache_missed", lambda: True)  # a compile: its kernels missed numba's cache
     yield release
     release.set()
+
+
+def test_a_load_from_the_cache_is_waited_for_past_the_cutoff_and_a_compile_is_not(
+    cold_kernels: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A solve with a MILP to fall back on stops waiting at its cutoff only where the kernels are being compiled
+    # (20-45 s); a load from numba's cache took 1.1-1.3 s on this machine (2026-11-30), past a 3 s solve's cutoff
+    # of 1.5 s from the CLI's start, and that solve answered with CBC's 66% gap instead of the DP's proof.
+    from memsched.optimizer import jit
+
+    missed = False
+    monkeypatch.setattr(jit, "cache_missed", lambda: missed)
+    threading.Timer(0.4, cold_kernels.set).start()
+    t0 = time.perf_counter()
+    assert jit.kernels_by(t0 + 5.0, unless_compiling_at=t0 + 0.1)  # loading: waited for, past the cutoff
+    assert 0.4 <= time.perf_counter() - t0 < 2.0
+    monkeypatch.setattr(jit, "_state", jit._Kernels())
+    release = threading.Event()
+    monkeypatch.setattr(jit, "_exercise_every_kernel", lambda: release.wait(30))
+    missed = True
+    t0 = time.perf_counter()
+    assert not jit.kernels_by(t0 + 5.0, unless_compiling_at=t0 + 0.1)  # compiling: left at the cutoff
+    assert 0.1 <= time.perf_counter() - t0 < 1.0
+    release.set()
+    assert jit.kernels_by(time.perf_counter() + 10)
+
+
+def test_cache_missed_reads_the_kernels_own_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # numba counts a miss on the dispatcher before it compiles (Dispatcher.stats): one miss anywhere among the
+    # cached kernels' modules means a compile is under way; none, that every kernel so far came from the cache.
+    import collections
+
+    from numba.core.registry import CPUDispatcher
+
+    from memsched.optimizer import jit
+    from memsched.optimizer.dp import fifo_kernels, lagrange
+
+    jit.prepare_kernels()
+    for module in (fifo_kernels, lagrange):
+        for x in vars(module).values():
+            if isinstance(x, CPUDispatcher):
+                monkeypatch.setattr(x, "_cache_misses", collections.Counter())
+    monkeypatch.setattr(jit, "_KERNEL_MODULES", (fifo_kernels.__name__, lagrange.__name__))
+    assert not jit.cache_missed()
+    monkeypatch.setattr(lagrange._link_cover, "_cache_misses", collections.Counter({("a signature",): 1}))
+    assert jit.cache_missed()
+
+
+def test_every_module_with_cached_kernels_is_looked_at() -> None:
+    from memsched.optimizer import jit
+
+    root = Path(jit.__file__).resolve().parent
+    cached = {
+        "memsched.optimizer." + ".".join(py.relative_to(root).with_suffix("").parts)
+        for py in root.rglob("*.py")
+        if "cache=True" in py.read_text() and py.name != "jit.py"
+    }
+    assert cached == set(jit._KERNEL_MODULES)
 
 
 def test_kernels_by_waits_until_its_deadline_and_leaves_the_compile_running(cold_kernels: threading.Event) -> None:
