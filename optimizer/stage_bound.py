@@ -2,12 +2,13 @@
 
 At any one stage k, a plan must hold at most the budget, so it frees at least need_k = keep-all's bytes there less
 the budget's. Only layers whose saved bytes keep-all holds at k can free them, and each frees at most its saved
-bytes: recomputed, for at least its re-run (Layer.rerun_s); offloaded, by a copy that ends before stage k starts.
-The copies run one after another on the device-to-host stream, none before F_0 ends, and each takes the copy
-latency plus its bytes over the bandwidth, so freeing z bytes by copies needs at least the fewest layers whose
-offloadable bytes reach z, each paying the latency. The time by which they must end is where stage k starts in
-keep-all's timeline (for the loss point and the backward, the end of F_{n-1}: every copy is done by then), later
-by the stalls before it, which the overhead pays for. So
+bytes: recomputed, for at least its re-run (Layer.rerun_s), less what its segment's checkpoint holds for it past
+its own forward; offloaded, by a copy that ends before stage k starts. The copies run one after another on the
+device-to-host stream, none before F_0 ends, and each takes the copy latency plus its bytes over the bandwidth, so
+freeing z bytes by copies needs at least the fewest layers whose offloadable bytes reach z, each paying the
+latency. The time by which they must end is where stage k starts in keep-all's timeline (for the loss point and
+the backward, the end of F_{n-1}: every copy is done by then), later by the stalls before it, which the overhead
+pays for. So
 
     overhead >= min over recompute sets R of  cost(R) + max(0, F_0 end + m(z) x latency + z / bandwidth - T_k)
 
@@ -15,8 +16,9 @@ where z = need_k - bytes(R) and m(z) the fewest copies that hold z. The largest 
 (docs/formulation.md, 'The stage bound'). It ignores how the stages share one plan, so it is loose wherever the
 fluid sweeps are tight; it is tight where a few copies of large layers, each paying a long latency, are what the
 link can do before the peak (bert-large on an H100 at 75%: 1.76 ms a copy, 8.9 ms of bytes; the fluid sweeps
-spread the latency over the largest copy's bytes and prove 0.00560 s, this proves 0.00671 s, the optimum within
-0.1%). The recompute sets are a knapsack over bytes rounded up to `cells` steps (which can only lower it).
+spread the latency over the largest copy's bytes and prove 0.00560 s, this proves 0.006658 s, against the best
+plan's 0.006715 s). The recompute sets are a knapsack over bytes rounded up to `cells` steps (which can only lower
+it), whose state says whether the layer before is recomputed too (a segment's checkpoint holds its inputs once).
 """
 
 from __future__ import annotations
@@ -28,12 +30,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from memsched.optimizer.decisions import ALL_ACTIONS, KEEP
-from memsched.optimizer.simulate import forward_stage_memory, loss_point_bytes, simulate
+from memsched.optimizer.simulate import (
+    checkpoint_input_bytes,
+    external_input_bytes,
+    forward_stage_memory,
+    loss_point_bytes,
+    simulate,
+)
 from memsched.schema import Action, Trace
 
-CELLS = 4096
-"""Byte steps of the recompute knapsack, across the largest need: each recomputed layer's bytes are rounded up to
-them, so the bound loses at most a step's worth of re-run per layer."""
+CELLS = 16384
+"""Byte steps of the recompute knapsack, across the largest need, on traces of up to CELL_WORK / CELLS layers
+(fewer on longer ones, at least MIN_CELLS): each recomputed layer's bytes are rounded up to them, so the bound
+loses at most a step's worth of copy time per recomputed layer. bert-large on an H100 at 75% (need 4.2 GB, a step
+of 0.26 MB): 0.006658 s; at 4,096 steps 0.006626 s, at 65,536 0.006663 s, against the best plan's 0.006715 s."""
+MIN_CELLS = 2048
+CELL_WORK = 4_000_000
+"""Layers x steps: the knapsack's work, about 0.1 s of numpy."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +63,7 @@ def stage_bound(
     trace: Trace,
     budget_bytes: int,
     allowed: frozenset[Action] = ALL_ACTIONS,
-    cells: int = CELLS,
+    cells: int | None = None,
     until: float = math.inf,
 ) -> StageBound:
     """The stage bound (module docstring) for the plans of `allowed` actions. 0.0 on devices whose copies run on
@@ -66,11 +79,25 @@ def stage_bound(
     need = np.asarray(held) - limit
     if not trace.device.concurrent_copies or need.max() <= 0:
         return StageBound(0.0, -1)
+    if cells is None:
+        cells = min(CELLS, max(MIN_CELLS, CELL_WORK // n))
     step = float(need.max()) / cells
-    saved = [layer.saved_bytes for layer in trace.layers]
-    # Recompute items: layer i frees at most its saved bytes, in knapsack steps rounded up, for its re-run.
+    # Recompute items: layer i frees at most its saved bytes, in knapsack steps rounded up, for its re-run. At the
+    # stages after it, less what its segment's checkpoint holds for it: its external inputs (charged for every
+    # layer of a segment), and where it starts the segment, the outputs of producers it alone reads (a
+    # producer read by several layers is charged once, for the earliest segment that reads it).
     recompute_ok = Action.RECOMPUTE in allowed
-    weight = [math.ceil(s / step) for s in saved]
+    readers = [0] * n
+    for layer in trace.layers:
+        for j in set(layer.deps):
+            readers[j] += 1
+    weight, weight_on, weight_first = [], [], []
+    for i, layer in enumerate(trace.layers):
+        on = layer.saved_bytes - external_input_bytes(trace, i)
+        alone = sum(checkpoint_input_bytes(trace, j) for j in set(layer.deps) if j < i and readers[j] == 1)
+        weight.append(math.ceil(layer.saved_bytes / step))
+        weight_on.append(max(0, math.ceil(on / step)))
+        weight_first.append(max(0, math.ceil((on - alone) / step)))
     cost = [layer.rerun_s for layer in trace.layers]
     # Offload items: what a copy of layer i can move (the last layer is never offloaded).
     movable = [
@@ -98,14 +125,17 @@ def stage_bound(
         stages.setdefault(off, []).append((k, plus, by))
     grid = np.arange(cells + 1, dtype=np.float64) * step
     best, where = 0.0, -1
-    # mincost[y]: the least re-run time of a recompute set among layers 0..p-1 freeing >= y steps; `sizes`: the
-    # offloadable bytes of layers 0..p-1, largest first.
-    mincost = np.full(cells + 1, np.inf)
-    mincost[0] = 0.0
+    # after_kept[y] / after_run[y]: the least re-run time of a recompute set among layers 0..p-1 that frees at least
+    # y steps at the stages after them, with layer p-1 kept (or offloaded) / recomputed; `sizes`: the offloadable
+    # bytes of layers 0..p-1, largest first.
+    after_kept = np.full(cells + 1, np.inf)
+    after_kept[0] = 0.0
+    after_run = np.full(cells + 1, np.inf)
     sizes = np.zeros(0)
     for p in range(n + 1):
         if p in stages and time.perf_counter() >= until:
             break
+        mincost = np.minimum(after_kept, after_run)
         for k, plus, by in stages.get(p, ()):
             # Recompute alone is one of the ways to free the need: where even that costs no more than the best
             # stage so far, this stage cannot raise the bound (most stages of a long trace: 5x faster there).
@@ -115,31 +145,32 @@ def stage_bound(
             if alone <= best:
                 continue
             costs = mincost
-            if plus and recompute_ok:
-                costs = mincost.copy()
-                _add_item(costs, weight[p], cost[p])
+            if plus and recompute_ok:  # layer p, at its own stage: its checkpoint holds nothing yet
+                costs = np.minimum(mincost, _with_item(mincost, weight[p], cost[p]))
             value = _stage_value(need[k], grid, costs, sizes, release, latency, bw, by)
             # Infinite: nothing frees enough there, so no plan fits, which the solve settles before it asks.
             if best < value < math.inf:
                 best, where = value, min(k, n - 1)  # the loss point is folded into F_{n-1}
         if p < n:
             if recompute_ok:
-                _add_item(mincost, weight[p], cost[p])
+                run = np.minimum(
+                    _with_item(after_run, weight_on[p], cost[p]), _with_item(after_kept, weight_first[p], cost[p])
+                )
+                after_kept, after_run = mincost, run
             if movable[p] > 0:
                 sizes = np.insert(sizes, int(np.searchsorted(-sizes, -movable[p])), float(movable[p]))
     return StageBound(best, where)
 
 
-def _add_item(mincost: np.ndarray, weight: int, cost: float) -> None:
-    """The knapsack with one more layer that frees `weight` steps for `cost` seconds (in place)."""
-    if weight <= 0:
-        return  # frees nothing
+def _with_item(mincost: np.ndarray, weight: int, cost: float) -> np.ndarray:
+    """mincost's sets, each with one more layer that frees `weight` steps for `cost` seconds."""
+    out = np.empty_like(mincost)
     if weight >= len(mincost):
-        np.minimum(mincost, cost, out=mincost)
-        return
-    shifted = mincost[:-weight] + cost
-    np.minimum(mincost[:weight], cost, out=mincost[:weight])
-    np.minimum(mincost[weight:], shifted, out=mincost[weight:])
+        out[:] = mincost[0] + cost
+        return out
+    out[:weight] = mincost[0] + cost
+    out[weight:] = mincost[: len(mincost) - weight] + cost
+    return np.minimum.accumulate(out[::-1])[::-1]  # freeing more also frees at least less
 
 
 def _stage_value(
@@ -165,4 +196,4 @@ def _stage_value(
     return float(np.min(mincost[:top] + stall))
 
 
-__all__ = ["CELLS", "StageBound", "stage_bound"]
+__all__ = ["CELLS", "MIN_CELLS", "StageBound", "stage_bound"]
