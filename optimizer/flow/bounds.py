@@ -29,7 +29,7 @@ class BoundPhases(FlowState):
 
     def stage_memory_bound(self) -> None:
         """The stage bound (optimizer/stage_bound.py): each stage's memory alone, every copy paying its latency.
-        10-15 ms on short traces (0.36 s on a 1,000-layer DAG, within STAGE_BOUND_SHARE), so it runs first:
+        10-20 ms on short traces (0.2-0.3 s on 1,000 layers, within STAGE_BOUND_SHARE), so it runs first:
         where a few long-latency copies are all the link can make before the peak, it proves what the fluid sweeps
         cannot (bert-large on an H100)."""
         from memsched.optimizer.stage_bound import stage_bound

@@ -6,8 +6,8 @@ from __future__ import annotations
 # Shares of the time limit (upper bounds: each phase stops early when it has nothing left to do).
 STAGE_BOUND_SHARE = 0.05
 """The stage bound (optimizer/stage_bound.py) stops at this share of the limit with the stages it has seen (its
-stages of highest need, at the turn, come last): 10-15 ms on 24-layer transformer traces, 0.13 s on PipeDream
-ResNet-50, 0.28 s on DenseNet-121, 0.36 s on the 1,000-layer DAG, whose pass fits in 5% of 10 s."""
+stages of highest need, at the turn, come last): 10-20 ms on 24-layer transformer traces, 0.06-0.09 s on PipeDream
+ResNet-50, 0.08-0.1 s on DenseNet-121, 0.2-0.3 s on the 1,000-layer chain and DAG, whose pass fits in 5% of 10 s."""
 RATIO_SHARE = 0.05
 """The ratio plan (optimizer/ratio.py), right after the beam, stops its scans at this share of the limit: about
 2,000 plans scored by the compiled simulator, 0.33 s on the 1,000-layer synthetic chain, 3.9 s on a 5,000-layer
