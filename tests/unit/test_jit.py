@@ -14,7 +14,7 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -179,7 +179,7 @@ def test_a_load_from_the_cache_is_waited_for_past_the_cutoff_and_a_compile_is_no
 
     missed = False
     monkeypatch.setattr(jit, "cache_missed", lambda: missed)
-    threading.Timer(0.4, cold_kernels.set).start()
+    _daemon_timer(0.4, cold_kernels.set)
     t0 = time.perf_counter()
     assert jit.kernels_by(t0 + 5.0, unless_compiling_at=t0 + 0.1)  # loading: waited for, past the cutoff
     assert 0.4 <= time.perf_counter() - t0 < 2.0
@@ -258,7 +258,7 @@ def test_a_forked_child_compiles_afresh_where_the_parents_thread_had_not_finishe
     os.close(write)
     # The parent's compile ends (and lets go of the cache's file lock, which the child waits for) after the fork;
     # a child that kept the parent's state would wait for its thread's event for ever.
-    threading.Timer(0.5, cold_kernels.set).start()
+    _daemon_timer(0.5, cold_kernels.set)
     try:
         assert os.read(read, 2) == b"ok"
     finally:
@@ -354,7 +354,7 @@ def test_auto_with_a_limit_a_cold_compile_may_fit_waits_for_the_kernels(
     limit = 4.0
     monkeypatch.setattr(shares, "COLD_COMPILE_S", limit / 2)
     trace = make_trace(10, 3)
-    threading.Timer(0.65 * limit, cold_kernels.set).start()
+    _daemon_timer(0.65 * limit, cold_kernels.set)
     res = solve(trace, budget_between(trace, 0.3), SolveOptions(solver="auto", time_limit_s=limit))
     assert not any("still compiling" in d for d in res.solver.details), res.solver.details
     assert res.solver.best_bound_s is not None and res.solver.best_bound_s > 0.0
@@ -369,3 +369,11 @@ def test_the_compile_lock_lives_with_its_cache(tmp_path: Path, monkeypatch: pyte
     assert (tmp_path / "cache").is_dir()
     monkeypatch.delenv("NUMBA_CACHE_DIR")
     assert _lock_path().parent == Path(tempfile.gettempdir())
+
+
+def _daemon_timer(seconds: float, action: Callable[[], object]) -> None:
+    """`action` after `seconds`, on a daemon thread: none outlives its test as a thread Python's exit waits for
+    (test_cli_process.py checks that none is left)."""
+    timer = threading.Timer(seconds, action)
+    timer.daemon = True
+    timer.start()
