@@ -23,6 +23,7 @@ import numpy as np
 from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import DEFAULT_MAX_LABELS as FIFO_MAX_LABELS
 from memsched.optimizer.dp.fifo import fifo_sweep
+from memsched.optimizer.dp.fifo_kernels import QUEUE
 from memsched.optimizer.dp.problem import DpProblem, build_problem, near_exact_cells, relaxed_problem
 from memsched.optimizer.dp.sweep import SweepConfig, SweepResult, run_sweep
 from memsched.optimizer.simulate import SimResult, simulate
@@ -381,15 +382,17 @@ def fifo_search(
     gap: float,
     problem: DpProblem | None = None,
     max_labels: int = FIFO_MAX_LABELS,
+    queue: int = QUEUE,
 ) -> DpOutcome:
     """Tier 2 (optimizer/dp/fifo.py): the sweep with FIFO copy queues, pruned at incumbent x (1 - gap). Exact
     for the simulator's timing, so where it finishes its bound closes the gaps the fluid sweep leaves on
-    stall-heavy traces; stopped early, its frontier is still a bound. Devices with concurrent copies only."""
+    stall-heavy traces; stopped early, its frontier is still a bound. Devices with concurrent copies only.
+    `queue`: the copies each queue holds exactly (fifo_sweep; shorter merges more, optimistically)."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     assert not p.serial, "on a serial device the fluid sweep is already exact"
     out = DpOutcome(notes=_approximation_notes(p))
-    res = fifo_sweep(p, deadline, incumbent_s * (1.0 - gap), max_labels=max_labels)
+    res = fifo_sweep(p, deadline, incumbent_s * (1.0 - gap), max_labels=max_labels, queue=queue)
     out.timed_out, out.cap_hit, out.peak_labels = res.timed_out, res.cap_hit, res.peak_labels
     if res.finished:
         out.schedules = _decode_finals(trace, p, res, budget_bytes)

@@ -131,9 +131,12 @@ class BoundPhases(FlowState):
         and at most FIFO_MAX_LAYERS layers."""
         return self.trace.n <= shares.FIFO_MAX_LAYERS and self.trace.device.concurrent_copies
 
-    def _fifo_sweep(self, until: float, incumbent_s: float, gap: float, cells: int, max_labels: int) -> DpOutcome:
+    def _fifo_sweep(
+        self, until: float, incumbent_s: float, gap: float, cells: int, max_labels: int, queue: int | None = None
+    ) -> DpOutcome:
         """One FIFO sweep (dp.fifo_search) pruned at incumbent x (1 - gap), on `cells` byte ranges per relaxed
-        layer: its best plan joins the candidates, its bound is proved."""
+        layer, with `queue` copies held exactly per queue (None: the sweep's own default): its best plan joins the
+        candidates, its bound is proved."""
         from memsched.optimizer.dp import fifo_search
 
         out = fifo_search(
@@ -144,6 +147,7 @@ class BoundPhases(FlowState):
             gap,
             problem=self.bound_problem(cells),
             max_labels=max_labels,
+            **({} if queue is None else {"queue": queue}),
         )
         for sim in out.schedules[:1]:
             self.add("dp-fifo", sim)
@@ -282,10 +286,12 @@ class BoundPhases(FlowState):
         if not self.fifo_applies() or self.fluid_cells is None or self.proven() or self.left() <= 1.0:
             return
         cells = min(self.fluid_cells, shares.FIFO_RELAXED_CELLS)
+        # Relaxed byte ranges: short queues (RELAXED_FIFO_QUEUE), whose merges keep the labels of many options few.
+        queue = None if self.problem().offload_complete else shares.RELAXED_FIFO_QUEUE
         if self.fifo_capped or self.fifo_timed_out or cells > shares.RELAXED_LADDER[0]:
-            self.fifo_climb(min(until, time.perf_counter() + shares.FIFO_CLIMB_SHARE * self.left()), cells)
+            self.fifo_climb(min(until, time.perf_counter() + shares.FIFO_CLIMB_SHARE * self.left()), cells, queue)
 
-    def fifo_climb(self, until: float, cells: int = shares.RELAXED_LADDER[0]) -> None:
+    def fifo_climb(self, until: float, cells: int = shares.RELAXED_LADDER[0], queue: int | None = None) -> None:
         """FIFO sweeps at thresholds climbing from the proven bound towards incumbent x (1 - gap), each step sized
         by its predicted time (dp.next_threshold). Each one that finishes proves its threshold, or finds the
         exact optimum below it. A step the clock or the label cap stops proves nothing new; the climb then falls
@@ -317,7 +323,7 @@ class BoundPhases(FlowState):
                 step_s = max(step_s, min(seconds, shares.FIFO_CLIMB_TOP_MARGIN * predicted_s(timed, top, span)))
             # Labels are bounded by memory only: the sweep's clock keeps it within its share, and a step that
             # would pass the cap is one that failed.
-            out = self._fifo_sweep(began + step_s, threshold, 0.0, cells, shares.FIFO_MAX_LABELS)
+            out = self._fifo_sweep(began + step_s, threshold, 0.0, cells, shares.FIFO_MAX_LABELS, queue)
             log.info("fifo climb: threshold %.6g s, bound %s, %.2f s", threshold, out.bound_s, out.wall_s)
             if out.schedules:
                 break  # the exact optimum lies below this threshold: found
