@@ -286,12 +286,37 @@ class BoundPhases(FlowState):
         if not self.fifo_applies() or self.fluid_cells is None or self.proven() or self.left() <= 1.0:
             return
         cells = min(self.fluid_cells, shares.FIFO_RELAXED_CELLS)
-        # Relaxed byte ranges: short queues (RELAXED_FIFO_QUEUE), whose merges keep the labels of many options few.
-        queue = None if self.problem().offload_complete else shares.RELAXED_FIFO_QUEUE
         if self.fifo_capped or self.fifo_timed_out or cells > shares.RELAXED_LADDER[0]:
-            self.fifo_climb(min(until, time.perf_counter() + shares.FIFO_CLIMB_SHARE * self.left()), cells, queue)
+            end = min(until, time.perf_counter() + shares.FIFO_CLIMB_SHARE * self.left())
+            if not self.problem().offload_complete:
+                self.short_queue_sweep(end, cells)
+            if not self.proven():
+                self.fifo_climb(end, cells)
 
-    def fifo_climb(self, until: float, cells: int = shares.RELAXED_LADDER[0], queue: int | None = None) -> None:
+    def short_queue_sweep(self, until: float, cells: int) -> None:
+        """Where layers offload relaxed byte ranges, one FIFO sweep at incumbent x (1 - gap) whose queues hold
+        RELAXED_FIFO_QUEUE copies exactly (their merges keep the labels of many options few), for up to
+        SHORT_QUEUE_SHARE of the time to `until`: it proves the gap where it finishes with nothing below, or finds
+        its own optimum, a bound that the exact climb after it starts from, and plans that join the candidates."""
+        now = time.perf_counter()
+        out = self._fifo_sweep(
+            now + shares.SHORT_QUEUE_SHARE * (until - now),
+            self.best.sim.overhead_s,
+            self.options.gap,
+            cells,
+            shares.FIFO_MAX_LABELS,
+            shares.RELAXED_FIFO_QUEUE,
+        )
+        log.info(
+            "fifo sweep, %d copies a queue: bound %s, peak %d labels, %.2f s (%s)",
+            shares.RELAXED_FIFO_QUEUE,
+            out.bound_s,
+            out.peak_labels,
+            out.wall_s,
+            out.message or "finished",
+        )
+
+    def fifo_climb(self, until: float, cells: int = shares.RELAXED_LADDER[0]) -> None:
         """FIFO sweeps at thresholds climbing from the proven bound towards incumbent x (1 - gap), each step sized
         by its predicted time (dp.next_threshold). Each one that finishes proves its threshold, or finds the
         exact optimum below it. A step the clock or the label cap stops proves nothing new; the climb then falls
@@ -323,7 +348,7 @@ class BoundPhases(FlowState):
                 step_s = max(step_s, min(seconds, shares.FIFO_CLIMB_TOP_MARGIN * predicted_s(timed, top, span)))
             # Labels are bounded by memory only: the sweep's clock keeps it within its share, and a step that
             # would pass the cap is one that failed.
-            out = self._fifo_sweep(began + step_s, threshold, 0.0, cells, shares.FIFO_MAX_LABELS, queue)
+            out = self._fifo_sweep(began + step_s, threshold, 0.0, cells, shares.FIFO_MAX_LABELS)
             log.info("fifo climb: threshold %.6g s, bound %s, %.2f s", threshold, out.bound_s, out.wall_s)
             if out.schedules:
                 break  # the exact optimum lies below this threshold: found

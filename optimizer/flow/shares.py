@@ -223,15 +223,20 @@ FIFO_RELAXED_CELLS = 32
 s) lies below the fluid bound on 512 (0.0074 s), so a climb there proves nothing; on 32 ranges a FIFO sweep
 proves 0.008 s in 0.6 s and 0.009 s in 6.5 s (128 ranges: the same)."""
 RELAXED_FIFO_QUEUE = 2
-"""Copies each FIFO queue holds exactly in the climb on relaxed byte ranges (fifo_again; fifo_sweep's `queue`,
-QUEUE = 8 elsewhere). Beyond it the oldest copies merge, freeing their bytes at the earlier time: optimistic, so
-every sweep stays a bound (docs/formulation.md, 'Short queues on relaxed ranges'). Each relaxed layer offers up
-to `cells` options, and with 8 exact copies their queue states multiply the labels past what the climb's time
-can filter. Measured on one core (2026-11-30), a FIFO sweep at the threshold, 32 ranges: the H100 ResNet-50 trace
-at 75% (answer 0.003892 s) proves 0.003853 s with 2,068 labels in 0.06 s, against 86,704 labels in 3.2 s with 8;
-bert-large (H100) at 25% proves 0.0229 s (172,000 labels, 12 s) where 8 copies did not finish in 7 s. On the
-PipeDream profiles (one tensor per layer, offload enumerated) the climb keeps 8: 2 did not reach layer 45 of
-ResNet-50 in 18 s."""
+"""Copies each FIFO queue holds exactly in the sweep before the climb on relaxed byte ranges
+(`short_queue_sweep`; fifo_sweep's `queue`, QUEUE = 8 elsewhere). Beyond it the oldest copies merge, freeing
+their bytes at the earlier time: optimistic, so every sweep stays a bound (docs/formulation.md, 'Short queues on
+relaxed ranges'). Each relaxed layer offers up to `cells` options, and with 8 exact copies their queue states
+multiply the labels past what the climb's time can filter. Measured on one core (2026-11-30), a FIFO sweep at
+the threshold, 32 ranges: the H100 ResNet-50 trace at 75% (answer 0.003892 s) proves 0.003853 s with 2,068
+labels in 0.06 s, against 86,704 labels in 3.2 s with 8; bert-large (H100) at 25% proves 0.0229 s (172,000
+labels, 12 s) where 8 copies did not finish in 7 s. On the PipeDream profiles (one tensor per layer, offload
+enumerated) it does not run: 2 did not reach layer 45 of ResNet-50 in 18 s. Where it finds its own optimum below
+the threshold, that optimum is a merged queue's, below the exact one: the climb after it, with 8 copies, is what
+finds the exact optimum (the retraced H100 ResNet-50 at 50%, proven by that climb, lost its proof when the climb
+itself ran with 2)."""
+SHORT_QUEUE_SHARE = 0.3
+"""The short-queue sweep's share of the FIFO climb's time (`short_queue_sweep`); the climb gets the rest."""
 LADDER_STEP_SHARE = 0.5
 """Each exact-resolution step of RELAXED_LADDER but the last takes at most this share of the DP's time left. Their
 cost is not monotone in the ranges: on the H100 ResNet-50 trace at 75% (12-16 tensors a block) 4 ranges finish in
