@@ -235,8 +235,11 @@ enumerated) it does not run: 2 did not reach layer 45 of ResNet-50 in 18 s. Wher
 the threshold, that optimum is a merged queue's, below the exact one: the climb after it, with 8 copies, is what
 finds the exact optimum (the retraced H100 ResNet-50 at 50%, proven by that climb, lost its proof when the climb
 itself ran with 2)."""
-SHORT_QUEUE_SHARE = 0.3
-"""The short-queue sweep's share of the FIFO climb's time (`short_queue_sweep`); the climb gets the rest."""
+SHORT_QUEUE_SHARE = 0.5
+"""The short-queue sweep's share of the FIFO climb's time (`short_queue_sweep`); the climb gets the rest. Where the
+short sweep finishes it takes well under a second (the H100 ResNet-50 traces: 0.05-0.19 s); where it does not, the
+climb with 8 copies after it has not finished a step either (bert-large at 25%, 30 s: the sweep needs 15 s, cut
+at 5.2 s with a share of 0.3, and the climb's three steps then took 11 s and proved nothing)."""
 LADDER_STEP_SHARE = 0.5
 """Each exact-resolution step of RELAXED_LADDER but the last takes at most this share of the DP's time left. Their
 cost is not monotone in the ranges: on the H100 ResNet-50 trace at 75% (12-16 tensors a block) 4 ranges finish in
