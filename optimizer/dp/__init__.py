@@ -358,15 +358,17 @@ def fifo_beam_search(
     width: int,
     threshold: float = np.inf,
     problem: DpProblem | None = None,
+    queue: int = QUEUE,
 ) -> DpOutcome:
     """The FIFO sweep (optimizer/dp/fifo.py) keeping at most `width` labels per boundary, dropping plans that
     already cost `threshold`: its decoded plans (no bound). Its labels carry the copies' real completion times,
     so where stalls decide the plan (low budgets) it finds plans the fluid beam misprices. Devices with
-    concurrent copies only."""
+    concurrent copies only. On a relaxed `problem` (relaxed_problem) with short queues (`queue`) it ranks by an
+    optimistic cost; its plans are still decoded into real tensor subsets and priced by the simulator."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     assert not p.serial, "on a serial device the fluid beam is exact already"
-    res = fifo_sweep(p, deadline, threshold, beam=width)
+    res = fifo_sweep(p, deadline, threshold, beam=width, queue=queue)
     out = DpOutcome(timed_out=res.timed_out, cap_hit=res.cap_hit, peak_labels=res.peak_labels)
     if res.finished:
         out.schedules = _decode_finals(trace, p, res, budget_bytes)

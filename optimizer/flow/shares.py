@@ -266,6 +266,12 @@ DP_SEED_SHARE = 0.3
 """Share of a local search's time spent from the exact DP's decoded optimum where that is not the best plan
 (`Flow.polish`); the rest goes on from the best plan, as before."""
 MAX_BEAM_WIDTH = 1536
+MAX_RELAXED_FIFO_BEAM = 4096
+"""The widest FIFO beam on relaxed byte ranges that the beam phase widens to (`AnswerPhases.beam`). Measured on one
+core, the best plan of widths 16-1,024 (0.4-1.7 s for the four): bert-large (H100) at 25% 0.023516 s at 1,024
+against 0.023706 s on the real options; the H200 ResNet-50 at 50% 0.020699 s against 0.021636 s, at 75% 0.005257
+against 0.006017 s. On gpt2-medium the real options' beam is the better one (H200 at 75%: 0.013814 against 0.01449
+s): both run."""
 LATE_BEAM_SHARE = 0.25
 """The late beam's share of the limit (`Flow.late_beam`), taken from the last local search."""
 LATE_BEAM_MIN_LAYERS = 150
