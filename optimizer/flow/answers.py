@@ -31,9 +31,10 @@ class AnswerPhases(FlowState):
     def beam(self, until: float) -> None:
         """Beams of growing width within the share: an answer early, a better one if time allows. Where copies run
         beside compute and a fluid beam misprices its plans, a FIFO beam follows it (`_fifo_beam`), and in each
-        later round goes first. A cut beam decodes no plan, so a round that its series' growth says will not
-        finish in the time left is not started (`_beam_round_fits`): its time goes to the other series or the
-        next phase."""
+        later round goes first. Where layers have too many subsets to try, a FIFO beam on their relaxed ranges
+        opens each round, whatever the fluid beam's pricing, and widens past the others to the share's end. A cut
+        beam decodes no plan, so a round that its series' growth says will not finish in the time left is not
+        started (`_beam_round_fits`): its time goes to the other series or the next phase."""
         from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
 
         width = 24
@@ -42,6 +43,12 @@ class AnswerPhases(FlowState):
         mispriced = False  # the last fluid beam's plans cost more than it said (_mispriced)
         fluid_s: list[float] = []  # each width's fluid beam time, widest last
         fifo_s: list[float] = []  # each width's FIFO beam time, widest last
+        # The FIFO beam on relaxed ranges (`_fifo_beam`'s `relaxed`), where layers have too many subsets to try: the
+        # fluid beam drains copies as a fluid and the real options are all near a whole offload, so neither sees a
+        # plan that stalls a little to recompute a block less (bert-large on an H100 at 25%: its 1024 labels find
+        # 0.023516 s, 20 blocks recomputed, against 0.023706 s from every other beam and the local search).
+        relaxed_on = fifo_on and not self.problem().offload_complete
+        relaxed_s: list[float] = []  # each width's relaxed FIFO beam time, widest last
         ratios: list[float] = []  # each fluid beam's mispricing (_mispricing)
         price = 0.0  # the host budget's price per offloaded byte (host.py), raised while no plan fits the host
         # The first fluid round may finish past the share, up to BEAM_FIRST_SHARE: cut, it decodes no plan, and the
@@ -53,12 +60,19 @@ class AnswerPhases(FlowState):
             if not _beam_round_fits(fifo_s, until):
                 return False
             began = time.perf_counter()
-            labels = shares.FIFO_BEAM_FIRST * 4 ** len(fifo_s)  # 16, 64, 256, ... labels
-            finished = self._fifo_beam(until, labels)
-            # Where layers have too many subsets to try, the same width on their relaxed ranges too.
-            if finished and not self.problem().offload_complete and not self.proven():
-                finished = self._fifo_beam(until, labels, relaxed=True)
+            finished = self._fifo_beam(until, shares.FIFO_BEAM_FIRST * 4 ** len(fifo_s))  # 16, 64, 256, ... labels
             fifo_s.append(time.perf_counter() - began)
+            return finished
+
+        def relaxed_round() -> bool:
+            """The relaxed FIFO beam's next round (16, 64, ... labels), where it may finish; False once one did not
+            (or would not), or past MAX_RELAXED_FIFO_BEAM."""
+            labels = shares.FIFO_BEAM_FIRST * 4 ** len(relaxed_s)
+            if labels > shares.MAX_RELAXED_FIFO_BEAM or not _beam_round_fits(relaxed_s, until):
+                return False
+            began = time.perf_counter()
+            finished = self._fifo_beam(until, labels, relaxed=True)
+            relaxed_s.append(time.perf_counter() - began)
             return finished
 
         # Rounds of 4x the width, up to MAX_BEAM_WIDTH: in each the fluid beam and, where the fluid beam misprices
@@ -70,9 +84,11 @@ class AnswerPhases(FlowState):
         while (
             width <= shares.MAX_BEAM_WIDTH
             and time.perf_counter() < until
-            and (fluid_on or (fifo_on and mispriced))
+            and (fluid_on or (fifo_on and mispriced) or relaxed_on)
             and not self.proven()
         ):
+            if relaxed_on:
+                relaxed_on = relaxed_round()
             fifo_first = fifo_on and mispriced
             if fifo_first:
                 fifo_on = fifo_round()
@@ -112,25 +128,9 @@ class AnswerPhases(FlowState):
             if not fifo_first and fifo_on and mispriced and not self.proven():
                 fifo_on = fifo_round()
             width *= 4
-        # Where layers have too many subsets to try, the FIFO beam on their relaxed ranges goes on widening to the
-        # share's end, whether or not the fluid beam misprices: the fluid beam drains copies as a fluid and the
-        # real options are all near a whole offload, so neither sees a plan that stalls a little to recompute a
-        # block less (bert-large on an H100 at 25%: 1024 labels find 0.023516 s, 20 blocks recomputed, against
-        # 0.023706 s from every beam before and the local search).
-        relaxed: list[float] = []  # each relaxed round's time, widest last
-        wide = shares.FIFO_BEAM_FIRST * 4 ** len(fifo_s)
-        while (
-            fifo_on
-            and fifo_s
-            and not self.problem().offload_complete
-            and wide <= shares.MAX_RELAXED_FIFO_BEAM
-            and not self.proven()
-            and _beam_round_fits(relaxed or fifo_s, until)
-        ):
-            began = time.perf_counter()
-            fifo_on = self._fifo_beam(until, wide, relaxed=True)
-            relaxed.append(time.perf_counter() - began)
-            wide *= 4
+        # The relaxed FIFO beam widens on to the share's end (MAX_RELAXED_FIFO_BEAM).
+        while relaxed_on and not self.proven() and time.perf_counter() < until:
+            relaxed_on = relaxed_round()
         self.stalls_decide = self.fifo_beam_ok() and bool(ratios) and min(ratios) > 1.0 + shares.STALLS_DECIDE
         self.priced_exactly = bool(ratios) and max(ratios) <= 1.0 + shares.PRICED_EXACTLY
 

@@ -469,12 +469,16 @@ def test_once_the_fluid_beam_misprices_its_plans_the_fifo_beam_goes_first_in_eac
         monkeypatch.setattr(dp_mod, name, spy)
     report = solve_mod.solve_report(trace, resolve_budget("50%", trace), SolveOptions.from_user(time_limit_s=30.0))
     calls = [c for c in calls if c != "fluid 8"]  # the kernels' warm-up, once a process
-    # Each FIFO round also runs on the relaxed ranges (a block has too many subsets to try), until the answer is
-    # proven: the real options' 256-label round finds it (the stage bound proves it), and the relaxed one is left out.
-    fifo = ["fifo 16", "fifo 16 on ranges", "fifo 64", "fifo 64 on ranges"]
-    assert calls == ["fluid 24", "fluid 96", *fifo, "fluid 384", "fifo 256", "fluid 1536"], calls
+    # A block has too many subsets to try, so a FIFO beam on its relaxed ranges opens each round (the real options'
+    # FIFO beam of 256 still finds the answer, which the stage bound proves).
+    ranges = [f"fifo {w} on ranges" for w in (16, 64, 256, 1024)]
+    expected = [ranges[0], "fluid 24", ranges[1], "fluid 96", "fifo 16", ranges[2], "fifo 64", "fluid 384"]
+    assert calls == [*expected, ranges[3], "fifo 256", "fluid 1536"], calls
     assert report.schedule.solver.status == SolverStatus.OPTIMAL
-    assert report.schedule.prediction.overhead_s == pytest.approx(0.0347422, rel=1e-5)
+    # Within the requested 1% of the best plan known, 0.0347422 s (the real options' FIFO beam of 256). The relaxed
+    # beam's 256 labels find 0.034801 s first; as the incumbent that prunes the later beams, the FIFO beam then
+    # ends there too, and the stage bound proves it (0.4%).
+    assert report.schedule.prediction.overhead_s <= 0.0347422 * 1.01
 
 
 def test_a_beam_round_fits_where_its_growth_says_it_finishes() -> None:
