@@ -36,6 +36,7 @@ class AnswerPhases(FlowState):
         beam decodes no plan, so a round that its series' growth says will not finish in the time left is not
         started (`_beam_round_fits`): its time goes to the other series or the next phase."""
         from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
+        from memsched.optimizer.dp.problem import offload_enumerable
 
         width = 24
         fluid_on = True
@@ -47,7 +48,8 @@ class AnswerPhases(FlowState):
         # fluid beam drains copies as a fluid and the real options are all near a whole offload, so neither sees a
         # plan that stalls a little to recompute a block less (bert-large on an H100 at 25%: its 1024 labels find
         # 0.023516 s, 20 blocks recomputed, against 0.023706 s from every other beam and the local search).
-        relaxed_on = fifo_on and not self.problem().offload_complete
+        # (Asked of the trace: building the problem here would spend the share before the first round's clock check.)
+        relaxed_on = fifo_on and not offload_enumerable(self.trace)
         relaxed_s: list[float] = []  # each width's relaxed FIFO beam time, widest last
         ratios: list[float] = []  # each fluid beam's mispricing (_mispricing)
         price = 0.0  # the host budget's price per offloaded byte (host.py), raised while no plan fits the host
