@@ -452,6 +452,7 @@ def _sweep_with_cap(
 
 
 __all__ = [
+    "QUEUE",
     "DpOutcome",
     "DpProblem",
     "beam_search",

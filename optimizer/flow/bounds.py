@@ -135,9 +135,9 @@ class BoundPhases(FlowState):
         self, until: float, incumbent_s: float, gap: float, cells: int, max_labels: int, queue: int | None = None
     ) -> DpOutcome:
         """One FIFO sweep (dp.fifo_search) pruned at incumbent x (1 - gap), on `cells` byte ranges per relaxed
-        layer, with `queue` copies held exactly per queue (None: the sweep's own default): its best plan joins the
+        layer, with `queue` copies held exactly per queue (None: the sweep's own, QUEUE): its best plan joins the
         candidates, its bound is proved."""
-        from memsched.optimizer.dp import fifo_search
+        from memsched.optimizer.dp import QUEUE, fifo_search
 
         out = fifo_search(
             self.trace,
@@ -147,7 +147,7 @@ class BoundPhases(FlowState):
             gap,
             problem=self.bound_problem(cells),
             max_labels=max_labels,
-            **({} if queue is None else {"queue": queue}),
+            queue=QUEUE if queue is None else queue,
         )
         for sim in out.schedules[:1]:
             self.add("dp-fifo", sim)

@@ -223,8 +223,9 @@ FIFO_RELAXED_CELLS = 32
 s) lies below the fluid bound on 512 (0.0074 s), so a climb there proves nothing; on 32 ranges a FIFO sweep
 proves 0.008 s in 0.6 s and 0.009 s in 6.5 s (128 ranges: the same)."""
 RELAXED_FIFO_QUEUE = 2
-"""Copies each FIFO queue holds exactly in the sweep before the climb on relaxed byte ranges
-(`short_queue_sweep`; fifo_sweep's `queue`, QUEUE = 8 elsewhere). Beyond it the oldest copies merge, freeing
+"""Copies each FIFO queue holds exactly on relaxed byte ranges: in the sweep before the climb
+(`short_queue_sweep`) and in the relaxed FIFO beam (`AnswerPhases._fifo_beam`); fifo_sweep's `queue`, QUEUE = 8
+elsewhere. Beyond it the oldest copies merge, freeing
 their bytes at the earlier time: optimistic, so every sweep stays a bound (docs/formulation.md, 'Short queues on
 relaxed ranges'). Each relaxed layer offers up to `cells` options, and with 8 exact copies their queue states
 multiply the labels past what the climb's time can filter. Measured on one core (2026-11-30), a FIFO sweep at
