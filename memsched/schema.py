@@ -221,6 +221,13 @@ class Layer(_Strict):
     rematerialised bytes are one storage (docs/cost-model.md, 'Checkpoint inputs'). At most input_bytes and
     saved_bytes. None means 0 (traces written before this field price as before)."""
 
+    code_after_saves: bool = False
+    """Whether the model's code between this layer's forward and the next layer's saves tensors for backward: a
+    norm or a residual op between sub-module layers (attention and MLP traced apart). The replay re-runs only
+    traced layers, so a recompute segment cannot run past this layer: its re-run would not redo those saves
+    (Trace.segment_last). Their bytes are priced in the later layers' workspace, as the tracer measured them.
+    False in traces written before this field (their plans are checked again at replay)."""
+
     @property
     def input_saved(self) -> int:
         """input_saved_bytes, or 0 where None."""
@@ -416,6 +423,18 @@ class Trace(_Strict):
                 readers[j].append(c)
         return [r if (r := x.output_saved_readers) is not None else readers[j] for j, x in enumerate(self.layers)]
 
+    def segment_last(self) -> list[int]:
+        """Per layer a, the last layer a recompute segment starting at a may end at: the first layer from a on
+        after which the model's code saves tensors for backward (Layer.code_after_saves), else the last layer.
+        Every planner and the schedule check use this rule."""
+        out = [0] * self.n
+        last = self.n - 1
+        for a in range(self.n - 1, -1, -1):
+            if self.layers[a].code_after_saves:
+                last = a
+            out[a] = last
+        return out
+
     def segment_rerun_s(self, a: int, b: int) -> float:
         """Seconds a recompute segment [a..b] re-runs in B_b: the whole forwards of layers a..b-1 and the last
         layer's re-run up to the checkpoint's early stop (Layer.rerun_s). Every pricer uses this rule."""
@@ -446,6 +465,8 @@ class Trace(_Strict):
             ):
                 if layer.get(key, 0) is None:
                     layer.pop(key)
+            if not layer.get("code_after_saves", False):
+                layer.pop("code_after_saves", None)
         payload = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -721,6 +742,13 @@ def validate_actions(actions: list[LayerAction], trace: Trace) -> None:
                         f"{where}.recompute_group = {g} but layer {j} is not in that segment; "
                         "a segment is a contiguous run of recompute layers sharing one group index"
                     )
+            if g < i and trace.layers[i - 1].code_after_saves:
+                raise ScheduleMismatchError(
+                    f"{where}.recompute_group = {g} runs the segment past layer {i - 1} "
+                    f"({trace.layers[i - 1].name}), after which the model's code saves tensors for backward "
+                    "(code_after_saves in the trace); the replay re-runs only traced layers, so a segment cannot "
+                    "cross it: solve the schedule again from this trace"
+                )
 
 
 def json_schema(kind: Literal["trace", "schedule"]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memsched.schema import Action, LayerAction, OffloadPlan, Schedule, Trace, recompute_segment_ends
 
@@ -73,6 +73,27 @@ def segment_ends(decisions: list[Decision]) -> dict[int, int]:
     return recompute_segment_ends(
         (i, d.group if d.group >= 0 else i) for i, d in enumerate(decisions) if d.action == Action.RECOMPUTE
     )
+
+
+def split_at_breaks(trace: Trace, decisions: list[Decision]) -> list[Decision]:
+    """The decisions with each recompute segment cut after every layer whose following code saves tensors for
+    backward (Layer.code_after_saves, Trace.segment_last): the replay cannot run a segment across it. The
+    planners keep to that rule; this is the one place every plan passes (simulate), so a plan any of them builds
+    otherwise is priced, and replayed, as the segments it can run as."""
+    if not any(layer.code_after_saves for layer in trace.layers):
+        return decisions
+    out = list(decisions)
+    start = -1  # first layer of the current segment after the cuts
+    for i, d in enumerate(decisions):
+        if d.action != Action.RECOMPUTE:
+            continue
+        g = d.group if d.group >= 0 else i
+        if g == i or trace.layers[i - 1].code_after_saves:
+            start = i
+        group = -1 if start == i else start
+        if group != (-1 if g == i else g):
+            out[i] = replace(d, group=group)
+    return out
 
 
 def decisions_from_schedule(schedule: Schedule) -> list[Decision]:

@@ -111,9 +111,10 @@ def greedy_decisions(
     for i in range(n - 1 if Action.OFFLOAD in allowed else 0):
         if sizes[i] > 0:
             heapq.heappush(heap, (-sizes[i] / (offload_cost(i) + _EPS_S), i, "offload", i))
+    seg_last = trace.segment_last()
     for a in range(n - 1 if Action.RECOMPUTE in allowed else 0):
         freed, before = 0, 0.0  # before: the whole forwards of a..b-1
-        for b in range(a, min(a + seg_max, n - 1)):
+        for b in range(a, min(a + seg_max, n - 1, seg_last[a] + 1)):
             freed += sizes[b]
             cost = before + trace.layers[b].rerun_s  # Trace.segment_rerun_s, incrementally
             before += trace.layers[b].forward_s

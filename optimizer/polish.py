@@ -97,7 +97,8 @@ def _options(trace: Trace, allowed: frozenset[Action] = ALL_ACTIONS) -> list[lis
         pos = [q for q, b in enumerate(layer.tensors) if b > 0]
         opts: list[Gene] = ["K"]
         if recompute_ok:
-            opts += ["S", "R"] if i > 0 else ["S"]
+            # 'R' continues the segment of layer i - 1: not past code that saves between the two (segment_last).
+            opts += ["S", "R"] if i > 0 and not trace.layers[i - 1].code_after_saves else ["S"]
         if pos and i < trace.n - 1 and Action.OFFLOAD in allowed:
             if len(pos) <= _MAX_SUBSET_TENSORS:
                 opts += [tuple(s) for r in range(1, len(pos) + 1) for s in itertools.combinations(pos, r)]
@@ -324,7 +325,7 @@ class LocalSearch:
         """The search stopped by itself (_MAX_STALE_RESTARTS kicks in a row found nothing better)."""
         self._options = _options(trace, allowed)
         self._rng = random.Random(seed)
-        self._genes = _genes(start)
+        self._genes = _genes(self.ref.decisions)  # as simulated: segments cut where the replay needs (split_at_breaks)
         self._evaluate = _Evaluator(trace, budget_bytes, self._options, self._genes, host_budget)
         self._deadline = 0.0
         self._target: float | None = None

@@ -22,6 +22,7 @@ from memsched.optimizer.decisions import (
     group_start,
     recompute,
     segment_ends,
+    split_at_breaks,
     to_actions,
 )
 from memsched.schema import Action, Prediction, Schedule, SolverRecord, Trace, check_schedule, validate_actions
@@ -655,7 +656,7 @@ def simulate(
         if budget_bytes is None:
             budget_bytes = schedule.budget_bytes
     else:
-        decisions = default_timing(trace, schedule, budget_bytes)
+        decisions = default_timing(trace, split_at_breaks(trace, schedule), budget_bytes)
     if validate:
         _check(trace, decisions)
     n = trace.n

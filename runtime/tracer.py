@@ -182,6 +182,10 @@ class _MemoryStep:
         # layers had run). Those saved before the last layer ran sit between traced layers (a norm or a
         # residual add between sub-module layers): no layer owns them, so no schedule moves them.
         self.between: dict[int, tuple[weakref.ref[torch.UntypedStorage], int, int]] = {}
+        # How many layers had run when code outside every layer saved a tensor (any storage, owned or not): k
+        # in here means the code between the k-th layer in forward order and the next saves for backward, so
+        # no recompute segment may run across that gap (Layer.code_after_saves).
+        self.saves_after: set[int] = set()
         # Data flow through untraced ops (`_upstream`): the autograd nodes of the traced layers' outputs
         # and the nodes an earlier layer's walk already went through. Held for the one step only.
         self.out_nodes: dict[Any, int] = {}
@@ -217,6 +221,7 @@ class _MemoryStep:
             # per storage. What is saved outside the layers later (the head, the loss) lives only around
             # the loss: the whole-step fit places it there (`fit_workspace`).
             if self.order:
+                self.saves_after.add(len(self.order))
                 claim, late = self.claims.get(id(s)), self.between.get(id(s))
                 if (claim is None or claim() is not s) and (late is None or late[0]() is not s):
                     self.between[id(s)] = (weakref.ref(s), storage_nbytes(x), len(self.order))
@@ -902,10 +907,15 @@ def _memory_step(
 
 
 def _layers(
-    stats: list[_LayerStats], order: list[int], workspace: list[int], forward_workspace: list[int]
+    stats: list[_LayerStats],
+    order: list[int],
+    workspace: list[int],
+    forward_workspace: list[int],
+    saves_after: set[int] | frozenset[int] = frozenset(),
 ) -> list[Layer]:
     """The trace's layers in forward order, with registration-order deps renumbered; forward_workspace_bytes
-    where the forward's need is below the workspace (else None: the workspace)."""
+    where the forward's need is below the workspace (else None: the workspace). `saves_after`: the gaps (how
+    many layers had run) where code between two layers saved tensors (_MemoryStep.saves_after)."""
     pos = {orig: k for k, orig in enumerate(order)}  # registration index -> forward index
     out = []
     for k, orig in enumerate(order):
@@ -938,6 +948,7 @@ def _layers(
                 if st.output_saved_bytes
                 else None,
                 output_held_until=_held_until(st, pos, len(order)),
+                code_after_saves=k + 1 < len(order) and k + 1 in saves_after,
             )
         )
     return out
@@ -1231,7 +1242,7 @@ def trace_with_report(
     static.saved_held_by_code = mem.code_held_bytes()
     _check_code_held(mem, stats, report)
     workspace, forward_workspace = fit_workspace([stats[i] for i in mem.order], static.total, whole)
-    traced = _layers(stats, mem.order, workspace, forward_workspace)
+    traced = _layers(stats, mem.order, workspace, forward_workspace, mem.saves_after)
     _check_times(traced, step_s, report)
     _check_unowned(mem, stats, report)
     tr = Trace(

@@ -326,6 +326,7 @@ def _expand(
             raise FifoStop("deadline")
         (first, w, dst, parent, action, ret, held, cf, cr, dqt, dqb, dqn, hqt, hqb, hqn) = expand_fifo(
             k,
+            p.segment_last(k),
             p.limit,
             p.latency,
             p.d2h_bw,

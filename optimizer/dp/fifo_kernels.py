@@ -151,6 +151,7 @@ def to_come_of(
 @njit(cache=True)
 def expand_fifo(
     k: int,
+    last: int,
     limit: int,
     latency: float,
     d2h_bw: float,
@@ -211,7 +212,8 @@ def expand_fifo(
     np.ndarray,
 ]:
     """Children of the labels at boundary k from index `first` on: rows F_k / B_k (waits where they need
-    them), layer k's compute, then keep, each offload option and every recompute segment [k, b].
+    them), layer k's compute, then keep, each offload option and every recompute segment [k, b], b <= `last`
+    (DpProblem.seg_last).
 
     Clocks: a label's forward clock is fwd_prefix[k] + cf, its reverse clock bwd_prefix[k] + cr; cf is the
     forward stall, cr the backward stall plus recomputation. Children are those whose cost plus the
@@ -326,7 +328,7 @@ def expand_fifo(
         ckpt = np.int64(0)
         replay_from = k + 1
         sd, sh, stf, stream = nd_r, nh, tf_r, tr
-        for b in range(k, n):
+        for b in range(k, last + 1):
             new_bits = bits_at[b - k] & ~seg
             if new_bits != 0 or external[b] > 0 or b == k:
                 # The checkpoint grew: every interior row sees it, so replay them from layer k.

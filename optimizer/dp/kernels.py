@@ -29,6 +29,7 @@ def checkpoint_bytes(
 @njit(cache=True)
 def segment_children(
     k: int,
+    last: int,
     limit: int,
     serial: bool,
     d2h_bw: float,
@@ -62,7 +63,7 @@ def segment_children(
     capacity: int,
 ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Children of labels (already past rows F_k / B_k and drained by layer k's compute) that recompute
-    [k, b], for every b where all rows fit and the cost stays under `threshold`.
+    [k, b], for every b <= `last` (DpProblem.seg_last) where all rows fit and the cost stays under `threshold`.
 
     `bits_at[b - k]`: held-mask bits (crossing[k] order) of the producers before k that layer b consumes;
     `out_bytes_bit[bit]`: those producers' output bytes. `state`: what a segment's checkpoint holds from F_k
@@ -100,7 +101,7 @@ def segment_children(
         ext = np.int64(0)
         ckpt = np.int64(0)
         replay_from = k + 1
-        for b in range(k, n):
+        for b in range(k, last + 1):
             new_bits = bits_at[b - k] & ~seg
             if new_bits != 0 or external[b] > 0 or b == k:
                 # The checkpoint grew: every interior row sees it, so replay them from the segment's start.

@@ -162,6 +162,9 @@ class DpProblem:
     """Whether plans may recompute (the solve options' actions); False: the sweeps emit no segments. (Without
     offload, `offload` is empty for every layer.) The future-cost table assumes every action, so it stays a
     valid lower bound under either restriction."""
+    seg_last: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """int64 per layer k: the last layer a recompute segment starting at k may end at (Trace.segment_last: the
+    replay cannot run one past code that saves between two layers). Empty: any layer up to n - 1."""
     ckpt_state: int = 0
     """Bytes each recompute segment [k..b] holds from F_k through B_k beyond its inputs: the RNG state its
     checkpoint stashes (simulate.checkpoint_state_bytes; nonzero on a trace measured on the CPU)."""
@@ -193,6 +196,10 @@ class DpProblem:
         for b, q in pairs:
             out |= ((held >> b) & 1) << q
         return out
+
+    def segment_last(self, k: int) -> int:
+        """The last layer a recompute segment starting at k may end at (`seg_last`)."""
+        return int(self.seg_last[k]) if len(self.seg_last) else self.n - 1
 
     def after_segment(self, held: np.ndarray, dst: int) -> np.ndarray:
         """`held` (crossing[dst] order) of labels that a recompute segment ending at dst - 1 takes to boundary
@@ -468,6 +475,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         future_pending=future_pending,
         future_step=future_step,
         ckpt_state=checkpoint_state_bytes(trace),
+        seg_last=np.array(trace.segment_last(), dtype=np.int64),
     )
 
 

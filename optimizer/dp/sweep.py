@@ -328,6 +328,7 @@ class _Sweep:
             sl = slice(pos, pos + max(1, min(len(idx) - pos, 1 << 14)))
             done, w, dst, parent, ret, hd, cost_o, d2h_o, h2d_o = segment_children(
                 k,
+                p.segment_last(k),
                 p.limit,
                 p.serial,
                 p.fluid_d2h_bw,

@@ -129,13 +129,15 @@ def offload_candidates(trace: Trace) -> list[int]:
 
 
 def segments(trace: Trace, max_len: int) -> list[tuple[int, int]]:
-    """Candidate recompute segments [a, b] (b - a < max_len) ending before the last layer (a segment ending
-    there is re-run at once and frees nothing in backward: never better) at a layer that saves something."""
+    """Candidate recompute segments [a, b] (b - a < max_len, b <= Trace.segment_last) ending before the last layer
+    (a segment ending there is re-run at once and frees nothing in backward: never better) at a layer that saves
+    something."""
     n = trace.n
     sizes = [x.saved_bytes for x in trace.layers]
+    seg_last = trace.segment_last()
     out = []
     for a in range(n - 1):
-        for b in range(a, min(a + max_len, n - 1)):
+        for b in range(a, min(a + max_len, n - 1, seg_last[a] + 1)):
             # A segment whose last layer saves nothing is dominated by the one without it (same bytes
             # freed, less re-run time, earlier rematerialisation avoided, fewer outside inputs).
             if sizes[b] > 0:
