@@ -21,18 +21,27 @@ class ScheduleMismatchError(MemschedError):
 class InfeasibleBudgetError(MemschedError):
     """No schedule fits the budget. Carries the smallest budget that is feasible, computed, not guessed."""
 
-    def __init__(self, budget_bytes: int, min_feasible_bytes: int, detail: str = "", proven: bool = True) -> None:
+    def __init__(
+        self,
+        budget_bytes: int,
+        min_feasible_bytes: int,
+        detail: str = "",
+        proven: bool = True,
+        unproven_why: str = "",
+    ) -> None:
         self.budget_bytes = budget_bytes
         self.min_feasible_bytes = min_feasible_bytes
         self.proven = proven
-        """False when `min_feasible_bytes` is a budget known to fit, but the search for a smaller one was cut
-        short by the time limit (a plan restricted to keep and recompute)."""
+        """False when `min_feasible_bytes` is a budget known to fit, but the search for a smaller one could not
+        tell every budget below it (a plan restricted to keep and recompute): `unproven_why` says what stopped it."""
+        self.unproven_why = unproven_why or "the search for it ran out of time"
+        """What stopped the search for a smaller budget, where not proven."""
         from memsched.units import format_bytes
 
         smallest = (
             "the smallest feasible budget"
             if proven
-            else "the smallest budget found to fit (a smaller one may exist: the search for it ran out of time)"
+            else f"the smallest budget found to fit (a smaller one may exist: {self.unproven_why})"
         )
         msg = (
             f"budget: {format_bytes(budget_bytes)} ({budget_bytes} bytes) is infeasible; {smallest} for this trace "

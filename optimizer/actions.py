@@ -56,6 +56,8 @@ class Verdict:
     """True: a plan fits (`sim`); False: proven that none does; None: the DP could not tell in time."""
     sim: SimResult | None = None
     """The cheapest plan found, where one fits."""
+    why: str = ""
+    """Where `feasible` is None: what stopped the DP from telling."""
 
 
 def dp_verdict(trace: Trace, budget_bytes: int, allowed: frozenset[Action], deadline: float) -> Verdict:
@@ -66,7 +68,7 @@ def dp_verdict(trace: Trace, budget_bytes: int, allowed: frozenset[Action], dead
     if budget_bytes < trace.static.total:
         return Verdict(False)
     if not kernels_by(deadline):  # the first run in an environment: still compiling the DP's kernels
-        return Verdict(None)
+        return Verdict(None, why="the exact DP's compiled kernels were still compiling")
     p = restricted_problem(trace, budget_bytes, allowed, deadline)
     out = exact_search(trace, budget_bytes, deadline, None, 0.0, problem=p)
     if out.schedules:
@@ -75,7 +77,13 @@ def dp_verdict(trace: Trace, budget_bytes: int, allowed: frozenset[Action], dead
     # plan that fits); one cut by the clock, or coarsened by the label cap, proves nothing; nor do finals that
     # the simulator finds over the budget (where the DP leaves bytes out: a producer recomputed before the layer
     # before, simulate.shared_input_holders; an output held past its reader, DpProblem.output_relaxed).
-    return Verdict(False if not (out.timed_out or out.cap_hit or out.found_plans) else None)
+    if out.timed_out:
+        return Verdict(None, why="the search for it ran out of time")
+    if out.cap_hit:
+        return Verdict(None, why="the exact DP reached its label cap")
+    if out.found_plans:
+        return Verdict(None, why="the exact DP's cheapest plans there did not fit once simulated")
+    return Verdict(False)
 
 
 def recompute_baselines(trace: Trace, allowed: frozenset[Action]) -> list[SimResult]:
@@ -90,11 +98,12 @@ def recompute_baselines(trace: Trace, allowed: frozenset[Action]) -> list[SimRes
 
 def smallest_budget(
     trace: Trace, allowed: frozenset[Action], deadline: float, known_infeasible: int | None = None
-) -> tuple[int, bool]:
-    """(the smallest budget a plan of `allowed` actions fits, proven): bisection with the DP between the
-    pointwise minimum (a lower bound: no plan of any actions peaks lower) and the best baseline that uses
-    only those actions. `proven` is False when the clock stopped it: the budget is then one that fits, and
-    the true smallest lies between the last budget proven infeasible and it."""
+) -> tuple[int, bool, str]:
+    """(the smallest budget a plan of `allowed` actions fits, proven, why not proven): bisection with the DP
+    between the pointwise minimum (a lower bound: no plan of any actions peaks lower) and the best baseline that
+    uses only those actions. `proven` is False when the DP could not tell a budget (the clock, its label cap, or
+    cheapest plans that do not fit once simulated: Verdict.why): the budget is then one that fits, and the true
+    smallest lies between the last budget proven infeasible and it."""
     lo = max(min_feasible_budget(trace), trace.static.total) - 1  # infeasible for every plan
     if known_infeasible is not None:
         lo = max(lo, known_infeasible)
@@ -103,13 +112,13 @@ def smallest_budget(
         mid = (lo + hi) // 2
         verdict = dp_verdict(trace, mid, allowed, deadline)
         if verdict.feasible is None:
-            return hi, False
+            return hi, False, verdict.why
         if verdict.feasible:
             assert verdict.sim is not None
             hi = min(mid, verdict.sim.peak_bytes)
         else:
             lo = mid
-    return hi, True
+    return hi, True, ""
 
 
 def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], deadline: float) -> SimResult | None:
@@ -133,7 +142,7 @@ def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], 
         why = (
             "the exact DP's compiled kernels were still compiling, as they do once per environment"
             if pending
-            else "the exact DP ran out of time, or the cheapest plans it found did not fit once simulated"
+            else verdict.why.replace("the search for it", "the exact DP")
         )
         fix = (
             "Solve again once they are compiled (a background process finishes them; `python -m "
@@ -147,7 +156,7 @@ def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], 
             f"({best[0].peak_bytes} bytes). {fix}, or allow offload (--actions keep,offload,recompute)"
         )
     t0 = time.perf_counter()
-    minimum, proven = smallest_budget(trace, allowed, deadline, known_infeasible=budget_bytes)
+    minimum, proven, why = smallest_budget(trace, allowed, deadline, known_infeasible=budget_bytes)
     log.info(
         "smallest %s budget: %d bytes (%s) in %.2f s",
         what,
@@ -156,7 +165,7 @@ def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], 
         time.perf_counter() - t0,
     )
     detail = f"no plan of {what} fits it" + ("" if below else ": the exact DP proved it")
-    raise InfeasibleBudgetError(budget_bytes, minimum, detail, proven=proven)
+    raise InfeasibleBudgetError(budget_bytes, minimum, detail, proven=proven, unproven_why=why)
 
 
 __all__ = [

@@ -433,7 +433,7 @@ def _host_zero_answer(
         need.upper,
         need.proven,
         f"{_need_detail(need)}; keep and recompute alone need a budget of at least "
-        f"{e.min_feasible_bytes} bytes" + ("" if e.proven else " (or a little less: that search ran out of time)"),
+        f"{e.min_feasible_bytes} bytes" + ("" if e.proven else f" (or a little less: {e.unproven_why})"),
     )
 
 

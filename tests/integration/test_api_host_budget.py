@@ -46,7 +46,7 @@ def test_sweep_with_a_host_budget_below_any_plan_is_422_with_the_smallest(
     server: Server, trace_id: str, host: int
 ) -> None:
     # Between the smallest budget of any plan and the smallest of keep / recompute plans only offload fits.
-    recompute_floor, proven = smallest_budget(
+    recompute_floor, proven, _ = smallest_budget(
         TRACE, frozenset({Action.KEEP, Action.RECOMPUTE}), time.perf_counter() + 60
     )
     assert proven
@@ -70,7 +70,7 @@ def test_schedule_job_with_a_host_budget_below_any_plan_fails_with_the_smallest(
 ) -> None:
     # A job is solved later, so it fails (rather than a 422) and carries the number, as a field; `memsched solve
     # --server --json` then reports it as a local solve does.
-    recompute_floor, _ = smallest_budget(TRACE, frozenset({Action.KEEP, Action.RECOMPUTE}), time.perf_counter() + 60)
+    recompute_floor, _, _ = smallest_budget(TRACE, frozenset({Action.KEEP, Action.RECOMPUTE}), time.perf_counter() + 60)
     top = (min_feasible_budget(TRACE) + recompute_floor) // 2
     want = _smallest_host(top, 0)
     body = {"trace_id": trace_id, "budget": top, "host_budget": 0, "time_limit_s": 10}

@@ -143,6 +143,8 @@ def test_sub_module_layers_name_the_bytes_no_layer_owns(caplog):
     per_norm = 4 * (B * T * H + 2 * B * T)
     assert report.unowned_bytes == (2 * N - 1) * per_norm
     assert [name for name, _ in report.unowned] == tr.layer_names[:-1]
+    # The same gaps end every recompute segment (the replay re-runs only the layers, not the norms between them).
+    assert [x.code_after_saves for x in tr.layers] == [True] * (2 * N - 1) + [False]
     assert "belong to no layer" in caplog.text and "smallest feasible budget" in caplog.text
     # The DAG: each layer reads the one before it through the norm and the residual add, not every
     # earlier layer through the residual stream.
@@ -150,6 +152,8 @@ def test_sub_module_layers_name_the_bytes_no_layer_owns(caplog):
     # Whole blocks own their norms: nothing is left between them.
     _, whole = trace_with_report(w.model, w.step, steps=1, warmup=0, optimizer=w.optimizer, measure_bandwidth=False)
     assert whole.unowned == [] and whole.unowned_bytes == 0
+    blocks = trace(w.model, w.step, steps=1, warmup=0, optimizer=w.optimizer, measure_bandwidth=False)
+    assert not any(x.code_after_saves for x in blocks.layers)
 
 
 def test_a_step_without_backward_is_refused():
