@@ -99,6 +99,8 @@ def test_without_the_mark_a_segment_across_a_norm_is_refused_only_when_it_runs(l
     for x in unmarked.layers:
         x.code_after_saves = False
     crossing = schedule_of(unmarked, [recompute(), recompute(group=0)] + [KEEP] * 4)
-    with pytest.raises(ScheduleMismatchError, match="code between those layers saves tensors"):
-        with apply_schedule(w.model, crossing, trace=unmarked) as sm:
-            grads(w, sm)
+    with (
+        pytest.raises(ScheduleMismatchError, match="code between those layers saves tensors"),
+        apply_schedule(w.model, crossing, trace=unmarked) as sm,
+    ):
+        grads(w, sm)
