@@ -323,5 +323,6 @@ def glue_error(start: int, end: int, names: list[str]) -> ScheduleMismatchError:
     return ScheduleMismatchError(
         f"recompute segment {names[0]}..{names[-1]} (layers {start}..{end}) cannot be replayed on this model: "
         "code between those layers saves tensors for backward, which the segment's recomputation would not "
-        "re-run; solve with single-layer recompute segments for this model"
+        "re-run. A trace records such gaps (code_after_saves) and the solver ends every segment there: trace the "
+        "model again with this memsched and solve again from that trace"
     )
