@@ -50,6 +50,8 @@ class LagrangeArrays:
     """float64 prefix sums of backward seconds (length n + 1)."""
     rerun: np.ndarray
     """float64 re-run seconds of a layer as a segment's last (Layer.rerun_s)."""
+    seg_last: np.ndarray
+    """int64 per layer k: the last layer a segment from k may end at (DpProblem.seg_last; empty: any)."""
     ext_prefix: np.ndarray
     """int64 prefix sums of each layer's external inputs (held by every segment containing it)."""
     first_ptr: np.ndarray
@@ -120,6 +122,7 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
         fwd_prefix=p.fwd_prefix,
         bwd_prefix=p.bwd_prefix,
         rerun=p.rerun,
+        seg_last=p.seg_last,
         ext_prefix=np.concatenate([[0], np.cumsum(p.external)]).astype(np.int64),
         first_ptr=first_ptr,
         first_prod=first_prod,
@@ -261,6 +264,7 @@ def _price_offloads(
 @njit(cache=True)
 def _segment_costs(
     k: int,
+    last: int,
     P: np.ndarray,
     sums: np.ndarray,
     run_credit: np.ndarray,
@@ -277,8 +281,8 @@ def _segment_costs(
     span_last: np.ndarray,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
-    """out[b] = the priced cost of the segment [k, b] for every b >= k: its re-run (less run_credit[b] per second:
-    link time it gives the prefetches of B_b); its forwards under the checkpoint; its layers rematerialised from
+    """out[b] = the priced cost of the segment [k, b] for every b >= k, infinite past `last` (Trace.segment_last):
+    its re-run (less run_credit[b] per second: link time it gives the prefetches of B_b); its forwards under the checkpoint; its layers rematerialised from
     B_b; the first layer's saved inputs counted once from B_b through B_{k+1}; the checkpoint's inputs from F_{k+1}
     through B_{k+1} (producers before k whose first reader is in the segment, and its layers' external inputs);
     the producers of the span charges (span_ptr from k: read by several layers) over the rows the segment adds,
@@ -294,7 +298,8 @@ def _segment_costs(
         last_at[span_last[e]] += span_bytes[e]
     spanned = 0.0
     ended = 0.0
-    for b in range(k, n):
+    out[last + 1 :] = np.inf
+    for b in range(k, last + 1):
         for e in range(first_ptr[b], first_ptr[b + 1]):
             j = first_prod[e]
             if j < k:
@@ -338,6 +343,7 @@ def _path(
     overlap: np.ndarray,
     fwd_prefix: np.ndarray,
     rerun: np.ndarray,
+    seg_last: np.ndarray,
     ext_prefix: np.ndarray,
     first_ptr: np.ndarray,
     first_prod: np.ndarray,
@@ -377,6 +383,7 @@ def _path(
             continue
         _segment_costs(
             k,
+            seg_last[k] if len(seg_last) else n - 1,
             P,
             sums,
             run_credit,
@@ -508,6 +515,7 @@ def _lagrangian(
     fwd_prefix: np.ndarray,
     bwd_prefix: np.ndarray,
     rerun: np.ndarray,
+    seg_last: np.ndarray,
     ext_prefix: np.ndarray,
     first_ptr: np.ndarray,
     first_prod: np.ndarray,
@@ -545,8 +553,8 @@ def _lagrangian(
     sums = _layer_sums(P, mu, saved, cut)
     no_credit = np.zeros(n)
     dist, arc_kind, arc_from = _path(
-        P, mu, sums, saved, off_best, no_credit, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
-        ckpt_bytes, span_ptr, span_at, span_bytes, span_last, recompute, suffix,
+        P, mu, sums, saved, off_best, no_credit, overlap, fwd_prefix, rerun, seg_last, ext_prefix, first_ptr,
+        first_prod, ckpt_bytes, span_ptr, span_at, span_bytes, span_last, recompute, suffix,
     )  # fmt: skip
     value = dist[n]
     for u in range(2 * n + 1):
@@ -595,6 +603,7 @@ def _evaluate(
             a.fwd_prefix,
             a.bwd_prefix,
             a.rerun,
+            a.seg_last,
             a.ext_prefix,
             *head,
             *span,
@@ -752,6 +761,7 @@ def _link_lagrangian(
     fwd_prefix: np.ndarray,
     bwd_prefix: np.ndarray,
     rerun: np.ndarray,
+    seg_last: np.ndarray,
     ext_prefix: np.ndarray,
     first_ptr: np.ndarray,
     first_prod: np.ndarray,
@@ -817,8 +827,8 @@ def _link_lagrangian(
                 off_choice[i, 0] = o
     sums = _layer_sums(P, mu, saved, cut)
     dist, arc_kind, arc_from = _path(
-        P, mu, sums, saved, off_best, h2d_bw * cover_b, overlap, fwd_prefix, rerun, ext_prefix, first_ptr,
-        first_prod, ckpt_bytes, span_ptr, span_at, span_bytes, span_last, recompute, np.zeros(0),
+        P, mu, sums, saved, off_best, h2d_bw * cover_b, overlap, fwd_prefix, rerun, seg_last, ext_prefix,
+        first_ptr, first_prod, ckpt_bytes, span_ptr, span_at, span_bytes, span_last, recompute, np.zeros(0),
     )  # fmt: skip
     value = dist[n]
     node = n
@@ -978,10 +988,10 @@ class LinkLagrangian:
             value = float(
                 _link_lagrangian(
                     x[0], x[1], self.unit, self.widths, self.cols, float(x[2][0, 0]) / self.unit, self.upper_s,
-                    a.saved, a.cut, a.overlap, a.fwd_prefix, a.bwd_prefix, a.rerun, a.ext_prefix, a.first_ptr,
-                    a.first_prod, a.head_bytes, a.span_ptr, a.span_at, a.span_bytes, a.span_last, a.opt_ptr,
-                    a.opt_free, a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute, self.g_row,
-                    self.g_f, self.g_b, self.lam_f, self.lam_b, self.plan,
+                    a.saved, a.cut, a.overlap, a.fwd_prefix, a.bwd_prefix, a.rerun, a.seg_last, a.ext_prefix,
+                    a.first_ptr, a.first_prod, a.head_bytes, a.span_ptr, a.span_at, a.span_bytes, a.span_last,
+                    a.opt_ptr, a.opt_free, a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute,
+                    self.g_row, self.g_f, self.g_b, self.lam_f, self.lam_b, self.plan,
                 )
             )  # fmt: skip
             self._count_plan()

@@ -5,18 +5,20 @@ schedule check refuses a plan that does not, and simulate cuts any other plan wh
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 
 import pytest
 
-from helpers.pricing import assert_brute_force_dp_and_milp_agree, plan_of
+from helpers.pricing import assert_brute_force_dp_and_milp_agree, keep_recompute_plans, plan_of
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.decisions import segment_ends, split_at_breaks
 from memsched.optimizer.dp import build_problem
 from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import fifo_sweep
+from memsched.optimizer.dp.lagrange import lagrange_arrays, lagrangian_bound
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.ilp.model import segments
 from memsched.optimizer.polish import LocalSearch
@@ -112,3 +114,25 @@ def test_every_layer_its_own_segment_where_every_gap_saves() -> None:
         sched = solve(tr, budget_between(tr, frac), SolveOptions(time_limit_s=5))
         check_schedule(sched, tr)
         assert all(a.recompute_group in (None, i) for i, a in enumerate(sched.actions))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_rows_lagrangian_keeps_to_the_breaks_and_stays_a_bound(seed: int) -> None:
+    # Keep and recompute plans as the replay runs them (brute force through simulate, which cuts at the breaks):
+    # the Lagrangian that knows the breaks (its segment arcs end there) stays below their optimum.
+    tr = make_trace(5, 900 + seed, dag=seed % 2 == 0)
+    tr.device.concurrent_copies = False
+    marked = _with_breaks(tr, list(range(tr.n - 1)) if seed % 4 == 0 else [i for i in range(tr.n - 1) if i % 2])
+    for frac in (0.05, 0.3, 0.5):
+        budget = budget_between(marked, frac)
+        sims = [simulate(marked, ds, budget, with_events=False) for ds in keep_recompute_plans(tr.n)]
+        opt = min((s.overhead_s for s in sims if s.feasible), default=None)
+        if opt is None or opt <= 0.0:
+            continue
+        assert _rows_bound(marked, budget, opt) <= opt * (1 + 1e-9) + 1e-12
+
+
+def _rows_bound(tr: Trace, budget: int, upper: float) -> float:
+    p = build_problem(tr, budget)
+    p = dataclasses.replace(p, offload=[[] for _ in range(p.n)])
+    return lagrangian_bound(lagrange_arrays(p, tr), upper, FAR, max_iterations=3000).bound_s
