@@ -283,10 +283,11 @@ def _segment_costs(
 ) -> None:  # pragma: no cover - compiled
     """out[b] = the priced cost of the segment [k, b] for every b >= k, infinite past `last` (Trace.segment_last):
     its re-run (less run_credit[b] per second: link time it gives the prefetches of B_b); its forwards under the
-    checkpoint; its layers rematerialised from B_b; the first layer's saved inputs counted once from B_b through B_{k+1}; the checkpoint's inputs from F_{k+1}
-    through B_{k+1} (producers before k whose first reader is in the segment, and its layers' external inputs);
-    the producers of the span charges (span_ptr from k: read by several layers) over the rows the segment adds,
-    k+1..b+1 and 2n-b-1..2n-k-1 (_span_charges). P: prefix sums of the row prices; sums: _layer_sums."""
+    checkpoint; its layers rematerialised from B_b; the first layer's saved inputs counted once from B_b through
+    B_{k+1}; the checkpoint's inputs from F_{k+1} through B_{k+1} (producers before k whose first reader is in the
+    segment, and its layers' external inputs); the producers of the span charges (span_ptr from k: read by several
+    layers) over the rows the segment adds, k+1..b+1 and 2n-b-1..2n-k-1 (_span_charges). P: prefix sums of the row
+    prices; sums: _layer_sums."""
     n = len(rerun)
     two_n = 2 * n
     ckpt = 0.0
