@@ -230,13 +230,16 @@ def test_the_milp_prices_saved_twice_bytes_as_the_simulator(seed: int) -> None:
         assert milp == pytest.approx(best[0], rel=1e-6, abs=1e-9)
 
 
-def test_a_resnet50_traced_per_convolution_stack_gets_a_proven_plan_at_half_its_activations() -> None:
+def test_a_resnet50_traced_per_convolution_stack_gets_a_proven_plan_at_60_percent_of_its_activations() -> None:
     """traces/resnet50-sub-b2-cpu.json (the tracer's ResNet-50 on the CPU, 64 layers, 36 with saved-twice bytes) at
-    half its keep-all activations: the exact DP finds a plan of keep and recompute that fits, and proves it within
+    60% of its keep-all activations: the exact DP finds a plan of keep and recompute that fits, and proves it within
     1%. Before the DP priced those bytes, every plan it decoded there simulated over the budget, and the CLI
-    refused the budget ('no plan of keep and recompute ... was found or ruled out')."""
+    refused the budget ('no plan of keep and recompute ... was found or ruled out'). (At half its activations, the
+    budget this test used before recompute segments ended where the ReLU between two blocks saves, no plan of keep
+    and recompute fits, and the DP proves it.)"""
     tr = load_trace(Path(__file__).resolve().parents[2] / "traces" / "resnet50-sub-b2-cpu.json")
-    budget = tr.static.total + keepall_activation_peak(tr) // 2
+    assert sum(x.code_after_saves for x in tr.layers) == 15  # after each of the 16 blocks but the last
+    budget = tr.static.total + keepall_activation_peak(tr) * 6 // 10
     out = exact_search(tr, budget, FAR, None, 0.0, problem=restricted_problem(tr, budget, KEEP_RECOMPUTE))
     assert out.schedules and out.schedules[0].feasible and out.schedules[0].peak_bytes <= budget
     assert out.bound_s is not None and out.bound_s >= 0.99 * out.schedules[0].overhead_s
