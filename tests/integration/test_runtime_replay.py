@@ -9,7 +9,7 @@ import resource
 
 import pytest
 import torch
-from test_runtime_support import assert_bitwise, assert_close, grads, schedule_of, tiny
+from test_runtime_support import assert_bitwise, assert_close, grads, schedule_of, tiny, tiny_llama
 
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.baselines import BASELINES
@@ -237,24 +237,8 @@ def test_model_is_restored_after_the_context(gpt2):
 def test_llama_offload_and_one_four_layer_segment():
     """A decoder whose blocks take keyword tensors (rotary cos/sin tuple, masks): the segment's recomputation
     re-feeds them, and chains the hidden states through the recorded links."""
-    import transformers as tf
-
-    from memsched.runtime import Workload
-
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        attention_dropout=0.1,
-        use_cache=False,
-    )
-    model = tf.LlamaForCausalLM(cfg).train()
-    ids = torch.randint(0, 256, (2, 16))
-    w = Workload(model, "llama-tiny", {"input_ids": ids, "labels": ids}, 2, 16)
+    w = tiny_llama(layers=4, attention_dropout=0.1)
+    model = w.model
     tr = trace(model, w.step, steps=1, warmup=0, measure_bandwidth=False)
     assert tr.layer_names == [f"model.layers.{i}" for i in range(4)]
     _, ref = grads(w)

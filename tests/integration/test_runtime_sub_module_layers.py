@@ -8,15 +8,14 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
-from test_runtime_support import assert_close, grads, schedule_of
+from test_runtime_support import assert_close, grads, schedule_of, tiny_llama
 
 from memsched.errors import ScheduleMismatchError
 from memsched.optimizer.actions import smallest_budget
 from memsched.optimizer.budget import keepall_activation_peak
 from memsched.optimizer.decisions import KEEP, recompute
 from memsched.options import SolveOptions
-from memsched.runtime import Workload, apply_schedule, trace
+from memsched.runtime import apply_schedule, trace
 from memsched.schema import Action, Trace
 from memsched.service import solve_trace
 
@@ -25,22 +24,8 @@ SUB_MODULES = [r"model\.layers\.\d+\.self_attn", r"model\.layers\.\d+\.mlp"]
 
 @pytest.fixture(scope="module")
 def llama():
-    import transformers as tf
-
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=256,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        use_cache=False,
-    )
-    model = tf.LlamaForCausalLM(cfg).train()
-    ids = torch.randint(0, 256, (2, 32))
-    w = Workload(model, "llama-sub", {"input_ids": ids, "labels": ids}, 2, 32)
-    tr = trace(model, w.step, layers=SUB_MODULES, steps=1, warmup=0, measure_bandwidth=False)
+    w = tiny_llama(layers=3, seq=32)
+    tr = trace(w.model, w.step, layers=SUB_MODULES, steps=1, warmup=0, measure_bandwidth=False)
     return w, tr
 
 
@@ -54,20 +39,8 @@ def test_every_gap_between_attention_and_mlp_is_marked(llama):
 
 
 def test_whole_blocks_have_no_marked_gap():
-    import transformers as tf
-
-    cfg = tf.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        vocab_size=64,
-        use_cache=False,
-    )
-    model = tf.LlamaForCausalLM(cfg).train()
-    ids = torch.randint(0, 64, (1, 8))
-    w = Workload(model, "llama-blocks", {"input_ids": ids, "labels": ids}, 1, 8)
-    tr = trace(model, w.step, steps=1, warmup=0, measure_bandwidth=False)
+    w = tiny_llama(layers=2, batch=1, seq=8)
+    tr = trace(w.model, w.step, steps=1, warmup=0, measure_bandwidth=False)
     assert not any(x.code_after_saves for x in tr.layers)
 
 

@@ -23,6 +23,29 @@ def tiny(name: str = "gpt2", layers: int = 4, batch: int = 2, seq: int = 32, dro
     )
 
 
+def tiny_llama(layers: int = 4, batch: int = 2, seq: int = 16, attention_dropout: float = 0.0) -> Workload:
+    """A transformers Llama of hidden size 64 (grouped-query attention, rotary embeddings), cache off, seeded:
+    blocks that take keyword tensors (rotary cos/sin, masks)."""
+    import transformers as tf
+
+    from memsched.runtime import Workload
+
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        attention_dropout=attention_dropout,
+        use_cache=False,
+    )
+    model = tf.LlamaForCausalLM(cfg).train()
+    ids = torch.randint(0, 256, (batch, seq))
+    return Workload(model, "llama-tiny", {"input_ids": ids, "labels": ids}, batch, seq)
+
+
 def schedule_of(trace: Trace, decisions: list[Decision], policy: str = "test", budget: int = 10**12) -> Schedule:
     sim = simulate(trace, decisions)
     record = SolverRecord(backend=policy, status=SolverStatus.HEURISTIC)
