@@ -299,7 +299,9 @@ def solve_report(
 ) -> SolveReport:
     """solve(), with the phases' raw results kept."""
     options = options or SolveOptions()
-    report = _with_host_note(_solve_report(trace, budget_bytes, options, resources, start), options, trace)
+    report = _with_gap_note(
+        _with_host_note(_solve_report(trace, budget_bytes, options, resources, start), options, trace), trace
+    )
     if options.host_budget is not None:  # the replay's pinned pool reads its limit from here
         report.schedule = report.schedule.model_copy(update={"host_budget_bytes": options.host_budget})
     return report
@@ -435,6 +437,19 @@ def _host_zero_answer(
         f"{_need_detail(need)}; keep and recompute alone need a budget of at least "
         f"{e.min_feasible_bytes} bytes" + ("" if e.proven else f" (or a little less: {e.unproven_why})"),
     )
+
+
+def _with_gap_note(report: SolveReport, trace: Trace) -> SolveReport:
+    """Say why recompute segments are short where the trace marks gaps whose code saves (Trace.segment_last)."""
+    marked = sum(layer.code_after_saves for layer in trace.layers)
+    if marked:
+        rec = report.schedule.solver
+        note = (
+            f"recompute segments end after the {marked} layer(s) followed by code that saves tensors for backward "
+            "(code_after_saves: a norm or residual op between traced layers): the replay re-runs only traced layers"
+        )
+        report.schedule.solver = rec.model_copy(update={"details": [*rec.details, note]})
+    return report
 
 
 def _with_host_note(report: SolveReport, options: SolveOptions, trace: Trace) -> SolveReport:
