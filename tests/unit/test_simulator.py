@@ -337,6 +337,7 @@ def test_new_default_fields_keep_old_hashes():
         del layer["output_saved_readers"]
         del layer["input_saved_bytes"]
         del layer["output_held_until"]
+        del layer["code_after_saves"]
     import hashlib
     import json
 
