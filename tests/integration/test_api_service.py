@@ -388,3 +388,25 @@ def test_openapi_is_complete(server: Server) -> None:
     assert req.get("examples"), "ScheduleRequest has examples"
     assert "422" in paths["/v1/schedules"]["post"]["responses"]
     assert "bearer" in json.dumps(spec.get("components", {}).get("securitySchemes", {})).lower()
+
+
+def test_a_trace_whose_code_saves_between_layers_gets_segments_that_end_there(server: Server) -> None:
+    """A trace per sub-module (Layer.code_after_saves on every gap): the service's schedule recomputes in one-layer
+    segments, checks against the trace, and its details say why; the marks survive the round trip."""
+    tr = synthetic_trace(8, scale=37)
+    for layer in tr.layers[:-1]:
+        layer.code_after_saves = True
+    with server.client() as c:
+        r = c.post(
+            "/v1/schedules",
+            params={"wait": 30},
+            json={"trace": tr.model_dump(mode="json"), "budget": "30%", "solver": "auto", "time_limit_s": 5},
+        )
+        assert r.status_code == 200, r.text
+        job = r.json()
+        assert job["status"] == "done", job
+    sc = Schedule.model_validate(job["schedule"])
+    check_schedule(sc, tr)  # the same hash: the marks reached the solver
+    assert any(a.action == "recompute" for a in sc.actions)
+    assert all(a.recompute_group in (None, i) for i, a in enumerate(sc.actions))
+    assert any("code_after_saves" in d for d in sc.solver.details)
