@@ -1100,8 +1100,9 @@ def _check_unowned(mem: _MemoryStep, stats: Sequence[_LayerStats], report: Trace
     report.warn(
         f"layers: {format_bytes(report.unowned_bytes)} of activations are saved by ops between the traced layers "
         f"({where}) and belong to no layer: no schedule can free them, and as they are all live when the "
-        f"backward starts they add up to {format_bytes(report.unowned_bytes)} to the smallest feasible budget; "
-        "select layers that cover them (the enclosing blocks, the default, or a wider --layer-pattern)"
+        f"backward starts they add up to {format_bytes(report.unowned_bytes)} to the smallest feasible budget, "
+        "and no recompute segment runs across those gaps (the replay re-runs only traced layers); select layers "
+        "that cover them (the enclosing blocks, the default, or a wider --layer-pattern)"
     )
 
 
