@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, Decision, offload_all, recompute
-from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, FastSim
+from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, KIND_START, FastSim
 from memsched.optimizer.ratio import grid, whole_offloads
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Action, Trace
@@ -75,6 +75,8 @@ def link_plan(
     score = FastSim(trace, budget_bytes)
     seen: set[tuple[float, int, float]] = set()
     best: tuple[float, float, int, float] | None = None  # (overhead, a, tail, c) of the best member that fits
+    # Layers that must start a segment of their own: after code that saves between two layers (segment_last).
+    starts = np.array([i > 0 and trace.layers[i - 1].code_after_saves for i in range(n)], dtype=bool)
 
     def arrays(a: float, tail: int, c: float) -> tuple[np.ndarray, np.ndarray]:
         """The member's (kind, offloaded bytes) per layer, as FastSim reads them."""
@@ -85,6 +87,7 @@ def link_plan(
         kind[off] = KIND_OFFLOAD
         # CONTINUE after a layer not recomputed starts a segment: a run of recomputed layers is one segment.
         kind[rec] = KIND_CONTINUE
+        kind[rec & starts] = KIND_START
         return kind, np.where(off, whole, 0)
 
     def member(a: float, tail: int, c: float) -> None:
@@ -122,8 +125,8 @@ def link_plan(
     decisions: list[Decision] = []
     start = -1
     for i in range(n):
-        if kind[i] == KIND_CONTINUE:
-            start = i if start < 0 else start
+        if kind[i] in (KIND_START, KIND_CONTINUE):
+            start = i if start < 0 or kind[i] == KIND_START else start
             decisions.append(recompute(group=start))
             continue
         start = -1

@@ -9,6 +9,7 @@ import dataclasses
 import random
 import time
 
+import numpy as np
 import pytest
 
 from helpers.pricing import assert_brute_force_dp_and_milp_agree, keep_recompute_plans, plan_of
@@ -21,6 +22,7 @@ from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.dp.lagrange import lagrange_arrays, lagrangian_bound
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.ilp.model import segments
+from memsched.optimizer.link_plan import LinkShares, link_plan
 from memsched.optimizer.polish import LocalSearch
 from memsched.optimizer.simulate import make_schedule, simulate
 from memsched.optimizer.solve import solve
@@ -139,3 +141,16 @@ def _rows_bound(tr: Trace, budget: int, upper: float) -> float:
     p = build_problem(tr, budget)
     p = dataclasses.replace(p, offload=[[] for _ in range(p.n)])
     return lagrangian_bound(lagrange_arrays(p, tr), upper, FAR, max_iterations=3000).bound_s
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_link_plan_starts_a_segment_after_each_break(seed: int) -> None:
+    # Shares that recompute every layer: the family's member is one run of recomputed layers, which the link plan
+    # cuts at each break (KIND_START) before it scores it: its answer is the segments the replay runs.
+    tr = _random_breaks(make_trace(10, 40 + seed), seed)
+    shares = LinkShares(recompute=np.ones(tr.n), offload=np.zeros(tr.n), steps=1)
+    sim = link_plan(tr, budget_between(tr, 1.0), shares, frozenset({Action.KEEP, Action.RECOMPUTE}))
+    assert sim is not None and sim.feasible and not _crosses(tr, sim.decisions)
+    assert segment_ends(sim.decisions) == {
+        a: tr.segment_last()[a] for a in [0, *(i + 1 for i in range(tr.n - 1) if tr.layers[i].code_after_saves)]
+    }
