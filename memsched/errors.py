@@ -81,5 +81,18 @@ class InfeasibleHostBudgetError(MemschedError):
         super().__init__(msg)
 
 
+class UnsettledBudgetError(MemschedError):
+    """A budget below every baseline of the allowed actions that the exact DP could neither fit a plan to nor
+    rule out in its time (or while its kernels compiled). Carries the smallest budget known to fit."""
+
+    def __init__(self, message: str, fits_bytes: int) -> None:
+        self.fits_bytes = fits_bytes
+        """The smallest budget a plan of these actions is known to fit (the best baseline's peak)."""
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[UnsettledBudgetError], tuple[str, int]]:
+        return (UnsettledBudgetError, (str(self), self.fits_bytes))
+
+
 class SolverError(RuntimeError):
     """A solver backend failed (crashed, missing binary, bad status). Reported, never silently replaced."""

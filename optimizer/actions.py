@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memsched.errors import InfeasibleBudgetError, MemschedError
+from memsched.errors import InfeasibleBudgetError, UnsettledBudgetError
 from memsched.optimizer.baselines import BASELINES
 from memsched.optimizer.budget import check_budget_feasible, min_feasible_budget
 from memsched.optimizer.decisions import ALL_ACTIONS, uses_only
@@ -150,10 +150,11 @@ def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], 
             if pending
             else "Raise the budget, give a longer time limit"
         )
-        raise MemschedError(
+        raise UnsettledBudgetError(
             f"budget: no plan of {what} under {format_bytes(budget_bytes)} was found or ruled out ({why}); the "
             f"smallest budget memsched found for them is {format_bytes(best[0].peak_bytes)} "
-            f"({best[0].peak_bytes} bytes). {fix}, or allow offload (--actions keep,offload,recompute)"
+            f"({best[0].peak_bytes} bytes). {fix}, or allow offload (--actions keep,offload,recompute)",
+            best[0].peak_bytes,
         )
     t0 = time.perf_counter()
     minimum, proven, why = smallest_budget(trace, allowed, deadline, known_infeasible=budget_bytes)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
-from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError
+from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError, UnsettledBudgetError
 from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget
 from memsched.schema import Schedule, SolverStatus, Trace
 from memsched.units import format_bytes
@@ -213,6 +213,22 @@ def sweep(
                 if e.min_feasible_bytes > start:
                     start = e.min_feasible_bytes
                     notes.append(f"start raised to {start} bytes, the smallest budget that fits these actions")
+                    for x in [x for x in points if x < start]:
+                        del points[x]
+                    queue = [x for x in grid(start) if x not in points]
+                continue
+            except UnsettledBudgetError as e:
+                # The DP could neither fit a plan of these actions to this budget nor rule one out in a point's time:
+                # start at the smallest budget known to fit rather than lose the sweep; below it, not searched.
+                if e.fits_bytes <= b or e.fits_bytes >= end:
+                    raise
+                if e.fits_bytes > start:
+                    start = e.fits_bytes
+                    notes.append(
+                        f"start raised to {start} bytes, a budget these actions fit: below it the exact DP could "
+                        f"neither fit nor rule out a plan within a point's time limit ({b} bytes; a longer time "
+                        "limit may settle it)"
+                    )
                     for x in [x for x in points if x < start]:
                         del points[x]
                     queue = [x for x in grid(start) if x not in points]

@@ -12,7 +12,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError
+from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError, UnsettledBudgetError
 from memsched.optimizer.sweep_curve import MAX_POINTS, MIN_POINTS, SweepCurve, solved_now, sweep
 from memsched.options import SolveOptions
 from memsched.schema import Schedule, SolverStatus, Trace
@@ -140,6 +140,12 @@ def sweep_trace(
         raise MemschedError(f"workers: {workers} is out of range; give 1 or more")
     lo_b, hi_b = _resolve(lo, trace, "from"), _resolve(hi, trace, "to")
     workers = min(workers, points)
+    # The kernels first, here, as the pool's workers do (`_init_worker`): in a fresh environment they compile (tens of
+    # seconds, once), which no point's time limit could hold; a point left waiting on them answered "not found or
+    # ruled out" and stopped the whole sweep. Compiled here, the workers load them from numba's cache.
+    from memsched.service import prepare_solver
+
+    compile_s = prepare_solver()
     limit_s = options.time_limit_s if refine else None
     if workers == 1:
         submit = solved_now(lambda b: _solve(trace, b, options))
@@ -165,7 +171,7 @@ def sweep_trace(
                         return
                     try:
                         out.set_result(_unwrap(budget, f.result()))
-                    except (InfeasibleBudgetError, InfeasibleHostBudgetError) as e:
+                    except (InfeasibleBudgetError, InfeasibleHostBudgetError, UnsettledBudgetError) as e:
                         out.set_exception(e)
 
                 start_json = start.model_dump_json() if start is not None else None
@@ -175,7 +181,18 @@ def sweep_trace(
             curve = sweep(
                 trace, in_pool, points, lo_b, hi_b, options.gap, parallel=workers, refine=in_pool, point_limit_s=limit_s
             )
-    return _result(trace, options, curve, workers)
+    res = _result(trace, options, curve, workers)
+    if compile_s >= COMPILE_NOTE_S:
+        res.notes.insert(
+            0,
+            f"compiled the optimizer's kernels first: {compile_s:.0f} s before the first point, once per environment "
+            "(`make install` or `python -m memsched.optimizer.jit` does it ahead)",
+        )
+    return res
+
+
+COMPILE_NOTE_S = 1.0
+"""A kernel preparation this long was a compile (loading them from numba's cache takes under a second): said."""
 
 
 def _solve(trace: Trace, budget: int, options: SolveOptions, start: Schedule | None = None) -> Schedule:
@@ -201,9 +218,10 @@ def _with_limit(options: SolveOptions, seconds: float) -> SolveOptions:
 
 
 def _solve_in_worker(budget: int, seconds: float | None = None, start_json: str | None = None) -> tuple[str, str | int]:
-    """A picklable answer: ('ok', schedule JSON), ('infeasible', smallest feasible budget) or ('host', the
-    InfeasibleHostBudgetError's numbers as JSON). A point solved again: `seconds`, its time limit instead of the
-    sweep's, and `start_json`, its earlier answer to start from."""
+    """A picklable answer: ('ok', schedule JSON), ('infeasible', smallest feasible budget), ('host', the
+    InfeasibleHostBudgetError's numbers as JSON) or ('unsettled', the UnsettledBudgetError's message and budget).
+    A point solved again: `seconds`, its time limit instead of the sweep's, and `start_json`, its earlier answer to
+    start from."""
     trace, options = _WORKER["job"]
     if seconds is not None:
         options = _with_limit(options, seconds)
@@ -214,6 +232,8 @@ def _solve_in_worker(budget: int, seconds: float | None = None, start_json: str 
         return "infeasible", e.min_feasible_bytes if e.proven else -e.min_feasible_bytes
     except InfeasibleHostBudgetError as e:
         return "host", json.dumps([e.host_budget_bytes, e.budget_bytes, e.min_host_bytes, e.proven, e.detail])
+    except UnsettledBudgetError as e:
+        return "unsettled", json.dumps([str(e), e.fits_bytes])
 
 
 def _unwrap(budget: int, r: tuple[str, str | int]) -> Schedule:
@@ -225,6 +245,10 @@ def _unwrap(budget: int, r: tuple[str, str | int]) -> Schedule:
         assert isinstance(value, str)
         host, at, least, proven, detail = json.loads(value)
         raise InfeasibleHostBudgetError(host, at, least, proven, detail)
+    if kind == "unsettled":
+        assert isinstance(value, str)
+        message, fits = json.loads(value)
+        raise UnsettledBudgetError(message, fits)
     assert isinstance(value, int)
     raise InfeasibleBudgetError(budget, abs(value), proven=value > 0)
 

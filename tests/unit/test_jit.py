@@ -371,6 +371,25 @@ def test_the_compile_lock_lives_with_its_cache(tmp_path: Path, monkeypatch: pyte
     assert _lock_path().parent == Path(tempfile.gettempdir())
 
 
+def test_a_sweep_prepares_the_kernels_before_its_first_point_and_says_so(cold_kernels: threading.Event) -> None:
+    # In a fresh environment the first point of a keep-and-recompute sweep needs the DP to settle its budget: left
+    # to wait on the compile inside its 1 s limit it answered "not found or ruled out (the kernels were still
+    # compiling)" and stopped the whole sweep (the Python API's one-process sweep, 2026-12-01). The sweep now
+    # prepares them first, as its pool's workers do, and its notes say how long that took.
+    from memsched.optimizer.synthetic import make_trace
+    from memsched.options import SolveOptions
+    from memsched.schema import Action
+    from memsched.service.sweep import sweep_trace
+
+    trace = make_trace(20, 5, dag=True)
+    trace.device.concurrent_copies = False
+    _daemon_timer(1.5, cold_kernels.set)
+    options = SolveOptions(time_limit_s=1.0, actions=[Action.KEEP, Action.RECOMPUTE])
+    res = sweep_trace(trace, options, points=3, workers=1, refine=False)
+    assert len(res.points) >= 2
+    assert any(n.startswith("compiled the optimizer's kernels first") for n in res.notes), res.notes
+
+
 def _daemon_timer(seconds: float, action: Callable[[], object]) -> None:
     """`action` after `seconds`, on a daemon thread: none outlives its test as a thread Python's exit waits for
     (test_cli_process.py checks that none is left)."""

@@ -298,3 +298,33 @@ def test_without_offload_the_start_is_where_keep_and_recompute_fit(trace: Trace,
     assert simulate(trace, first.schedule).feasible and first.schedule.action_counts()["offload"] == 0
     with pytest.raises(InfeasibleBudgetError):
         solve(trace, first.budget_bytes - 1, opts)  # the start is the smallest budget that fits
+
+
+def test_a_first_point_the_dp_cannot_settle_starts_the_sweep_where_a_plan_is_known_to_fit(trace: Trace) -> None:
+    """A budget the exact DP could neither fit nor rule out in a point's time (UnsettledBudgetError, which names the
+    best baseline's peak) no longer ends the sweep: it starts at that budget and says why. Below it the solves
+    here raise as check_feasible does when its DP runs out of time; above it they are the real solver's."""
+    from memsched.errors import UnsettledBudgetError
+
+    known = keepall_activation_peak(trace) + trace.static.total - 1000  # a budget a plan fits: near keep-all
+
+    def solve_or_unsettled(budget: int) -> Schedule:
+        if budget < known:
+            raise UnsettledBudgetError(f"budget: no plan under {budget} bytes was found or ruled out", known)
+        return solve(trace, budget, OPTS)
+
+    c = sweep(trace, solved_now(solve_or_unsettled), 3)
+    assert c.lo_bytes == known and all(p.budget_bytes >= known for p in c.points)
+    assert any(n.startswith(f"start raised to {known} bytes") and "time limit" in n for n in c.notes), c.notes
+    # A point that cannot be settled at the range's end is still an error.
+    with pytest.raises(UnsettledBudgetError):
+        sweep(trace, solved_now(solve_or_unsettled), 3, hi=known - 1)
+
+
+def test_an_unsettled_budget_crosses_a_process_boundary() -> None:
+    import pickle
+
+    from memsched.errors import UnsettledBudgetError
+
+    e = pickle.loads(pickle.dumps(UnsettledBudgetError("budget: not settled", 123)))
+    assert isinstance(e, UnsettledBudgetError) and e.fits_bytes == 123 and str(e) == "budget: not settled"
