@@ -112,19 +112,29 @@ def test_wait_returns_the_schedule(server: Server) -> None:
         check_schedule(Schedule.model_validate(r.json()["schedule"]), tr)
 
 
-def test_exact_solver_in_the_worker_pool(server: Server) -> None:
-    """The default solver (the ILP) runs in the worker processes and its answer is checked like any other."""
-    tr = synthetic_trace(6, scale=37)
+def _solved_by_the_service(server: Server, tr: Trace, budget: str, time_limit_s: float) -> Schedule:
+    """POST the trace for a schedule with the default solver and wait for it (200, done)."""
     with server.client() as c:
         r = c.post(
             "/v1/schedules",
             params={"wait": 30},
-            json={"trace": tr.model_dump(mode="json"), "budget": "60%", "solver": "auto", "time_limit_s": 10},
+            json={
+                "trace": tr.model_dump(mode="json"),
+                "budget": budget,
+                "solver": "auto",
+                "time_limit_s": time_limit_s,
+            },
         )
         assert r.status_code == 200, r.text
         job = r.json()
         assert job["status"] == "done", job
-    sc = Schedule.model_validate(job["schedule"])
+    return Schedule.model_validate(job["schedule"])
+
+
+def test_exact_solver_in_the_worker_pool(server: Server) -> None:
+    """The default solver (the ILP) runs in the worker processes and its answer is checked like any other."""
+    tr = synthetic_trace(6, scale=37)
+    sc = _solved_by_the_service(server, tr, "60%", 10)
     check_schedule(sc, tr)
     local = solve_trace(tr, "60%", SolveOptions(solver="heuristic"))
     # Never worse than the heuristic (docs/architecture.md, 'What "done" means'): the service returns the optimizer's answer unchanged.
@@ -396,16 +406,7 @@ def test_a_trace_whose_code_saves_between_layers_gets_segments_that_end_there(se
     tr = synthetic_trace(8, scale=37)
     for layer in tr.layers[:-1]:
         layer.code_after_saves = True
-    with server.client() as c:
-        r = c.post(
-            "/v1/schedules",
-            params={"wait": 30},
-            json={"trace": tr.model_dump(mode="json"), "budget": "30%", "solver": "auto", "time_limit_s": 5},
-        )
-        assert r.status_code == 200, r.text
-        job = r.json()
-        assert job["status"] == "done", job
-    sc = Schedule.model_validate(job["schedule"])
+    sc = _solved_by_the_service(server, tr, "30%", 5)
     check_schedule(sc, tr)  # the same hash: the marks reached the solver
     assert any(a.action == "recompute" for a in sc.actions)
     assert all(a.recompute_group in (None, i) for i, a in enumerate(sc.actions))
