@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from memsched.optimizer.budget import budget_between, resolve_budget
@@ -45,9 +45,17 @@ def _random_trace(n: int, seed: int, dag: bool, serial: bool, latency: bool) -> 
 def exact_optimum(trace: Trace, budget: int) -> float:
     """The MILP with windows covering every timing and segment (W = L = n), solved to gap 0: the exact
     optimum under the cost model (tests/unit/test_ilp_exact.py checks it against brute force)."""
+    opt = exact_optimum_within(trace, budget, 120)
+    assert opt is not None, "CBC did not prove the exact optimum in 120 s"
+    return opt
+
+
+def exact_optimum_within(trace: Trace, budget: int, limit_s: float) -> float | None:
+    """exact_optimum, or None where CBC does not prove it within `limit_s` (no yardstick for that case)."""
     m = build_model(trace, budget, window=trace.n, max_segment=trace.n)
-    out = solve_pulp(m, "cbc", 120, 0.0, None)
-    assert out.status == SolverStatus.OPTIMAL and out.decisions is not None
+    out = solve_pulp(m, "cbc", limit_s, 0.0, None)
+    if out.status != SolverStatus.OPTIMAL or out.decisions is None:
+        return None
     return simulate(trace, out.decisions, budget).overhead_s
 
 
@@ -184,7 +192,12 @@ def test_reported_bound_is_true_on_every_path(n: int, seed: int, dag: bool, frac
     report = solve_report(trace, budget, SolveOptions(solver=solver, time_limit_s=5, gap=0.0))
     rec = report.schedule.solver
     assert rec.best_bound_s is not None and rec.gap is not None
-    opt = exact_optimum(trace, budget)
+    # The yardstick: CBC's exact optimum. Some random 8-11-layer draws take it past minutes (a 10-layer chain,
+    # seed 19338 at 729,616,895 B: not proven in 120 s, and hypothesis then spent 580 s shrinking); those draws have
+    # no yardstick and are discarded rather than failed.
+    opt = exact_optimum_within(trace, budget, 30)
+    assume(opt is not None)
+    assert opt is not None
     assert rec.best_bound_s <= opt * (1 + 1e-9) + 1e-12
     assert rec.objective_s >= opt * (1 - 1e-9) - 1e-12
     if rec.status == SolverStatus.OPTIMAL:
