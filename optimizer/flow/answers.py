@@ -52,6 +52,7 @@ class AnswerPhases(FlowState):
         relaxed_on = fifo_on and not offload_enumerable(self.trace)
         relaxed_s: list[float] = []  # each width's relaxed FIFO beam time, widest last
         ratios: list[float] = []  # each fluid beam's mispricing (_mispricing)
+        fluid_empty = 0  # fluid rounds in a row that decoded no plan below the incumbent (BEAM_EMPTY_ROUNDS)
         price = 0.0  # the host budget's price per offloaded byte (host.py), raised while no plan fits the host
         # The first fluid round may finish past the share, up to BEAM_FIRST_SHARE: cut, it decodes no plan, and the
         # local search then starts from the baselines' (BEAM_FIRST_SHARE).
@@ -119,6 +120,8 @@ class AnswerPhases(FlowState):
                 fluid_s.append(time.perf_counter() - began)
                 if not price:
                     self.widest_beam = width
+                fluid_empty = 0 if out.schedules else fluid_empty + 1
+                fluid_on = fluid_empty < shares.BEAM_EMPTY_ROUNDS
                 ratio = _mispricing(out)
                 if ratio is not None:
                     ratios.append(ratio)

@@ -267,6 +267,13 @@ DP_SEED_SHARE = 0.3
 """Share of a local search's time spent from the exact DP's decoded optimum where that is not the best plan
 (`Flow.polish`); the rest goes on from the best plan, as before."""
 MAX_BEAM_WIDTH = 1536
+BEAM_EMPTY_ROUNDS = 2
+"""Fluid beam rounds in a row that decode no plan below the incumbent after which the fluid series stops widening
+(the FIFO series go on). Measured on 36 rows (2026-12-01): where the first two rounds found nothing, neither did the
+wider ones, which took 0.9-1.0 s of the 2.1-2.9 s it took to prove llama-small48's CPU trace (offload emulated) at
+75 / 50%: the feasibility check's keep / recompute optimum is the incumbent there, and no fluid beam of up to 1,536
+labels beats it. No row had two empty rounds and then a wider one that found a plan; one empty round is not enough
+(the 200-layer synthetic chain at 20%: nothing at 24 labels, then 0.118 / 0.049 s at 96 / 384)."""
 MAX_RELAXED_FIFO_BEAM = 4096
 """The widest FIFO beam on relaxed byte ranges that the beam phase widens to (`AnswerPhases.beam`). Measured on one
 core, the best plan of widths 16-1,024 (0.4-1.7 s for the four): bert-large (H100) at 25% 0.023516 s at 1,024

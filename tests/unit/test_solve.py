@@ -10,7 +10,7 @@ import pytest
 
 from helpers import PIPEDREAM as SHARED_PIPEDREAM
 from memsched.errors import InfeasibleBudgetError, MemschedError
-from memsched.optimizer.baselines import evaluate_baselines
+from memsched.optimizer.baselines import checkpoint_all, evaluate_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, min_feasible_budget, resolve_budget
 from memsched.optimizer.flow import backends, shares
 from memsched.optimizer.flow.phases import Flow
@@ -403,6 +403,8 @@ def test_a_beam_round_predicted_to_pass_the_share_is_not_started(monkeypatch: py
         return out
 
     monkeypatch.setattr(dp_mod, "beam_search", slowed)
+    # Rounds that find nothing stop the series on their own (the next test): not the rule under test here.
+    monkeypatch.setattr(shares, "BEAM_EMPTY_ROUNDS", 10)
     phase_s: list[float] = []
     real_beam = Flow.beam
 
@@ -416,6 +418,41 @@ def test_a_beam_round_predicted_to_pass_the_share_is_not_started(monkeypatch: py
     solve_mod.solve_report(trace, resolve_budget("50%", trace), options)
     assert [w for w in widths if w >= 24] == [24, 96, 384], widths  # (8: the kernels' warm-up, once a process)
     assert phase_s[0] < 0.2 * 10.0 - 0.5, phase_s
+
+
+def test_fluid_beams_stop_widening_after_two_rounds_without_a_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CPU Llama of 48 blocks (offload emulated) at 75%: no fluid beam of 24-1,536 labels found a plan below the
+    # feasibility check's keep / recompute optimum, and the rounds of 384 and 1,536 took 1 s of the 2.9 s the proof
+    # took. Here every real round's plans are dropped: the series stops after two; and where the second round
+    # finds one, it goes on.
+    from memsched.io import load_trace
+    from memsched.optimizer import dp as dp_mod
+    from memsched.optimizer import solve as solve_mod
+
+    trace = load_trace(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small6-b8-s128-cpu.json")
+    assert not trace.device.concurrent_copies  # no FIFO beams: one series of rounds
+    real = dp_mod.beam_search
+    options = SolveOptions.from_user(time_limit_s=10.0, actions=["keep", "offload", "recompute"])
+    budget = resolve_budget("50%", trace)
+    for finds_from in (None, 2):
+        widths: list[int] = []
+
+        def empty(*args: object, **kw: object) -> object:
+            out = real(*args, **kw)  # type: ignore[arg-type]
+            widths.append(int(kw["width"]))  # type: ignore[call-overload]
+            if finds_from is None or len([w for w in widths if w >= 24]) < finds_from:
+                out.schedules = []
+            else:  # a plan the incumbent beats: the round found one, and the incumbent stands
+                out.schedules = [simulate(trace, checkpoint_all(trace), budget, with_events=False)]
+            return out
+
+        monkeypatch.setattr(dp_mod, "beam_search", empty)
+        solve_mod.solve_report(trace, budget, options)
+        rounds = [w for w in widths if w >= 24]  # (8: the kernels' warm-up, once a process)
+        if finds_from is None:
+            assert rounds == [24, 96], widths
+        else:
+            assert rounds[:3] == [24, 96, 384], widths
 
 
 def test_the_first_beam_round_may_finish_past_the_beams_share(monkeypatch: pytest.MonkeyPatch) -> None:
