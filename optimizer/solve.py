@@ -119,6 +119,7 @@ class Step(StrEnum):
     EXACT_DP = "exact_dp"
     FIFO_AGAIN = "fifo_again"
     LATE_BEAM = "late_beam"
+    LATE_FIFO_BEAM = "late_fifo_beam"
     MILP = "milp"
 
 
@@ -199,7 +200,11 @@ def plan_for(
     elif lagrange == LagrangeKind.LINK:
         searches.append(Phase(Step.LAGRANGE, shares.LAGRANGE_SHARE))
         searches.append(Phase(Step.LINK_PLAN, shares.LINK_PLAN_SHARE))
-    if not long_trace:  # the exact DP before any local search, where its sweeps are what proves (dp_first)
+    if not long_trace:
+        # The relaxed FIFO beam's round that the beam's share cut, where the gap is open (Flow.late_fifo_beam): a
+        # better incumbent also prunes the exact DP's sweeps after it.
+        searches.append(Phase(Step.LATE_FIFO_BEAM, shares.LATE_FIFO_BEAM_SHARE))
+        # The exact DP before any local search, where its sweeps are what proves (dp_first).
         searches.append(Phase(Step.DP_FIRST, shares.DP_FIRST_SHARE))
     # On long traces the exact DP, after this local search, climbs and stops at its pace where it cannot finish
     # (DP_UNTIL_LONG); the local search then goes on where it stopped. Where the memory rows' prices prune
@@ -283,6 +288,8 @@ def _run_phase(flow: Flow, phase: Phase) -> None:
         flow.exact_dp(until)
     elif phase.step == Step.LATE_BEAM:
         flow.late_beam(until)
+    elif phase.step == Step.LATE_FIFO_BEAM:
+        flow.late_fifo_beam(until)
     elif phase.step == Step.FIFO_AGAIN:
         flow.fifo_again(until)
     else:

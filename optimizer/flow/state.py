@@ -158,6 +158,11 @@ class FlowState:
         self.widest_beam = 0
         """Labels per boundary of the widest fluid beam round of `beam` that finished (0: none); `late_beam`'s
         probe runs this wide."""
+        self.relaxed_beam_left: int | None = None
+        """Labels per boundary of the relaxed FIFO beam's round that `beam`'s share cut or left out (None: none was);
+        `late_fifo_beam` runs it where the gap is still open."""
+        self.relaxed_beam_s: list[float] = []
+        """Seconds of each relaxed FIFO beam round of `beam` that finished, narrowest first."""
         self._problem: DpProblem | None = None
         self._bound_problems: dict[int, DpProblem] = {}
         self._rows_prices: tuple[LagrangeArrays, np.ndarray] | None = None
