@@ -9,7 +9,8 @@ BatchNorm, skip concatenations, shared and tied modules, in-place ops, tuple and
 Then the same zoo traced with its AdamW loop and solved by the real solver at two budgets, keep+recompute and
 keep+offload+recompute (issue 20, item 6): every plan leaves keep-all's training state, and a recompute-only
 plan's measured whole-step peak (every live CPU tensor byte) is within its budget and within 5% of the
-simulator's predicted peak."""
+simulator's predicted peak. GPT-2, BERT and ViT are also traced per sub-module (attention and MLP apart, SUB_ZOO)
+and solved the same way."""
 
 from __future__ import annotations
 
@@ -187,6 +188,8 @@ class Case:
     """One fixed batch, seeded by the caller."""
     hf: bool = False
     """A transformers model: the loss is `model(**batch).loss`."""
+    layers: tuple[str, ...] | None = None
+    """Regexes of the modules traced as layers (the tracer's `layers`); None: its repeated blocks."""
 
     def loss(self, model: Callable[..., Any], batch: dict[str, torch.Tensor]) -> torch.Tensor:
         out = model(**batch)
@@ -256,6 +259,33 @@ ZOO: dict[str, Case] = {
     "shared": Case(SharedNet, lambda: {"x": torch.randn(8, 6), "y": torch.randn(8)}),
     "tied": Case(TiedNet, lambda: _ids(32, 4, 8)),
 }
+
+
+SUB_ZOO: dict[str, Case] = {
+    # The same transformers models traced per sub-module: attention and MLP apart, with the norms between them
+    # left to the model's code (GPT-2 and ViT: gaps where that code saves for backward, Layer.code_after_saves) or
+    # inside the sub-modules (BERT: attention, intermediate, output; its layer norms are in attention and output).
+    "gpt2-sub": Case(
+        lambda: _gpt2(attn_pdrop=0.0),
+        lambda: _ids(128),
+        hf=True,
+        layers=(r"transformer\.h\.\d+\.attn$", r"transformer\.h\.\d+\.mlp$"),
+    ),
+    "bert-sub": Case(
+        _bert,
+        lambda: _ids(128),
+        hf=True,
+        layers=tuple(rf"bert\.encoder\.layer\.\d+\.{m}$" for m in ("attention", "intermediate", "output")),
+    ),
+    "vit-sub": Case(
+        _vit,
+        lambda: {"pixel_values": torch.randn(2, 3, 16, 16), "labels": torch.tensor([0, 2])},
+        hf=True,
+        layers=(r"vit\.layers\.\d+\.attention$", r"vit\.layers\.\d+\.mlp$"),
+    ),
+}
+"""Models traced per sub-module: solved plans only (the hand-made plans above are for 4 layers)."""
+ALL_CASES = {**ZOO, **SUB_ZOO}
 
 
 def _traced(case: Case) -> Trace:
@@ -430,9 +460,17 @@ def _whole_step_trace(name: str) -> Trace:
     nothing else of size alive: on the CPU the tracer's whole-step peak counts every live tensor."""
     if name not in _TRACES:
         gc.collect()
-        w = _workload(ZOO[name])
+        case = ALL_CASES[name]
+        w = _workload(case)
         _TRACES[name] = trace(
-            w.model, w.step, steps=1, warmup=1, batch_size=2, optimizer=w.optimizer, measure_bandwidth=False
+            w.model,
+            w.step,
+            layers=case.layers,
+            steps=1,
+            warmup=1,
+            batch_size=2,
+            optimizer=w.optimizer,
+            measure_bandwidth=False,
         )
     return _TRACES[name]
 
@@ -461,7 +499,7 @@ _SLOW = {"llama"}
 
 def _zoo_params(xfail: dict[tuple[str, float], str] | None = None) -> list[Any]:
     out = []
-    for name in ZOO:
+    for name in ALL_CASES:
         for frac in BUDGET_FRACTIONS:
             marks: list[Any] = [pytest.mark.slow] if name in _SLOW else []
             if xfail and (name, frac) in xfail:
@@ -472,10 +510,12 @@ def _zoo_params(xfail: dict[tuple[str, float], str] | None = None) -> list[Any]:
 
 @pytest.mark.parametrize(("name", "frac"), _zoo_params())
 def test_solved_plans_leave_the_training_state_of_keep_all(name, frac, caplog):
-    case = ZOO[name]
+    case = ALL_CASES[name]
     plans = {actions: _solved(name, frac, actions) for actions in ACTION_SETS}  # traced before anything is alive
     reference = _train(case, None)
     for actions, sched in plans.items():
+        if name in SUB_ZOO:  # below keep-all's peak, so the plan moves something (the point of these cases)
+            assert sched.action_counts()["keep"] < len(sched.actions), sched.action_counts()
         with caplog.at_level(logging.WARNING, logger="memsched"):
             caplog.clear()
             got = _train(case, sched)
@@ -483,6 +523,18 @@ def test_solved_plans_leave_the_training_state_of_keep_all(name, frac, caplog):
         assert not bad, f"{name} {actions} {sched.action_counts()}: differs from keep-all in {bad[:6]}"
         unexpected = [r.getMessage() for r in caplog.records if "use_cache=True" not in r.getMessage()]
         assert not unexpected, unexpected
+
+
+def test_sub_module_traces_mark_the_gaps_where_the_models_code_saves():
+    # GPT-2 and ViT run a layer norm between attention and MLP and between blocks (it saves its input); BERT's norms
+    # are inside its sub-modules. A recompute segment of a solved plan never runs across a marked gap.
+    marks = {name: [x.code_after_saves for x in _whole_step_trace(name).layers] for name in SUB_ZOO}
+    assert marks["gpt2-sub"] == [True] * 7 + [False] and marks["vit-sub"] == [True] * 7 + [False], marks
+    assert not any(marks["bert-sub"]) and len(marks["bert-sub"]) == 12
+    for name in ("gpt2-sub", "vit-sub"):
+        for frac in BUDGET_FRACTIONS:
+            groups = [a.recompute_group for a in _solved(name, frac, "keep+recompute").actions]
+            assert all(g in (None, i) for i, g in enumerate(groups)), groups  # segments of one layer each
 
 
 _UNDER_PRICED: dict[tuple[str, float], str] = {
@@ -500,7 +552,7 @@ def test_solved_recompute_plan_fits_its_budget_and_its_prediction(name, frac):
     tr = _whole_step_trace(name)
     # Nothing else of size may be alive: the CPU peak counts every live tensor of the process at the start.
     gc.collect()
-    w = _workload(ZOO[name])
+    w = _workload(ALL_CASES[name])
     m = measure(w.model, w.step, sched, trace=tr, optimizer=w.optimizer, steps=1, warmup=1)
     predicted = sched.prediction.peak_bytes
     sim = simulate(tr, sched, with_events=False)
