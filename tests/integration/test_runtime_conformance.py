@@ -9,8 +9,8 @@ BatchNorm, skip concatenations, shared and tied modules, in-place ops, tuple and
 Then the same zoo traced with its AdamW loop and solved by the real solver at two budgets, keep+recompute and
 keep+offload+recompute (issue 20, item 6): every plan leaves keep-all's training state, and a recompute-only
 plan's measured whole-step peak (every live CPU tensor byte) is within its budget and within 5% of the
-simulator's predicted peak. GPT-2, BERT and ViT are also traced per sub-module (attention and MLP apart, SUB_ZOO)
-and solved the same way."""
+simulator's predicted peak. GPT-2, BERT and ViT are also traced per sub-module (attention and MLP apart, SUB_ZOO),
+and a ResNet per convolution stack and shortcut, and solved the same way."""
 
 from __future__ import annotations
 
@@ -248,6 +248,13 @@ def _vit() -> nn.Module:
     return tf.ViTForImageClassification(cfg)
 
 
+def _resnet() -> nn.Module:
+    import transformers as tf
+
+    cfg = tf.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[2, 1], layer_type="bottleneck", num_labels=3)
+    return tf.ResNetForImageClassification(cfg)
+
+
 ZOO: dict[str, Case] = {
     "llama": Case(_llama, lambda: _ids(128), hf=True),
     # GPT-2's defaults but attention dropout, which has its own bitwise test below.
@@ -285,6 +292,14 @@ SUB_ZOO: dict[str, Case] = {
     ),
 }
 """Models traced per sub-module: solved plans only (the hand-made plans above are for 4 layers)."""
+SUB_ZOO["resnet-sub"] = Case(
+    _resnet,
+    # 48 x 48 pixels: the activations outweigh the weights and AdamW's state, so the budgets need recompute.
+    lambda: {"pixel_values": torch.randn(2, 3, 48, 48), "labels": torch.tensor([0, 2])},
+    hf=True,
+    # Each bottleneck's convolution stacks and its shortcut (the block's add and ReLU run between them and save).
+    layers=(r"resnet\.encoder\.stages\.\d+\.layers\.\d+\.(shortcut|layer\.\d+)$",),
+)
 ALL_CASES = {**ZOO, **SUB_ZOO}
 
 
@@ -531,6 +546,10 @@ def test_sub_module_traces_mark_the_gaps_where_the_models_code_saves():
     marks = {name: [x.code_after_saves for x in _whole_step_trace(name).layers] for name in SUB_ZOO}
     assert marks["gpt2-sub"] == [True] * 7 + [False] and marks["vit-sub"] == [True] * 7 + [False], marks
     assert not any(marks["bert-sub"]) and len(marks["bert-sub"]) == 12
+    # A bottleneck adds its shortcut and runs its ReLU after the layers (its last convolution stack, then the
+    # shortcut, in the trace's order): the gap after each shortcut but the network's last.
+    names = _whole_step_trace("resnet-sub").layer_names
+    assert marks["resnet-sub"] == [n.endswith("shortcut") and i < len(names) - 1 for i, n in enumerate(names)], names
     for name in ("gpt2-sub", "vit-sub"):
         for frac in BUDGET_FRACTIONS:
             groups = [a.recompute_group for a in _solved(name, frac, "keep+recompute").actions]
