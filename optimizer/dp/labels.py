@@ -18,7 +18,6 @@ later row and every later cost is monotone in each of them.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Protocol, Self, TypeVar
 
@@ -326,7 +325,12 @@ def beam_select(labels: _B, width: int, score: np.ndarray) -> _B:
         return labels
     order = np.argsort(labels.retained, kind="stable")
     edges = np.linspace(0, len(order), width + 1).astype(np.int64)
+    starts = edges[:-1][edges[1:] > edges[:-1]]
     cost_sorted = score[order]
-    picks = [order[lo + int(np.argmin(cost_sorted[lo:hi]))] for lo, hi in itertools.pairwise(edges) if hi > lo]
-    picks.append(int(np.argmin(score)))
-    return labels.take(np.unique(np.asarray(picks, dtype=np.int64)))
+    # Each run's first label at its least score (np.argmin's choice), for all runs at once: a loop of argmins over
+    # thousands of short runs took half of a 1,000-label beam's time on DenseNet-121 (0.77 of 1.66 s).
+    run = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(order))))
+    at_min = np.flatnonzero(cost_sorted == np.minimum.reduceat(cost_sorted, starts)[run])
+    _, first = np.unique(run[at_min], return_index=True)
+    picks = np.append(order[at_min[first]], np.argmin(score))
+    return labels.take(np.unique(picks.astype(np.int64)))
