@@ -455,6 +455,40 @@ def test_fluid_beams_stop_widening_after_two_rounds_without_a_plan(monkeypatch: 
             assert rounds[:3] == [24, 96, 384], widths
 
 
+def test_no_beam_round_starts_once_the_answer_is_proven(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bert-large on an H100 at 75%: the relaxed FIFO beam's round of 1,024 labels finds a plan within 1% of the stage
+    # bound; the fluid round of 1,536 labels that followed it in the same pass took 0.4 s of a 2.1 s solve.
+    from memsched.io import load_trace
+    from memsched.optimizer import dp as dp_mod
+    from memsched.optimizer import solve as solve_mod
+
+    trace = load_trace(Path(__file__).resolve().parents[2] / "traces" / "bert-large-bf16-b32-s512-h100.json")
+    started_proven: list[str] = []
+    flows: list[Flow] = []
+    real_fluid, real_fifo, real_init = dp_mod.beam_search, Flow._fifo_beam, Flow.__init__
+
+    def init(self: Flow, *args: object, **kw: object) -> None:
+        real_init(self, *args, **kw)  # type: ignore[arg-type]
+        flows.append(self)
+
+    def fluid(*args: object, **kw: object) -> object:
+        if flows and flows[-1].proven():
+            started_proven.append(f"fluid {kw['width']}")
+        return real_fluid(*args, **kw)  # type: ignore[arg-type]
+
+    def fifo(self: Flow, until: float, width: int, relaxed: bool = False) -> bool:
+        if self.proven():
+            started_proven.append(f"fifo {width}{' relaxed' * relaxed}")
+        return real_fifo(self, until, width, relaxed)
+
+    monkeypatch.setattr(Flow, "__init__", init)
+    monkeypatch.setattr(dp_mod, "beam_search", fluid)
+    monkeypatch.setattr(Flow, "_fifo_beam", fifo)
+    report = solve_mod.solve_report(trace, resolve_budget("75%", trace), SolveOptions(time_limit_s=30.0))
+    assert report.schedule.solver.status == SolverStatus.OPTIMAL
+    assert started_proven == [], started_proven
+
+
 def test_the_first_beam_round_may_finish_past_the_beams_share(monkeypatch: pytest.MonkeyPatch) -> None:
     # A cut beam decodes no plan, and the local search's answer depends on its start (DenseNet-121 at 25%, 10 s:
     # the first round needs 1.9 s of its 1 s share; from the baselines' plan the search ended 11% higher). Here the
@@ -510,11 +544,12 @@ def test_once_the_fluid_beam_misprices_its_plans_the_fifo_beam_goes_first_in_eac
     # FIFO beam of 256 still finds the answer, which the stage bound proves).
     ranges = [f"fifo {w} on ranges" for w in (16, 64, 256, 1024)]
     expected = [ranges[0], "fluid 24", ranges[1], "fluid 96", "fifo 16", ranges[2], "fifo 64", "fluid 384"]
-    assert calls == [*expected, ranges[3], "fifo 256", "fluid 1536"], calls
+    # The relaxed round of 1,024 proves the answer (with the stage bound): no round starts after it (the real
+    # options' FIFO beam of 256 and the fluid beam of 1536 did before 2026-12-01).
+    assert calls == [*expected, ranges[3]], calls
     assert report.schedule.solver.status == SolverStatus.OPTIMAL
-    # Within the requested 1% of the best plan known, 0.0347422 s (the real options' FIFO beam of 256). The relaxed
-    # beam's 256 labels find 0.034801 s first; as the incumbent that prunes the later beams, the FIFO beam then
-    # ends there too, and the stage bound proves it (0.4%).
+    # Within the requested 1% of the best plan known, 0.0347422 s (the real options' FIFO beam of 256, when it ran
+    # first). The relaxed beam's 1,024 labels find 0.034801 s, which the stage bound proves (0.4%).
     assert report.schedule.prediction.overhead_s <= 0.0347422 * 1.01
 
 
