@@ -152,6 +152,14 @@ def budget_range(trace: Trace, lo: int | None, hi: int | None) -> tuple[int, int
     return start, end, notes
 
 
+def _restart(points: dict[int, CurvePoint], start: int, grid: Callable[[int], list[int]]) -> list[int]:
+    """The sweep's start raised to `start`: the points solved below it dropped (in place), and the budgets to solve
+    next, `grid(start)` less those solved."""
+    for x in [x for x in points if x < start]:
+        del points[x]
+    return [x for x in grid(start) if x not in points]
+
+
 def sweep(
     trace: Trace,
     submit: Submit,
@@ -213,9 +221,7 @@ def sweep(
                 if e.min_feasible_bytes > start:
                     start = e.min_feasible_bytes
                     notes.append(f"start raised to {start} bytes, the smallest budget that fits these actions")
-                    for x in [x for x in points if x < start]:
-                        del points[x]
-                    queue = [x for x in grid(start) if x not in points]
+                    queue = _restart(points, start, grid)
                 continue
             except UnsettledBudgetError as e:
                 # The DP could neither fit a plan of these actions to this budget nor rule one out in a point's time:
@@ -229,9 +235,7 @@ def sweep(
                         f"neither fit nor rule out a plan within a point's time limit ({b} bytes; a longer time "
                         "limit may settle it)"
                     )
-                    for x in [x for x in points if x < start]:
-                        del points[x]
-                    queue = [x for x in grid(start) if x not in points]
+                    queue = _restart(points, start, grid)
                 continue
             except InfeasibleHostBudgetError:
                 # The host budget needs fewer offloaded bytes the larger the budget (OPT's plans nest the same
@@ -242,9 +246,7 @@ def sweep(
                 good = min((x for x in points if x > host_floor), default=end)
                 host_steps += 1
                 start = (host_floor + good) // 2 if host_steps <= _HOST_BISECTIONS and good - host_floor > 1 else good
-                for x in [x for x in points if x < start]:
-                    del points[x]
-                queue = [x for x in grid(start) if x not in points]
+                queue = _restart(points, start, grid)
                 continue
             if b < start:
                 continue  # solved before the start was raised

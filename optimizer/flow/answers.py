@@ -76,12 +76,7 @@ class AnswerPhases(FlowState):
             if not _beam_round_fits(relaxed_s, until):
                 self.relaxed_beam_left = labels
                 return False
-            began = time.perf_counter()
-            if not self._fifo_beam(until, labels, relaxed=True):
-                self.relaxed_beam_left = labels
-                return False
-            relaxed_s.append(time.perf_counter() - began)
-            return True
+            return self._relaxed_beam(until, labels)
 
         # Rounds of 4x the width, up to MAX_BEAM_WIDTH: in each the fluid beam and, where the fluid beam misprices
         # its plans, the FIFO beam. Once it has, the FIFO beam goes first: its plans are priced as the simulator
@@ -161,9 +156,17 @@ class AnswerPhases(FlowState):
         if not _beam_round_fits(self.relaxed_beam_s, until):
             log.info("late fifo beam %d skipped: predicted to pass its share", width)
             return
+        self._relaxed_beam(until, width)
+
+    def _relaxed_beam(self, until: float, width: int) -> bool:
+        """One relaxed FIFO beam round (`_fifo_beam`'s `relaxed`): its time joins `relaxed_beam_s` where it finished,
+        its width is left for `late_fifo_beam` where the clock cut it. Whether it finished."""
         began = time.perf_counter()
-        if self._fifo_beam(until, width, relaxed=True):
-            self.relaxed_beam_s.append(time.perf_counter() - began)
+        if not self._fifo_beam(until, width, relaxed=True):
+            self.relaxed_beam_left = width
+            return False
+        self.relaxed_beam_s.append(time.perf_counter() - began)
+        return True
 
     def fifo_beam_ok(self) -> bool:
         """The FIFO beam applies: copies run beside compute (on the compute thread the fluid beam prices them

@@ -281,9 +281,9 @@ against 0.023706 s on the real options; the H200 ResNet-50 at 50% 0.020699 s aga
 against 0.006017 s. On gpt2-medium the real options' beam is the better one (H200 at 75%: 0.013814 against 0.01449
 s): both run."""
 LATE_BEAM_SHARE = 0.25
+"""The late beam's share of the limit (`Flow.late_beam`), taken from the last local search."""
 LATE_FIFO_BEAM_SHARE = 0.25
 """The share of the limit `Flow.late_fifo_beam` may take (short traces, before the exact DP's first sweeps)."""
-"""The late beam's share of the limit (`Flow.late_beam`), taken from the last local search."""
 LATE_BEAM_MIN_LAYERS = 150
 """The late beam runs on traces of at least this many layers: below, the exact DP or the MILP closes the gap."""
 LATE_BEAM_MAX_LAYERS = 500
