@@ -188,6 +188,19 @@ def _span_charges(
     return ptr, at, nbytes, last, prod
 
 
+def rule_charges(a: LagrangeArrays, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(head, span): the checkpoint bytes the first reader's rule charges each producer (as head_bytes) and the span
+    rule each of its entries (as span_bytes) where producer a.shared[i] is charged weights[i] of its bytes by the span
+    rule and the rest by the first reader's. Each rule alone bounds the simulator's rows for every plan and every
+    producer, so any weights in [0, 1] do (docs/formulation.md, 'Checkpoint inputs read by several layers')."""
+    assert len(weights) == len(a.shared) and np.all((weights >= 0.0) & (weights <= 1.0))
+    head = a.ckpt_bytes.astype(np.float64)
+    head[a.shared] *= 1.0 - weights
+    full = np.zeros(len(a.saved))
+    full[a.shared] = weights
+    return head, a.ckpt_bytes[a.span_prod] * full[a.span_prod]
+
+
 _SPAN_SHARE = 0.5
 """The share of a producer's checkpoint bytes charged by the span rule where several layers read it (the rest by
 the first reader's rule): each rule alone is a bound, so any mix is (docs/formulation.md, 'Checkpoint inputs read
@@ -905,9 +918,10 @@ def _rule_gradient(
     span_prod: np.ndarray,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
-    """out[j] = the derivative of the priced plan's cost in producer j's span-rule weight (LinkLagrangian's
-    `weights`): its checkpoint bytes times the row prices the span rule charges it over those the first reader's
-    rule charges it, summed over the plan's segments (`plan`: `_link_lagrangian`'s plan_out; `P`: its P_out)."""
+    """out[j], for each producer j read by several layers (LagrangeArrays.shared), = the derivative of the priced
+    plan's cost in j's span-rule weight (LinkLagrangian's `weights`): its checkpoint bytes times the row prices the
+    span rule charges it less those the first reader's rule charges it, summed over the plan's segments (`plan`:
+    `_link_lagrangian`'s plan_out; `P`: its P_out). Other entries are not read."""
     n = len(plan)
     two_n = 2 * n
     out[:] = 0.0
@@ -984,9 +998,8 @@ class LinkLagrangian:
         self.weights = np.full(len(a.shared), _SPAN_SHARE)
         self._w_first, self._w_second = np.zeros(len(a.shared)), np.zeros(len(a.shared))
         self._w_grad = np.zeros(n)
-        self.head = a.ckpt_bytes.astype(np.float64)
-        self.span = a.ckpt_bytes[a.span_prod].astype(np.float64)
-        self._set_weights()
+        self.head, self.span = rule_charges(a, self.weights)
+        """The checkpoint bytes each rule charges at these weights (LagrangeArrays.head_bytes / span_bytes)."""
         # Each layer's count of steps recomputed and offloaded, summed per block of _PLAN_BLOCK steps (the last
         # block open), so that `shares` can average the later half of the steps whatever their number.
         self._plan_blocks: list[tuple[np.ndarray, np.ndarray, int]] = []
@@ -1002,18 +1015,15 @@ class LinkLagrangian:
         self._gains: list[tuple[float, float]] = [(0.0, 0.0)]  # (seconds run, best value) after each rise
 
     def _set_weights(self) -> None:
-        """head / span: the checkpoint bytes each rule charges at the current weights."""
-        a = self.arrays
-        self.head[a.shared] = a.ckpt_bytes[a.shared] * (1.0 - self.weights)
-        full = np.zeros(len(a.saved))
-        full[a.shared] = self.weights
-        self.span[:] = a.ckpt_bytes[a.span_prod] * full[a.span_prod]
+        self.head, self.span = rule_charges(self.arrays, self.weights)
 
     def _raise_weights(self, it: int) -> None:
-        """One projected Adam step of the weights up the Lagrangian's derivative in them (_rule_gradient)."""
+        """One projected Adam step of the weights up the Lagrangian's derivative in them (_rule_gradient), from the
+        prices' step _WEIGHT_FROM on (`it`: the prices' step)."""
         a = self.arrays
-        if not len(a.shared):
+        if not len(a.shared) or it <= _WEIGHT_FROM:
             return
+        it -= _WEIGHT_FROM  # the weights' own steps, for Adam's bias corrections
         _rule_gradient(
             self.plan, self.P, a.first_ptr, a.first_prod, a.ckpt_bytes, a.span_ptr, a.span_at, a.span_last,
             a.span_prod, self._w_grad,
@@ -1172,6 +1182,12 @@ _LINK_PATIENCE = 300
 """Steps without a gain of 1e-4 of the best value before the link search halves its rate, or stops at the smallest."""
 _ADAM_B1, _ADAM_B2 = 0.9, 0.999
 _WEIGHT_RATE = 0.01
-"""The span-rule weights' Adam step (LinkLagrangian.weights) at the prices' first rate, halved with it. Measured to
-convergence on the synthetic 1,000-layer DAG at 20% (one core, 2026-12-01): 0.003 / 0.01 / 0.03 reach the same
-bound (0.1225 / 0.1226 / 0.1224 s after 6 s); on the 200-layer DAG 0.02354 s at each."""
+"""The span-rule weights' Adam step (LinkLagrangian.weights) at the prices' first rate, halved with it. Measured
+(one core, 2026-12-01, from step _WEIGHT_FROM): 0.003 / 0.01 / 0.03 converge to the same bounds within 0.3%
+(the synthetic 1,000-layer DAG at 20%: 0.12326 s each; DenseNet-121 at 25%: 0.04288 / 0.04288 / 0.04277 s), and
+0.01 is at or near the best after 1 s on each of five rows."""
+_WEIGHT_FROM = 100
+"""The weights stay at half for the prices' first steps: near 0 the prices say little about which rule binds,
+and weights moved by them cost the bound's climb more than they add (DenseNet-121 at 25% from a poor incumbent,
+0.107 s, after 1 s: 0.04070 s moved from the first step, 0.04176 s held, 0.04238 s from step 100; the 1,000-layer
+DAG after 1 s: 0.1119 / 0.1077 / 0.1154 s)."""
