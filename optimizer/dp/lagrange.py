@@ -188,6 +188,20 @@ def _span_charges(
     return ptr, at, nbytes, last, prod
 
 
+def _adam_ascent(
+    x: np.ndarray, first: np.ndarray, second: np.ndarray, grad: np.ndarray, it: int, rate: float
+) -> np.ndarray:
+    """One projected Adam step up `grad` from `x` (weights, kept in [0, 1]) at step `it` (from 1); updates the
+    moments `first` and `second` in place."""
+    first *= _ADAM_B1
+    first += (1 - _ADAM_B1) * grad
+    second *= _ADAM_B2
+    second += (1 - _ADAM_B2) * grad * grad
+    m = first / (1 - _ADAM_B1**it)
+    v = second / (1 - _ADAM_B2**it)
+    return np.clip(x + rate * m / (np.sqrt(v) + 1e-12), 0.0, 1.0)
+
+
 def rule_charges(a: LagrangeArrays, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(head, span): the checkpoint bytes the first reader's rule charges each producer (as head_bytes) and the span
     rule each of its entries (as span_bytes) where producer a.shared[i] is charged weights[i] of its bytes by the span
@@ -442,6 +456,25 @@ def _path(
 
 
 @njit(cache=True)
+def _plan_out(
+    arc_kind: np.ndarray, arc_from: np.ndarray, off_choice: np.ndarray, plan_out: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    """The least priced path's plan per layer: PLAN_KEEP, PLAN_START / PLAN_CONTINUE (a recompute segment's first
+    layer / a later one) or the offload option's index."""
+    node = len(plan_out)
+    while node > 0:
+        k = arc_from[node]
+        if arc_kind[node] == _KEEP:
+            plan_out[k] = PLAN_KEEP
+        elif arc_kind[node] == _OFFLOAD:
+            plan_out[k] = off_choice[k, 0]
+        else:
+            plan_out[k] = PLAN_START
+            plan_out[k + 1 : node] = PLAN_CONTINUE
+        node = k
+
+
+@njit(cache=True)
 def _plan_rows(
     arc_kind: np.ndarray,
     arc_from: np.ndarray,
@@ -557,10 +590,13 @@ def _lagrangian(
     recompute: bool,
     grad: np.ndarray,
     suffix: np.ndarray,
+    plan_out: np.ndarray,
+    P_out: np.ndarray,
 ) -> float:  # pragma: no cover - compiled
     """The Lagrangian of the memory rows at prices `mu`; `grad` receives the minimising plan's bytes at each row
     less the limit (a subgradient). Where `suffix` has n + 1 entries it receives, per boundary k, the least priced
-    cost of the layers k..n-1."""
+    cost of the layers k..n-1. Where plan_out has n entries it receives the plan and P_out (2n + 2) the prefix sums
+    of the prices, as `_link_lagrangian`'s do (for `_rule_gradient`)."""
     n = len(saved)
     P = np.zeros(2 * n + 2)
     for u in range(2 * n + 1):
@@ -580,6 +616,9 @@ def _lagrangian(
     value = dist[n]
     for u in range(2 * n + 1):
         value += mu[u] * (trans[u] - limit)
+    if plan_out.shape[0] == n:
+        _plan_out(arc_kind, arc_from, off_choice, plan_out)
+        P_out[:] = P
     _plan_rows(
         arc_kind, arc_from, off_choice, saved, cut, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
         ckpt_bytes, span_ptr, span_at, span_bytes, span_last, opt_free, opt_copy, trans, limit, grad, np.zeros(n),
@@ -605,13 +644,23 @@ class LagrangeResult:
 
 
 def _evaluate(
-    a: LagrangeArrays, mu: np.ndarray, grad: np.ndarray, suffix: np.ndarray, completions: bool = False
+    a: LagrangeArrays,
+    mu: np.ndarray,
+    grad: np.ndarray,
+    suffix: np.ndarray,
+    completions: bool = False,
+    charges: tuple[np.ndarray, np.ndarray] | None = None,
+    plan: np.ndarray | None = None,
+    P: np.ndarray | None = None,
 ) -> float:
     """The Lagrangian at `mu`. `completions`: with the completion tables' rule for checkpoint inputs (each producer
     charged whole to the segment holding its first reader, none by span: a label's held producers are in its
-    retained bytes, which a span charge from a completion's segment would count again)."""
-    span = (a.span_ptr, a.span_at, a.span_bytes, a.span_last)
-    head = (a.first_ptr, a.first_prod, a.head_bytes)
+    retained bytes, which a span charge from a completion's segment would count again). `charges`: the rules'
+    (head, span) bytes at other weights than half (rule_charges). `plan`, `P`: receive the least priced plan and the
+    prices' prefix sums (for _rule_gradient)."""
+    head_bytes, span_bytes = (a.head_bytes, a.span_bytes) if charges is None else charges
+    span = (a.span_ptr, a.span_at, span_bytes, a.span_last)
+    head = (a.first_ptr, a.first_prod, head_bytes)
     if completions:
         span = (np.zeros(len(a.span_ptr), dtype=np.int64), a.span_at, a.span_bytes, a.span_last)
         head = (a.first_ptr, a.first_prod, a.ckpt_bytes.astype(np.float64))
@@ -640,6 +689,8 @@ def _evaluate(
             a.recompute,
             grad,
             suffix,
+            np.zeros(0, dtype=np.int64) if plan is None else plan,
+            np.zeros(0) if P is None else P,
         )
     )
 
@@ -659,13 +710,21 @@ def lagrangian_bound(
     factor is negligible. Every value is a bound; the best is returned. `first_reader_only`: checkpoint inputs by
     the first reader's rule alone, the completion tables' (completion_table): prices found for it prune the exact
     DP better than those of the path's mix of rules. `start`: the prices to start from (default: zero), e.g. another
-    rule's best, from which this one's ascent goes on."""
+    rule's best, from which this one's ascent goes on. With the mix, each producer read by several layers has its
+    own weight between the rules (as in LinkLagrangian), raised with the prices by projected Adam steps of
+    _ROWS_WEIGHT_RATE x the step factor; a restart from the best prices restarts from their weights."""
     a = arrays
     t0 = time.perf_counter()
     mu = np.zeros(len(a.trans)) if start is None else np.array(start, dtype=np.float64)
     grad = np.zeros_like(mu)
     no_suffix = np.zeros(0)
-    best_value, best_mu = 0.0, mu.copy()
+    n = len(a.saved)
+    weighed = not first_reader_only and len(a.shared) > 0
+    weights = np.full(len(a.shared), _SPAN_SHARE)
+    w_first, w_second, w_grad = np.zeros(len(a.shared)), np.zeros(len(a.shared)), np.zeros(n)
+    plan, P = (np.zeros(n, dtype=np.int64), np.zeros(2 * n + 2)) if weighed else (None, None)
+    w_steps = 0
+    best_value, best_mu, best_w = 0.0, mu.copy(), weights.copy()
     theta, since = 1.0, 0
     stopped = "iterations"
     it = 0
@@ -674,9 +733,10 @@ def lagrangian_bound(
             stopped = "deadline"
             break
         it += 1
-        value = _evaluate(a, mu, grad, no_suffix, completions=first_reader_only)
+        charges = rule_charges(a, weights) if weighed else None
+        value = _evaluate(a, mu, grad, no_suffix, completions=first_reader_only, charges=charges, plan=plan, P=P)
         if value > best_value + 1e-12 * max(1.0, abs(best_value)):
-            best_value, best_mu, since = value, mu.copy(), 0
+            best_value, best_mu, best_w, since = value, mu.copy(), weights.copy(), 0
         else:
             since += 1
             if since >= _PATIENCE:
@@ -685,7 +745,7 @@ def lagrangian_bound(
                     stopped = "converged"
                     break
                 if best_value > 0.0:
-                    mu = best_mu.copy()  # restart from the best prices with the smaller step
+                    mu, weights = best_mu.copy(), best_w.copy()  # restart from the best with the smaller step
                     continue
         if target_s is not None and best_value >= target_s:
             stopped = "target"
@@ -698,6 +758,14 @@ def lagrangian_bound(
             break
         step = theta * max(upper_s - value, 1e-9 * max(upper_s, 1e-12)) / norm
         mu = np.maximum(0.0, mu + step * g)
+        if weighed:
+            assert plan is not None and P is not None
+            _rule_gradient(
+                plan, P, a.first_ptr, a.first_prod, a.ckpt_bytes, a.span_ptr, a.span_at, a.span_last, a.span_prod,
+                w_grad,
+            )  # fmt: skip
+            w_steps += 1
+            weights = _adam_ascent(weights, w_first, w_second, w_grad[a.shared], w_steps, _ROWS_WEIGHT_RATE * theta)
     return LagrangeResult(
         bound_s=max(0.0, best_value),
         iterations=it,
@@ -855,17 +923,7 @@ def _link_lagrangian(
         first_ptr, first_prod, ckpt_bytes, span_ptr, span_at, span_bytes, span_last, recompute, np.zeros(0),
     )  # fmt: skip
     value = dist[n]
-    node = n
-    while node > 0:
-        k = arc_from[node]
-        if arc_kind[node] == _KEEP:
-            plan_out[k] = PLAN_KEEP
-        elif arc_kind[node] == _OFFLOAD:
-            plan_out[k] = off_choice[k, 0]
-        else:
-            plan_out[k] = PLAN_START
-            plan_out[k + 1 : node] = PLAN_CONTINUE
-        node = k
+    _plan_out(arc_kind, arc_from, off_choice, plan_out)
     # Stalls: a second of stall costs 1 and gives bw bytes of link time to every window holding its stage; where
     # that is worth more than 1, the cap on any plan worth proving (total stall below `upper`) applies.
     sf = -1
@@ -1028,13 +1086,8 @@ class LinkLagrangian:
             self.plan, self.P, a.first_ptr, a.first_prod, a.ckpt_bytes, a.span_ptr, a.span_at, a.span_last,
             a.span_prod, self._w_grad,
         )  # fmt: skip
-        g = self._w_grad[a.shared]
-        self._w_first = _ADAM_B1 * self._w_first + (1 - _ADAM_B1) * g
-        self._w_second = _ADAM_B2 * self._w_second + (1 - _ADAM_B2) * g * g
-        m = self._w_first / (1 - _ADAM_B1**it)
-        v = self._w_second / (1 - _ADAM_B2**it)
         rate = _WEIGHT_RATE * self.step / (_LINK_RATE * self.upper_s)  # halved with the prices' rate
-        self.weights = np.clip(self.weights + rate * m / (np.sqrt(v) + 1e-12), 0.0, 1.0)
+        self.weights = _adam_ascent(self.weights, self._w_first, self._w_second, self._w_grad[a.shared], it, rate)
         self._set_weights()
 
     def _count_plan(self) -> None:
@@ -1186,6 +1239,12 @@ _WEIGHT_RATE = 0.01
 (one core, 2026-12-01, from step _WEIGHT_FROM): 0.003 / 0.01 / 0.03 converge to the same bounds within 0.3%
 (the synthetic 1,000-layer DAG at 20%: 0.12326 s each; DenseNet-121 at 25%: 0.04288 / 0.04288 / 0.04277 s), and
 0.01 is at or near the best after 1 s on each of five rows."""
+_ROWS_WEIGHT_RATE = 0.1
+"""The same weights' Adam step in the memory rows' ascent (`lagrangian_bound` with the mix of rules), times its step
+factor. From the first reader's rule's best prices on the synthetic 1,000-layer DAG at 20% (keep / recompute, one
+core, 2026-12-01), after 4 s: 1.0195 / 1.0688 / 1.0682 s at 0.01 / 0.03 / 0.1, after 1.5 s (its share of a 10 s
+solve) 1.0421 / 1.0667 s at 0.03 / 0.1, against 1.0071 s in 4 s with the weights held at half (the answer: 1.12
+s)."""
 _WEIGHT_FROM = 100
 """The weights stay at half for the prices' first steps: near 0 the prices say little about which rule binds,
 and weights moved by them cost the bound's climb more than they add (DenseNet-121 at 25% from a poor incumbent,
