@@ -18,6 +18,7 @@ value is a bound, and the best is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -111,15 +112,13 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
     first_ptr, first_prod = _csr(first_of)
     ckpt_bytes = np.array([checkpoint_input_bytes(trace, j) for j in range(n)], dtype=np.int64)
     many = {j for j, readers in enumerate(p.consumers) if len(set(readers)) > 1 and ckpt_bytes[j] > 0}
-    head_bytes = ckpt_bytes.astype(np.float64)
-    head_bytes[sorted(many)] *= 1.0 - _SPAN_SHARE
-    span_ptr, span_at, span_bytes, span_last, span_prod = _span_charges(p.consumers, many, ckpt_bytes * _SPAN_SHARE)
+    span_ptr, span_at, span_last, span_prod = _span_charges(p.consumers, many)
     opt_ptr = _offsets(p.offload)
     trans = np.zeros(2 * n + 1, dtype=np.int64)
     trans[:n] = p.trans_f
     trans[n] = loss_point_transient(trace)
     trans[n + 1 :] = p.trans_b[::-1]  # row 2n - i is B_i
-    return LagrangeArrays(
+    arrays = LagrangeArrays(
         saved=p.saved,
         cut=p.trans_f - p.trans_f_rec,
         overlap=p.input_saved,
@@ -131,10 +130,10 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
         first_ptr=first_ptr,
         first_prod=first_prod,
         ckpt_bytes=ckpt_bytes,
-        head_bytes=head_bytes,
+        head_bytes=np.zeros(0),  # set below, by rule_charges
         span_ptr=span_ptr,
         span_at=span_at,
-        span_bytes=span_bytes,
+        span_bytes=np.zeros(0),
         span_last=span_last,
         span_prod=span_prod,
         shared=np.array(sorted(many), dtype=np.int64),
@@ -149,6 +148,8 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
         latency=p.latency,
         recompute=p.recompute,
     )
+    head, span = rule_charges(arrays, np.full(len(arrays.shared), _SPAN_SHARE))
+    return dataclasses.replace(arrays, head_bytes=head, span_bytes=span)
 
 
 def _offsets(lists: Sequence[Sequence[object]]) -> np.ndarray:
@@ -162,30 +163,27 @@ def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return _offsets(lists), np.array([j for x in lists for j in x], dtype=np.int64)
 
 
-def _span_charges(
-    consumers: list[list[int]], many: set[int], ckpt_bytes: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _span_charges(consumers: list[list[int]], many: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """By segment start k: each producer j < k of `many` with a reader at or after k, as (its first reader at or
-    after k, its checkpoint bytes, its last reader, j) (LagrangeArrays.span_*). The simulator holds j's output once,
-    from the earliest segment that reads it from outside, [a_1, b_1], over rows a_1 + 1 .. 2n - a_1 - 1. Every
+    after k, its last reader, j) (LagrangeArrays.span_*; their bytes: rule_charges). The simulator holds j's output
+    once, from the earliest segment that reads it from outside, [a_1, b_1], over rows a_1 + 1 .. 2n - a_1 - 1. Every
     later such segment starts after the one before it ends, so charging each such segment [a, b] only the rows that
     its start adds and its end does not (a + 1 .. b + 1 and 2n - b - 1 .. 2n - a - 1) charges at most that: a bound
     whichever of them is the earliest (docs/formulation.md, 'Checkpoint inputs read by several layers')."""
     n = len(consumers)
-    rows: list[list[tuple[int, float, int, int]]] = [[] for _ in range(n)]
+    rows: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
     for j in sorted(many):
         readers = sorted(set(consumers[j]))
         # From k = j + 1 on, the first reader at or after k moves along the readers.
         for q, r in enumerate(readers):
             lo = j + 1 if q == 0 else readers[q - 1] + 1
             for k in range(lo, r + 1):
-                rows[k].append((r, ckpt_bytes[j], readers[-1], j))
+                rows[k].append((r, readers[-1], j))
     ptr = _offsets(rows)
     at = np.array([e[0] for x in rows for e in x], dtype=np.int64)
-    nbytes = np.array([e[1] for x in rows for e in x], dtype=np.float64)
-    last = np.array([e[2] for x in rows for e in x], dtype=np.int64)
-    prod = np.array([e[3] for x in rows for e in x], dtype=np.int64)
-    return ptr, at, nbytes, last, prod
+    last = np.array([e[1] for x in rows for e in x], dtype=np.int64)
+    prod = np.array([e[2] for x in rows for e in x], dtype=np.int64)
+    return ptr, at, last, prod
 
 
 def _adam_ascent(
