@@ -26,6 +26,7 @@ from memsched.optimizer.budget import budget_between, keepall_activation_peak
 from memsched.optimizer.decisions import Decision
 from memsched.optimizer.dp import build_problem, exact_search
 from memsched.optimizer.dp.lagrange import (
+    _LINK_SCALE_OVER_LOWER,
     LagrangeArrays,
     LinkLagrangian,
     lagrange_arrays,
@@ -204,16 +205,16 @@ def test_a_resumed_link_lagrangian_takes_the_same_steps_as_one_run() -> None:
     assert len(arrays.shared) > 0
     upper = 0.05
     one = LinkLagrangian(arrays, upper)
-    whole = one.run(FAR, max_iterations=900)
+    whole = one.run(FAR, max_iterations=1600)  # the first halving is near step 1,500
     parts = LinkLagrangian(arrays, upper)
-    for steps in (1, 250, 600, 900):
+    for steps in (1, 250, 900, 1600):
         res = parts.run(FAR, max_iterations=steps)
-    assert res.iterations == whole.iterations == 900
+    assert res.iterations == whole.iterations == 1600
     assert res.bound_s == whole.bound_s > 0.0
-    assert parts.step == one.step < LinkLagrangian(arrays, upper).step  # the same halvings, at least one
+    assert parts.rate == one.rate < LinkLagrangian(arrays, upper).rate  # the same halvings, at least one
     assert all(np.array_equal(a, b) for a, b in zip(parts.x, one.x, strict=True))
     assert np.array_equal(parts.weights, one.weights)
-    assert link_lagrangian_bound(arrays, upper, FAR, max_iterations=900).bound_s == whole.bound_s
+    assert link_lagrangian_bound(arrays, upper, FAR, max_iterations=1600).bound_s == whole.bound_s
     # Stopped by its deadline, it says so, and a run after convergence returns at once with the same bound.
     paused = LinkLagrangian(arrays, upper).run(time.perf_counter() - 1.0)
     assert paused.stopped_by == "deadline" and paused.iterations == 0 and paused.bound_s == 0.0
@@ -381,8 +382,16 @@ def test_link_bound_with_the_rules_weighed_per_producer_is_below_the_exact_optim
         sims = [simulate(tr, ds, budget, with_events=False) for ds in plans]
         opt = min(s.overhead_s for s in sims if s.feasible)
         if opt > 0.0:
-            link = LinkLagrangian(lagrange_arrays(relaxed_problem(build_problem(tr, budget), tr, 32), tr), opt)
+            arrays = lagrange_arrays(relaxed_problem(build_problem(tr, budget), tr, 32), tr)
+            link = LinkLagrangian(arrays, opt)
             assert link.run(FAR, max_iterations=3000).bound_s <= opt * (1 + 1e-9) + 1e-12
+            # From the worst plan with a proved bound of half the optimum: the steps are sized by the bounds
+            # (`scale`), not by the plan, and the value is still a bound.
+            worst = max(s.overhead_s for s in sims if s.feasible)
+            scaled = LinkLagrangian(arrays, worst, 0.5 * opt)
+            assert scaled.scale() == min(worst, _LINK_SCALE_OVER_LOWER * 0.5 * opt)
+            assert scaled.run(FAR, max_iterations=3000).bound_s <= opt * (1 + 1e-9) + 1e-12
+            assert scaled.scale() == min(worst, _LINK_SCALE_OVER_LOWER * max(0.5 * opt, scaled.best))
 
 
 @pytest.mark.parametrize(("n", "seed"), [(30, 1), (40, 2)])
