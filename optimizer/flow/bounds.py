@@ -19,7 +19,6 @@ from memsched.schema import Action, SolverStatus
 
 if TYPE_CHECKING:
     from memsched.optimizer.dp import DpOutcome
-    from memsched.optimizer.dp.lagrange import LagrangeResult, LinkLagrangian
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +77,10 @@ class BoundPhases(FlowState):
             # the 1,000-layer DAG at 20%, 0.938 -> 1.007 s, but DenseNet-121 at 75% proven in 13.7 s, not 6.6 s).
             res = lagrangian_bound(arrays, obj, until, target_s=target, first_reader_only=True)
         else:
+            # Its steps are sized by the bounds known too (LinkLagrangian.scale): the plan found so far can cost
+            # several times the optimum (DenseNet-121 at 25%: the beam's 0.107 s against a bound of 0.043 s).
             link = LinkLagrangian(arrays, obj, self.bound)
-            res = self._link_with_plans(link, until, target)
+            res = link.run(until, target_s=target)
             self.link_shares = link.shares()
             if res.stopped_by == "deadline":
                 self._link = link
@@ -101,29 +102,6 @@ class BoundPhases(FlowState):
         if res.stopped_by == "deadline" and not self.proven():
             self._share_note = f"the Lagrangian bound stopped at its time share after {res.iterations} prices"
             self.notes.append(self._share_note)
-
-    def _link_with_plans(self, link: LinkLagrangian, until: float, target: float) -> LagrangeResult:
-        """The link windows' Lagrangian up to `until`, its steps rounded into the link plan's family
-        (optimizer/link_plan.py) between stretches of it, each plan a candidate: the rounding of one moment can be
-        far from the next one's (its prices circle), and the local search goes where its start lies (DenseNet-121 at
-        25%: from a link plan of 0.056 s it reaches 0.046 s in 3 s, from the beam's 0.107 s 0.051 s in 6 s). The
-        stretches are at least LINK_SNAPSHOT_MIN_S and long enough that the plans take at most LINK_SNAPSHOT_SHARE
-        of the time; the link plan phase after this one rounds the last steps."""
-        from memsched.optimizer.link_plan import link_plan
-
-        stretch = shares.LINK_SNAPSHOT_MIN_S
-        while True:
-            res = link.run(min(until, time.perf_counter() + stretch), target_s=target)
-            if res.stopped_by != "deadline" or time.perf_counter() >= until:
-                return res
-            began = time.perf_counter()
-            found = link.shares()
-            sim = None if found is None else link_plan(self.trace, self.budget, found, self.allowed, self.host, until)
-            if sim is not None:
-                self.add("link-plan", sim)
-            spent = time.perf_counter() - began
-            log.debug("link plan after %d prices: %s, %.2f s", link.iterations, sim and sim.overhead_s, spent)
-            stretch = max(stretch, spent * (1.0 - shares.LINK_SNAPSHOT_SHARE) / shares.LINK_SNAPSHOT_SHARE)
 
     def lagrange_mixed(self, until: float) -> None:
         """Where the exact DP left the gap open on a trace whose checkpoint inputs several layers read: the memory

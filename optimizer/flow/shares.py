@@ -108,15 +108,6 @@ worse, 9 of them 0.8-10% better (the link plan), and 10 of 13 bounds higher (the
 -> 2.9%; the 100-layer DAG 49.2% -> 29.4%; the 140-layer DAG at 25% 50.8% -> 19.0%). At 64 the 64-layer DAG at 20%
 ended 4.3% dearer (the local search's time went to the Lagrangian) with the same gap, and the CPU Llama of 48
 blocks per sub-module (96 layers), proven in about 1 s, keeps its flow at 100."""
-LINK_SNAPSHOT_MIN_S = 0.2
-LINK_SNAPSHOT_SHARE = 0.15
-"""The link windows' Lagrangian stops every LINK_SNAPSHOT_MIN_S or more to round its steps into a link plan, so that
-those roundings take at most LINK_SNAPSHOT_SHARE of its time (`_link_with_plans`): 0.04 s a plan on DenseNet-121,
-0.12-0.17 s on 700-1,000 layers, where a 1 s share then holds one or none besides the link plan phase's own.
-Measured (one core, 2026-12-01, DenseNet-121 at 25%, steps scaled by 1.3x the bound, `_LINK_SCALE_OVER_LOWER`):
-after 420 steps the last steps' plan alone costs 0.075 s on average over 8 runs from upper bounds 0.3% apart (worst
-0.105 s); the best of plans taken every 100 steps 0.068 s after 300 steps, 0.058 s after 1,000 (6 runs; worst 0.091
-/ 0.069 s). In the 10 s solve the answer is 0.0453 s (3 runs), 0.0474 s without these plans (one run)."""
 LINK_MAX_LAYERS = 2000
 """Beyond this many layers its O(n^2) path per step leaves too few steps in a time limit of minutes."""
 DP_FIRST_SHARE = 0.25
