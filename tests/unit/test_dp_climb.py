@@ -427,3 +427,26 @@ def test_a_fifo_climb_step_the_clock_cuts_falls_back_below_it(monkeypatch: pytes
     assert flow.bound == max(t for t in tried if t < 0.5)
     first_cut = next(i for i, t in enumerate(tried) if t >= 0.5)
     assert flow.bound > tried[first_cut - 1]
+
+
+def test_a_fifo_climb_ends_where_a_step_finds_the_sweeps_optimum_below_its_threshold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The FIFO sweeps' stand-in: each finishes and finds the optimum 0.3 below any threshold above it, with no
+    # plan that decodes into a real one that fits (relaxed ranges): a higher threshold finds the same optimum, so
+    # the climb proves 0.3 and stops at the first such step.
+    from memsched.optimizer import dp as dp_module
+    from memsched.optimizer.dp import DpOutcome
+
+    tried: list[float] = []
+
+    def stand_in(*args: object, **kwargs: object) -> DpOutcome:
+        threshold = float(args[3])  # type: ignore[arg-type]
+        tried.append(threshold)
+        return DpOutcome(bound_s=min(threshold, 0.3), wall_s=0.01)
+
+    monkeypatch.setattr(dp_module, "fifo_search", stand_in)
+    flow = _stand_in_flow(monkeypatch)
+    flow.fifo_climb(time.perf_counter() + 50.0)
+    assert len(tried) >= 2 and tried[-1] > 0.3 and all(t <= 0.3 for t in tried[:-1])
+    assert flow.bound == pytest.approx(0.3)
