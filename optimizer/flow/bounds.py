@@ -321,11 +321,11 @@ class BoundPhases(FlowState):
     def fifo_climb(self, until: float, cells: int = shares.RELAXED_LADDER[0]) -> None:
         """FIFO sweeps at thresholds climbing from the proven bound towards incumbent x (1 - gap), each step sized
         by its predicted time (dp.next_threshold). Each one that finishes proves its threshold, or finds the
-        exact optimum below it, which ends the climb (its plans real or not). A step the clock or the label cap stops proves nothing new; the climb then falls
-        back to a third of the way from the last proven threshold to the one that failed (FIFO_CLIMB_RETRIES
-        times), so a prediction that was too bold costs one step's share, not the rest of the climb. The top step,
-        which alone proves the gap, comes as soon as it is predicted to fit (FIFO_CLIMB_TOP_SHARE) and may run
-        to twice its prediction (FIFO_CLIMB_TOP_MARGIN)."""
+        exact optimum below it, which ends the climb (its plans real or not). A step the clock or the label cap
+        stops proves nothing new; the climb then falls back to a third of the way from the last proven threshold
+        to the one that failed (FIFO_CLIMB_RETRIES times), so a prediction that was too bold costs one step's
+        share, not the rest of the climb. The top step, which alone proves the gap, comes as soon as it is
+        predicted to fit (FIFO_CLIMB_TOP_SHARE) and may run to twice its prediction (FIFO_CLIMB_TOP_MARGIN)."""
         from memsched.optimizer.dp import next_threshold, predicted_s
 
         start = self.bound
