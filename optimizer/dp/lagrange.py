@@ -1080,7 +1080,7 @@ class LinkLagrangian:
         """The overhead that sizes the steps: an estimate of the optimum, which the prices' magnitude follows. The
         known plan's overhead, but at most _LINK_SCALE_OVER_LOWER x the best bound known (the Lagrangian's own
         or `lower_s`) once one is above 0: a plan found early can cost several times the optimum, and steps sized
-        by it make the prices circle far from their best (docs/formulation.md, 'The prices')."""
+        by it make the prices circle far from their best (docs/formulation.md, 'The steps' scale')."""
         low = max(self.lower_s, self.best)
         return min(self.upper_s, _LINK_SCALE_OVER_LOWER * low) if low > 0.0 else self.upper_s
 
