@@ -1011,11 +1011,10 @@ def link_lagrangian_bound(
     deadline: float,
     target_s: float | None = None,
     max_iterations: int = 100_000,
-    lower_s: float = 0.0,
 ) -> LagrangeResult:
     """The Lagrangian of the fluid link windows (copies beside compute), its prices raised by projected Adam
     steps (`LinkLagrangian`) until `deadline`, `target_s`, `max_iterations` or convergence."""
-    return LinkLagrangian(arrays, upper_s, lower_s).run(deadline, target_s, max_iterations)
+    return LinkLagrangian(arrays, upper_s).run(deadline, target_s, max_iterations)
 
 
 class LinkLagrangian:

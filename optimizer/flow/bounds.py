@@ -359,7 +359,7 @@ class BoundPhases(FlowState):
                 # same optimum again (the H200 ResNet-50 trace at its least feasible budget: 0.15074 s at five
                 # thresholds, 12 s of a 60 s solve).
                 break
-            if out.timed_out or out.cap_hit:
+            if not finished:
                 proven = timed[-1][0] if timed else start
                 ceiling = threshold
                 retries += 1
