@@ -191,7 +191,9 @@ def plan_for(
     searches = [
         Phase(Step.STAGE_BOUND),
         Phase(Step.BEAM, shares.BEAM_SHARE / 2 if long_trace else shares.BEAM_SHARE, only_if_open=False),
-        Phase(Step.RATIO, shares.RATIO_SHARE),
+        # Even once proven (the stage bound can prove a beam's first plans within the gap): it costs ms on such
+        # traces and often beats them (bert-large on an H100 at 75%: 0.006772 -> 0.006715 s, of 0.006707 s).
+        Phase(Step.RATIO, shares.RATIO_SHARE, only_if_open=False),
     ]
     if not long_trace and lagrange != LagrangeKind.ROWS:
         searches.append(Phase(Step.DP_PROBE, shares.DP_PROBE_SHARE))

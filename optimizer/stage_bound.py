@@ -6,13 +6,15 @@ bytes: recomputed, for at least its re-run (Layer.rerun_s), less what its segmen
 its own forward; offloaded, by a copy that ends before stage k starts. The copies run one after another on the
 device-to-host stream, none before F_0 ends, and each takes the copy latency plus its bytes over the bandwidth, so
 freeing z bytes by copies needs at least the fewest layers whose offloadable bytes reach z, each paying the
-latency. The time by which they must end is where stage k starts in keep-all's timeline (for the loss point and
+latency; and since a copy moves whole tensors, they move the least sum of tensors of that many layers that reaches
+z, or of any number of layers for one latency more (`CopySums`). The time by which they must end is where stage k starts in keep-all's timeline (for the loss point and
 the backward, the end of F_{n-1}: every copy is done by then), later by the stalls before it, which the overhead
 pays for. So
 
-    overhead >= min over recompute sets R of  cost(R) + max(0, F_0 end + m(z) x latency + z / bandwidth - T_k)
+    overhead >= min over recompute sets R of  cost(R) + max(0, F_0 end + m(z) x latency + Z(z) / bandwidth - T_k)
 
-where z = need_k - bytes(R) and m(z) the fewest copies that hold z. The largest over the stages is the bound
+where z = need_k - bytes(R), m(z) the fewest copies that hold z and Z(z) >= z the bytes whole tensors move to
+free it. The largest over the stages is the bound
 (docs/formulation.md, 'The stage bound'). It ignores how the stages share one plan, so it is loose wherever the
 fluid sweeps are tight; it is tight where a few copies of large layers, each paying a long latency, are what the
 link can do before the peak (bert-large on an H100 at 75%: 1.76 ms a copy, 8.9 ms of bytes; the fluid sweeps
@@ -47,6 +49,17 @@ of 0.26 MB): 0.006658 s; at 4,096 steps 0.006626 s, at 65,536 0.006663 s, agains
 MIN_CELLS = 2048
 CELL_WORK = 1_000_000
 """Layers x steps: the knapsack's work (DenseNet-121's 429 layers: 2,331 steps, 0.1 s in all)."""
+SUM_ROWS = 8
+"""The copy counts up to which the sums are kept per count of layers (`CopySums.rows`)."""
+SUM_BATCH = 32
+"""Recompute sets whose copies' sums `_stage_value` reads at once."""
+SUM_BITS = 1 << 16
+"""Quanta of the copied-bytes sums (`CopySums`) across the largest need, on traces of up to SUM_WORK / SUM_BITS
+layers (fewer on longer ones, at least MIN_SUM_BITS): a quantum is the power of two at or below need / bits, so
+tensors of power-of-two sizes (a transformer's) lose nothing to it."""
+MIN_SUM_BITS = 1 << 12
+SUM_WORK = 1 << 23
+"""Layers x sum bits: the work of reading the sums at every stage."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +137,7 @@ def stage_bound(
             off, plus, by = 2 * n - 1 - k, False, loss_end
         stages.setdefault(off, []).append((k, plus, by))
     grid = np.arange(cells + 1, dtype=np.float64) * step
+    sums = CopySums.for_need(float(need.max()), max(max(layer.tensors, default=0) for layer in trace.layers), n)
     best, where = 0.0, -1
     # after_kept[y] / after_run[y]: the least re-run time of a recompute set among layers 0..p-1 that frees at least
     # y steps at the stages after them, with layer p-1 kept (or offloaded) / recomputed; `sizes`: the offloadable
@@ -143,12 +157,12 @@ def stage_bound(
             alone = mincost[min(cells, math.ceil(need[k] / step))]
             if plus and recompute_ok:
                 alone = min(alone, cost[p] + mincost[min(cells, max(0, math.ceil(need[k] / step) - weight[p]))])
-            if alone <= best or _copies_alone(need[k], reach, release, latency, bw, by) <= best:
+            if alone <= best or _copies_alone_within(need[k], reach, sums, release, latency, bw, by, best):
                 continue  # recompute alone, or copies alone, free it for no more than the best so far
             costs = mincost
             if plus and recompute_ok:  # layer p, at its own stage: its checkpoint holds nothing yet
                 costs = np.minimum(mincost, _with_item(mincost, weight[p], cost[p]))
-            value = _stage_value(need[k], grid, costs, reach, release, latency, bw, by)
+            value = _stage_value(need[k], grid, costs, reach, sums, release, latency, bw, by)
             # Infinite: nothing frees enough there, so no plan fits, which the solve settles before it asks.
             if best < value < math.inf:
                 best, where = value, min(k, n - 1)  # the loss point is folded into F_{n-1}
@@ -161,6 +175,7 @@ def stage_bound(
             if movable[p] > 0:
                 sizes = np.insert(sizes, int(np.searchsorted(-sizes, -movable[p])), float(movable[p]))
                 reach = np.cumsum(sizes)
+                sums.add(trace.layers[p].tensors)
     return StageBound(best, where)
 
 
@@ -175,18 +190,96 @@ def _with_item(mincost: np.ndarray, weight: int, cost: float) -> np.ndarray:
     return np.minimum.accumulate(out[::-1])[::-1]  # freeing more also frees at least less
 
 
+class CopySums:
+    """The byte counts that copies can move. A copy moves a subset of its layer's saved tensors (`Layer.tensors`),
+    so what m copies free before a stage is a sum of some tensors of at most m layers, never a count in between.
+    The sums are bitsets in quanta (each tensor rounded down; `slack`, the bytes the rounding dropped in all), up
+    to `top` quanta: every sum up to there is in them, since a subset's partial sums only grow. `rows[m]` holds
+    the sums of tensors of at most m layers (m <= SUM_ROWS), `any_layers` those of any number."""
+
+    def __init__(self, quantum: int, top: int, largest: int) -> None:
+        self.quantum = quantum
+        """Bytes a bit stands for."""
+        self.largest = largest
+        """The largest tensor's bytes."""
+        self.top = top
+        """The largest sum kept, in quanta."""
+        self.slack = 0
+        """Bytes the rounding down dropped, over every tensor added: a real sum exceeds its bits' by at most this."""
+        # Bit s of a row: some subset of the tensors (of at most m layers) sums to s quanta, rounded down.
+        self.rows = [1] * (SUM_ROWS + 1)
+        self.any_layers = 1
+        self._mask = (1 << (top + 1)) - 1
+        self._next: dict[int, np.ndarray] = {}  # row (-1: any_layers) -> its sums in order, then top + 1
+
+    @classmethod
+    def for_need(cls, need: float, largest_tensor: int, n: int) -> CopySums:
+        """Sums in quanta of a power of two bytes (`SUM_BITS`), up to the largest need and one tensor more: the
+        least subset that reaches a need exceeds it by less than its last tensor."""
+        bits = min(SUM_BITS, max(MIN_SUM_BITS, SUM_WORK // max(1, n)))
+        quantum = 1 << max(0, math.floor(math.log2(max(1.0, need / bits))))
+        return cls(quantum, math.ceil(need / quantum) + math.ceil(largest_tensor / quantum) + 1, largest_tensor)
+
+    def add(self, tensors: list[int]) -> None:
+        """One more layer whose copies may move any subset of these tensors."""
+        steps = []
+        for size in tensors:
+            whole, dropped = divmod(size, self.quantum)
+            self.slack += dropped
+            if whole:
+                steps.append(whole)
+        for m in range(SUM_ROWS, 0, -1):  # from the top, so that rows[m - 1] is still without this layer
+            opened = self.rows[m - 1]
+            for step in steps:
+                opened |= (opened << step) & self._mask
+            self.rows[m] |= opened
+        for step in steps:
+            self.any_layers |= (self.any_layers << step) & self._mask
+        self._next = {}
+
+    def _least(self, row: int, rest: np.ndarray) -> np.ndarray:
+        """At most the bytes of every sum of `row` (-1: any_layers) that reaches each count in `rest`."""
+        bits = self.any_layers if row < 0 else self.rows[row]
+        # A subset reaching `rest` bytes keeps at least rest - slack of them in its bits, so its bits reach the
+        # first kept sum at or above that (or lie past `top`).
+        low = np.maximum(0.0, np.ceil((rest - self.slack) / self.quantum))
+        # Past the highest sum not kept, every sum is: there the first one at or above `low` is `low` itself (the
+        # common case on long traces, whose many layers' sums fill the range; no need to list them).
+        if float(np.min(low)) >= (~bits & self._mask).bit_length():
+            return np.maximum(rest, low * self.quantum)
+        if row not in self._next:
+            raw = np.frombuffer(bits.to_bytes((self.top + 8) // 8, "little"), dtype=np.uint8)
+            self._next[row] = np.append(np.flatnonzero(np.unpackbits(raw, bitorder="little")), self.top + 1)
+        kept = self._next[row]
+        first = kept[np.minimum(np.searchsorted(kept, low, side="left"), len(kept) - 1)]
+        return np.maximum(rest, first.astype(np.float64) * self.quantum)
+
+    def copy_seconds(self, rest: np.ndarray, copies: np.ndarray, latency: float, bw: float) -> np.ndarray:
+        """For each count in `rest` and the fewest copies that hold it (`copies`): at most the time of every set
+        of copies that frees it, one after another, each paying the latency. With c copies they move a sum of at
+        most c layers; with more, a sum of any, and one latency more at least."""
+        moving = self._least(-1, rest) / bw
+        seconds = np.where(copies > SUM_ROWS, copies, copies + 1) * latency + moving
+        for c in np.unique(copies[(copies > 0) & (copies <= SUM_ROWS)]):
+            at = copies == c
+            seconds[at] = np.minimum(seconds[at], c * latency + self._least(int(c), rest[at]) / bw)
+        return seconds
+
+
 def _stage_value(
     need: float,
     grid: np.ndarray,
     mincost: np.ndarray,
     reach: np.ndarray,
+    sums: CopySums,
     release: float,
     latency: float,
     bw: float,
     by: float,
 ) -> float:
     """The least overhead that frees `need` bytes at one stage: a recompute set (`mincost` over `grid`) and copies
-    of the rest (`reach[m-1]`: what the m largest copies can free), stalling where they end after `by`."""
+    of the rest (`reach[m-1]`: what the m largest copies can free; `sums`: the byte counts copies of whole
+    tensors can move), stalling where they end after `by`."""
     # Only recompute sets that leave something to copy, or just cover the need, can be the least: past the first
     # grid step at or above `need`, mincost only grows.
     top = min(len(grid), int(np.searchsorted(grid, need, side="left")) + 1)
@@ -194,15 +287,30 @@ def _stage_value(
     copies = np.searchsorted(reach, rest, side="left") + 1  # the fewest copies that hold `rest`
     stall = np.maximum(0.0, release + copies * latency + rest / bw - by)
     stall = np.where(rest <= 0, 0.0, np.where(copies > len(reach), np.inf, stall))
-    return float(np.min(mincost[:top] + stall))
+    value = mincost[:top] + stall  # copies that move exactly `rest`; whole tensors take no less
+    least = float(np.min(value[rest <= 0], initial=np.inf))  # nothing to copy: exact
+    # The sets in order of that value, a batch at a time, until the next one's is no less than the least found
+    # with whole tensors: the rest cannot be less (reading the sums costs, so few sets are read).
+    order = np.flatnonzero((rest > 0) & np.isfinite(value))
+    order = order[np.argsort(value[order], kind="stable")]
+    for at in range(0, len(order), SUM_BATCH):
+        batch = order[at : at + SUM_BATCH]
+        if value[batch[0]] >= least:
+            break
+        whole = release + sums.copy_seconds(rest[batch], copies[batch], latency, bw) - by
+        least = min(least, float(np.min(mincost[batch] + np.maximum(0.0, whole))))
+    return least
 
 
-def _copies_alone(need: float, reach: np.ndarray, release: float, latency: float, bw: float, by: float) -> float:
-    """The stall of freeing `need` bytes by copies alone (inf: they cannot)."""
+def _copies_alone_within(
+    need: float, reach: np.ndarray, sums: CopySums, release: float, latency: float, bw: float, by: float, best: float
+) -> bool:
+    """Whether copies alone free `need` with no more stall than `best`."""
     copies = int(np.searchsorted(reach, need, side="left")) + 1
-    if copies > len(reach):
-        return math.inf
-    return max(0.0, release + copies * latency + need / bw - by)
+    if copies > len(reach) or release + copies * latency + need / bw - by > best:
+        return False  # moving whole tensors takes no less than moving `need` bytes: no need to read the sums
+    seconds = float(sums.copy_seconds(np.asarray([need]), np.asarray([copies]), latency, bw)[0])
+    return release + seconds - by <= best
 
 
-__all__ = ["CELLS", "MIN_CELLS", "StageBound", "stage_bound"]
+__all__ = ["CELLS", "MIN_CELLS", "CopySums", "StageBound", "stage_bound"]
