@@ -7,9 +7,9 @@ its own forward; offloaded, by a copy that ends before stage k starts. The copie
 device-to-host stream, none before F_0 ends, and each takes the copy latency plus its bytes over the bandwidth, so
 freeing z bytes by copies needs at least the fewest layers whose offloadable bytes reach z, each paying the
 latency; and since a copy moves whole tensors, they move the least sum of tensors of that many layers that reaches
-z, or of any number of layers for one latency more (`CopySums`). The time by which they must end is where stage k starts in keep-all's timeline (for the loss point and
-the backward, the end of F_{n-1}: every copy is done by then), later by the stalls before it, which the overhead
-pays for. So
+z, or of any number of layers for one latency more (`CopySums`). The time by which they must end is where stage k
+starts in keep-all's timeline (for the loss point and the backward, the end of F_{n-1}: every copy is done by then),
+later by the stalls before it, which the overhead pays for. So
 
     overhead >= min over recompute sets R of  cost(R) + max(0, F_0 end + m(z) x latency + Z(z) / bandwidth - T_k)
 
