@@ -353,6 +353,7 @@ def _expand(
             int(p.input_saved[k]),
             int(p.shared_hold[k]),
             int(AFTER_SEGMENT_BIT),
+            p.snap_prefix,
             bits_at,
             out_bytes_bit,
             offload_bytes,

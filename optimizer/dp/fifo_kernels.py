@@ -40,6 +40,15 @@ def _settle(qt: np.ndarray, qb: np.ndarray, n: int, clock: float, cap: int) -> t
 
 
 @njit(cache=True)
+def _queued(qb: np.ndarray, n: int) -> np.int64:  # pragma: no cover - compiled
+    """Bytes the first n copies of a queue hold."""
+    out = np.int64(0)
+    for e in range(n):
+        out += qb[e]
+    return out
+
+
+@njit(cache=True)
 def _enqueue(qt: np.ndarray, qb: np.ndarray, n: int, ready: float, seconds: float, nbytes: int) -> int:
     """Append a copy that may start at `ready` and runs `seconds` after the queue's last one; returns the
     new length (the two oldest merged first when full)."""
@@ -178,6 +187,7 @@ def expand_fifo(
     overlap: int,
     shared_k: int,
     after_bit: int,
+    snap_prefix: np.ndarray,
     bits_at: np.ndarray,
     out_bytes_bit: np.ndarray,
     offload_bytes: np.ndarray,
@@ -223,7 +233,10 @@ def expand_fifo(
     (kernels.segment_children); rows F_k / B_k are checked with it for segments, their queue waits are not
     replayed (nonzero on CPU traces only, which the FIFO sweep, for concurrent copies, does not see).
     `shared_k`: what keeping or offloading layer k also retains for a label flagged `after_bit` (it arrived by a
-    segment ending at k - 1: DpProblem.shared_hold, AFTER_SEGMENT_BIT)."""
+    segment ending at k - 1: DpProblem.shared_hold, AFTER_SEGMENT_BIT). `snap_prefix`: prefix sums of the layers'
+    changed buffers (DpProblem.snap_prefix): a segment [k..b] holds S(k..m) more in rows F_m, S(k..b) + S(k..m) in
+    rows B_m (B_k included) and S(k..b) in its child; a row of the backward settled before b grew is settled
+    again where the snapshots added since exceed the room it had left (`settled_room`), so the waits stay exact."""
     n = len(saved)
     q = dq_t.shape[1]
     g_last = future.shape[1] - 1
@@ -251,6 +264,8 @@ def expand_fifo(
     rdb = np.empty(q, np.int64)
     wht = np.empty(q)
     whb = np.empty(q, np.int64)
+    kht = np.empty(q)  # the label's H2D queue past row B_k of a recomputed layer k, with the segment's snapshots
+    khb = np.empty(q, np.int64)
     per_label = 1 + len(offload_bytes) + (n - k)
     w = 0
     i = first
@@ -261,11 +276,12 @@ def expand_fifo(
         _copy_queues(bdt, bdb, bht, bhb, dq_t[i], dq_b[i], hq_t[i], hq_b[i])
         # ---- rows F_k and B_k: B_k is common to every action of layer k; F_k holds less where k is recomputed
         # (trans_f_rec: its forward under the checkpoint), so the segments settle the D2H queue apart (rdt, rdb).
+        snap_k = snap_prefix[k + 1] - snap_prefix[k]  # a recomputed layer k's snapshot, from row F_k on
         cap_f = limit - saved[k] - trans_f[k] - r
-        cap_fr = limit - saved[k] - trans_f_rec[k] - r
+        cap_fr = limit - saved[k] - trans_f_rec[k] - r - snap_k
         cap_b = limit - saved[k] - trans_b[k] - r
         i += 1
-        if cap_fr < 0 or cap_b < 0:
+        if (cap_f < 0 and cap_fr < 0) or cap_b < 0:
             continue
         parent = i - 1
         fut_k = future[k, min(int(r / future_step), g_last)]
@@ -319,36 +335,55 @@ def expand_fifo(
             o_hqn[w] = m_h
             w += 1
         # ---- recompute segments [k, b], from the queues past row F_k of a recomputed layer
-        if tf_r - fwd_prefix[k + 1] + c_r + fut_k >= threshold:
+        if cap_fr < 0 or tf_r - fwd_prefix[k + 1] + c_r + fut_k >= threshold:
             continue
         if state > 0 and (cap_fr < state or cap_b < state):
             continue
+        # Row B_k, settled above without snapshots, holds S(k..b) + snap_k for segment [k..b]: its settle stays
+        # exact while that fits the room it left (cap_b less the bytes still queued), else it is settled again.
+        k_room = cap_b - _queued(bhb, nh)
+        k_n, k_clock = nh, tr
+        kht[:] = bht
+        khb[:] = bhb
         seg = np.int64(0)
         ext = np.int64(0)
         ckpt = np.int64(0)
+        settled_room = k_room  # the least room, over the backward rows settled, for snapshots beyond theirs
         replay_from = k + 1
         sd, sh, stf, stream = nd_r, nh, tf_r, tr
         for b in range(k, last + 1):
+            snaps = snap_prefix[b + 1] - snap_prefix[k]  # S(k..b)
             new_bits = bits_at[b - k] & ~seg
-            if new_bits != 0 or external[b] > 0 or b == k:
-                # The checkpoint grew: every interior row sees it, so replay them from layer k.
+            if new_bits != 0 or external[b] > 0 or b == k or snaps > settled_room:
+                # The checkpoint or the snapshots grew past what the rows settled allow: replay from layer k.
                 seg |= new_bits
                 ext += external[b]
                 ckpt = checkpoint_bytes(seg, held[parent], ext, out_bytes_bit) + state
-                _copy_queues(wdt, wdb, wht, whb, rdt, rdb, bht, bhb)
-                sd, sh, stf, stream = nd_r, nh, tf_r, tr
+                if snap_k + snaps > k_room:
+                    if cap_b - snap_k - snaps < 0:
+                        break  # row B_k cannot hold them, nor a longer segment's
+                    kht[:] = hq_t[parent]
+                    khb[:] = hq_b[parent]
+                    k_n, k_clock = _settle(kht, khb, hq_n[parent], bwd_prefix[k] + cr[parent], cap_b - snap_k - snaps)
+                    k_clock += bwd[k]
+                    k_room = cap_b - _queued(khb, k_n)
+                _copy_queues(wdt, wdb, wht, whb, rdt, rdb, kht, khb)
+                sd, sh, stf, stream = nd_r, k_n, tf_r, k_clock
+                settled_room = k_room - snap_k
                 replay_from = k + 1
             dead = False
             for m in range(replay_from, b + 1):
-                cf_m = limit - saved[m] - trans_f_rec[m] - r - ckpt
+                own = snap_prefix[m + 1] - snap_prefix[k]  # S(k..m): snapshots taken by F_m, copies held at B_m
+                cf_m = limit - saved[m] - trans_f_rec[m] - r - ckpt - own
                 # Layer k's inputs its re-run saves again are its checkpoint's: once (rerun_input_overlap).
                 rem = saved_prefix[m + 1] - saved_prefix[k] - (overlap if m > k else 0)
-                cb_m = limit - rem - trans_b[m] - r - ckpt
+                cb_m = limit - rem - trans_b[m] - r - ckpt - own - snaps
                 if cf_m < 0 or cb_m < 0:
-                    dead = True  # and for every longer segment: the checkpoint only grows
+                    dead = True  # and for every longer segment: the checkpoint and the snapshots only grow
                     break
                 sd, stf = _settle(wdt, wdb, sd, stf, cf_m)
                 sh, stream = _settle(wht, whb, sh, stream, cb_m)
+                settled_room = min(settled_room, cb_m - _queued(whb, sh) + snaps)
                 stf += fwd[m]
                 stream += bwd[m]
                 # The least re-run of any segment [k..b], b >= m (rerun[m] <= fwd[m]; Trace.segment_rerun_s).
@@ -366,10 +401,10 @@ def expand_fifo(
             # Row B_b holds the re-run's fork of the state too. B_k holds no checkpoint inputs (the simulator's
             # rule: they are held strictly between F_k and B_k), only the stashed state the caller checked.
             held_b = saved[k] + state if b == k else saved_prefix[b + 1] - saved_prefix[k] + ckpt - overlap
-            if state > 0 and limit - held_b - trans_b[b] - r < state:
+            if state > 0 and limit - held_b - 2 * snaps - trans_b[b] - r < state:
                 continue  # (a longer segment's row B_b has no fork: it may still fit)
             recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
-            child_ret = r + ckpt
+            child_ret = r + ckpt + snaps
             c_f = stf - fwd_prefix[b + 1]
             c_r = stream + recompute_s - bwd_prefix[b + 1]
             if c_f + c_r >= threshold:

@@ -53,6 +53,7 @@ def segment_children(
     external: np.ndarray,
     state: int,
     overlap: int,
+    snap_prefix: np.ndarray,
     bits_at: np.ndarray,
     out_bytes_bit: np.ndarray,
     retained: np.ndarray,
@@ -71,6 +72,9 @@ def segment_children(
     B_k too, which the caller checked without it; its rows' backlog drain is not replayed (the state is
     nonzero on a CPU trace only, whose copies are serial: no backlog). `overlap`: bytes of layer k's saved
     tensors that are its checkpoint inputs (simulate.rerun_input_overlap), counted once in rows B_m, m > k.
+    `snap_prefix`: prefix sums of the layers' changed buffers (DpProblem.snap_prefix): rows F_m hold S(k..m),
+    rows B_k..B_b S(k..b) + S(k..m), the child S(k..b); the fits are exact, the backlog drains of rows B_m see
+    S(k..b) only from b = m on (fluid copies are a relaxation already: optimistic).
     Returns (labels done, children written, then the children's arrays: destination boundary, parent,
     retained, held (crossing[k] order), cost, d2h, h2d).
     `future[b, g]` bounds the cost to come from boundary b at g * future_step retained bytes (dp/future.py);
@@ -95,13 +99,20 @@ def segment_children(
         r = retained[i]
         if state > 0 and (limit - saved[k] - max(trans_f[k], trans_b[k]) - r - state < 0):
             continue  # rows F_k / B_k cannot hold the segment's stashed state
+        # Row F_k holds layer k's snapshot; row B_k the segment's snapshots and layer k's private copy (`snap_room`).
+        snap_k = snap_prefix[k + 1] - snap_prefix[k]
+        if snap_k > 0 and limit - saved[k] - trans_f[k] - r - snap_k - state < 0:
+            continue
+        snap_room_k = limit - saved[k] - trans_b[k] - r - snap_k - state
         c0, d0, h0 = cost[i], d2h[i], h2d[i]
         c, d, h = c0, d0, h0
         seg = np.int64(0)
         ext = np.int64(0)
         ckpt = np.int64(0)
+        snap_room = snap_room_k  # the least room of rows B_k..B_b for the segment's snapshots S(k..b)
         replay_from = k + 1
         for b in range(k, last + 1):
+            snaps = snap_prefix[b + 1] - snap_prefix[k]  # S(k..b)
             new_bits = bits_at[b - k] & ~seg
             if new_bits != 0 or external[b] > 0 or b == k:
                 # The checkpoint grew: every interior row sees it, so replay them from the segment's start.
@@ -109,14 +120,18 @@ def segment_children(
                 ext += external[b]
                 ckpt = checkpoint_bytes(seg, held[i], ext, out_bytes_bit) + state
                 c, d, h = c0, d0, h0
+                snap_room = snap_room_k
                 replay_from = k + 1
             dead = False
             for m in range(replay_from, b + 1):
                 rem = saved_prefix[m + 1] - saved_prefix[k]
-                cap_f = limit - saved[m] - trans_f[m] - r - ckpt
-                cap_b = limit - rem - trans_b[m] - r - ckpt + (overlap if m > k else 0)
+                own = snap_prefix[m + 1] - snap_prefix[k]  # S(k..m): snapshots taken by F_m, copies held at B_m
+                cap_f = limit - saved[m] - trans_f[m] - r - ckpt - own
+                room = limit - rem - trans_b[m] - r - ckpt - own + (overlap if m > k else 0)
+                snap_room = min(snap_room, room)
+                cap_b = room - snaps
                 if cap_f < 0 or cap_b < 0:
-                    dead = True  # and for every longer segment: the checkpoint only grows
+                    dead = True  # and for every longer segment: the checkpoint and the snapshots only grow
                     break
                 if not serial:
                     if d > cap_f:
@@ -131,17 +146,17 @@ def segment_children(
                 if c + (fwd_prefix[m] - fwd_prefix[k] + rerun[m]) >= threshold:
                     dead = True
                     break
-            if dead:
-                break
+            if dead or snap_room < snaps:
+                break  # rows B_k..B_b cannot hold the snapshots: nor with a longer segment's
             replay_from = b + 1
             # Row B_b holds the re-run's fork of the state too. B_k holds no checkpoint inputs (the simulator's
             # rule: they are held strictly between F_k and B_k), only the stashed state the caller checked.
             held_b = saved[k] + state if b == k else saved_prefix[b + 1] - saved_prefix[k] + ckpt - overlap
-            if state > 0 and limit - held_b - trans_b[b] - r < state:
+            if state > 0 and limit - held_b - 2 * snaps - trans_b[b] - r < state:
                 continue  # (a longer segment's row B_b has no fork: it may still fit)
             recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
             child_cost = c + recompute_s
-            child_ret = r + ckpt
+            child_ret = r + ckpt + snaps
             if child_cost >= threshold:
                 break
             if child_ret > limit - row_floor[b + 1]:

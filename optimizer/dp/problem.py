@@ -168,6 +168,12 @@ class DpProblem:
     ckpt_state: int = 0
     """Bytes each recompute segment [k..b] holds from F_k through B_k beyond its inputs: the RNG state its
     checkpoint stashes (simulate.checkpoint_state_bytes; nonzero on a trace measured on the CPU)."""
+    snap_prefix: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    """int64 n + 1 prefix sums of each layer's changed buffers (Layer.changed_buffer_bytes: BatchNorm's running
+    statistics), which a recomputed layer i snapshots from F_i until its segment's backward ends (B_k) and whose
+    private copies its re-run saves from B_b through B_i (simulate._stage_memory). Segment [k..b] thus holds
+    S(k..m) more in row F_m, S(k..b) + S(k..m) more in row B_m, and S(k..b) in every row after it (the kernels'
+    `snap_prefix`; docs/formulation.md, 'Snapshots of changed buffers'). Zeros: no layer changes a buffer."""
     output_relaxed: bool = False
     """Some layer's saved tensors hold part of its output: `output` leaves that part out even where the layer is
     not kept (the simulator charges it there); or some layer saves an output that a layer past the next reads,
@@ -475,6 +481,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         future_pending=future_pending,
         future_step=future_step,
         ckpt_state=checkpoint_state_bytes(trace),
+        snap_prefix=np.concatenate([[0], np.cumsum([x.changed_buffers for x in layers])]).astype(np.int64),
         seg_last=np.array(trace.segment_last(), dtype=np.int64),
     )
 

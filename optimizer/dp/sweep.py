@@ -352,6 +352,7 @@ class _Sweep:
                 p.external,
                 p.ckpt_state,
                 int(p.input_saved[k]),
+                p.snap_prefix,
                 bits_at,
                 out_bytes_bit,
                 retained[sl],
