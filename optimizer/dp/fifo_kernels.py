@@ -267,6 +267,7 @@ def expand_fifo(
     kht = np.empty(q)  # the label's H2D queue past row B_k of a recomputed layer k, with the segment's snapshots
     khb = np.empty(q, np.int64)
     per_label = 1 + len(offload_bytes) + (n - k)
+    snapshots = snap_prefix[len(snap_prefix) - 1] > 0  # without any, their room is never read (the sweep's speed)
     w = 0
     i = first
     while i < len(cf):
@@ -341,10 +342,9 @@ def expand_fifo(
             continue
         # Row B_k, settled above without snapshots, holds S(k..b) + snap_k for segment [k..b]: its settle stays
         # exact while that fits the room it left (cap_b less the bytes still queued), else it is settled again.
-        k_room = cap_b - _queued(bhb, nh)
+        k_room = cap_b - _queued(bhb, nh) if snapshots else cap_b
         k_n, k_clock = nh, tr
-        kht[:] = bht
-        khb[:] = bhb
+        k_settled_again = False  # kht / khb hold B_k's queue settled with snapshots (else bht / bhb do)
         seg = np.int64(0)
         ext = np.int64(0)
         ckpt = np.int64(0)
@@ -367,7 +367,11 @@ def expand_fifo(
                     k_n, k_clock = _settle(kht, khb, hq_n[parent], bwd_prefix[k] + cr[parent], cap_b - snap_k - snaps)
                     k_clock += bwd[k]
                     k_room = cap_b - _queued(khb, k_n)
-                _copy_queues(wdt, wdb, wht, whb, rdt, rdb, kht, khb)
+                    k_settled_again = True
+                if k_settled_again:
+                    _copy_queues(wdt, wdb, wht, whb, rdt, rdb, kht, khb)
+                else:
+                    _copy_queues(wdt, wdb, wht, whb, rdt, rdb, bht, bhb)
                 sd, sh, stf, stream = nd_r, k_n, tf_r, k_clock
                 settled_room = k_room - snap_k
                 replay_from = k + 1
@@ -383,7 +387,8 @@ def expand_fifo(
                     break
                 sd, stf = _settle(wdt, wdb, sd, stf, cf_m)
                 sh, stream = _settle(wht, whb, sh, stream, cb_m)
-                settled_room = min(settled_room, cb_m - _queued(whb, sh) + snaps)
+                if snapshots:
+                    settled_room = min(settled_room, cb_m - _queued(whb, sh) + snaps)
                 stf += fwd[m]
                 stream += bwd[m]
                 # The least re-run of any segment [k..b], b >= m (rerun[m] <= fwd[m]; Trace.segment_rerun_s).

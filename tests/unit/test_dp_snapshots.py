@@ -96,6 +96,19 @@ def test_the_fifo_sweep_is_the_brute_force_optimum_and_its_plan_fits(seed: int) 
         assert sim.feasible and sim.overhead_s == pytest.approx(res.finals[0][0], rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fluid_bound_on_concurrent_copies_stays_below_the_best_plan(seed: int) -> None:
+    """Where copies run beside compute the fluid sweep is a relaxation: with the snapshots its bound still holds."""
+    trace = _snapshot_trace(3 + seed % 2, 200 + seed, serial=False)
+    for budget in _budgets(trace):
+        best = _best(trace, budget)
+        out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+        if best is None:
+            assert not out.schedules
+            continue
+        assert out.bound_s is not None and out.bound_s <= best * (1 + 1e-9) + 1e-12
+
+
 def test_without_snapshots_the_sweeps_are_unchanged() -> None:
     """A trace with snapshots, priced with them and without: the sweep without them is the one before (a bound
     at most the one with them), so the term only ever adds."""
