@@ -124,6 +124,20 @@ def assert_fifo_sweep_equals_the_milp(trace: Trace, budget: int) -> float:
     return opt
 
 
+def assert_fifo_sweep_is_the_best_plan(trace: Trace, budget: int, best: float | None) -> None:
+    """Concurrent copies: the FIFO sweep finishes, finds a plan exactly where some plan fits, its optimum is
+    `best` (the least overhead over every plan, or None), and its plan simulates to what it computed."""
+    p = build_problem(trace, budget)
+    res = fifo_sweep(p, FAR, np.inf)
+    assert res.finished
+    if best is None:
+        assert not res.finals
+        return
+    assert res.finals and res.bound_s == pytest.approx(best, rel=1e-6, abs=1e-12)
+    sim = simulate(trace, decode(trace, p, res, res.finals[0][1]), budget)
+    assert sim.feasible and sim.overhead_s == pytest.approx(res.finals[0][0], rel=1e-9, abs=1e-12)
+
+
 def _split(total: int, k: int, rng: random.Random) -> list[int]:
     """`total` bytes as k positive tensors of uneven sizes (so that their subset sums are nearly all distinct)."""
     weights = [rng.uniform(0.05, 1.0) ** 2 for _ in range(k)]

@@ -15,6 +15,7 @@ import pytest
 from helpers.pricing import (
     FAR,
     KEEP_RECOMPUTE,
+    assert_fifo_sweep_is_the_best_plan,
     cpu_trace,
     every_action_plan,
     every_rule_trace,
@@ -25,7 +26,6 @@ from memsched.io import load_trace
 from memsched.optimizer.actions import dp_verdict, restricted_problem
 from memsched.optimizer.budget import budget_between, keepall_activation_peak
 from memsched.optimizer.dp import build_problem, exact_search
-from memsched.optimizer.dp.decode import decode
 from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.simulate import shared_input_holders, simulate
 from memsched.optimizer.synthetic import make_trace
@@ -128,15 +128,7 @@ def test_the_fifo_sweep_finds_the_brute_force_optimum_on_chains_with_shared_inpu
     for frac in CHAIN_FRACTIONS:
         budget = budget_between(tr, frac)
         best = _optimum(tr, budget, plans)
-        p = build_problem(tr, budget)
-        res = fifo_sweep(p, FAR, np.inf)
-        assert res.finished
-        if best is None:
-            assert not res.finals
-            continue
-        assert res.bound_s == pytest.approx(best[0], rel=1e-6, abs=1e-12)
-        sim = simulate(tr, decode(tr, p, res, res.finals[0][1]), budget)
-        assert sim.feasible and sim.overhead_s == pytest.approx(res.finals[0][0], rel=1e-9, abs=1e-12)
+        assert_fifo_sweep_is_the_best_plan(tr, budget, None if best is None else best[0])
 
 
 def test_the_shared_inputs_raise_the_optimum_on_some_of_these_concurrent_chains() -> None:
