@@ -189,8 +189,9 @@ def build_model(
     _add_prefetch_order_rows(m, off)
     held_inc = _add_checkpoint_inputs(m)
     _add_saved_twice(m, covering, held_inc)
+    snaps = _add_snapshots(m, held_inc)
     acc, held = _add_cumulative_bytes(m, off, covering, x_terms, held_inc)
-    _add_memory_rows(m, off, limit, x_terms, acc, held)
+    _add_memory_rows(m, off, limit, x_terms, acc, held, snaps)
     _add_host_budget_row(m, x_terms, host_budget)
     if knapsack_rows if knapsack_rows is not None else n <= 60:  # where it pays: see the docstring
         _add_knapsack_rows(m, trace, limit, x_terms)
@@ -366,6 +367,31 @@ def _add_saved_twice(m: MilpModel, covering: dict[int, list[int]], held_inc: dic
         held_inc.setdefault(c, []).append((w, float(layer.shared_input)))
 
 
+def _add_snapshots(m: MilpModel, held_inc: dict[int, Terms]) -> tuple[dict[int, Terms], dict[int, Terms]]:
+    """Snapshots of changed buffers (Layer.changed_buffer_bytes, BatchNorm's running statistics; docs/cost-model.md):
+    a recomputed layer i holds its snapshot from F_i until its segment's backward ends, and its re-run's private
+    copies from B_b through B_i. So segment [a, b] holds S(a..k) more in row F_k and S(a..b) + S(a..k) in row B_k
+    (a <= k <= b), and S(a..b) at the stages of layers > b (`held_inc[b]`, which H_k accumulates). Returns the
+    terms of rows F_k and B_k per layer (the exact DP's rule: DpProblem.snap_prefix)."""
+    n = m.trace.n
+    changed = [x.changed_buffers for x in m.trace.layers]
+    snap_f: dict[int, Terms] = {k: [] for k in range(n)}
+    snap_b: dict[int, Terms] = {k: [] for k in range(n)}
+    if not any(changed):
+        return snap_f, snap_b
+    for (a, b), v in m.seg.items():
+        whole = float(sum(changed[a : b + 1]))
+        if whole:
+            held_inc.setdefault(b, []).append((v, whole))
+        own = 0.0
+        for k in range(a, b + 1):
+            own += changed[k]
+            if own:
+                snap_f[k].append((v, own))
+                snap_b[k].append((v, whole + own))
+    return snap_f, snap_b
+
+
 def _add_cumulative_bytes(
     m: MilpModel,
     off: list[int],
@@ -396,13 +422,20 @@ def _add_cumulative_bytes(
 
 
 def _add_memory_rows(
-    m: MilpModel, off: list[int], limit: int, x_terms: dict[int, Terms], acc: list[int], held: list[int]
+    m: MilpModel,
+    off: list[int],
+    limit: int,
+    x_terms: dict[int, Terms],
+    acc: list[int],
+    held: list[int],
+    snaps: tuple[dict[int, Terms], dict[int, Terms]],
 ) -> None:
     """'Memory at every stage <= budget', with the variables vF / vB of 'An offload frees memory only once
     its copy has finished' and 'its destination is allocated at issue'.
 
     Stage F_k / B_k: transients + sum_{i<=k} s_i - A_k + H_k + bytes of interior offloads still on the
-    device (copy not done yet in forward, prefetched already in backward)."""
+    device (copy not done yet in forward, prefetched already in backward) + the segments' snapshots
+    (`_add_snapshots`)."""
     trace = m.trace
     n = trace.n
     sizes = [layer.saved_bytes for layer in trace.layers]
@@ -470,13 +503,13 @@ def _add_memory_rows(
         prefix += sizes[k]
         common = ([(acc[k], -1.0), (held[k], 1.0)] if k >= 1 else []) + state_at[k]
         for stage, transient, pend in (
-            ("F", forward_transient(trace, k), pend_f[k] + cut_f[k]),
+            ("F", forward_transient(trace, k), pend_f[k] + cut_f[k] + snaps[0][k]),
             # B_{n-1}'s row also bounds the loss point before it (it holds no more than B_{n-1} but the
             # loss's bytes): conservative where the last layer is recomputed (docs/cost-model.md).
             (
                 "B",
                 max(backward_transient(trace, k), loss_point_transient(trace) if k == n - 1 else 0),
-                pend_b[k] + remat[k] + fork_at[k],
+                pend_b[k] + remat[k] + fork_at[k] + snaps[1][k],
             ),
         ):
             m.add_row(Row(f"mem_{stage}{k}", common + pend, float(transient + prefix - limit), "<=", BYTE_UNIT))

@@ -17,7 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.pricing import assert_fifo_sweep_is_the_best_plan, every_action_plan
+from helpers.pricing import (
+    assert_brute_force_dp_and_milp_agree,
+    assert_fifo_sweep_equals_the_milp,
+    assert_fifo_sweep_is_the_best_plan,
+    cpu_trace,
+    every_action_plan,
+)
 from memsched.io import load_trace
 from memsched.optimizer.budget import budget_between, min_feasible_budget
 from memsched.optimizer.dp import build_problem, exact_search
@@ -84,6 +90,25 @@ def test_the_fifo_sweep_is_the_brute_force_optimum_and_its_plan_fits(seed: int) 
     trace = _snapshot_trace(3 + seed % 3, 100 + seed, serial=False)
     for budget in _budgets(trace):
         assert_fifo_sweep_is_the_best_plan(trace, budget, _best(trace, budget))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_milp_prices_the_snapshots_as_the_dp_on_serial_copies(seed: int) -> None:
+    """The MILP's rows hold the same snapshots (optimizer/ilp/model.py, _add_snapshots): on CPU-sized bytes,
+    where they decide plans, brute force, the DP and the MILP agree at every budget fraction."""
+    doc = cpu_trace(3 + seed % 3, seed).model_dump()
+    rng = random.Random(seed)
+    for layer in doc["layers"]:
+        layer["changed_buffer_bytes"] = rng.randint(200, 3000)
+    assert_brute_force_dp_and_milp_agree(Trace.model_validate(doc))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_milp_equals_the_fifo_sweep_with_snapshots(seed: int) -> None:
+    trace = _snapshot_trace(3 + seed % 2, 300 + seed, serial=False)
+    least = min_feasible_budget(trace)
+    for budget in (least, budget_between(trace, 0.2)):
+        assert_fifo_sweep_equals_the_milp(trace, budget)
 
 
 def test_without_snapshots_the_sweeps_are_unchanged() -> None:
