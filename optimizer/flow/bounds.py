@@ -356,8 +356,8 @@ class BoundPhases(FlowState):
             if out.schedules or (finished and out.bound_s is not None and out.bound_s < threshold):
                 # The sweep's optimum lies below this threshold: found. Where its plans do not decode into real
                 # ones that fit (relaxed ranges, parts of outputs priced as kept), a higher threshold finds the
-                # same optimum again (the H200 ResNet-50 trace at its least feasible budget: 0.15074 s at five
-                # thresholds, 12 s of a 60 s solve).
+                # same optimum again (the H200 ResNet-50 trace at its least feasible budget, before the DP priced
+                # the snapshots of changed buffers: 0.15074 s at five thresholds, 12 s of a 60 s solve).
                 break
             if not finished:
                 proven = timed[-1][0] if timed else start
