@@ -21,12 +21,19 @@ QUEUE = 8
 
 
 @njit(cache=True)
+def _queued(qb: np.ndarray, n: int) -> np.int64:  # pragma: no cover - compiled
+    """Bytes the first n copies of a queue hold."""
+    out = np.int64(0)
+    for e in range(n):
+        out += qb[e]
+    return out
+
+
+@njit(cache=True)
 def _settle(qt: np.ndarray, qb: np.ndarray, n: int, clock: float, cap: int) -> tuple[int, float]:
     """Drop the copies done by `clock`, then wait for the oldest ones until the bytes still pending fit `cap`
     (the least wait: copies finish in queue order). Returns (entries left, clock after the wait)."""
-    pending = np.int64(0)
-    for e in range(n):
-        pending += qb[e]
+    pending = _queued(qb, n)
     h = 0
     while h < n and (qt[h] <= clock or pending > cap):
         clock = max(clock, qt[h])
@@ -37,15 +44,6 @@ def _settle(qt: np.ndarray, qb: np.ndarray, n: int, clock: float, cap: int) -> t
             qt[e] = qt[e + h]
             qb[e] = qb[e + h]
     return n - h, clock
-
-
-@njit(cache=True)
-def _queued(qb: np.ndarray, n: int) -> np.int64:  # pragma: no cover - compiled
-    """Bytes the first n copies of a queue hold."""
-    out = np.int64(0)
-    for e in range(n):
-        out += qb[e]
-    return out
 
 
 @njit(cache=True)
@@ -455,12 +453,8 @@ def _delay(
         return 0.0
     b_tail = bt[bn - 1] if bn > 0 else -np.inf
     shift = max(b_tail, b_clock) - at[an - 1]  # the largest shift of A's times that passes every test
-    pa = np.int64(0)
-    for x in range(an):
-        pa += ab[x]
-    pb = np.int64(0)
-    for x in range(bn):
-        pb += bb[x]
+    pa = _queued(ab, an)
+    pb = _queued(bb, bn)
     done = 0  # A's oldest copies that must be complete by the moments so far
     ib = 0
     for e in range(-1, bn):

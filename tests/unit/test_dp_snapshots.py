@@ -4,7 +4,7 @@ ends, and its re-run's private copies from B_b through B_i. Before, the DP left 
 the H200 ResNet-50 trace its optimum went over the budget by 10,304 bytes (two snapshots of one block at B_3) and
 the solve ended at 0.1800 s with a 16% gap; it now proves 0.1651 s within 1%.
 
-Both sweeps are checked against brute force over every plan of keep, recompute and offload (one tensor a layer):
+Both sweeps are checked against brute force over every plan of keep, recompute and offload (any tensor subset):
 the fluid sweep on serial copies (where it is exact), the FIFO sweep on concurrent copies (exact for the
 simulator's timing). Each one's optimum equals the best plan's, and its decoded plan fits and costs what it said."""
 
@@ -111,7 +111,7 @@ def test_the_milp_equals_the_fifo_sweep_with_snapshots(seed: int) -> None:
         assert_fifo_sweep_equals_the_milp(trace, budget)
 
 
-def test_without_snapshots_the_sweeps_are_unchanged() -> None:
+def test_the_snapshots_only_ever_raise_the_fifo_optimum() -> None:
     """A trace with snapshots, priced with them and without: the sweep without them is the one before (a bound
     at most the one with them), so the term only ever adds."""
     trace = _snapshot_trace(5, 7, serial=False)
