@@ -296,27 +296,37 @@ class BoundPhases(FlowState):
                 self.fifo_climb(end, cells)
 
     def short_queue_sweep(self, until: float, cells: int) -> None:
-        """Where layers offload relaxed byte ranges, one FIFO sweep at incumbent x (1 - gap) whose queues hold
-        RELAXED_FIFO_QUEUE copies exactly (their merges keep the labels of many options few), for up to
-        SHORT_QUEUE_SHARE of the time to `until`: it proves the gap where it finishes with nothing below, or finds
-        its own optimum, a bound that the exact climb after it starts from, and plans that join the candidates."""
+        """Where layers offload relaxed byte ranges, FIFO sweeps at incumbent x (1 - gap) whose queues hold
+        RELAXED_FIFO_QUEUE copies exactly (their merges keep the labels of many options few), then one copy more
+        each (up to QUEUE - 1) while the gap is open, together for up to SHORT_QUEUE_SHARE of the time to `until`.
+        Each that finishes proves the gap where it finds nothing below, or finds its own optimum: a bound, and
+        plans that join the candidates; a longer queue merges later, so its optimum is usually nearer the exact
+        one (docs/formulation.md, 'Short queues on relaxed ranges'). The next length runs only where it is
+        predicted to finish (SHORT_QUEUE_GROWTH x the last one's time); the exact climb after them starts from
+        the bound they proved."""
+        from memsched.optimizer.dp import QUEUE
+
         now = time.perf_counter()
-        out = self._fifo_sweep(
-            now + shares.SHORT_QUEUE_SHARE * (until - now),
-            self.best.sim.overhead_s,
-            self.options.gap,
-            cells,
-            shares.FIFO_MAX_LABELS,
-            shares.RELAXED_FIFO_QUEUE,
-        )
-        log.info(
-            "fifo sweep, %d copies a queue: bound %s, peak %d labels, %.2f s (%s)",
-            shares.RELAXED_FIFO_QUEUE,
-            out.bound_s,
-            out.peak_labels,
-            out.wall_s,
-            out.message or "finished",
-        )
+        end = now + shares.SHORT_QUEUE_SHARE * (until - now)
+        last_s: float | None = None
+        for queue in range(shares.RELAXED_FIFO_QUEUE, QUEUE):
+            began = time.perf_counter()
+            if self.proven() or (last_s is not None and shares.SHORT_QUEUE_GROWTH * last_s > end - began):
+                break
+            out = self._fifo_sweep(
+                end, self.best.sim.overhead_s, self.options.gap, cells, shares.FIFO_MAX_LABELS, queue
+            )
+            log.info(
+                "fifo sweep, %d copies a queue: bound %s, peak %d labels, %.2f s (%s)",
+                queue,
+                out.bound_s,
+                out.peak_labels,
+                out.wall_s,
+                out.message or "finished",
+            )
+            if out.timed_out or out.cap_hit:
+                break
+            last_s = time.perf_counter() - began
 
     def fifo_climb(self, until: float, cells: int = shares.RELAXED_LADDER[0]) -> None:
         """FIFO sweeps at thresholds climbing from the proven bound towards incumbent x (1 - gap), each step sized

@@ -241,6 +241,11 @@ SHORT_QUEUE_SHARE = 0.5
 short sweep finishes it takes well under a second (the H100 ResNet-50 traces: 0.05-0.19 s); where it does not, the
 climb with 8 copies after it has not finished a step either (bert-large at 25%, 30 s: the sweep needs 15 s, cut
 at 5.2 s with a share of 0.3, and the climb's three steps then took 11 s and proved nothing)."""
+SHORT_QUEUE_GROWTH = 4.0
+"""How many times the last short-queue sweep's time the next, one copy longer, is predicted to take
+(`short_queue_sweep`): it runs only where that fits the share left. Measured on one core, 32 ranges, at the
+answer less 1%: the retraced H100 ResNet-50 at 75% 0.26 / 1.09 / 5.6 / 14 s for 2 / 3 / 4 / 5 copies (x4.2, x5.2);
+PipeDream ResNet-50 at 19% (not relaxed: no short sweeps there) 7.8 / 11.2 s for 2 / 3."""
 LADDER_STEP_SHARE = 0.5
 """Each exact-resolution step of RELAXED_LADDER but the last takes at most this share of the DP's time left. Their
 cost is not monotone in the ranges: on the H100 ResNet-50 trace at 75% (12-16 tensors a block) 4 ranges finish in
