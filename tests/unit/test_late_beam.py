@@ -199,3 +199,17 @@ def test_a_cut_relaxed_fifo_beam_round_runs_again_where_the_gap_is_open(monkeypa
     flow.bound = flow.best.sim.overhead_s  # proven: no late round
     flow.late_fifo_beam(flow.until(shares.LATE_FIFO_BEAM_SHARE))
     assert len(calls) == ran and flow.relaxed_beam_left is None
+
+
+def test_the_late_beams_width_is_sized_by_w_log_w_not_by_w() -> None:
+    from memsched.optimizer.flow.answers import beam_width_for
+
+    # DenseNet-121 at 50%, one core: 1,536 labels in 0.98 s, 12,288 in 9.89 s. Linear sizing gives 15,500 labels
+    # for 9.89 s (a beam that would run past its share); w ln w gives the width that took 9.89 s, within 3%.
+    assert beam_width_for(1536, 0.98, 9.89) == pytest.approx(12_288, rel=0.03)
+    assert beam_width_for(1536, 0.98, 9.89) < 1536 * 9.89 / 0.98
+    # As wide as the probe for the probe's own time; wider with more time; none with no time.
+    assert beam_width_for(1536, 0.98, 0.98) == 1536
+    widths = [beam_width_for(512, 0.2, s) for s in (0.5, 1.0, 2.0, 4.0)]
+    assert widths == sorted(widths) and len(set(widths)) == 4
+    assert beam_width_for(512, 0.2, 0.0) == 0
