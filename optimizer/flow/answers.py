@@ -522,4 +522,3 @@ def beam_width_for(probe_width: int, probe_s: float, seconds: float) -> int:
         else:
             hi = mid - 1
     return lo
-
