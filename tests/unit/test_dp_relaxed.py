@@ -19,6 +19,7 @@ from memsched.io import load_trace
 from memsched.optimizer.budget import budget_between, resolve_budget
 from memsched.optimizer.dp import (
     _FIRST_THRESHOLD,
+    QUEUE,
     DpOutcome,
     build_problem,
     exact_search,
@@ -113,9 +114,11 @@ def test_relaxed_bounds_never_exceed_the_exact_optimum(seed: int) -> None:
         if not serial:
             fifo = fifo_search(trace, budget, FAR, opt * 1.5 + 1e-6, 0.0, problem=rp)
             assert fifo.bound_s is not None and fifo.bound_s <= opt * (1 + 1e-9) + 1e-12, (cells, fifo.bound_s, opt)
-            # The climb's short queues on relaxed ranges (shares.RELAXED_FIFO_QUEUE): merged copies, still a bound.
-            short = fifo_search(trace, budget, FAR, opt * 1.5 + 1e-6, 0.0, problem=rp, queue=shares.RELAXED_FIFO_QUEUE)
-            assert short.bound_s is not None and short.bound_s <= opt * (1 + 1e-9) + 1e-12, (cells, short.bound_s)
+            # The queue ladder's short queues on relaxed ranges (RELAXED_FIFO_QUEUE up to QUEUE - 1): merged
+            # copies, still a bound at every length.
+            for queue in range(shares.RELAXED_FIFO_QUEUE, QUEUE):
+                short = fifo_search(trace, budget, FAR, opt * 1.5 + 1e-6, 0.0, problem=rp, queue=queue)
+                assert short.bound_s is not None and short.bound_s <= opt * (1 + 1e-9) + 1e-12, (cells, queue)
     # The flow's reported bound is true, and it now claims one beyond the root bound where it can.
     rec = solve_report(trace, budget, SolveOptions(time_limit_s=10)).schedule.solver
     assert rec.best_bound_s is not None and rec.best_bound_s <= opt * (1 + 1e-9) + 1e-12
