@@ -367,19 +367,23 @@ class AnswerPhases(FlowState):
             return
         until = self.until_at(until)
         # Pruned at a better incumbent than `beam`'s, a beam of the same width is several times faster (DenseNet-121
-        # at 50%: 192 labels in 0.36 s); so a probe at `beam`'s widest width times it, and the wide one is sized by
-        # that (beam_width_for).
-        probe_width = self.widest_beam
-        began = time.perf_counter()
-        out = beam_search(
-            self.trace,
-            self.budget,
-            until,
-            width=probe_width,
-            threshold=self.best.sim.overhead_s,
-            problem=self.problem(),
-        )
-        probe_s = time.perf_counter() - began
+        # at 50%: 192 labels in 0.36 s); so probes at a quarter of `beam`'s widest width and at that width time it,
+        # and the wide one is sized by them (beam_width_for).
+        probes: list[tuple[int, float]] = []
+        for probe_width in (max(self.widest_beam // 4, 8), self.widest_beam):
+            began = time.perf_counter()
+            out = beam_search(
+                self.trace,
+                self.budget,
+                until,
+                width=probe_width,
+                threshold=self.best.sim.overhead_s,
+                problem=self.problem(),
+            )
+            probes.append((probe_width, time.perf_counter() - began))
+            if out.timed_out:
+                break
+        probe_width, probe_s = probes[-1]
         # The probe's plan is a candidate but seeds no search: `beam` ran as wide, so its basin is one `beam` found.
         # As the best plan, though, it is where the last local search starts, so a probe that can only lead to a skip
         # is still run whole (cut where it could no longer leave room for the late beam, PipeDream ResNet-50 with
@@ -388,7 +392,7 @@ class AnswerPhases(FlowState):
             self.add("dp-beam", sim)
         width = min(
             shares.LATE_BEAM_MAX_WIDTH,
-            beam_width_for(probe_width, probe_s, shares.LATE_BEAM_SAFETY * (until - time.perf_counter())),
+            beam_width_for(probes, shares.LATE_BEAM_SAFETY * (until - time.perf_counter())),
         )
         if out.timed_out or width < max(shares.LATE_BEAM_MIN_WIDTH, shares.LATE_BEAM_MIN_GROWTH * probe_width):
             log.info("late beam skipped: %d labels fit its share (probe: %d in %.2f s)", width, probe_width, probe_s)
@@ -504,15 +508,30 @@ def _beam_round_fits(times: list[float], until: float) -> bool:
     return time.perf_counter() + growth * times[-1] <= until
 
 
-def beam_width_for(probe_width: int, probe_s: float, seconds: float) -> int:
-    """The widest beam predicted to end within `seconds`, from a probe of `probe_width` labels that took `probe_s`:
-    a beam's time grows as w ln w (each boundary sorts its labels). Measured on DenseNet-121 at 50% pruned at
-    0.01978 s, one core: 1,536 / 3,072 / 6,144 / 12,288 labels in 0.98 / 2.17 / 4.76 / 9.89 s, where w ln w predicts
-    2.14 / 4.66 / 10.06 s from the first; time linear in w predicted 7.8 s for 12,288, and a late beam so sized
-    (18,554 labels for a 14 s share) was cut at its end, its time lost."""
-    if probe_s <= 0.0 or seconds <= 0.0:
-        return probe_width if seconds > 0.0 else 0
-    target = probe_width * math.log(max(probe_width, 2)) * seconds / probe_s  # w ln w that fits `seconds`
+def beam_width_for(probes: list[tuple[int, float]], seconds: float) -> int:
+    """The widest beam predicted to end within `seconds`, from timed probes (width, seconds; the widest last): a
+    beam's time is modelled as a + b w ln w (each boundary sorts its labels; `a`, what any width pays, is fitted
+    from the two widest probes, at most half the widest one's time, and 0 with one probe).
+
+    Measured, one core, beams pruned at the best plan: DenseNet-121 at 50% 96 / 384 / 1,536 / 3,072 / 6,144 /
+    12,288 labels in 0.15 / 0.30 / 1.02 / 2.17 / 4.76 / 9.89 s; the fit on 384 and 1,536 predicts 9.4 s for 12,288
+    (linear in w from 1,536: 7.8 s, and a late beam so sized, 18,554 labels for a 14 s share, was cut at its end;
+    w ln w from 384 alone: 15 s, a beam half as wide as fits). PipeDream ResNet-50 with every node output saved
+    at 25%: 96 / 384 / 1,536 / 3,072 in 0.12 / 0.27 / 0.94 / 1.59 s; the fit predicts 1.94 s for 3,072."""
+    assert probes, "a probe first"
+    w2, t2 = probes[-1]
+    x2 = w2 * math.log(max(w2, 2))
+    fixed = 0.0
+    if len(probes) >= 2:
+        w1, t1 = probes[-2]
+        x1 = w1 * math.log(max(w1, 2))
+        if x2 > x1 and t2 > t1:
+            fixed = min(max(t2 - (t2 - t1) / (x2 - x1) * x2, 0.0), 0.5 * t2)
+    if seconds <= fixed:
+        return 0
+    if t2 <= fixed:  # a probe too fast to time: as wide as itself per probe time
+        return w2
+    target = x2 * (seconds - fixed) / (t2 - fixed)  # w ln w that fits `seconds`
     # w ln w is increasing for w >= 2: bisect on integers.
     lo, hi = 1, max(2, int(target))
     while lo < hi:

@@ -201,15 +201,24 @@ def test_a_cut_relaxed_fifo_beam_round_runs_again_where_the_gap_is_open(monkeypa
     assert len(calls) == ran and flow.relaxed_beam_left is None
 
 
-def test_the_late_beams_width_is_sized_by_w_log_w_not_by_w() -> None:
+def test_the_late_beams_width_is_sized_by_w_log_w_with_a_fixed_part_fitted_from_two_probes() -> None:
     from memsched.optimizer.flow.answers import beam_width_for
 
-    # DenseNet-121 at 50%, one core: 1,536 labels in 0.98 s, 12,288 in 9.89 s. Linear sizing gives 15,500 labels
-    # for 9.89 s (a beam that would run past its share); w ln w gives the width that took 9.89 s, within 3%.
-    assert beam_width_for(1536, 0.98, 9.89) == pytest.approx(12_288, rel=0.03)
-    assert beam_width_for(1536, 0.98, 9.89) < 1536 * 9.89 / 0.98
-    # As wide as the probe for the probe's own time; wider with more time; none with no time.
-    assert beam_width_for(1536, 0.98, 0.98) == 1536
-    widths = [beam_width_for(512, 0.2, s) for s in (0.5, 1.0, 2.0, 4.0)]
+    # DenseNet-121 at 50%, one core: 384 labels in 0.30 s, 1,536 in 1.02 s, 12,288 in 9.89 s. Sized from the two
+    # probes the width for 9.89 s is within 6% of 12,288; linear in w from 1,536 it is 15,500 (a beam that runs past
+    # its share), and w ln w from 384 alone 8,600 (half the time left unused).
+    densenet = [(384, 0.30), (1536, 1.02)]
+    assert beam_width_for(densenet, 9.89) == pytest.approx(12_288, rel=0.06)
+    assert beam_width_for(densenet, 9.89) < 1536 * 9.89 / 1.02
+    assert beam_width_for(densenet[:1], 9.89) < 9_000
+    # One probe: no fixed part, as wide as itself for its own time.
+    assert beam_width_for([(1536, 0.98)], 0.98) == 1536
+    # PipeDream ResNet-50 with every node output saved at 25%: 384 in 0.27 s, 1,536 in 0.94 s, 3,072 in 1.59 s:
+    # the width for 1.59 s stays at or below 3,072 (never past the share).
+    assert 2_000 < beam_width_for([(384, 0.27), (1536, 0.94)], 1.59) <= 3_072
+    # Wider with more time; none where the fixed part alone takes it; noisy probes (the wider one faster) fall back
+    # to w ln w from the widest.
+    widths = [beam_width_for([(128, 0.1), (512, 0.3)], s) for s in (0.5, 1.0, 2.0, 4.0)]
     assert widths == sorted(widths) and len(set(widths)) == 4
-    assert beam_width_for(512, 0.2, 0.0) == 0
+    assert beam_width_for([(128, 0.1), (512, 0.3)], 0.0) == 0
+    assert beam_width_for([(128, 0.4), (512, 0.3)], 0.3) == 512
