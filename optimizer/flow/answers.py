@@ -529,7 +529,7 @@ def beam_width_for(probes: list[tuple[int, float]], seconds: float) -> int:
             fixed = min(max(t2 - (t2 - t1) / (x2 - x1) * x2, 0.0), 0.5 * t2)
     if seconds <= fixed:
         return 0
-    if t2 <= fixed:  # a probe too fast to time: as wide as itself per probe time
+    if t2 <= 0.0:  # a probe too fast to time (fixed is then 0): as wide as itself
         return w2
     target = x2 * (seconds - fixed) / (t2 - fixed)  # w ln w that fits `seconds`
     # w ln w is increasing for w >= 2: bisect on integers.

@@ -240,8 +240,8 @@ SHORT_QUEUE_SHARE = 0.5
 """The short-queue sweeps' share of the FIFO climb's time (`short_queue_sweep`: 2 copies a queue, then more while
 the gap is open); the climb gets the rest. Where the 2-copy sweep finishes it takes well under a second (the
 H100 ResNet-50 traces: 0.05-0.19 s); where it does not, the climb with 8 copies after it has not finished a step
-either (bert-large at 25%, 30 s: the sweep needs 15 s, cut
-at 5.2 s with a share of 0.3, and the climb's three steps then took 11 s and proved nothing)."""
+either (bert-large at 25%, 30 s: the sweep needs 15 s, cut at 5.2 s with a share of 0.3, and the climb's three
+steps then took 11 s and proved nothing)."""
 SHORT_QUEUE_GROWTH = 4.0
 """How many times the last short-queue sweep's time the next, one copy longer, is predicted to take
 (`short_queue_sweep`): it runs only where that fits the share left. Measured on one core, 32 ranges, at the
