@@ -24,6 +24,7 @@ DenseNet-121 (concatenations: no layer frees bytes alone) it loses to the greedy
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,33 +56,40 @@ class LinkShares:
     """float64 in [0, 1]: the share of steps offloaded (any option)."""
     steps: int
     """How many steps the shares average."""
+    since: int = 0
+    """The first of those steps (0-based): they are steps since, ..., since + steps - 1."""
 
 
 def link_plan(
     trace: Trace,
     budget_bytes: int,
-    shares: LinkShares,
+    shares: LinkShares | Sequence[LinkShares],
     allowed: frozenset[Action] = ALL_ACTIONS,
     host_budget: int | None = None,
     deadline: float | None = None,
 ) -> SimResult | None:
     """The best plan of the family (module docstring) that fits the budget and the host budget, simulated; None
-    where no member fits. `deadline` (perf_counter): the scans stop there, with the best member found so far."""
+    where no member fits. `shares`: one set of shares, or several windows of the same ascent
+    (`LinkLagrangian.windows`), scanned in their order: the first scan of each, and the finer one around a window's
+    best member where that beats every member so far. `deadline` (perf_counter): the scans stop there, with the
+    best member found so far."""
     n = trace.n
-    if len(shares.recompute) != n or len(shares.offload) != n:
-        raise ValueError(f"link_plan: shares for {len(shares.recompute)} layers, the trace has {n}")
+    windows = [shares] if isinstance(shares, LinkShares) else list(shares)
+    for w in windows:
+        if len(w.recompute) != n or len(w.offload) != n:
+            raise ValueError(f"link_plan: shares for {len(w.recompute)} layers, the trace has {n}")
     movable, whole = whole_offloads(trace, allowed)
     may_recompute = Action.RECOMPUTE in allowed
     score = FastSim(trace, budget_bytes)
-    seen: set[tuple[float, int, float]] = set()
-    best: tuple[float, float, int, float] | None = None  # (overhead, a, tail, c) of the best member that fits
+    # The best member that fits: (overhead, its window, a, tail, c).
+    best: tuple[float, LinkShares, float, int, float] | None = None
     # Layers that must start a segment of their own: after code that saves between two layers (segment_last).
     starts = np.array([i > 0 and trace.layers[i - 1].code_after_saves for i in range(n)], dtype=bool)
 
-    def arrays(a: float, tail: int, c: float) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(w: LinkShares, a: float, tail: int, c: float) -> tuple[np.ndarray, np.ndarray]:
         """The member's (kind, offloaded bytes) per layer, as FastSim reads them."""
-        rec = shares.recompute >= a if may_recompute else np.zeros(n, dtype=bool)
-        off = movable & ~rec & (shares.offload >= c)
+        rec = w.recompute >= a if may_recompute else np.zeros(n, dtype=bool)
+        off = movable & ~rec & (w.offload >= c)
         off[tail:] = False
         kind = np.full(n, KIND_KEEP, dtype=np.int64)
         kind[off] = KIND_OFFLOAD
@@ -90,38 +98,51 @@ def link_plan(
         kind[rec & starts] = KIND_START
         return kind, np.where(off, whole, 0)
 
-    def member(a: float, tail: int, c: float) -> None:
-        nonlocal best
-        if (a, tail, c) in seen:
-            return
-        seen.add((a, tail, c))
-        kind, nbytes = arrays(a, tail, c)
-        overhead, excess = score(kind, nbytes)
-        fits = excess == 0 and (host_budget is None or int(nbytes.sum()) <= host_budget)
-        if fits and (best is None or overhead < best[0]):
-            best = (overhead, a, tail, c)
-
-    def scan(levels: list[float], tails: list[int], offloads: tuple[float, ...]) -> bool:
-        """Score every member; False where the deadline cut the scan."""
+    def scan(
+        w: LinkShares,
+        levels: list[float],
+        tails: list[int],
+        offloads: tuple[float, ...],
+        seen: set[tuple[float, int, float]],
+    ) -> tuple[float, float, int, float] | None:
+        """Score every member of window w; its best that fits, (overhead, a, tail, c), the scan's first one that the
+        deadline cut included; None where none fits."""
+        found: tuple[float, float, int, float] | None = None
         for tail in tails:
             for a in levels:
                 for c in offloads:
                     if deadline is not None and time.perf_counter() >= deadline:
-                        return False
-                    member(a, tail, c)
-        return True
+                        return found
+                    if (a, tail, c) in seen:
+                        continue
+                    seen.add((a, tail, c))
+                    kind, nbytes = arrays(w, a, tail, c)
+                    overhead, excess = score(kind, nbytes)
+                    fits = excess == 0 and (host_budget is None or int(nbytes.sum()) <= host_budget)
+                    if fits and (found is None or overhead < found[0]):
+                        found = (overhead, a, tail, c)
+        return found
 
     levels = [round((k + 1) / _RECOMPUTE_LEVELS, 6) for k in range(_RECOMPUTE_LEVELS)] if may_recompute else [1.0]
     tail_step = max(1, n // _COARSE_TAIL) if movable.any() else n
-    if scan(levels, sorted(grid(0, n, tail_step), reverse=True), (0.0,)) and best is not None:
-        _, a0, t0, _ = best
-        level_step = 1.0 / _RECOMPUTE_LEVELS
+    level_step = 1.0 / _RECOMPUTE_LEVELS
+    for w in windows:
+        seen: set[tuple[float, int, float]] = set()
+        coarse = scan(w, levels, sorted(grid(0, n, tail_step), reverse=True), (0.0,), seen)
+        if coarse is None or (best is not None and coarse[0] >= best[0]):
+            continue
+        best = (coarse[0], w, *coarse[1:])
+        _, a0, t0, _ = coarse
         fine_levels = [round(a0 + k * level_step / 4, 6) for k in range(-3, 4) if 0.0 < a0 + k * level_step / 4 <= 1.0]
         fine_tails = grid(max(0, t0 - tail_step), min(n, t0 + tail_step), max(1, tail_step // _FINE))
-        scan(fine_levels if may_recompute else [1.0], fine_tails, _OFFLOAD_LEVELS if movable.any() else (0.0,))
+        fine = scan(
+            w, fine_levels if may_recompute else [1.0], fine_tails, _OFFLOAD_LEVELS if movable.any() else (0.0,), seen
+        )
+        if fine is not None and fine[0] < best[0]:
+            best = (fine[0], w, *fine[1:])
     if best is None:
         return None
-    kind, _ = arrays(best[1], best[2], best[3])
+    kind, _ = arrays(*best[1:])
     decisions: list[Decision] = []
     start = -1
     for i in range(n):

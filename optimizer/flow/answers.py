@@ -231,15 +231,16 @@ class AnswerPhases(FlowState):
         candidates: where the copy link is the bottleneck its segments are the LP's, which the local search from
         the greedy or the ratio plan does not reach (the 1,000-layer synthetic chain at 20%: 0.1035 s, where the
         ratio plan gives 0.1230 s and the local search from it ended at 0.1126 s in 60 s)."""
-        if self.link_shares is None:
+        if not self.link_shares:
             return
         began = time.perf_counter()
         sim = link_plan(self.trace, self.budget, self.link_shares, self.allowed, self.host, until)
         if sim is not None:
             self.add("link-plan", sim)
         log.info(
-            "link plan (%d steps): %s, %.2f s",
-            self.link_shares.steps,
+            "link plan (%d windows of %d steps): %s, %.2f s",
+            len(self.link_shares),
+            self.link_shares[0].since + self.link_shares[0].steps,
             "none fits" if sim is None else f"{sim.overhead_s:.6g} s",
             time.perf_counter() - began,
         )

@@ -81,7 +81,7 @@ class BoundPhases(FlowState):
             # several times the optimum (DenseNet-121 at 25%: the beam's 0.107 s against a bound of 0.043 s).
             link = LinkLagrangian(arrays, obj, self.bound)
             res = link.run(until, target_s=target)
-            self.link_shares = link.shares()
+            self.link_shares = link.windows()
             if res.stopped_by == "deadline":
                 self._link = link
         log.info(

@@ -149,9 +149,9 @@ class FlowState:
         """When the best plan last improved (perf_counter)."""
         self._share_note = ""
         """The note that the Lagrangian bound stopped at its time share (`lagrange`), if it did."""
-        self.link_shares: LinkShares | None = None
-        """Each layer's share of the link windows' Lagrangian's later steps in each action, where it ran: the link
-        plan rounds them (`link_plan`)."""
+        self.link_shares: list[LinkShares] = []
+        """Each layer's share of the link windows' Lagrangian's steps in each action, over several windows of its
+        ascent (`LinkLagrangian.windows`), where it ran: the link plan rounds them (`link_plan`)."""
         self._link: LinkLagrangian | None = None
         """The link windows' Lagrangian where its share stopped it before it converged: the solve's last local
         search shares its time with it (`_polish_and_bound`)."""
