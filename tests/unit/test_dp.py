@@ -392,3 +392,31 @@ def test_future_bound_is_a_bound_where_no_sweep_finishes() -> None:
     rec = report.schedule.solver
     assert rec.best_bound_s is not None and rec.best_bound_s >= out.bound_s * (1 - 1e-9)
     assert rec.objective_s >= rec.best_bound_s
+
+
+
+@pytest.mark.parametrize("labels", [5, 20_000])  # one array op over labels x bits; one op per bit
+def test_remap_held_moves_each_producer_bit_to_its_place_at_the_later_boundary(labels: int) -> None:
+    from memsched.optimizer.dp.problem import _REMAP_AT_ONCE, AFTER_SEGMENT_BIT
+
+    trace = make_trace(80, 5, dag=True)
+    p = build_problem(trace, budget_between(trace, 0.3))
+    rng = np.random.default_rng(labels)
+    checked, per_bit = 0, 0
+    for src in range(p.n):
+        for dst in range(src + 1, min(p.n, src + 12) + 1):
+            a, b = p.crossing[src], p.crossing[dst]
+            if not a:
+                continue
+            held = rng.integers(0, 1 << len(a), size=labels, dtype=np.int64)
+            held[::2] |= AFTER_SEGMENT_BIT  # the flag never reaches the next boundary
+            want = np.zeros(labels, dtype=np.int64)
+            for q, j in enumerate(b):
+                if j in a:
+                    want |= ((held >> a.index(j)) & 1) << q
+            got = p.remap_held(held, src, dst)
+            assert got.dtype == held.dtype and np.array_equal(got, want), (src, dst)
+            checked += 1
+            per_bit += labels * len(a) > _REMAP_AT_ONCE
+    assert checked > 100
+    assert (per_bit > 50) == (labels > 1000)  # both paths are exercised
