@@ -14,8 +14,9 @@ RATIO_SHARE = 0.05
 one (cut there, it keeps the best member scanned)."""
 LINK_PLAN_SHARE = 0.05
 """The link plan (optimizer/link_plan.py), right after the link windows' Lagrangian whose steps it rounds, stops its
-scans at this share of the limit: about 1,400 plans scored by the compiled simulator, 0.3 s on the 1,000-layer
-synthetic chain (cut there, it keeps the best member scanned)."""
+scans at this share of the limit: about 1,400 plans scored by the compiled simulator per window of the ascent, 0.3 s
+on the 1,000-layer synthetic chain; the later half first, then single blocks until three in a row beat nothing (cut
+there, it keeps the best member scanned)."""
 BEAM_SHARE = 0.2
 POLISH_SHARE = 0.15
 BEAM_FIRST_SHARE = 0.25
