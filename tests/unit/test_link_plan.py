@@ -4,6 +4,7 @@ one segment; and on a long chain it starts far below the ratio plan."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -63,24 +64,37 @@ def _random_shares(n: int, seed: int) -> LinkShares:
     return LinkShares(recompute=np.array(rec), offload=np.array(off), steps=1)
 
 
-@settings(max_examples=20, deadline=None)
-@given(n=st.integers(2, 24), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.6))
-def test_the_plan_is_a_member_at_least_as_good_as_every_member_of_the_first_scan(
-    n: int, seed: int, dag: bool, frac: float
-) -> None:
-    # Under 50 layers the first scan tries every tail at each recompute level k / 20, offloading every layer up to
-    # the tail (c = 0); the finer scan can only do better, with members of the same family.
-    trace = make_trace(n, seed, dag=dag)
-    budget = budget_between(trace, frac)
-    shares = _random_shares(n, seed)
-    first_scan = []
+def _first_scan(trace: Trace, budget: int, shares: LinkShares) -> list[float]:
+    """The overheads of the first scan's members that fit, under 50 layers: every tail at each recompute level
+    k / 20, offloading every layer up to the tail (c = 0)."""
+    out = []
     # Levels between two share values give the same member: one per distinct recompute set.
     levels = {frozenset(np.flatnonzero(shares.recompute >= k / 20)): k / 20 for k in range(20, 0, -1)}
     for level in levels.values():
-        for tail in range(n + 1):
+        for tail in range(trace.n + 1):
             sim = simulate(trace, _member(trace, shares, level, tail, 0.0), budget, with_events=False)
             if sim.feasible:
-                first_scan.append(sim.overhead_s)
+                out.append(sim.overhead_s)
+    return out
+
+
+@st.composite
+def _cases(draw: st.DrawFn, max_layers: int) -> tuple[Trace, int, int]:
+    """A random chain or DAG of 2..max_layers layers, a budget between its least and its keep-all peak, a seed."""
+    n, seed = draw(st.integers(2, max_layers)), draw(st.integers(0, 10**6))
+    trace = make_trace(n, seed, dag=draw(st.booleans()))
+    return trace, budget_between(trace, draw(st.floats(0.0, 0.6))), seed
+
+
+@settings(max_examples=20, deadline=None)
+@given(case=_cases(24))
+def test_the_plan_is_a_member_at_least_as_good_as_every_member_of_the_first_scan(case: tuple[Trace, int, int]) -> None:
+    # Under 50 layers the first scan tries every tail at each recompute level k / 20, offloading every layer up to
+    # the tail (c = 0); the finer scan can only do better, with members of the same family.
+    trace, budget, seed = case
+    n = trace.n
+    shares = _random_shares(n, seed)
+    first_scan = _first_scan(trace, budget, shares)
     got = link_plan(trace, budget, shares)
     if got is None:
         assert not first_scan
@@ -175,7 +189,7 @@ def test_spread_orders_every_index_once_each_prefix_spread_over_the_range() -> N
         # The first k indices leave no gap wider than about (hi - lo) / k uncovered.
         for k in range(1, len(order) + 1):
             marks = sorted([lo - 1, *order[:k], hi])
-            assert max(b - a for a, b in zip(marks, marks[1:], strict=False)) <= 2 * (hi - lo + 1) / k + 1
+            assert max(b - a for a, b in itertools.pairwise(marks)) <= 2 * (hi - lo + 1) / k + 1
 
 
 def test_the_windows_are_the_later_half_then_single_blocks_of_the_recorded_plans() -> None:
@@ -215,13 +229,10 @@ def test_the_windows_are_the_later_half_then_single_blocks_of_the_recorded_plans
 
 
 @settings(max_examples=15, deadline=None)
-@given(n=st.integers(2, 30), seed=st.integers(0, 10**6), dag=st.booleans(), frac=st.floats(0.0, 0.6))
-def test_several_windows_beat_the_first_alone_and_every_window_first_scan(
-    n: int, seed: int, dag: bool, frac: float
-) -> None:
-    trace = make_trace(n, seed, dag=dag)
-    budget = budget_between(trace, frac)
-    windows = [_random_shares(n, seed + k) for k in range(3)]
+@given(case=_cases(30))
+def test_several_windows_beat_the_first_alone_and_every_window_first_scan(case: tuple[Trace, int, int]) -> None:
+    trace, budget, seed = case
+    windows = [_random_shares(trace.n, seed + k) for k in range(3)]
     got = link_plan(trace, budget, windows)
     alone = [link_plan(trace, budget, w) for w in windows]
     if got is None:
@@ -232,13 +243,8 @@ def test_several_windows_beat_the_first_alone_and_every_window_first_scan(
     first = alone[0]
     assert first is None or got.overhead_s <= first.overhead_s * (1 + 1e-9) + 1e-15
     for w in windows:
-        levels = {frozenset(np.flatnonzero(w.recompute >= k / 20)): k / 20 for k in range(20, 0, -1)}
-        for level in levels.values():
-            for tail in range(n + 1):
-                sim = simulate(trace, _member(trace, w, level, tail, 0.0), budget, with_events=False)
-                if sim.feasible:
-                    assert got.overhead_s <= sim.overhead_s * (1 + 1e-9) + 1e-15
-
+        for overhead in _first_scan(trace, budget, w):
+            assert got.overhead_s <= overhead * (1 + 1e-9) + 1e-15
 
 
 def test_on_a_dag_a_block_of_the_ascent_rounds_far_below_its_later_half() -> None:
