@@ -394,7 +394,6 @@ def test_future_bound_is_a_bound_where_no_sweep_finishes() -> None:
     assert rec.objective_s >= rec.best_bound_s
 
 
-
 @pytest.mark.parametrize("labels", [5, 20_000])  # one array op over labels x bits; one op per bit
 def test_remap_held_moves_each_producer_bit_to_its_place_at_the_later_boundary(labels: int) -> None:
     from memsched.optimizer.dp.problem import _REMAP_AT_ONCE, AFTER_SEGMENT_BIT
