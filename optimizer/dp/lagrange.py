@@ -1145,11 +1145,11 @@ class LinkLagrangian:
         begins = np.cumsum([0, *(steps for _, _, steps in self._plan_blocks)])
         for k in _spread(1, len(self._plan_blocks)):
             rec, off, steps = self._plan_blocks[k]
-            key = ((rec / steps).tobytes(), (off / steps).tobytes())
-            if key in seen:
-                continue
-            seen.add(key)
-            out.append(LinkShares(recompute=rec / steps, offload=off / steps, steps=steps, since=int(begins[k])))
+            window = LinkShares(recompute=rec / steps, offload=off / steps, steps=steps, since=int(begins[k]))
+            key = (window.recompute.tobytes(), window.offload.tobytes())
+            if key not in seen:
+                seen.add(key)
+                out.append(window)
         return out
 
     def recent_rate(self, span_s: float) -> float:
