@@ -178,3 +178,32 @@ def segment_children(
             o_h2d[w] = child_h
             w += 1
     return done, w, o_dst, o_parent, o_ret, o_held, o_cost, o_d2h, o_h2d
+
+
+@njit(cache=True)
+def remap_to_ends(
+    held: np.ndarray,
+    dst: np.ndarray,
+    src_bits: np.ndarray,
+    offsets: np.ndarray,
+    producers: np.ndarray,
+    shared_hold: np.ndarray,
+    n: int,
+    after_bit: np.int64,
+) -> np.ndarray:  # pragma: no cover - compiled
+    """DpProblem.remap_to_ends: label i's held mask (crossing[src] bits: src_bits[j] is producer j's, 63 where j
+    does not cross src) in crossing[dst[i]] bit order, with `after_bit` where layer dst[i] holds shared bytes."""
+    out = np.zeros_like(held)
+    for i in range(len(held)):
+        b = dst[i]
+        h = held[i]
+        m = np.int64(0)
+        first = offsets[b]
+        for q in range(first, offsets[b + 1]):
+            s = src_bits[producers[q]]
+            if s != 63 and (h >> s) & 1:
+                m |= np.int64(1) << np.int64(q - first)
+        if b < n and shared_hold[b] != 0:
+            m |= after_bit
+        out[i] = m
+    return out

@@ -372,23 +372,21 @@ class _Sweep:
             parent = idx[sl][parent[order]].astype(np.int32)
             ret, hd = self._quant(ret[order]), hd[order]
             cost_o, d2h_o, h2d_o = cost_o[order], self._quant_backlog(d2h_o[order]), self._quant_backlog(h2d_o[order])
-            any_held = bool(hd.any())
+            hd = p.remap_to_ends(hd, k, dst)
+            src, action = np.full(w, k, np.int32), np.full(w, ACTION_SEGMENT, np.int16)
             cuts = [0, *(np.flatnonzero(np.diff(dst)) + 1).tolist(), w]
             for lo, hi in itertools.pairwise(cuts):
-                b1 = int(dst[lo])
-                held_b = self.p.remap_held(hd[lo:hi], k, b1) if any_held else hd[lo:hi]
-                held_b = self.p.after_segment(held_b, b1)
                 self._push(
-                    b1,
+                    int(dst[lo]),
                     Labels(
                         ret[lo:hi],
-                        held_b,
+                        hd[lo:hi],
                         cost_o[lo:hi],
                         d2h_o[lo:hi],
                         h2d_o[lo:hi],
                         parent[lo:hi],
-                        np.full(hi - lo, k, np.int32),
-                        np.full(hi - lo, ACTION_SEGMENT, np.int16),
+                        src[lo:hi],
+                        action[lo:hi],
                     ),
                 )
 

@@ -419,3 +419,28 @@ def test_remap_held_moves_each_producer_bit_to_its_place_at_the_later_boundary(l
             per_bit += labels * len(a) > _REMAP_AT_ONCE
     assert checked > 100
     assert (per_bit > 50) == (labels > 1000)  # both paths are exercised
+
+
+def test_remap_to_ends_is_remap_held_then_after_segment_per_destination() -> None:
+    # The segments' batch form (one compiled pass over labels bound for many boundaries) against the per-destination
+    # calls it replaces, with layers that hold shared bytes so that the after-segment flag is exercised too.
+    from memsched.optimizer.dp.problem import AFTER_SEGMENT_BIT
+
+    trace = make_trace(80, 5, dag=True)
+    base = build_problem(trace, budget_between(trace, 0.3))
+    rng = np.random.default_rng(7)
+    p = replace(base, shared_hold=np.where(rng.random(base.n) < 0.3, 4096, 0).astype(np.int64))
+    flagged = 0
+    for src in range(p.n):
+        if not p.crossing[src]:
+            continue
+        dst = np.sort(rng.integers(src + 1, min(p.n, src + 12) + 1, size=200))
+        held = rng.integers(0, 1 << len(p.crossing[src]), size=200, dtype=np.int64)
+        held[::3] |= AFTER_SEGMENT_BIT
+        want = np.concatenate(
+            [p.after_segment(p.remap_held(held[dst == b], src, int(b)), int(b)) for b in np.unique(dst)]
+        )
+        got = p.remap_to_ends(held, src, dst)
+        assert np.array_equal(got, want), src
+        flagged += int((got & AFTER_SEGMENT_BIT).astype(bool).sum())
+    assert flagged > 100
