@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.decisions import KEEP, Decision, offload_all, recompute
-from memsched.optimizer.dp import build_problem
+from memsched.optimizer.dp import build_problem, lagrange
 from memsched.optimizer.dp.lagrange import (
     _PLAN_BLOCK,
     PLAN_CONTINUE,
@@ -190,6 +190,30 @@ def test_spread_orders_every_index_once_each_prefix_spread_over_the_range() -> N
         for k in range(1, len(order) + 1):
             marks = sorted([lo - 1, *order[:k], hi])
             assert max(b - a for a, b in itertools.pairwise(marks)) <= 2 * (hi - lo + 1) / k + 1
+
+
+def test_past_the_block_cap_neighbouring_blocks_merge_and_the_windows_stay_the_recorded_means(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At 4 blocks kept (not 256), 300 steps: 4 blocks of 32 merge into 2 of 64, 4 of 64 into 2 of 128, then 44
+    # steps open. The windows still average the plans recorded over their own steps.
+    monkeypatch.setattr(lagrange, "_MAX_PLAN_BLOCKS", 4)
+    trace = make_trace(40, 3)
+    budget = budget_between(trace, 0.2)
+    link = _link(trace, budget, 0.05)
+    plans = []
+    for it in range(1, 301):
+        link.run(FAR, max_iterations=it)
+        assert link.iterations == it
+        plans.append(link.plan.copy())
+    rec = np.array([p <= PLAN_START for p in plans], dtype=float)
+    off = np.array([p >= 0 for p in plans], dtype=float)
+    windows = link.windows()
+    assert [w.steps for w in windows[1:]] == [2 * 2 * _PLAN_BLOCK] and windows[1].since == 128
+    assert windows[0].since == 128 and windows[0].steps == 172  # the later half: the last whole block and the open
+    for w in windows:
+        lo, hi = w.since, w.since + w.steps
+        assert np.allclose(w.recompute, rec[lo:hi].mean(axis=0)) and np.allclose(w.offload, off[lo:hi].mean(axis=0))
 
 
 def test_the_windows_are_the_later_half_then_single_blocks_of_the_recorded_plans() -> None:
