@@ -109,6 +109,18 @@ def test_a_layer_with_too_many_sums_offers_real_subsets_over_all_its_bytes(seed:
     assert {(o.nbytes - 1) * MAX_OFFLOAD_OPTIONS // total for o in opts} == reached
 
 
+def test_a_layer_of_a_thousand_tensors_offers_one_real_subset_per_64th_of_its_bytes() -> None:
+    # An unrolled recurrent layer saves a tensor per step: its sums are dense, so every range holds one.
+    rng = random.Random(5)
+    sizes = [rng.randint(1, 10**6) for _ in range(1000)]
+    opts, complete = _offload_options(tuple(sizes))
+    assert not complete and len(opts) == MAX_OFFLOAD_OPTIONS and opts[-1].nbytes == sum(sizes)
+    ranges = [(o.nbytes - 1) * MAX_OFFLOAD_OPTIONS // sum(sizes) for o in opts]
+    assert ranges == list(range(MAX_OFFLOAD_OPTIONS))
+    for o in opts:
+        assert sum(sizes[q] for q in o.tensors) == o.nbytes and len(set(o.tensors)) == len(o.tensors)
+
+
 @pytest.mark.parametrize("seed", range(16))
 def test_relaxed_bounds_never_exceed_the_exact_optimum(seed: int) -> None:
     rng = random.Random(1000 + seed)
