@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -333,10 +334,31 @@ def _offload_options(tensors: tuple[int, ...]) -> tuple[list[OffloadOption], boo
     few = _few_sums(positive)
     if few is not None:
         return [OffloadOption(nbytes, subset) for nbytes, subset in sorted(few.items())], True
-    return _spread_options(positive), False
+    spread = _spread_options(positive, SPREAD_OPTIONS)
+    taken = {o.nbytes for o in spread}
+    large = [o for o in _few_tensor_sums(positive) if o.nbytes not in taken]
+    return sorted([*spread, *large[len(large) - (MAX_OFFLOAD_OPTIONS - len(spread)) :]], key=lambda o: o.nbytes), False
 
 
-def _spread_options(positive: list[tuple[int, int]]) -> list[OffloadOption]:
+SPREAD_OPTIONS = 32
+"""Of a layer's MAX_OFFLOAD_OPTIONS where it has too many subset sums to try: this many spread over all its bytes."""
+
+
+def _few_tensor_sums(positive: list[tuple[int, int]]) -> list[OffloadOption]:
+    """The distinct sums of subsets of a few tensors (fewest first, while they stay few), sorted: the largest free
+    the most memory for the fewest copies."""
+    by_sum: dict[int, tuple[int, ...]] = {}
+    for r in range(1, len(positive) + 1):
+        if len(by_sum) > 4 * MAX_OFFLOAD_OPTIONS or math.comb(len(positive), r) > 1 << 14:
+            break
+        for combo in itertools.combinations(positive, r):
+            total = sum(t for _, t in combo)
+            if total not in by_sum:  # fewer tensors first (r grows), so the first subset found is kept
+                by_sum[total] = tuple(q for q, _ in combo)
+    return [OffloadOption(nbytes, subset) for nbytes, subset in sorted(by_sum.items())]
+
+
+def _spread_options(positive: list[tuple[int, int]], count: int = MAX_OFFLOAD_OPTIONS) -> list[OffloadOption]:
     """Real subsets whose sums spread over the layer's saved bytes, for a layer with too many distinct sums to
     try: in each of MAX_OFFLOAD_OPTIONS equal byte ranges, the largest sum found, with a subset of fewest tensors.
     The plans (beams, local search) may then offload all of a layer or any part of it to within a range; the
@@ -345,7 +367,7 @@ def _spread_options(positive: list[tuple[int, int]]) -> list[OffloadOption]:
     the largest sum of each range of a quarter of that width, so it stays small; the sums it keeps are real, and
     the largest (the whole layer) is always one."""
     total = sum(t for _, t in positive)
-    fine = 4 * MAX_OFFLOAD_OPTIONS
+    fine = 4 * count
     # The program's states: distinct sums (sorted), each with its fewest tensors and a node of the witness forest
     # (node m: tensor tensor_of[m] added to the subset of node parent_of[m]; -1: the empty subset). In arrays: a
     # layer of 1,000 tensors (an unrolled recurrent layer) takes 0.07 s, where a dict of subsets took 2 s.
@@ -372,7 +394,7 @@ def _spread_options(positive: list[tuple[int, int]]) -> list[OffloadOption]:
         sums, counts, nodes = all_sums[keep], all_counts[keep], all_nodes[keep]
     parents = np.concatenate(parent_of) if parent_of else np.zeros(0, np.int64)
     tensors = np.concatenate(tensor_of) if tensor_of else np.zeros(0, np.int64)
-    ranges = (sums - 1) * MAX_OFFLOAD_OPTIONS // total  # range c holds (c, c + 1] x total / MAX_OFFLOAD_OPTIONS
+    ranges = (sums - 1) * count // total  # range c holds the sums in (c, c + 1] x total / count
     tops = np.flatnonzero((sums > 0) & np.r_[ranges[:-1] != ranges[1:], True])  # the largest sum of each range
     options = []
     for i in tops.tolist():
