@@ -328,8 +328,9 @@ class DpProblem:
 @functools.lru_cache(maxsize=256)
 def _offload_options(tensors: tuple[int, ...]) -> tuple[list[OffloadOption], bool]:
     """Every distinct subset sum of the positive tensors, with the smallest subset reaching it; and whether
-    the list is exhaustive (otherwise it is MAX_OFFLOAD_OPTIONS real subsets spread over the layer's bytes,
-    `_spread_options`)."""
+    the list is exhaustive. Where it is not (more than MAX_OFFLOAD_OPTIONS sums), SPREAD_OPTIONS real subsets
+    spread over the layer's bytes (`_spread_options`, the whole layer among them) and, up to MAX_OFFLOAD_OPTIONS,
+    the largest sums of subsets of a few tensors (`_few_tensor_sums`)."""
     positive = [(q, t) for q, t in enumerate(tensors) if t > 0]
     few = _few_sums(positive)
     if few is not None:
@@ -337,11 +338,18 @@ def _offload_options(tensors: tuple[int, ...]) -> tuple[list[OffloadOption], boo
     spread = _spread_options(positive, SPREAD_OPTIONS)
     taken = {o.nbytes for o in spread}
     large = [o for o in _few_tensor_sums(positive) if o.nbytes not in taken]
-    return sorted([*spread, *large[len(large) - (MAX_OFFLOAD_OPTIONS - len(spread)) :]], key=lambda o: o.nbytes), False
+    large = large[max(0, len(large) - (MAX_OFFLOAD_OPTIONS - len(spread))) :]
+    return sorted([*spread, *large], key=lambda o: o.nbytes), False
 
 
 SPREAD_OPTIONS = 32
-"""Of a layer's MAX_OFFLOAD_OPTIONS where it has too many subset sums to try: this many spread over all its bytes."""
+"""Of the MAX_OFFLOAD_OPTIONS of a layer with too many subset sums to try, those spread over all its bytes (one per
+32nd). Until 2026-12-06 all 64 were the largest sums of subsets of a few tensors, which left a block of bert-large
+(19 tensors, 545 MiB) 177-352 MiB: neither the whole block nor a small part of it. All 64 spread (one per 64th)
+found the same solve answers on the GPU and CPU decoder traces, but the beams' best plans moved both ways (ResNet-50
+on an H100 at 75%, 0.00560 -> 0.00511 s; on an H200, 0.00526 -> 0.00673 s) and the fluid beams' plans mostly
+worsened; half and half keeps the few-tensor sums the beams did well with and adds the whole layer and its parts
+(docs/formulation.md, 'Many saved tensors')."""
 
 
 def _few_tensor_sums(positive: list[tuple[int, int]]) -> list[OffloadOption]:
@@ -360,12 +368,10 @@ def _few_tensor_sums(positive: list[tuple[int, int]]) -> list[OffloadOption]:
 
 def _spread_options(positive: list[tuple[int, int]], count: int = MAX_OFFLOAD_OPTIONS) -> list[OffloadOption]:
     """Real subsets whose sums spread over the layer's saved bytes, for a layer with too many distinct sums to
-    try: in each of MAX_OFFLOAD_OPTIONS equal byte ranges, the largest sum found, with a subset of fewest tensors.
-    The plans (beams, local search) may then offload all of a layer or any part of it to within a range; the
-    largest sums of subsets of a few tensors, the list before, left bert-large's blocks (19 tensors, 545 MiB)
-    177-352 MiB only. The subset-sum program (tensors largest first) keeps, once its sums grow many, the least and
-    the largest sum of each range of a quarter of that width, so it stays small; the sums it keeps are real, and
-    the largest (the whole layer) is always one."""
+    try: in each of `count` equal byte ranges, the largest sum found, with a subset of fewest tensors, so that a
+    plan may offload all of a layer or any part of it to within a range. The subset-sum program (tensors largest
+    first) keeps, once its sums grow many, the least and the largest sum of each range of a quarter of that width,
+    so it stays small; the sums it keeps are real, and the largest (the whole layer) is always one."""
     total = sum(t for _, t in positive)
     fine = 4 * count
     # The program's states: distinct sums (sorted), each with its fewest tensors and a node of the witness forest
