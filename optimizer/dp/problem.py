@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -328,52 +327,27 @@ class DpProblem:
 @functools.lru_cache(maxsize=256)
 def _offload_options(tensors: tuple[int, ...]) -> tuple[list[OffloadOption], bool]:
     """Every distinct subset sum of the positive tensors, with the smallest subset reaching it; and whether
-    the list is exhaustive. Where it is not (more than MAX_OFFLOAD_OPTIONS sums), SPREAD_OPTIONS real subsets
-    spread over the layer's bytes (`_spread_options`, the whole layer among them) and, up to MAX_OFFLOAD_OPTIONS,
-    the largest sums of subsets of a few tensors (`_few_tensor_sums`)."""
+    the list is exhaustive (otherwise it is MAX_OFFLOAD_OPTIONS real subsets spread over the layer's bytes,
+    `_spread_options`)."""
     positive = [(q, t) for q, t in enumerate(tensors) if t > 0]
     few = _few_sums(positive)
     if few is not None:
         return [OffloadOption(nbytes, subset) for nbytes, subset in sorted(few.items())], True
-    spread = _spread_options(positive, SPREAD_OPTIONS)
-    taken = {o.nbytes for o in spread}
-    large = [o for o in _few_tensor_sums(positive) if o.nbytes not in taken]
-    large = large[max(0, len(large) - (MAX_OFFLOAD_OPTIONS - len(spread))) :]
-    return sorted([*spread, *large], key=lambda o: o.nbytes), False
+    return _spread_options(positive), False
 
 
-SPREAD_OPTIONS = 32
-"""Of the MAX_OFFLOAD_OPTIONS of a layer with too many subset sums to try, those spread over all its bytes (one per
-32nd). Until 2026-12-06 all 64 were the largest sums of subsets of a few tensors, which left a block of bert-large
-(19 tensors, 545 MiB) 177-352 MiB: neither the whole block nor a small part of it. All 64 spread (one per 64th)
-found the same solve answers on the GPU and CPU decoder traces, but the beams' best plans moved both ways (ResNet-50
-on an H100 at 75%, 0.00560 -> 0.00511 s; on an H200, 0.00526 -> 0.00673 s) and the fluid beams' plans mostly
-worsened; half and half keeps the few-tensor sums the beams did well with and adds the whole layer and its parts
-(docs/formulation.md, 'Many saved tensors')."""
-
-
-def _few_tensor_sums(positive: list[tuple[int, int]]) -> list[OffloadOption]:
-    """The distinct sums of subsets of a few tensors (fewest first, while they stay few), sorted: the largest free
-    the most memory for the fewest copies."""
-    by_sum: dict[int, tuple[int, ...]] = {}
-    for r in range(1, len(positive) + 1):
-        if len(by_sum) > 4 * MAX_OFFLOAD_OPTIONS or math.comb(len(positive), r) > 1 << 14:
-            break
-        for combo in itertools.combinations(positive, r):
-            total = sum(t for _, t in combo)
-            if total not in by_sum:  # fewer tensors first (r grows), so the first subset found is kept
-                by_sum[total] = tuple(q for q, _ in combo)
-    return [OffloadOption(nbytes, subset) for nbytes, subset in sorted(by_sum.items())]
-
-
-def _spread_options(positive: list[tuple[int, int]], count: int = MAX_OFFLOAD_OPTIONS) -> list[OffloadOption]:
+def _spread_options(positive: list[tuple[int, int]]) -> list[OffloadOption]:
     """Real subsets whose sums spread over the layer's saved bytes, for a layer with too many distinct sums to
-    try: in each of `count` equal byte ranges, the largest sum found, with a subset of fewest tensors, so that a
-    plan may offload all of a layer or any part of it to within a range. The subset-sum program (tensors largest
-    first) keeps, once its sums grow many, the least and the largest sum of each range of a quarter of that width,
-    so it stays small; the sums it keeps are real, and the largest (the whole layer) is always one."""
+    try: in each of MAX_OFFLOAD_OPTIONS equal byte ranges, the largest sum found, with a subset of fewest tensors.
+    The plans (beams, local search) may then offload all of a layer or any part of it to within a range; the
+    largest sums of subsets of a few tensors, the list before, left bert-large's blocks (19 tensors, 545 MiB)
+    177-352 MiB only. The subset-sum program (tensors largest first) keeps, once its sums grow many, the least and
+    the largest sum of each range of a quarter of that width, so it stays small; the sums it keeps are real, and
+    the largest (the whole layer) is always one. Measured against half of them spread and half the few-tensor
+    sums (2026-12-06): the same answers on the GPU decoder traces but bert-large on an H200 at 25%, where the half
+    and half lost 1.15% (0.021844 -> 0.022097 s, both runs), so all 64 are spread."""
     total = sum(t for _, t in positive)
-    fine = 4 * count
+    fine = 4 * MAX_OFFLOAD_OPTIONS
     # The program's states: distinct sums (sorted), each with its fewest tensors and a node of the witness forest
     # (node m: tensor tensor_of[m] added to the subset of node parent_of[m]; -1: the empty subset). In arrays: a
     # layer of 1,000 tensors (an unrolled recurrent layer) takes 0.07 s, where a dict of subsets took 2 s.
@@ -400,7 +374,7 @@ def _spread_options(positive: list[tuple[int, int]], count: int = MAX_OFFLOAD_OP
         sums, counts, nodes = all_sums[keep], all_counts[keep], all_nodes[keep]
     parents = np.concatenate(parent_of) if parent_of else np.zeros(0, np.int64)
     tensors = np.concatenate(tensor_of) if tensor_of else np.zeros(0, np.int64)
-    ranges = (sums - 1) * count // total  # range c holds the sums in (c, c + 1] x total / count
+    ranges = (sums - 1) * MAX_OFFLOAD_OPTIONS // total  # range c holds (c, c + 1] x total / MAX_OFFLOAD_OPTIONS
     tops = np.flatnonzero((sums > 0) & np.r_[ranges[:-1] != ranges[1:], True])  # the largest sum of each range
     options = []
     for i in tops.tolist():
