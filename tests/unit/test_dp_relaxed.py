@@ -109,10 +109,14 @@ def test_a_layer_with_too_many_sums_offers_real_subsets_over_all_its_bytes(seed:
     assert {(o.nbytes - 1) * MAX_OFFLOAD_OPTIONS // total for o in opts} == reached
 
 
-def test_a_layer_of_a_thousand_tensors_offers_one_real_subset_per_64th_of_its_bytes() -> None:
-    # An unrolled recurrent layer saves a tensor per step: its sums are dense, so every range holds one.
+@pytest.mark.parametrize("repeated", [False, True])
+def test_a_layer_of_thousands_of_tensors_offers_one_real_subset_per_64th_of_its_bytes(repeated: bool) -> None:
+    # An unrolled recurrent layer saves tensors per step: 1,000 sizes, or 512 steps of the same 8 (binary chunks of
+    # each size's tensors stand for every count of them). Its sums are dense, so every range holds one.
     rng = random.Random(5)
     sizes = [rng.randint(1, 10**6) for _ in range(1000)]
+    if repeated:
+        sizes = [sizes[q % 8] for q in range(8 * 512)]
     opts, complete = _offload_options(tuple(sizes))
     assert not complete and len(opts) == MAX_OFFLOAD_OPTIONS and opts[-1].nbytes == sum(sizes)
     ranges = [(o.nbytes - 1) * MAX_OFFLOAD_OPTIONS // sum(sizes) for o in opts]
