@@ -190,9 +190,10 @@ def remap_to_ends(
     shared_hold: np.ndarray,
     n: int,
     after_bit: np.int64,
+    no_bit: int,
 ) -> np.ndarray:  # pragma: no cover - compiled
-    """DpProblem.remap_to_ends: label i's held mask (crossing[src] bits: src_bits[j] is producer j's, 63 where j
-    does not cross src) in crossing[dst[i]] bit order, with `after_bit` where layer dst[i] holds shared bytes."""
+    """DpProblem.remap_to_ends: label i's held mask (crossing[src] bits: src_bits[j] is producer j's, `no_bit` where
+    j does not cross src) in crossing[dst[i]] bit order, with `after_bit` where layer dst[i] holds shared bytes."""
     out = np.zeros_like(held)
     for i in range(len(held)):
         b = dst[i]
@@ -201,7 +202,7 @@ def remap_to_ends(
         first = offsets[b]
         for q in range(first, offsets[b + 1]):
             s = src_bits[producers[q]]
-            if s != 63 and (h >> s) & 1:
+            if s != no_bit and (h >> s) & 1:
                 m |= np.int64(1) << np.int64(q - first)
         if b < n and shared_hold[b] != 0:
             m |= after_bit

@@ -250,7 +250,7 @@ class DpProblem:
             self._crossing_csr.extend((offsets, flat))
         offsets, flat = self._crossing_csr
         return remap_to_ends(
-            held, dst, self._source_bits(src), offsets, flat, self.shared_hold, self.n, AFTER_SEGMENT_BIT
+            held, dst, self._source_bits(src), offsets, flat, self.shared_hold, self.n, AFTER_SEGMENT_BIT, _NO_BIT
         )
 
     def segment_last(self, k: int) -> int:
