@@ -25,7 +25,7 @@ from memsched.optimizer.dp.fifo import DEFAULT_MAX_LABELS as FIFO_MAX_LABELS
 from memsched.optimizer.dp.fifo import fifo_sweep
 from memsched.optimizer.dp.fifo_kernels import QUEUE
 from memsched.optimizer.dp.problem import DpProblem, build_problem, near_exact_cells, relaxed_problem
-from memsched.optimizer.dp.sweep import SweepConfig, SweepResult, run_sweep
+from memsched.optimizer.dp.sweep import BeamRank, SweepConfig, SweepResult, run_sweep
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Trace
 
@@ -112,10 +112,11 @@ def beam_search(
     width: int = DEFAULT_BEAM_WIDTH,
     threshold: float = np.inf,
     problem: DpProblem | None = None,
+    rank: BeamRank = BeamRank.DRAINED,
 ) -> DpOutcome:
     """The sweep with at most `width` labels per boundary, dropping plans that already cost `threshold`
-    (the best schedule known); its decoded plans (no bound). `problem`: build_problem(trace, budget_bytes),
-    where the caller already has it."""
+    (the best schedule known), its labels scored as `rank` says; its decoded plans (no bound). `problem`:
+    build_problem(trace, budget_bytes), where the caller already has it."""
     t0 = time.perf_counter()
     p = problem or build_problem(trace, budget_bytes)
     if p.fluid_d2h_bw != p.d2h_bw or p.fluid_h2d_bw != p.h2d_bw:
@@ -123,7 +124,7 @@ def beam_search(
         # proving sweeps' link (DpProblem.fluid_d2h_bw): a search, not a bound, so it keeps the ranking whose
         # plans were measured (the slower link, on the ResNet-50 H100 trace at 75%: 0.00389 -> 0.00422 s).
         p = dataclasses.replace(p, fluid_d2h_bw=p.d2h_bw, fluid_h2d_bw=p.h2d_bw, _remaps={})
-    res = run_sweep(p, SweepConfig(deadline=deadline, beam=width, threshold=threshold))
+    res = run_sweep(p, SweepConfig(deadline=deadline, beam=width, threshold=threshold, beam_rank=rank))
     out = DpOutcome(timed_out=res.timed_out, peak_labels=res.peak_labels, notes=_approximation_notes(p))
     if res.finished:
         out.schedules = _decode_finals(trace, p, res, budget_bytes)
@@ -453,6 +454,7 @@ def _sweep_with_cap(
 
 __all__ = [
     "QUEUE",
+    "BeamRank",
     "DpOutcome",
     "DpProblem",
     "beam_search",

@@ -35,8 +35,13 @@ class AnswerPhases(FlowState):
         later round goes first. Where layers have too many subsets to try, a FIFO beam on their relaxed ranges
         opens each round, whatever the fluid beam's pricing, and widens past the others to the share's end. A cut
         beam decodes no plan, so a round that its series' growth says will not finish in the time left is not
-        started (`_beam_round_fits`): its time goes to the other series or the next phase."""
-        from memsched.optimizer.dp import beam_search  # numba loads here, not on every CLI start
+        started (`_beam_round_fits`): its time goes to the other series or the next phase.
+
+        Each round's fluid beams are two series: one ranked by the lower bound on what is to come (BeamRank.BOUND)
+        and one that also charges its backlogs as if they drained now (BeamRank.DRAINED, whose pricing steers the
+        FIFO beams and the later phases: `_mispricing`). Neither wins everywhere (dp/sweep.py, BeamRank); the first
+        round of the phase may run to BEAM_FIRST_SHARE, and `late_beam` ranks as the series whose plan was best."""
+        from memsched.optimizer.dp import BeamRank, beam_search  # numba loads here, not on every CLI start
         from memsched.optimizer.dp.problem import offload_enumerable
 
         width = 24
@@ -44,6 +49,9 @@ class AnswerPhases(FlowState):
         fifo_on = self.fifo_beam_ok()
         mispriced = False  # the last fluid beam's plans cost more than it said (_mispriced)
         fluid_s: list[float] = []  # each width's fluid beam time, widest last
+        bound_on = True
+        bound_s: list[float] = []  # each width's BeamRank.BOUND beam time, widest last
+        series_best = {rank: math.inf for rank in BeamRank}  # each series' best plan, seconds
         fifo_s: list[float] = []  # each width's FIFO beam time, widest last
         # The FIFO beam on relaxed ranges (`_fifo_beam`'s `relaxed`), where layers have too many subsets to try: the
         # fluid beam drains copies as a fluid and the real options are all near a whole offload, so neither sees a
@@ -88,7 +96,7 @@ class AnswerPhases(FlowState):
         while (
             width <= shares.MAX_BEAM_WIDTH
             and time.perf_counter() < until
-            and (fluid_on or (fifo_on and mispriced) or relaxed_on)
+            and (fluid_on or bound_on or (fifo_on and mispriced) or relaxed_on)
             and not self.proven()
         ):
             if relaxed_on:
@@ -99,18 +107,37 @@ class AnswerPhases(FlowState):
             fifo_first = fifo_on and mispriced and not self.proven()
             if fifo_first:
                 fifo_on = fifo_round()
-            fluid_on = fluid_on and _beam_round_fits(fluid_s, until)
-            if self.proven():
-                break
-            if fluid_on:
-                p = self.problem() if not price else dataclasses.replace(self.problem(), host_price=price, _remaps={})
-                # A plan within the host budget costs at most its overhead + price x H in the priced sweep.
-                shift = price * self.host if price and self.host is not None else 0.0
+            p = self.problem() if not price else dataclasses.replace(self.problem(), host_price=price, _remaps={})
+            # A plan within the host budget costs at most its overhead + price x H in the priced sweep.
+            shift = price * self.host if price and self.host is not None else 0.0
+            bound_on = bound_on and _beam_round_fits(bound_s, until)
+            if bound_on and not self.proven():
                 began = time.perf_counter()
                 out = beam_search(
                     self.trace,
                     self.budget,
-                    until if fluid_s else first_until,
+                    until if bound_s or fluid_s else first_until,
+                    width=width,
+                    threshold=self.best.sim.overhead_s + shift,
+                    problem=p,
+                    rank=BeamRank.BOUND,
+                )
+                fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
+                if fitted:
+                    self.add("dp-beam", fitted[0])
+                    series_best[BeamRank.BOUND] = min(series_best[BeamRank.BOUND], fitted[0].overhead_s)
+                bound_on = not out.timed_out
+                if bound_on:
+                    bound_s.append(time.perf_counter() - began)
+            fluid_on = fluid_on and _beam_round_fits(fluid_s, until)
+            if self.proven():
+                break
+            if fluid_on:
+                began = time.perf_counter()
+                out = beam_search(
+                    self.trace,
+                    self.budget,
+                    until if fluid_s or bound_s else first_until,
                     width=width,
                     threshold=self.best.sim.overhead_s + shift,
                     problem=p,
@@ -118,6 +145,7 @@ class AnswerPhases(FlowState):
                 fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
                 if fitted:
                     self.add("dp-beam", fitted[0])
+                    series_best[BeamRank.DRAINED] = min(series_best[BeamRank.DRAINED], fitted[0].overhead_s)
                 if out.timed_out:
                     break
                 if out.schedules and not fitted and self.host_binds and price < 1e6 * self.price_scale:
@@ -142,6 +170,7 @@ class AnswerPhases(FlowState):
         # The relaxed FIFO beam widens on to the share's end (MAX_RELAXED_FIFO_BEAM).
         while relaxed_on and not self.proven() and time.perf_counter() < until:
             relaxed_on = relaxed_round()
+        self.beam_rank = min(BeamRank, key=lambda rank: series_best[rank])  # DRAINED on ties (first)
         self.stalls_decide = self.fifo_beam_ok() and bool(ratios) and min(ratios) > 1.0 + shares.STALLS_DECIDE
         self.priced_exactly = bool(ratios) and max(ratios) <= 1.0 + shares.PRICED_EXACTLY
 
@@ -352,8 +381,9 @@ class AnswerPhases(FlowState):
         of the same problem (the 200-layer synthetic chain at 20%: 0.0336 s after 9 s from the incumbent, 0.0286 s
         from a 6,144-label beam's plan). The incumbent's own search goes on beside it, so a beam plan that polishes
         worse costs time, not the answer."""
-        from memsched.optimizer.dp import beam_search
+        from memsched.optimizer.dp import BeamRank, beam_search
 
+        rank = self.beam_rank or BeamRank.DRAINED
         if self.proven() or not self.widest_beam:
             log.info("late beam skipped: %s", "proven" if self.proven() else "no beam round finished")
             return
@@ -380,6 +410,7 @@ class AnswerPhases(FlowState):
                 width=probe_width,
                 threshold=self.best.sim.overhead_s,
                 problem=self.problem(),
+                rank=rank,
             )
             probes.append((probe_width, time.perf_counter() - began))
             if out.timed_out:
@@ -399,7 +430,13 @@ class AnswerPhases(FlowState):
             log.info("late beam skipped: %d labels fit its share (probe: %d in %.2f s)", width, probe_width, probe_s)
             return
         out = beam_search(
-            self.trace, self.budget, until, width=width, threshold=self.best.sim.overhead_s, problem=self.problem()
+            self.trace,
+            self.budget,
+            until,
+            width=width,
+            threshold=self.best.sim.overhead_s,
+            problem=self.problem(),
+            rank=rank,
         )
         wide = [sim for sim in out.schedules[:1] if fits_host(sim, self.host)]
         log.info(

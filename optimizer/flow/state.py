@@ -23,7 +23,7 @@ from memsched.schema import Action, SolverStatus, Trace
 if TYPE_CHECKING:
     import numpy as np
 
-    from memsched.optimizer.dp import DpOutcome, DpProblem
+    from memsched.optimizer.dp import BeamRank, DpOutcome, DpProblem
     from memsched.optimizer.dp.lagrange import LagrangeArrays, LinkLagrangian
     from memsched.optimizer.link_plan import LinkShares
 
@@ -158,6 +158,9 @@ class FlowState:
         self.widest_beam = 0
         """Labels per boundary of the widest fluid beam round of `beam` that finished (0: none); `late_beam`'s
         probe runs this wide."""
+        self.beam_rank: BeamRank | None = None
+        """The fluid beams' ranking whose series found the best plan in `beam` (None: `beam` did not run);
+        `late_beam` ranks as it does."""
         self.relaxed_beam_left: int | None = None
         """Labels per boundary of the relaxed FIFO beam's round that `beam`'s share cut or left out (None: none was);
         `late_fifo_beam` runs it where the gap is still open."""
