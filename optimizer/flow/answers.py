@@ -49,9 +49,18 @@ class AnswerPhases(FlowState):
         fifo_on = self.fifo_beam_ok()
         mispriced = False  # the last fluid beam's plans cost more than it said (_mispriced)
         fluid_s: list[float] = []  # each width's fluid beam time, widest last
-        bound_on = True
+        # Without concurrent copies (or offload) no label has a backlog and the two rankings are one.
+        bound_on = self.trace.device.concurrent_copies and Action.OFFLOAD in self.allowed
         bound_s: list[float] = []  # each width's BeamRank.BOUND beam time, widest last
+        bound_empty = 0  # BOUND rounds in a row that decoded no plan below the incumbent (BEAM_EMPTY_ROUNDS)
         series_best = {rank: math.inf for rank in BeamRank}  # each series' best plan, seconds
+        # The BOUND series' plans (ids of their SimResults): the DRAINED beams are pruned at the best plan of the
+        # others, so that their plans, and the pricing the later phases read from them, stay as they were.
+        bound_plans: set[int] = set()
+
+        def drained_threshold() -> float:
+            return min((c.sim.overhead_s for c in self.cands if id(c.sim) not in bound_plans), default=math.inf)
+
         fifo_s: list[float] = []  # each width's FIFO beam time, widest last
         # The FIFO beam on relaxed ranges (`_fifo_beam`'s `relaxed`), where layers have too many subsets to try: the
         # fluid beam drains copies as a fluid and the real options are all near a whole offload, so neither sees a
@@ -125,21 +134,25 @@ class AnswerPhases(FlowState):
                 fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
                 if fitted:
                     self.add("dp-beam", fitted[0])
+                    bound_plans.add(id(fitted[0]))
                     series_best[BeamRank.BOUND] = min(series_best[BeamRank.BOUND], fitted[0].overhead_s)
-                bound_on = not out.timed_out
-                if bound_on:
+                bound_empty = 0 if out.schedules else bound_empty + 1
+                bound_on = not out.timed_out and bound_empty < shares.BEAM_EMPTY_ROUNDS
+                if not out.timed_out:
                     bound_s.append(time.perf_counter() - began)
             fluid_on = fluid_on and _beam_round_fits(fluid_s, until)
             if self.proven():
                 break
-            if fluid_on:
+            # Only the phase's first beam may run past the share (a BOUND beam that did leaves no time for this one).
+            drained_until = until if fluid_s or bound_s else first_until
+            if fluid_on and time.perf_counter() < drained_until:
                 began = time.perf_counter()
                 out = beam_search(
                     self.trace,
                     self.budget,
-                    until if fluid_s or bound_s else first_until,
+                    drained_until,
                     width=width,
-                    threshold=self.best.sim.overhead_s + shift,
+                    threshold=drained_threshold() + shift,
                     problem=p,
                 )
                 fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
