@@ -140,6 +140,8 @@ class AnswerPhases(FlowState):
                 bound_on = not out.timed_out and bound_empty < shares.BEAM_EMPTY_ROUNDS
                 if not out.timed_out:
                     bound_s.append(time.perf_counter() - began)
+                    if not price:
+                        self.widest_beam = max(self.widest_beam, width)
             fluid_on = fluid_on and _beam_round_fits(fluid_s, until)
             if self.proven():
                 break
@@ -166,7 +168,7 @@ class AnswerPhases(FlowState):
                     continue
                 fluid_s.append(time.perf_counter() - began)
                 if not price:
-                    self.widest_beam = width
+                    self.widest_beam = max(self.widest_beam, width)
                 fluid_empty = 0 if out.schedules else fluid_empty + 1
                 fluid_on = fluid_empty < shares.BEAM_EMPTY_ROUNDS
                 ratio = _mispricing(out)

@@ -156,8 +156,8 @@ class FlowState:
         """The link windows' Lagrangian where its share stopped it before it converged: the solve's last local
         search shares its time with it (`_polish_and_bound`)."""
         self.widest_beam = 0
-        """Labels per boundary of the widest fluid beam round of `beam` that finished (0: none); `late_beam`'s
-        probe runs this wide."""
+        """Labels per boundary of the widest fluid beam round of `beam` that finished, either series (0: none);
+        `late_beam`'s probe runs this wide."""
         self.beam_rank: BeamRank | None = None
         """The fluid beams' ranking whose series found the best plan in `beam` (None: `beam` did not run);
         `late_beam` ranks as it does."""
