@@ -20,7 +20,7 @@ from memsched.optimizer.simulate import SimResult
 from memsched.schema import Action
 
 if TYPE_CHECKING:
-    from memsched.optimizer.dp import DpOutcome
+    from memsched.optimizer.dp import DpOutcome, DpProblem
     from memsched.optimizer.dp.lagrange import LinkLagrangian
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,11 @@ class AnswerPhases(FlowState):
         # The BOUND series' plans (ids of their SimResults): the DRAINED beams are pruned at the best plan of the
         # others, so that their plans, and the pricing the later phases read from them, stay as they were.
         bound_plans: set[int] = set()
+        # Which series goes first in a round: on traces of up to LONG_TRACE layers the DRAINED beam, whose pricing
+        # steers the phases after this one (a BOUND beam first took the share of a 2 s solve on PipeDream ResNet-50
+        # at 25%: no DRAINED round finished, so the DP probe gave way to the FIFO probe and the answer was 21%
+        # dearer); on longer ones the BOUND beam, whose first round is the one worth running past the share.
+        bound_first = self.trace.n > shares.LONG_TRACE
 
         def drained_threshold() -> float:
             return min((c.sim.overhead_s for c in self.cands if id(c.sim) not in bound_plans), default=math.inf)
@@ -96,6 +101,35 @@ class AnswerPhases(FlowState):
                 return False
             return self._relaxed_beam(until, labels)
 
+        def bound_round(p: DpProblem, shift: float) -> None:
+            """The BOUND series' round at `width` (its plans join the candidates), where it may finish."""
+            nonlocal bound_on, bound_empty
+            bound_on = bound_on and _beam_round_fits(bound_s, until)
+            round_until = until if bound_s or fluid_s else first_until  # (only the phase's first beam runs past)
+            if not bound_on or self.proven() or time.perf_counter() >= round_until:
+                return
+            began = time.perf_counter()
+            out = beam_search(
+                self.trace,
+                self.budget,
+                round_until,
+                width=width,
+                threshold=self.best.sim.overhead_s + shift,
+                problem=p,
+                rank=BeamRank.BOUND,
+            )
+            fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
+            if fitted:
+                self.add("dp-beam", fitted[0])
+                bound_plans.add(id(fitted[0]))
+                series_best[BeamRank.BOUND] = min(series_best[BeamRank.BOUND], fitted[0].overhead_s)
+            bound_empty = 0 if out.schedules else bound_empty + 1
+            bound_on = not out.timed_out and bound_empty < shares.BEAM_EMPTY_ROUNDS
+            if not out.timed_out:
+                bound_s.append(time.perf_counter() - began)
+                if not price:
+                    self.widest_beam = max(self.widest_beam, width)
+
         # Rounds of 4x the width, up to MAX_BEAM_WIDTH: in each the fluid beam and, where the fluid beam misprices
         # its plans, the FIFO beam. Once it has, the FIFO beam goes first: its plans are priced as the simulator
         # prices them, and the fluid beam's wider rounds rank plans by a cost the simulator does not charge
@@ -119,29 +153,8 @@ class AnswerPhases(FlowState):
             p = self.problem() if not price else dataclasses.replace(self.problem(), host_price=price, _remaps={})
             # A plan within the host budget costs at most its overhead + price x H in the priced sweep.
             shift = price * self.host if price and self.host is not None else 0.0
-            bound_on = bound_on and _beam_round_fits(bound_s, until)
-            if bound_on and not self.proven():
-                began = time.perf_counter()
-                out = beam_search(
-                    self.trace,
-                    self.budget,
-                    until if bound_s or fluid_s else first_until,
-                    width=width,
-                    threshold=self.best.sim.overhead_s + shift,
-                    problem=p,
-                    rank=BeamRank.BOUND,
-                )
-                fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
-                if fitted:
-                    self.add("dp-beam", fitted[0])
-                    bound_plans.add(id(fitted[0]))
-                    series_best[BeamRank.BOUND] = min(series_best[BeamRank.BOUND], fitted[0].overhead_s)
-                bound_empty = 0 if out.schedules else bound_empty + 1
-                bound_on = not out.timed_out and bound_empty < shares.BEAM_EMPTY_ROUNDS
-                if not out.timed_out:
-                    bound_s.append(time.perf_counter() - began)
-                    if not price:
-                        self.widest_beam = max(self.widest_beam, width)
+            if bound_first:
+                bound_round(p, shift)
             fluid_on = fluid_on and _beam_round_fits(fluid_s, until)
             if self.proven():
                 break
@@ -179,6 +192,8 @@ class AnswerPhases(FlowState):
                 # takes the fluid beam's time; PipeDream ResNet-50 at 19%: the simulator's cost 1.28-1.36x the
                 # sweep's).
                 mispriced = _mispriced(out)
+            if not bound_first:
+                bound_round(p, shift)
             if not fifo_first and fifo_on and mispriced and not self.proven():
                 fifo_on = fifo_round()
             width *= 4
