@@ -101,6 +101,18 @@ class AnswerPhases(FlowState):
                 return False
             return self._relaxed_beam(until, labels)
 
+        def fluid_beam(
+            rank: BeamRank, p: DpProblem, deadline: float, threshold: float
+        ) -> tuple[DpOutcome, list[SimResult]]:
+            """A fluid beam of `width` labels ranked as `rank` says; its best plan that fits the host joins the
+            candidates. The beam's outcome, and its plans that fit."""
+            out = beam_search(self.trace, self.budget, deadline, width=width, threshold=threshold, problem=p, rank=rank)
+            fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
+            if fitted:
+                self.add("dp-beam", fitted[0])
+                series_best[rank] = min(series_best[rank], fitted[0].overhead_s)
+            return out, fitted
+
         def bound_round(p: DpProblem, shift: float) -> None:
             """The BOUND series' round at `width` (its plans join the candidates), where it may finish."""
             nonlocal bound_on, bound_empty
@@ -109,20 +121,8 @@ class AnswerPhases(FlowState):
             if not bound_on or self.proven() or time.perf_counter() >= round_until:
                 return
             began = time.perf_counter()
-            out = beam_search(
-                self.trace,
-                self.budget,
-                round_until,
-                width=width,
-                threshold=self.best.sim.overhead_s + shift,
-                problem=p,
-                rank=BeamRank.BOUND,
-            )
-            fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
-            if fitted:
-                self.add("dp-beam", fitted[0])
-                bound_plans.add(id(fitted[0]))
-                series_best[BeamRank.BOUND] = min(series_best[BeamRank.BOUND], fitted[0].overhead_s)
+            out, fitted = fluid_beam(BeamRank.BOUND, p, round_until, self.best.sim.overhead_s + shift)
+            bound_plans.update(id(sim) for sim in fitted[:1])
             bound_empty = 0 if out.schedules else bound_empty + 1
             bound_on = not out.timed_out and bound_empty < shares.BEAM_EMPTY_ROUNDS
             if not out.timed_out:
@@ -162,18 +162,7 @@ class AnswerPhases(FlowState):
             drained_until = until if fluid_s or bound_s else first_until
             if fluid_on and time.perf_counter() < drained_until:
                 began = time.perf_counter()
-                out = beam_search(
-                    self.trace,
-                    self.budget,
-                    drained_until,
-                    width=width,
-                    threshold=drained_threshold() + shift,
-                    problem=p,
-                )
-                fitted = [sim for sim in out.schedules if fits_host(sim, self.host)]
-                if fitted:
-                    self.add("dp-beam", fitted[0])
-                    series_best[BeamRank.DRAINED] = min(series_best[BeamRank.DRAINED], fitted[0].overhead_s)
+                out, fitted = fluid_beam(BeamRank.DRAINED, p, drained_until, drained_threshold() + shift)
                 if out.timed_out:
                     break
                 if out.schedules and not fitted and self.host_binds and price < 1e6 * self.price_scale:
@@ -427,21 +416,26 @@ class AnswerPhases(FlowState):
             log.info("late beam skipped: the exact DP found the fluid optimum")
             return
         until = self.until_at(until)
+
         # Pruned at a better incumbent than `beam`'s, a beam of the same width is several times faster (DenseNet-121
         # at 50%: 192 labels in 0.36 s); so probes at a quarter of `beam`'s widest width and at that width time it,
         # and the wide one is sized by them (beam_width_for).
-        probes: list[tuple[int, float]] = []
-        for probe_width in (max(self.widest_beam // 4, 8), self.widest_beam):
-            began = time.perf_counter()
-            out = beam_search(
+        def pruned_beam(width: int) -> DpOutcome:
+            """A beam of `width` labels to `until`, pruned at the best plan known, ranked as `beam`'s best series."""
+            return beam_search(
                 self.trace,
                 self.budget,
                 until,
-                width=probe_width,
+                width=width,
                 threshold=self.best.sim.overhead_s,
                 problem=self.problem(),
                 rank=rank,
             )
+
+        probes: list[tuple[int, float]] = []
+        for probe_width in (max(self.widest_beam // 4, 8), self.widest_beam):
+            began = time.perf_counter()
+            out = pruned_beam(probe_width)
             probes.append((probe_width, time.perf_counter() - began))
             if out.timed_out:
                 break
@@ -459,15 +453,7 @@ class AnswerPhases(FlowState):
         if out.timed_out or width < max(shares.LATE_BEAM_MIN_WIDTH, shares.LATE_BEAM_MIN_GROWTH * probe_width):
             log.info("late beam skipped: %d labels fit its share (probe: %d in %.2f s)", width, probe_width, probe_s)
             return
-        out = beam_search(
-            self.trace,
-            self.budget,
-            until,
-            width=width,
-            threshold=self.best.sim.overhead_s,
-            problem=self.problem(),
-            rank=rank,
-        )
+        out = pruned_beam(width)
         wide = [sim for sim in out.schedules[:1] if fits_host(sim, self.host)]
         log.info(
             "late beam %d (probe %d in %.2f s): best %s, %.2f s%s",
