@@ -208,7 +208,8 @@ class _Sweep:
         pending at least what the label does). `backlogs`: whether the backlogs count (default: where the sweep
         prunes by them)."""
         fut = self.p.future_bound(k, retained)
-        if not (self._backlog_prune if backlogs is None else backlogs and not self.p.serial):
+        counted = self._backlog_prune if backlogs is None else backlogs and not self.p.serial  # (serial: none)
+        if not counted:
             return fut
         at = k + 1 if drained else k
         return np.maximum(
