@@ -49,6 +49,7 @@ class AnswerPhases(FlowState):
         fifo_on = self.fifo_beam_ok()
         mispriced = False  # the last fluid beam's plans cost more than it said (_mispriced)
         fluid_s: list[float] = []  # each width's fluid beam time, widest last
+        drained_width = 0  # the width of the last DRAINED round that finished
         # Without concurrent copies (or offload) no label has a backlog and the two rankings are one.
         bound_on = self.trace.device.concurrent_copies and Action.OFFLOAD in self.allowed
         bound_s: list[float] = []  # each width's BeamRank.BOUND beam time, widest last
@@ -112,11 +113,20 @@ class AnswerPhases(FlowState):
                 series_best[rank] = min(series_best[rank], fitted[0].overhead_s)
             return out, fitted
 
+        def bound_round_s() -> float:
+            """The BOUND round's predicted time at `width`: its series' next (_next_round_s), and at least the
+            DRAINED beam's at that width (its last round's where that was as wide, else that one's next)."""
+            own = _next_round_s(bound_s) if bound_s else 0.0
+            if not fluid_s:
+                return own
+            return max(own, fluid_s[-1] if drained_width == width else _next_round_s(fluid_s))
+
         def bound_round(p: DpProblem, shift: float) -> None:
             """The BOUND series' round at `width` (its plans join the candidates), where it may finish."""
             nonlocal bound_on
-            bound_on = bound_on and _beam_round_fits(bound_s, until)
             round_until = until if bound_s or fluid_s else first_until  # (only the phase's first beam runs past)
+            bound_on = bound_on and _beam_round_fits(bound_s, until)
+            bound_on = bound_on and time.perf_counter() + bound_round_s() <= round_until  # (a cut beam finds none)
             if not bound_on or self.proven() or time.perf_counter() >= round_until:
                 return
             began = time.perf_counter()
@@ -132,6 +142,17 @@ class AnswerPhases(FlowState):
                 bound_s.append(time.perf_counter() - began)
                 if not price:
                     self.widest_beam = max(self.widest_beam, width)
+
+        def bound_leaves_drained_its_round() -> bool:
+            """Where the DRAINED beam goes first: whether a BOUND round now leaves the DRAINED series' next round
+            (4x as wide) its predicted time, or that round will not run. Its wider rounds come first where the share
+            does not hold both: on PipeDream ResNet-50 at 25%, 2 s (a share of 0.4 s), the BOUND round of 24 labels
+            took the time of the DRAINED round of 96, whose plan the answer was (0.0909 -> 0.1061 s)."""
+            if bound_first or not fluid_on or not fluid_s or width * 4 > shares.MAX_BEAM_WIDTH:
+                return True
+            if not _beam_round_fits(fluid_s, until):
+                return True
+            return time.perf_counter() + bound_round_s() + _next_round_s(fluid_s) <= until
 
         # Rounds of 4x the width, up to MAX_BEAM_WIDTH: in each the fluid beam and, where the fluid beam misprices
         # its plans, the FIFO beam. Once it has, the FIFO beam goes first: its plans are priced as the simulator
@@ -172,6 +193,7 @@ class AnswerPhases(FlowState):
                     price = next_price(price, None, self.price_scale)  # the same width again, offloads dearer
                     continue
                 fluid_s.append(time.perf_counter() - began)
+                drained_width = width
                 if not price:
                     self.widest_beam = max(self.widest_beam, width)
                 fluid_empty = 0 if out.schedules else fluid_empty + 1
@@ -184,7 +206,7 @@ class AnswerPhases(FlowState):
                 # takes the fluid beam's time; PipeDream ResNet-50 at 19%: the simulator's cost 1.28-1.36x the
                 # sweep's).
                 mispriced = _mispriced(out)
-            if not bound_first:
+            if not bound_first and bound_leaves_drained_its_round():
                 bound_round(p, shift)
             if not fifo_first and fifo_on and mispriced and not self.proven():
                 fifo_on = fifo_round()
@@ -553,16 +575,21 @@ def _mispriced(out: DpOutcome) -> bool:
     return ratio is not None and ratio > 1.0 + shares.MISPRICED
 
 
+def _next_round_s(times: list[float]) -> float:
+    """A beam's next round's time (4x the width of the last): the last round's times the growth between the last
+    two (at least 1; with one round, 1). That growth rises with the width (2.0-3.6x from 384 to 1536 labels on the
+    H100 decoders and a CPU Llama of 48 blocks), so the prediction errs low."""
+    growth = max(1.0, times[-1] / max(times[-2], 1e-9)) if len(times) >= 2 else 1.0
+    return growth * times[-1]
+
+
 def _beam_round_fits(times: list[float], until: float) -> bool:
-    """Whether a beam's next round (4x the width of the last) may finish by `until`: its time predicted as the
-    last round's times the growth between the last two (at least 1). That growth rises with the width (2.0-3.6x
-    from 384 to 1536 labels on the H100 decoders and a CPU Llama of 48 blocks), so the prediction errs low: it
-    rarely skips a round that would finish, while a cut beam decodes no plan (the fluid beam of 1536 labels on
-    that Llama at 50%: 1.25 s of a 2 s share, for nothing). Fewer than two rounds: it may."""
+    """Whether a beam's next round may finish by `until` (_next_round_s). The prediction errs low: it rarely skips
+    a round that would finish, while a cut beam decodes no plan (the fluid beam of 1536 labels on a CPU Llama of 48
+    blocks at 50%: 1.25 s of a 2 s share, for nothing). Fewer than two rounds: it may."""
     if len(times) < 2:
         return True
-    growth = max(1.0, times[-1] / max(times[-2], 1e-9))
-    return time.perf_counter() + growth * times[-1] <= until
+    return time.perf_counter() + _next_round_s(times) <= until
 
 
 def beam_width_for(probes: list[tuple[int, float]], seconds: float) -> int:

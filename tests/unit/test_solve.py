@@ -518,6 +518,47 @@ def test_the_first_beam_round_may_finish_past_the_beams_share(monkeypatch: pytes
     assert time.perf_counter() - began < shares.BEAM_FIRST_SHARE * 10.0
 
 
+@pytest.mark.parametrize("share_s", [0.4, 3.0])
+def test_where_the_share_holds_one_more_round_the_drained_series_widens_first(
+    monkeypatch: pytest.MonkeyPatch, share_s: float
+) -> None:
+    # PipeDream ResNet-50 at 25%, 2 s (a beam share of 0.4 s): the BOUND round of 24 labels took the time of the
+    # DRAINED round of 96, whose plan had been the answer (0.0909 -> 0.1061 s). Here every real round is slowed
+    # to 0.15 s: in a share of 0.4 s the DRAINED round of 96 comes before any BOUND round, and no round starts that
+    # would pass the share; in one of 3 s both series run from the first round on.
+    from memsched.optimizer import dp as dp_mod
+    from memsched.optimizer.decisions import ALL_ACTIONS
+    from memsched.optimizer.dp import BeamRank
+
+    trace = make_trace(40, 1)
+    assert trace.device.concurrent_copies  # labels carry backlogs: the two rankings differ
+    flow = Flow(
+        trace,
+        budget_between(trace, 0.3),
+        SolveOptions.from_user(time_limit_s=10.0),
+        SolveResources(),
+        time.perf_counter(),
+        ALL_ACTIONS,
+    )
+    rounds: list[tuple[BeamRank, int]] = []
+    real = dp_mod.beam_search
+    real(trace, flow.budget, time.perf_counter() + 10.0, width=8)  # load the kernels outside the share
+
+    def slowed(*args: object, **kw: object) -> object:
+        rounds.append((kw["rank"], int(kw["width"])))  # type: ignore[call-overload]
+        time.sleep(0.15)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dp_mod, "beam_search", slowed)
+    began = time.perf_counter()
+    flow.beam(began + share_s)
+    if share_s < 1.0:
+        assert rounds == [(BeamRank.DRAINED, 24), (BeamRank.DRAINED, 96)], rounds
+        assert time.perf_counter() - began < share_s + 0.1
+    else:
+        assert rounds[:3] == [(BeamRank.DRAINED, 24), (BeamRank.BOUND, 24), (BeamRank.DRAINED, 96)], rounds
+
+
 def test_once_the_fluid_beam_misprices_its_plans_the_fifo_beam_joins_its_rounds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
