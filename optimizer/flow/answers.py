@@ -125,8 +125,8 @@ class AnswerPhases(FlowState):
             """The BOUND series' round at `width` (its plans join the candidates), where it may finish."""
             nonlocal bound_on
             round_until = until if bound_s or fluid_s else first_until  # (only the phase's first beam runs past)
-            bound_on = bound_on and _beam_round_fits(bound_s, until)
-            bound_on = bound_on and time.perf_counter() + bound_round_s() <= round_until  # (a cut beam finds none)
+            # (_beam_round_fits's test, with the DRAINED round of this width as a floor: a cut beam finds no plan)
+            bound_on = bound_on and time.perf_counter() + bound_round_s() <= round_until
             if not bound_on or self.proven() or time.perf_counter() >= round_until:
                 return
             began = time.perf_counter()
