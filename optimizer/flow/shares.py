@@ -289,7 +289,7 @@ against 0.006017 s. On gpt2-medium the real options' beam is the better one (H20
 s): both run."""
 LATE_BEAM_SHARE = 0.25
 """The late beam's share of the limit (`Flow.late_beam`), taken from the last local search."""
-LATE_FIFO_BEAM_SHARE = 0.25
+LATE_FIFO_BEAM_SHARE = 0.5
 """The share of the limit `Flow.late_fifo_beam` may take (short traces, before the exact DP's first sweeps)."""
 LATE_BEAM_MIN_LAYERS = 150
 """The late beam runs on traces of at least this many layers: below, the exact DP or the MILP closes the gap."""

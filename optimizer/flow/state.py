@@ -163,7 +163,7 @@ class FlowState:
         `late_beam` ranks as it does."""
         self.relaxed_beam_left: int | None = None
         """Labels per boundary of the relaxed FIFO beam's round that `beam`'s share cut or left out (None: none was);
-        `late_fifo_beam` runs it where the gap is still open."""
+        `late_fifo_beam` runs it, and the wider rounds after it, where the gap is still open."""
         self.relaxed_beam_s: list[float] = []
         """Seconds of each relaxed FIFO beam round of `beam` that finished, narrowest first."""
         self._problem: DpProblem | None = None
