@@ -120,6 +120,7 @@ class Step(StrEnum):
     FIFO_AGAIN = "fifo_again"
     LATE_BEAM = "late_beam"
     LATE_FIFO_BEAM = "late_fifo_beam"
+    STAGE_REFINE = "stage_refine"
     MILP = "milp"
 
 
@@ -206,6 +207,9 @@ def plan_for(
         # The relaxed FIFO beam's round that the beam's share cut, where the gap is open (Flow.late_fifo_beam): a
         # better incumbent also prunes the exact DP's sweeps after it.
         searches.append(Phase(Step.LATE_FIFO_BEAM, shares.LATE_FIFO_BEAM_SHARE))
+    # The stage bound's finer passes, where it is what bounds the answers found so far (Flow.stage_refine).
+    searches.append(Phase(Step.STAGE_REFINE, shares.STAGE_REFINE_SHARE))
+    if not long_trace:
         # The exact DP before any local search, where its sweeps are what proves (dp_first).
         searches.append(Phase(Step.DP_FIRST, shares.DP_FIRST_SHARE))
     # On long traces the exact DP, after this local search, climbs and stops at its pace where it cannot finish
@@ -292,6 +296,8 @@ def _run_phase(flow: Flow, phase: Phase) -> None:
         flow.late_beam(until)
     elif phase.step == Step.LATE_FIFO_BEAM:
         flow.late_fifo_beam(until)
+    elif phase.step == Step.STAGE_REFINE:
+        flow.stage_refine(until)
     elif phase.step == Step.FIFO_AGAIN:
         flow.fifo_again(until)
     else:

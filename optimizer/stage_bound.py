@@ -70,6 +70,10 @@ class StageBound:
     """Seconds of overhead every plan within the budget pays at least (0.0: none proven)."""
     stage: int
     """The stage (0..2n-1: F_0..F_{n-1}, then B_{n-1}..B_0) whose memory proves it; -1 where none does."""
+    cells: int = 0
+    """Byte steps of its recompute knapsack across the largest need (0: no stage needed one)."""
+    complete: bool = True
+    """Whether every stage was seen (False: `until` stopped it first, with the stages it had seen)."""
 
 
 def stage_bound(
@@ -78,11 +82,13 @@ def stage_bound(
     allowed: frozenset[Action] = ALL_ACTIONS,
     cells: int | None = None,
     until: float = math.inf,
+    floor: float = 0.0,
 ) -> StageBound:
     """The stage bound (module docstring) for the plans of `allowed` actions. 0.0 on devices whose copies run on
     the compute thread (Device.concurrent_copies false: their copies are priced whole, which this does not model).
     At `until` (time.perf_counter()) it stops and returns the best of the stages it has seen (a stage left out
-    only weakens it)."""
+    only weakens it). `floor`: a bound the caller already holds; a stage that cannot pass it is skipped without
+    its value, so the result is at least `floor` (its `stage` -1 where no stage passed it)."""
     n = trace.n
     keep = simulate(trace, [KEEP] * n, None, with_events=False)
     limit = budget_bytes - trace.static.total
@@ -138,7 +144,7 @@ def stage_bound(
         stages.setdefault(off, []).append((k, plus, by))
     grid = np.arange(cells + 1, dtype=np.float64) * step
     sums = CopySums.for_need(float(need.max()), max(max(layer.tensors, default=0) for layer in trace.layers), n)
-    best, where = 0.0, -1
+    best, where = floor, -1
     # after_kept[y] / after_run[y]: the least re-run time of a recompute set among layers 0..p-1 that frees at least
     # y steps at the stages after them, with layer p-1 kept (or offloaded) / recomputed; `sizes`: the offloadable
     # bytes of layers 0..p-1, largest first.
@@ -147,8 +153,10 @@ def stage_bound(
     after_run = np.full(cells + 1, np.inf)
     sizes = np.zeros(0)
     reach = np.zeros(0)  # what the m largest copies can free
+    complete = True
     for p in range(n + 1):
         if p in stages and time.perf_counter() >= until:
+            complete = False
             break
         mincost = np.minimum(after_kept, after_run)
         for k, plus, by in stages.get(p, ()):
@@ -162,7 +170,7 @@ def stage_bound(
             costs = mincost
             if plus and recompute_ok:  # layer p, at its own stage: its checkpoint holds nothing yet
                 costs = np.minimum(mincost, _with_item(mincost, weight[p], cost[p]))
-            value = _stage_value(need[k], grid, costs, reach, sums, release, latency, bw, by)
+            value = _stage_value(need[k], grid, costs, reach, sums, release, latency, bw, by, floor=best)
             # Infinite: nothing frees enough there, so no plan fits, which the solve settles before it asks.
             if best < value < math.inf:
                 best, where = value, min(k, n - 1)  # the loss point is folded into F_{n-1}
@@ -176,7 +184,7 @@ def stage_bound(
                 sizes = np.insert(sizes, int(np.searchsorted(-sizes, -movable[p])), float(movable[p]))
                 reach = np.cumsum(sizes)
                 sums.add(trace.layers[p].tensors)
-    return StageBound(best, where)
+    return StageBound(best, where, cells, complete)
 
 
 def _with_item(mincost: np.ndarray, weight: int, cost: float) -> np.ndarray:
@@ -276,10 +284,12 @@ def _stage_value(
     latency: float,
     bw: float,
     by: float,
+    floor: float = -math.inf,
 ) -> float:
     """The least overhead that frees `need` bytes at one stage: a recompute set (`mincost` over `grid`) and copies
     of the rest (`reach[m-1]`: what the m largest copies can free; `sums`: the byte counts copies of whole
-    tensors can move), stalling where they end after `by`."""
+    tensors can move), stalling where they end after `by`. Once a set at or below `floor` is found (the bound so
+    far, which this stage then cannot raise) it returns that set's value, which may lie above the least."""
     # Only recompute sets that leave something to copy, or just cover the need, can be the least: past the first
     # grid step at or above `need`, mincost only grows.
     top = min(len(grid), int(np.searchsorted(grid, need, side="left")) + 1)
@@ -289,16 +299,23 @@ def _stage_value(
     stall = np.where(rest <= 0, 0.0, np.where(copies > len(reach), np.inf, stall))
     value = mincost[:top] + stall  # copies that move exactly `rest`; whole tensors take no less
     least = float(np.min(value[rest <= 0], initial=np.inf))  # nothing to copy: exact
-    # The sets in order of that value, a batch at a time, until the next one's is no less than the least found
-    # with whole tensors: the rest cannot be less (reading the sums costs, so few sets are read).
-    order = np.flatnonzero((rest > 0) & np.isfinite(value))
-    order = order[np.argsort(value[order], kind="stable")]
-    for at in range(0, len(order), SUM_BATCH):
-        batch = order[at : at + SUM_BATCH]
-        if value[batch[0]] >= least:
-            break
+    # The sets of least value, a batch at a time, until none left has a value below the least found with whole
+    # tensors: the rest cannot be less (reading the sums costs, so few sets are read). Only sets whose value lies
+    # below the least so far stay candidates (whole tensors take no less than that value), and the batch is
+    # picked by a partition, not a sort of them all (most stages end after a batch or two).
+    cand = np.flatnonzero((rest > 0) & (value < least))
+    while cand.size and least > floor:
+        if cand.size > SUM_BATCH:
+            picked = np.argpartition(value[cand], SUM_BATCH - 1)[:SUM_BATCH]
+            batch = cand[picked]
+            rest_of = np.ones(cand.size, dtype=bool)
+            rest_of[picked] = False
+            cand = cand[rest_of]
+        else:
+            batch, cand = cand, cand[:0]
         whole = release + sums.copy_seconds(rest[batch], copies[batch], latency, bw) - by
         least = min(least, float(np.min(mincost[batch] + np.maximum(0.0, whole))))
+        cand = cand[value[cand] < least]
     return least
 
 

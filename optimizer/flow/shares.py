@@ -8,6 +8,21 @@ STAGE_BOUND_SHARE = 0.05
 """The stage bound (optimizer/stage_bound.py) stops at this share of the limit with the stages it has seen (its
 stages of highest need, at the turn, come last): 10-20 ms on 24-layer transformer traces, 0.06-0.09 s on PipeDream
 ResNet-50, 0.08-0.1 s on DenseNet-121, 0.2-0.3 s on the 1,000-layer chain and DAG, whose pass fits in 5% of 10 s."""
+STAGE_REFINE_SHARE = 0.2
+"""The share of the limit the stage bound's finer passes may take (`Flow.stage_refine`, after the answer phases)."""
+STAGE_REFINE_REACH = 0.02
+"""Those passes run only where the first pass's bound is within this share of the bound held: 4x the knapsack's
+steps lifted it by at most 1.2% on the tracer's traces and PipeDream ResNet-50 (20-75%), 16x by 1.5%."""
+STAGE_BOUND_MAX_CELLS = 1 << 18
+"""The finest knapsack the stage bound's passes reach (4x the steps each). Measured on one core (the first pass's
+steps, then 4x, then 16x): on the tracer's H100 / H200 decoders and ResNet-50 at 20-75% (16,384 steps, 0.02-0.05 s
+a pass), 4x lifts 5 of 54 rows by 0.2-1.2% (GPT-2 medium on the H200 at 65%: 0.020032 -> 0.020265 s, which proves
+its answer, 0.020356 s) in 0.03-0.10 s, and 16x one more by 0.01% in 0.2-0.7 s; on PipeDream ResNet-50 with every
+output saved and 100 us copies (5,681 steps, 0.1-0.2 s), at 50% 16x proves 0.021698 s where 1x and 4x prove
+0.021542 s (the answer: 0.021836 s) in 1.3 s, and at 75% 4x proves 0.000156 s where 1x proves nothing."""
+STAGE_BOUND_REFINE_GROWTH = 5.0
+"""A pass at 4x the steps takes up to this many times the last one's time (measured 1.4-4.9x: the knapsack's
+tables grow with the steps, and the stages' values above the bound held are read at each)."""
 RATIO_SHARE = 0.05
 """The ratio plan (optimizer/ratio.py), right after the beam, stops its scans at this share of the limit: about
 2,000 plans scored by the compiled simulator, 0.33 s on the 1,000-layer synthetic chain, 3.9 s on a 5,000-layer

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from memsched.optimizer.dp import BeamRank, DpOutcome, DpProblem
     from memsched.optimizer.dp.lagrange import LagrangeArrays, LinkLagrangian
     from memsched.optimizer.link_plan import LinkShares
+    from memsched.optimizer.stage_bound import StageBound
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,8 @@ class FlowState:
         self.relaxed_beam_left: int | None = None
         """Labels per boundary of the relaxed FIFO beam's round that `beam`'s share cut or left out (None: none was);
         `late_fifo_beam` runs it, and the wider rounds after it, where the gap is still open."""
+        self.stage_pass: tuple[StageBound, float] | None = None
+        """The stage bound's first pass and its seconds (None: it did not run); `stage_refine` runs finer ones."""
         self.relaxed_beam_s: list[float] = []
         """Seconds of each relaxed FIFO beam round of `beam` that finished, narrowest first."""
         self._problem: DpProblem | None = None
