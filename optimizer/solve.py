@@ -145,6 +145,9 @@ class Phase:
     last_until: float | None = None
     """DP_FIRST: the fraction of the limit, from the solve's start, to which the finest relaxed step may run (the
     exact DP phase's own end; None: its share's)."""
+    early: bool = False
+    """STAGE_REFINE: the slot before the exact DP's first sweeps, which runs where layers have too many saved tensors
+    to try every subset; the later slot, after the first local search, runs on the other traces."""
 
 
 def _relaxed_offload(options: SolveOptions, trace: Trace, allowed: frozenset[Action]) -> bool:
@@ -207,9 +210,9 @@ def plan_for(
         # The relaxed FIFO beam's round that the beam's share cut, where the gap is open (Flow.late_fifo_beam): a
         # better incumbent also prunes the exact DP's sweeps after it.
         searches.append(Phase(Step.LATE_FIFO_BEAM, shares.LATE_FIFO_BEAM_SHARE))
-    # The stage bound's finer passes, where it is what bounds the answers found so far (Flow.stage_refine).
-    searches.append(Phase(Step.STAGE_REFINE, shares.STAGE_REFINE_SHARE))
-    if not long_trace:
+        # The stage bound's finer passes (Flow.stage_refine), here where layers have too many saved tensors to try
+        # every subset: the exact DP's relaxed sweeps after it take the rest of a short limit.
+        searches.append(Phase(Step.STAGE_REFINE, shares.STAGE_REFINE_SHARE, early=True))
         # The exact DP before any local search, where its sweeps are what proves (dp_first).
         searches.append(Phase(Step.DP_FIRST, shares.DP_FIRST_SHARE))
     # On long traces the exact DP, after this local search, climbs and stops at its pace where it cannot finish
@@ -223,6 +226,9 @@ def plan_for(
     # Before it a Lagrangian or (short traces) the exact DP can prove the requested gap; when one has, the answer is
     # what was asked for.
     searches.append(Phase(Step.POLISH, polish_share, only_if_open=lagrange is not None or not long_trace))
+    # Elsewhere after this local search: a finer pass then only runs where the gap is still open, and it does not
+    # take the time the search needs (Flow.stage_refine).
+    searches.append(Phase(Step.STAGE_REFINE, shares.STAGE_REFINE_SHARE))
     if allowed == ALL_ACTIONS:
         searches.append(Phase(Step.FIFO_PROBE))
     if solver in BACKENDS:
@@ -297,7 +303,7 @@ def _run_phase(flow: Flow, phase: Phase) -> None:
     elif phase.step == Step.LATE_FIFO_BEAM:
         flow.late_fifo_beam(until)
     elif phase.step == Step.STAGE_REFINE:
-        flow.stage_refine(until)
+        flow.stage_refine(until, phase.early)
     elif phase.step == Step.FIFO_AGAIN:
         flow.fifo_again(until)
     else:

@@ -167,6 +167,8 @@ class FlowState:
         `late_fifo_beam` runs it, and the wider rounds after it, where the gap is still open."""
         self.stage_pass: tuple[StageBound, float] | None = None
         """The stage bound's first pass and its seconds (None: it did not run); `stage_refine` runs finer ones."""
+        self.stage_refined = False
+        """Whether `stage_refine` ran a pass (it runs in one of its two slots)."""
         self.relaxed_beam_s: list[float] = []
         """Seconds of each relaxed FIFO beam round of `beam` that finished, narrowest first."""
         self._problem: DpProblem | None = None
