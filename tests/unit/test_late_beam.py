@@ -66,6 +66,37 @@ def test_a_late_beam_pruned_at_a_poor_incumbent_seeds_a_rival_search(monkeypatch
     assert flow._rival.ref.decisions == next(c for c in flow.cands if c.name == "dp-beam").sim.decisions
 
 
+def test_a_dp_seed_skips_the_late_beam_only_where_the_dp_prices_its_plans_exactly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A plan of the exact DP that the simulator prices dearer than the incumbent seeds the last local search, which
+    # then has the late beam's time (DenseNet-121 at 75%). Where the DP's problem is a relaxation (here: outputs it
+    # prices as if kept, `output_relaxed`), its plan is not the bound's, and the late beam runs as well (ResNet-50
+    # with every output saved and 100 us copies at 50%: from the DP's plan 0.0220 s, from the late beam's 0.02183 s).
+    import dataclasses
+    import logging
+
+    monkeypatch.setattr(shares, "LATE_BEAM_MIN_WIDTH", 72)
+    trace = make_trace(60, 5)
+    flow = _flow(trace, limit_s=30.0)
+    flow.prepare_kernels()
+    flow.widest_beam = 24
+    flow.dp_seed = flow.cands[-1].sim  # a plan dearer than the incumbent
+
+    def skipped() -> bool:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="memsched.optimizer.flow.answers"):
+            flow.late_beam(time.perf_counter() + 3.0)
+        return any("late beam skipped: the exact DP" in r.getMessage() for r in caplog.records)
+
+    assert flow.problem().offload_complete and not flow.problem().output_relaxed
+    assert skipped()
+    relaxed = dataclasses.replace(flow.problem(), output_relaxed=True, _remaps={})
+    monkeypatch.setattr(flow, "problem", lambda: relaxed)
+    assert not skipped()
+    assert any("late beam" in r.getMessage() for r in caplog.records)
+
+
 def test_no_late_beam_without_a_finished_beam_round_or_once_proven() -> None:
     trace = make_trace(60, 5)
     flow = _flow(trace)
