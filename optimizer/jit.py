@@ -269,16 +269,27 @@ def _cache_lock() -> Iterator[None]:
 
 
 def _lock_path() -> Path:
-    """Inside NUMBA_CACHE_DIR where one is set (the lock goes with its cache), else in the temporary folder."""
+    """Inside NUMBA_CACHE_DIR where one is set (the lock goes with its cache), else in the temporary folder, named
+    after the cache: NUMBA_CACHE_DIR's path, or without one this install's sources (`_sources_dir`), beside which
+    numba keeps its cache (or in its user-wide folder, under their path). One lock per user for every install made
+    a second environment's first compile (30 s) hold back the solves of an install whose kernels were ready: they
+    answered with the greedy plans ('still compiling', 2026-12-06, a fresh clone's `make install` beside a running
+    benchmark)."""
     cache_dir = os.environ.get("NUMBA_CACHE_DIR")
     if cache_dir:
         try:
             Path(cache_dir).mkdir(parents=True, exist_ok=True)  # numba makes it too, on its first write
             return Path(cache_dir) / "memsched-compile.lock"
         except OSError:  # not ours to create: the temporary folder, named after the cache
-            digest = hashlib.sha256(cache_dir.encode()).hexdigest()[:12]
-            return Path(tempfile.gettempdir()) / f"memsched-numba-{os.getuid()}-{digest}.lock"
-    return Path(tempfile.gettempdir()) / f"memsched-numba-{os.getuid()}.lock"
+            pass
+    cache = cache_dir or str(_sources_dir())
+    digest = hashlib.sha256(cache.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"memsched-numba-{os.getuid()}-{digest}.lock"
+
+
+def _sources_dir() -> Path:
+    """The folder of the optimizer's sources in this install: every kernel lives under it."""
+    return Path(__file__).resolve().parent
 
 
 @contextlib.contextmanager

@@ -369,6 +369,14 @@ def test_the_compile_lock_lives_with_its_cache(tmp_path: Path, monkeypatch: pyte
     assert (tmp_path / "cache").is_dir()
     monkeypatch.delenv("NUMBA_CACHE_DIR")
     assert _lock_path().parent == Path(tempfile.gettempdir())
+    # Without NUMBA_CACHE_DIR numba caches beside each install's sources: two installs (two virtual environments,
+    # two checkouts) do not share a lock, and one install's processes always do.
+    from memsched.optimizer import jit
+
+    here = _lock_path()
+    assert _lock_path() == here
+    monkeypatch.setattr(jit, "_sources_dir", lambda: tmp_path / "other-install" / "optimizer")
+    assert _lock_path() != here and _lock_path().parent == Path(tempfile.gettempdir())
 
 
 def test_a_sweep_prepares_the_kernels_before_its_first_point_and_says_so(cold_kernels: threading.Event) -> None:
