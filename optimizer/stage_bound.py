@@ -97,7 +97,7 @@ def stage_bound(
     held[n - 1] = float(forward_stage_memory(trace, [KEEP] * n)[n - 1])
     need = np.asarray(held) - limit
     if not trace.device.concurrent_copies or need.max() <= 0:
-        return StageBound(0.0, -1)
+        return StageBound(floor, -1)  # (no stage to read: the floor, as the docstring says)
     if cells is None:
         cells = min(CELLS, max(MIN_CELLS, CELL_WORK // n))
     step = float(need.max()) / cells
