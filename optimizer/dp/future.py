@@ -167,6 +167,7 @@ def future_table(
     stride: int,
     boundaries: np.ndarray,
     pending: bool,
+    loss_transient: int = 0,
 ) -> np.ndarray:  # pragma: no cover - compiled
     """tables[FUTURE, k, g]: a lower bound on the cost to come for a label at boundary k retaining g * step bytes.
     Rows m in [k, k + window] are all considered, farther ones every `stride` layers and the last one (any
@@ -178,7 +179,13 @@ def future_table(
     `pending` (concurrent copies only): also tables[PENDING_F, k, g] and tables[PENDING_B, k, g], the forward rows
     alone and the backward rows alone with no row out of reach. A label whose copies still hold p_f bytes in the
     forward (p_b in reverse time) pays at least tables[PENDING_F, k, g(r + p_f)] and tables[PENDING_B, k,
-    g(r + p_b)]: those bytes hold memory until the link has moved them, first in its queue (pending_bytes)."""
+    g(r + p_b)]: those bytes hold memory until the link has moved them, first in its queue (pending_bytes).
+
+    `loss_transient`: the bytes only the loss point holds (simulate.loss_point_transient). Its row, read from
+    every boundary: what layers k..n-1 save is held there unless recomputed or offloaded by a copy that ended
+    during the forwards of k..n-1 (or a forward stall), on top of what the label retains, so they must free
+    r + sum(s_k..s_{n-1}) + loss_transient - limit bytes; an F row's pricing. Where the loss's own bytes are
+    large (a language model's logits), it is the row that decides, and no other row sees it."""
     n = len(saved)
     tables = np.zeros((TABLES, n + 1, grid + 1))
     table = tables[FUTURE]
@@ -217,6 +224,21 @@ def future_table(
             if pending:
                 _additive_row(soft_f, base_f, step, _NO_POOL, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
                 _overlapped_row(soft_b, base_b, step, _NO_POOL, h2d_bw * sum_b, h2d_bw, rates, sizes, count)
+        if k < n:
+            # The loss point: every layer k..n-1 may free its bytes (the last one too, by recomputation: counting
+            # its bytes as offloadable as well only loosens the row), the copies draining through F_{n-1}.
+            j = n - 1
+            if saved[j] > 0:
+                count = _insert(rates, sizes, count, rerun[j] / saved[j], float(saved[j]))
+                pool += saved[j]
+            sum_f += fwd[j]
+            base_loss = pool + loss_transient - limit
+            if serial:
+                _additive_row(row, base_loss, step, pool, 0.0, serial_rate, rates, sizes, count)
+            else:
+                _additive_row(row, base_loss, step, pool, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
+                if pending:
+                    _additive_row(soft_f, base_loss, step, _NO_POOL, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
     return tables
 
 

@@ -522,6 +522,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
             stride,
             boundaries,
             pending,
+            int(row_floor[n]),
         )
 
     root_only = np.zeros(1, dtype=np.int64)
