@@ -120,6 +120,7 @@ class Step(StrEnum):
     FIFO_AGAIN = "fifo_again"
     LATE_BEAM = "late_beam"
     LATE_FIFO_BEAM = "late_fifo_beam"
+    LOSS_BEAM = "loss_beam"
     STAGE_REFINE = "stage_refine"
     MILP = "milp"
 
@@ -210,6 +211,8 @@ def plan_for(
         # The relaxed FIFO beam's round that the beam's share cut, where the gap is open (Flow.late_fifo_beam): a
         # better incumbent also prunes the exact DP's sweeps after it.
         searches.append(Phase(Step.LATE_FIFO_BEAM, shares.LATE_FIFO_BEAM_SHARE))
+        # Once more with the future table's loss-point row, where it decides (Flow.loss_beam).
+        searches.append(Phase(Step.LOSS_BEAM, shares.LOSS_BEAM_SHARE))
         # The stage bound's finer passes (Flow.stage_refine), here where layers have too many saved tensors to try
         # every subset: the exact DP's relaxed sweeps after it take the rest of a short limit.
         searches.append(Phase(Step.STAGE_REFINE, shares.STAGE_REFINE_SHARE, early=True))
@@ -302,6 +305,8 @@ def _run_phase(flow: Flow, phase: Phase) -> None:
         flow.late_beam(until)
     elif phase.step == Step.LATE_FIFO_BEAM:
         flow.late_fifo_beam(until)
+    elif phase.step == Step.LOSS_BEAM:
+        flow.loss_beam(until)
     elif phase.step == Step.STAGE_REFINE:
         flow.stage_refine(until, phase.early)
     elif phase.step == Step.FIFO_AGAIN:

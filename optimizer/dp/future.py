@@ -143,10 +143,12 @@ def _overlapped_row(
 _NO_POOL = 1e300
 """The pool of the pending tables' rows: no grid point is out of reach (pending bytes leave by the link)."""
 
-TABLES = 3
+TABLES = 5
 """future_table's tables: [FUTURE] the bound by retained bytes, [PENDING_F] / [PENDING_B] its forward / backward
-rows by retained plus pending bytes (docs/formulation.md, 'Pending copies in the future-cost bound')."""
-FUTURE, PENDING_F, PENDING_B = 0, 1, 2
+rows by retained plus pending bytes (docs/formulation.md, 'Pending copies in the future-cost bound'), and the loss
+point's row apart, [LOSS] by retained bytes and [LOSS_PENDING] by retained plus forward pending bytes (the bound is
+the largest of the rows: the caller takes the maximum, and the beams rank by the tables without it)."""
+FUTURE, PENDING_F, PENDING_B, LOSS, LOSS_PENDING = 0, 1, 2, 3, 4
 
 
 @njit(cache=True)
@@ -182,10 +184,11 @@ def future_table(
     g(r + p_b)]: those bytes hold memory until the link has moved them, first in its queue (pending_bytes).
 
     `loss_transient`: the bytes only the loss point holds (simulate.loss_point_transient). Its row, read from
-    every boundary: what layers k..n-1 save is held there unless recomputed or offloaded by a copy that ended
-    during the forwards of k..n-1 (or a forward stall), on top of what the label retains, so they must free
-    r + sum(s_k..s_{n-1}) + loss_transient - limit bytes; an F row's pricing. Where the loss's own bytes are
-    large (a language model's logits), it is the row that decides, and no other row sees it."""
+    every boundary, goes to tables[LOSS] (and tables[LOSS_PENDING] with `pending`): what layers k..n-1 save is held
+    there unless recomputed or offloaded by a copy that ended during the forwards of k..n-1 (or a forward stall),
+    on top of what the label retains, so they must free r + sum(s_k..s_{n-1}) + loss_transient - limit bytes; an
+    F row's pricing. Where the loss's own bytes are large (a language model's logits), it is the row that decides,
+    and no other row sees it."""
     n = len(saved)
     tables = np.zeros((TABLES, n + 1, grid + 1))
     table = tables[FUTURE]
@@ -224,21 +227,23 @@ def future_table(
             if pending:
                 _additive_row(soft_f, base_f, step, _NO_POOL, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
                 _overlapped_row(soft_b, base_b, step, _NO_POOL, h2d_bw * sum_b, h2d_bw, rates, sizes, count)
-        if k < n:
-            # The loss point: every layer k..n-1 may free its bytes (the last one too, by recomputation: counting
-            # its bytes as offloadable as well only loosens the row), the copies draining through F_{n-1}.
-            j = n - 1
-            if saved[j] > 0:
-                count = _insert(rates, sizes, count, rerun[j] / saved[j], float(saved[j]))
-                pool += saved[j]
-            sum_f += fwd[j]
-            base_loss = pool + loss_transient - limit
-            if serial:
-                _additive_row(row, base_loss, step, pool, 0.0, serial_rate, rates, sizes, count)
-            else:
-                _additive_row(row, base_loss, step, pool, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
-                if pending:
-                    _additive_row(soft_f, base_loss, step, _NO_POOL, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
+        # The loss point: every layer k..n-1 may free its bytes (the last one too, by recomputation: counting its
+        # bytes as offloadable as well only loosens the row), the copies draining through F_{n-1}.
+        j = n - 1
+        if saved[j] > 0:
+            count = _insert(rates, sizes, count, rerun[j] / saved[j], float(saved[j]))
+            pool += saved[j]
+        sum_f += fwd[j]
+        base_loss = pool + loss_transient - limit
+        if serial:
+            _additive_row(tables[LOSS, k], base_loss, step, pool, 0.0, serial_rate, rates, sizes, count)
+        else:
+            free = d2h_bw * sum_f
+            _additive_row(tables[LOSS, k], base_loss, step, pool, free, 1.0 / d2h_bw, rates, sizes, count)
+            if pending:
+                _additive_row(
+                    tables[LOSS_PENDING, k], base_loss, step, _NO_POOL, free, 1.0 / d2h_bw, rates, sizes, count
+                )
     return tables
 
 
