@@ -263,21 +263,27 @@ class AnswerPhases(FlowState):
         )
 
     def loss_beam(self, until: float) -> None:
-        """The relaxed FIFO beam once more, ranked and pruned with the future table's loss-point row, where that row
-        decides (DpProblem.loss_row_decides: the loss's own bytes make the loss point the peak), at the widest
-        width of the relaxed series (`beam`, `late_fifo_beam`) whose time fits `until`. A beam keeps a few labels
-        per run of retained bytes, and a stronger table shifts which, so neither table's beam wins everywhere
-        (bert-large on an H100 at 55%: 0.013276 s without the row at every width up to 4,096, 0.012815 s with it,
-        proven; on an H200 at 65% 0.00925 s without it, 0.00963 s with it): the series without it runs as before,
-        and this round adds the other's plan."""
+        """The relaxed FIFO beam's series once more, ranked and pruned with the future table's loss-point row, where
+        that row decides (DpProblem.loss_row_decides: the loss's own bytes make the loss point the peak): 16, 64, ...
+        labels, up to the widest round of the series without it (`beam`, `late_fifo_beam`), while each is predicted
+        to end by `until` and the gap is open. A beam keeps a few labels per run of retained bytes, and a stronger
+        table shifts which, so neither table's series wins everywhere (at 10 s, bert-large on an H100 at 55%:
+        0.013276 s without the row, 0.012815 s with it, proven; on an H200 at 65% 0.00925 s without it, 0.00963 s
+        with it): the series without it runs as before, and this one adds its plans."""
         if not self.relaxed_beam_s or self.proven() or not self.problem().loss_row_decides:
             return
-        left = until - time.perf_counter()
-        fits = [i for i, took in enumerate(self.relaxed_beam_s) if took * LOSS_BEAM_MARGIN <= left]
-        if not fits:
-            log.info("loss-row fifo beam skipped: no width of the relaxed series fits its share")
-            return
-        self._fifo_beam(until, shares.FIFO_BEAM_FIRST * 4 ** fits[-1], relaxed=True, loss_row=True)
+        widest = shares.FIFO_BEAM_FIRST * 4 ** (len(self.relaxed_beam_s) - 1)
+        times: list[float] = []
+        width = shares.FIFO_BEAM_FIRST
+        while width <= widest and not self.proven():
+            if not _beam_round_fits(times, until):
+                log.info("loss-row fifo beam %d skipped: predicted to pass its share", width)
+                return
+            began = time.perf_counter()
+            if not self._fifo_beam(until, width, relaxed=True, loss_row=True):
+                return
+            times.append(time.perf_counter() - began)
+            width *= 4
 
     def _fifo_beam(self, until: float, width: int, relaxed: bool = False, loss_row: bool = False) -> bool:
         """One FIFO beam (dp.fifo_beam_search) of `width` labels per boundary, pruned at the best plan known; its
@@ -616,11 +622,6 @@ def _next_round_s(times: list[float]) -> float:
     H100 decoders and a CPU Llama of 48 blocks), so the prediction errs low."""
     growth = max(1.0, times[-1] / max(times[-2], 1e-9)) if len(times) >= 2 else 1.0
     return growth * times[-1]
-
-
-LOSS_BEAM_MARGIN = 1.25
-"""`loss_beam` runs a width whose round in the relaxed series took at most the time left over this: the row prunes
-more, so the same width rarely takes longer (bert-large on an H100 at 55%, 4,096 labels: 2.2 s either way)."""
 
 
 def _beam_round_fits(times: list[float], until: float) -> bool:

@@ -308,10 +308,10 @@ LATE_FIFO_BEAM_SHARE = 0.5
 """The share of the limit `Flow.late_fifo_beam` may take (short traces, before the exact DP's first sweeps): half,
 since at 2 s its rounds of 256-1,024 labels find the H100 and H200 decoders' answers between 75 / 50 / 25%, where the
 exact DP's relaxed sweeps after them are cut without a bound (docs/formulation.md, 'Wider, with half the limit')."""
-LOSS_BEAM_SHARE = 0.3
+LOSS_BEAM_SHARE = 0.4
 """The share of the limit `Flow.loss_beam` may take (short traces, after `late_fifo_beam`, where the future table's
-loss-point row decides): at 10 s its width is the relaxed series' widest, 4,096 labels in 2.2-2.6 s on the
-bert-large traces; at 2 s a width of 256 or 1,024."""
+loss-point row decides): at 10 s its series reaches 4,096 labels (16-1,024 in 0.9 s, 4,096 in 2.1-2.6 s on the
+bert-large traces), at 2 s 256 or 1,024."""
 LATE_BEAM_MIN_LAYERS = 150
 """The late beam runs on traces of at least this many layers: below, the exact DP or the MILP closes the gap."""
 LATE_BEAM_MAX_LAYERS = 500

@@ -290,3 +290,46 @@ def test_the_late_beams_width_is_sized_by_w_log_w_with_a_fixed_part_fitted_from_
     assert widths == sorted(widths) and len(set(widths)) == 4
     assert beam_width_for([(128, 0.1), (512, 0.3)], 0.0) == 0
     assert beam_width_for([(128, 0.4), (512, 0.3)], 0.3) == 512
+
+
+def _bert_flow(pct: str, limit_s: float = 10.0) -> Flow:
+    from pathlib import Path
+
+    from memsched.io import load_trace
+    from memsched.optimizer.budget import resolve_budget
+
+    trace = load_trace(Path(__file__).resolve().parents[2] / "traces" / "bert-large-bf16-b32-s512-h100.json")
+    options = SolveOptions.from_user(time_limit_s=limit_s)
+    allowed = options.allowed_actions(trace)
+    return Flow(trace, resolve_budget(pct, trace), options, SolveResources(), time.perf_counter(), allowed)
+
+
+def test_the_beams_rank_without_the_loss_row_and_one_round_runs_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bert-large's logits make the loss point its peak (16.9 GB against F_23's 13.9 GB): the future table's loss
+    # row decides there. The beams see the table without it (their answers as before the row), and `loss_beam`
+    # runs the relaxed series once more with it, up to the series' widest round, while the gap is open.
+    flow = _bert_flow("55%")
+    p = flow.problem()
+    assert p.loss_row_decides
+    beams = p.for_beams()
+    assert beams.future[0, 0] < p.future[0, 0] and (beams.future <= p.future).all()
+    assert (beams.future_pending <= p.future_pending).all() and p.for_beams(loss_row=True) is p
+    assert not beams.loss_row_decides and beams.for_beams() is beams
+    # Without the loss's own bytes the row decides nothing (a synthetic chain: its loss point is F_{n-1}'s).
+    assert not _flow(make_trace(12, 1)).problem().loss_row_decides
+
+    calls: list[tuple[int, bool, bool]] = []
+
+    def record(self: Flow, until: float, width: int, relaxed: bool = False, loss_row: bool = False) -> bool:
+        calls.append((width, relaxed, loss_row))
+        return True
+
+    monkeypatch.setattr(Flow, "_fifo_beam", record)
+    flow.loss_beam(time.perf_counter() + 5.0)
+    assert calls == []  # no relaxed series ran: nothing to rank again
+    flow.relaxed_beam_s = [0.01, 0.05, 0.2]  # 16, 64, 256 labels
+    flow.loss_beam(time.perf_counter() + 5.0)
+    assert calls == [(16, True, True), (64, True, True), (256, True, True)]  # up to the series' widest
+    flow.bound = flow.best.sim.overhead_s  # proven: nothing to add
+    flow.loss_beam(time.perf_counter() + 5.0)
+    assert len(calls) == 3
