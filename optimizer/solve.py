@@ -211,11 +211,12 @@ def plan_for(
         # The relaxed FIFO beam's round that the beam's share cut, where the gap is open (Flow.late_fifo_beam): a
         # better incumbent also prunes the exact DP's sweeps after it.
         searches.append(Phase(Step.LATE_FIFO_BEAM, shares.LATE_FIFO_BEAM_SHARE))
-        # Once more with the future table's loss-point row, where it decides (Flow.loss_beam).
-        searches.append(Phase(Step.LOSS_BEAM, shares.LOSS_BEAM_SHARE))
         # The stage bound's finer passes (Flow.stage_refine), here where layers have too many saved tensors to try
         # every subset: the exact DP's relaxed sweeps after it take the rest of a short limit.
         searches.append(Phase(Step.STAGE_REFINE, shares.STAGE_REFINE_SHARE, early=True))
+        # The relaxed FIFO beam once more with the future table's loss-point row, where it decides
+        # (Flow.loss_beam); after the finer passes, which take milliseconds and may prove the answer it has.
+        searches.append(Phase(Step.LOSS_BEAM, shares.LOSS_BEAM_SHARE))
         # The exact DP before any local search, where its sweeps are what proves (dp_first).
         searches.append(Phase(Step.DP_FIRST, shares.DP_FIRST_SHARE))
     # On long traces the exact DP, after this local search, climbs and stops at its pace where it cannot finish

@@ -178,9 +178,9 @@ def test_the_relaxed_fifo_beam_round_that_the_beam_share_cut_runs_before_the_exa
 
     for solver in (SolverName.AUTO, SolverName.DP):
         steps = [p.step for p in plan_for(solver, 24)]
-        # The loss-row beam and the early STAGE_REFINE between.
+        # The early STAGE_REFINE and the loss-row beam between.
         assert steps.index(Step.LATE_FIFO_BEAM) == steps.index(Step.DP_FIRST) - 3
-        assert steps.index(Step.LOSS_BEAM) == steps.index(Step.LATE_FIFO_BEAM) + 1
+        assert steps.index(Step.LOSS_BEAM) == steps.index(Step.DP_FIRST) - 1
         assert Step.LATE_FIFO_BEAM not in [p.step for p in plan_for(solver, shares.LONG_TRACE + 1)]
 
 
