@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -171,6 +172,8 @@ class FlowState:
         """Whether `stage_refine` ran a pass (it runs in one of its two slots)."""
         self.relaxed_beam_s: list[float] = []
         """Seconds of each relaxed FIFO beam round of `beam` that finished, narrowest first."""
+        self.fifo_beam_found_s = math.inf
+        """The best plan's overhead of the last FIFO beam (`_fifo_beam`; inf: none below its threshold)."""
         self._problem: DpProblem | None = None
         self._bound_problems: dict[int, DpProblem] = {}
         self._rows_prices: tuple[LagrangeArrays, np.ndarray] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -304,7 +305,7 @@ def _bert_flow(pct: str, limit_s: float = 10.0) -> Flow:
     return Flow(trace, resolve_budget(pct, trace), options, SolveResources(), time.perf_counter(), allowed)
 
 
-def test_the_beams_rank_without_the_loss_row_and_one_round_runs_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_beams_rank_without_the_loss_row_and_a_series_runs_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # bert-large's logits make the loss point its peak (16.9 GB against F_23's 13.9 GB): the future table's loss
     # row decides there. The beams see the table without it (their answers as before the row), and `loss_beam`
     # runs the relaxed series once more with it, up to the series' widest round, while the gap is open.
@@ -320,8 +321,14 @@ def test_the_beams_rank_without_the_loss_row_and_one_round_runs_with_it(monkeypa
 
     calls: list[tuple[int, bool, bool]] = []
 
-    def record(self: Flow, until: float, width: int, relaxed: bool = False, loss_row: bool = False) -> bool:
+    thresholds: list[float] = []
+
+    def record(
+        self: Flow, until: float, width: int, relaxed: bool = False, loss_row: bool = False, threshold: float = -1.0
+    ) -> bool:
         calls.append((width, relaxed, loss_row))
+        thresholds.append(threshold)
+        self.fifo_beam_found_s = 0.05 - 0.01 * len(calls)  # each round a better plan
         return True
 
     monkeypatch.setattr(Flow, "_fifo_beam", record)
@@ -330,6 +337,8 @@ def test_the_beams_rank_without_the_loss_row_and_one_round_runs_with_it(monkeypa
     flow.relaxed_beam_s = [0.01, 0.05, 0.2]  # 16, 64, 256 labels
     flow.loss_beam(time.perf_counter() + 5.0)
     assert calls == [(16, True, True), (64, True, True), (256, True, True)]  # up to the series' widest
+    # Each round pruned at the series' own best plan so far, not at the incumbent.
+    assert thresholds == pytest.approx([math.inf, 0.04, 0.03])
     flow.bound = flow.best.sim.overhead_s  # proven: nothing to add
     flow.loss_beam(time.perf_counter() + 5.0)
     assert len(calls) == 3
