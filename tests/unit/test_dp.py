@@ -462,30 +462,12 @@ def test_remap_to_ends_is_remap_held_then_after_segment_per_destination() -> Non
 
 def test_future_bound_sees_the_loss_point() -> None:
     """Where the loss's own bytes make the loss point the peak (a language model's logits), the table's loss row
-    raises the empty plan's entry (no F or B row holds those bytes), and it stays below the fluid optimum."""
-    from memsched.optimizer.dp.future import GRID_POINTS, future_table
-
+    raises the empty plan's entry (no F or B row holds those bytes; `beam_future` is the table without it), and it
+    stays below the fluid optimum."""
     trace = _random_trace(6, 3, dag=False, serial=False, latency=True, loss=1.0)
     budget = budget_between(trace, 0.3)
     p = build_problem(trace, budget)
-    without = future_table(
-        p.saved,
-        p.fwd,
-        p.rerun,
-        p.bwd,
-        p.trans_f_rec,
-        p.trans_b,
-        p.limit,
-        p.serial,
-        p.fluid_d2h_bw,
-        p.fluid_h2d_bw,
-        p.future_step,
-        GRID_POINTS,
-        trace.n,
-        1,
-        np.zeros(1, np.int64),
-        False,
-    )[0]
+    without = p.beam_future[0]
     root = float(p.future[0, 0])
     fluid = run_sweep(p, SweepConfig(deadline=FAR))  # the fluid optimum: below every schedule's overhead
     assert fluid.finished and fluid.bound_s is not None
