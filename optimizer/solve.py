@@ -121,6 +121,7 @@ class Step(StrEnum):
     LATE_BEAM = "late_beam"
     LATE_FIFO_BEAM = "late_fifo_beam"
     LOSS_BEAM = "loss_beam"
+    SEED_POLISH = "seed_polish"
     STAGE_REFINE = "stage_refine"
     MILP = "milp"
 
@@ -253,7 +254,13 @@ def plan_for(
     # The local search takes what is left at the end (after the MILP too: CBC stops short of the deadline to
     # leave room for its kill grace, and on a relaxed trace the MILP's share is large).
     polish = Phase(Step.POLISH, 1.0, min_left_s=0.2)
-    last = [Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True), polish] if milp_ok else [polish]
+    # Before the MILP, the local search from the exact DP's plan where the DP prices plans exactly (Flow.seed_polish):
+    # the MILP would otherwise take the time that search needs.
+    milp = [
+        Phase(Step.SEED_POLISH, shares.SEED_POLISH_SHARE),
+        Phase(Step.MILP, min_left_s=0.2, backend=AUTO_BACKEND, exact_windows=True),
+    ]
+    last = [*milp, polish] if milp_ok else [polish]
     if shares.LATE_BEAM_MIN_LAYERS <= n_layers <= shares.LATE_BEAM_MAX_LAYERS:
         last.insert(0, Phase(Step.LATE_BEAM, shares.LATE_BEAM_SHARE))
     dp_until = shares.DP_UNTIL_LONG if dp_long else shares.DP_UNTIL_RELAXED if relaxed and milp_ok else shares.DP_UNTIL
@@ -306,6 +313,8 @@ def _run_phase(flow: Flow, phase: Phase) -> None:
         flow.late_beam(until)
     elif phase.step == Step.LATE_FIFO_BEAM:
         flow.late_fifo_beam(until)
+    elif phase.step == Step.SEED_POLISH:
+        flow.seed_polish(until)
     elif phase.step == Step.LOSS_BEAM:
         flow.loss_beam(until)
     elif phase.step == Step.STAGE_REFINE:

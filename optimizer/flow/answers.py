@@ -392,6 +392,15 @@ class AnswerPhases(FlowState):
         else:
             self._polish_from(self.best.sim, limit, target, last)
 
+    def seed_polish(self, until: float) -> None:
+        """The local search from the exact DP's plan (`polish`), before the exact-window MILP, where the DP left one
+        (its plan is not the best) and prices plans exactly (every offload subset enumerated, every output hold
+        priced): that search is what closes the gap there, and the MILP would take the time it needs."""
+        p = self.problem()
+        if self.dp_seed is None or self.proven() or not (p.offload_complete and not p.output_relaxed):
+            return
+        self.polish(until)
+
     def _polish_and_bound(self, until: float) -> None:
         """The solve's last time where the link windows' Lagrangian stopped at its share (`lagrange`): it shares
         that time with the local search in turns of SHARE_TURN_S, the answer first. A turn goes to the Lagrangian

@@ -288,6 +288,9 @@ bert-large at 75% (answer 0.0067 s): 0.0045 s with 64 ranges at 2^10 (0.8 s), 0.
 DP_SEED_SHARE = 0.3
 """Share of a local search's time spent from the exact DP's decoded optimum where that is not the best plan
 (`Flow.polish`); the rest goes on from the best plan, as before."""
+SEED_POLISH_SHARE = 0.15
+"""Share of the limit for the local search from the exact DP's plan before the exact-window MILP
+(`Flow.seed_polish`)."""
 MAX_BEAM_WIDTH = 1536
 BEAM_EMPTY_ROUNDS = 2
 """Fluid beam rounds in a row that decode no plan below the incumbent after which the fluid series stops widening

@@ -342,3 +342,37 @@ def test_the_beams_rank_without_the_loss_row_and_a_series_runs_with_it(monkeypat
     flow.bound = flow.best.sim.overhead_s  # proven: nothing to add
     flow.loss_beam(time.perf_counter() + 5.0)
     assert len(calls) == 3
+
+
+def test_the_exact_dps_plan_gets_its_local_search_before_the_exact_window_milp(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under auto on traces short enough for the exact-window MILP, the MILP took the time left after the exact DP,
+    # and the last local search, which starts from the DP's plan, got none (the 80-layer chain at 20%, 10 s: the DP
+    # proved 0.012896 s at 5.6 s, CBC ran to the deadline, the answer stayed 0.013339 s; with 90 s the search from
+    # the DP's plan proves 0.013010 s in 0.46 s). So that search comes first (`Flow.seed_polish`).
+    import dataclasses
+
+    from memsched.optimizer.solve import Step, plan_for
+
+    steps = [p.step for p in plan_for(SolverName.AUTO, 80)]
+    assert steps[-3:] == [Step.SEED_POLISH, Step.MILP, Step.POLISH]
+    assert Step.SEED_POLISH not in [p.step for p in plan_for(SolverName.AUTO, 101)]
+    trace = make_trace(40, 3)
+    flow = _flow(trace)
+    flow.bound = 0.0
+    seed = max((c.sim for c in flow.cands), key=lambda sim: sim.overhead_s)
+    searched: list[float] = []
+    monkeypatch.setattr(flow, "polish", searched.append)
+    flow.seed_polish(time.perf_counter() + 1.0)
+    assert searched == []  # no plan of the DP's waiting
+    flow.dp_seed = seed
+    relaxed = dataclasses.replace(flow.problem(), output_relaxed=True, _remaps={})
+    exact = flow.problem()
+    monkeypatch.setattr(flow, "problem", lambda: relaxed)
+    flow.seed_polish(time.perf_counter() + 1.0)
+    assert searched == []  # the DP's plan is a relaxation's: the MILP keeps its time
+    monkeypatch.setattr(flow, "problem", lambda: exact)
+    flow.seed_polish(time.perf_counter() + 1.0)
+    assert len(searched) == 1
+    flow.bound = flow.best.sim.overhead_s  # proven: nothing to search for
+    flow.seed_polish(time.perf_counter() + 1.0)
+    assert len(searched) == 1
