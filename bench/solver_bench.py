@@ -11,6 +11,7 @@ for each backend. Writes bench/results/solver_bench.{md,json} naming the machine
     taskset -c 1 python bench/solver_bench.py --saved-twice --before DIR [--after DIR]  # ResNets, shared inputs
     taskset -c 1 python bench/solver_bench.py --many-tensors --before DIR [--after DIR]  # GPU traces, relaxed ranges
     taskset -c 1 python bench/solver_bench.py --between --before DIR [--after DIR]  # decoders between the budgets
+    taskset -c 1 python bench/solver_bench.py --short --before DIR [--after DIR]  # 40-100-layer synthetic traces
 
 Every row solves through memsched.optimizer.solve (warm start, fallback and the baseline guard included)
 and reports the simulator's overhead of the returned schedule, the solver's proven bound and the gap.
@@ -384,6 +385,12 @@ BETWEEN_ROWS: tuple[tuple[str, float, float], ...] = tuple(
 2 s goal and at 10 s. A user's budget is whatever their device leaves; at 70 / 60 / 40 / 30% these traces are
 proven within 2 s, at 65 / 55 / 45 / 35% mostly not (stop 74's note in solver_bench_between.md)."""
 
+SHORT_ROWS: tuple[tuple[str, float, float], ...] = tuple(
+    (f"synthetic/{shape}-{n}", pct, 10.0) for pct in (20, 35) for n in (40, 60, 80, 100) for shape in ("chain", "dag")
+)
+"""(trace, %, time limit s): synthetic chains and DAGs of 40-100 layers, where `auto` runs the exact-window MILP
+after the exact DP (AUTO_MILP_MAX_LAYERS)."""
+
 
 def outputs_saved(trace: Trace, latency_s: float | None = None) -> Trace:
     """The same network under another byte convention: every layer saves exactly its own output, as a framework
@@ -429,6 +436,7 @@ SIDE_BY_SIDE = {
     "saved_twice": SideBySide(SAVED_TWICE_ROWS, None, "solver_bench_saved_twice", ((30, 2.0),)),
     "many_tensors": SideBySide(MANY_TENSOR_ROWS, None, "solver_bench_many_tensors", ((30, 2.0),)),
     "between": SideBySide(BETWEEN_ROWS, None, "solver_bench_between", ((30, 2.0),)),
+    "short": SideBySide(SHORT_ROWS, None, "solver_bench_short", ((30, 2.0),)),
 }
 _NO_PLAN = {"infeasible", "refused"}
 """side_row statuses without a schedule."""
@@ -662,6 +670,12 @@ def main() -> None:
         action="store_true",
         help="the recorded decoders at budgets between 75 / 50 / 25% (BETWEEN_ROWS), 2 s and 10 s, with --before's "
         "checkout and --after's: writes solver_bench_between.{md,json}",
+    )
+    ap.add_argument(
+        "--short",
+        action="store_true",
+        help="synthetic chains and DAGs of 40-100 layers at 20 / 35%% (SHORT_ROWS), with --before's checkout and "
+        "--after's: writes solver_bench_short.{md,json}",
     )
     ap.add_argument("--before", type=Path, help="a checkout with its own .venv (the code before a change)")
     ap.add_argument("--after", type=Path, help="a checkout with its own .venv (default: this interpreter's code)")
