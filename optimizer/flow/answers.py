@@ -236,7 +236,13 @@ class AnswerPhases(FlowState):
             if not _beam_round_fits(self.relaxed_beam_s, until):
                 log.info("late fifo beam %d skipped: predicted to pass its share", width)
                 return
-            if not self._relaxed_beam(until, width):
+            # A round predicted to fit may run on past the share, up to LATE_ROUND_MARGIN x its prediction (the
+            # prediction errs low, and a cut round decodes nothing).
+            end = until
+            if len(self.relaxed_beam_s) >= 2:
+                predicted = _next_round_s(self.relaxed_beam_s)
+                end = self.until_at(max(until, time.perf_counter() + shares.LATE_ROUND_MARGIN * predicted))
+            if not self._relaxed_beam(end, width):
                 self.relaxed_beam_left = None  # cut: the exact DP's sweeps have the time after it
                 return
             width *= 4

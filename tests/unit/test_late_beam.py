@@ -270,6 +270,34 @@ def test_the_late_relaxed_fifo_beam_widens_while_its_rounds_fit_the_share(
     assert calls == [256] and flow.relaxed_beam_left is None
 
 
+def test_a_late_relaxed_round_predicted_to_fit_may_run_past_the_share_by_its_margin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # gpt2-medium on an H100 at 70%, 2 s, both cores busy: the round of 1,024 labels, predicted at 0.45 s from the
+    # rounds before (0.05 / 0.15 s), needed 0.86 s and the share's end cut it at 0.83 s: no plan, and the answer
+    # stayed the ratio plan's 0.020772 s. Run to its margin it finds 0.018777 s. So a round predicted to fit ends at
+    # the later of the share's end and LATE_ROUND_MARGIN x its prediction, never past the solve's deadline.
+    flow = _flow(make_trace(12, 1), limit_s=2.0)
+    flow.bound = 0.0
+    flow.relaxed_beam_s = [0.05, 0.15]
+    flow.relaxed_beam_left = 1024
+    ends: list[float] = []
+
+    def fake(self: Flow, until: float, width: int, relaxed: bool = False) -> bool:
+        ends.append(until - time.perf_counter())
+        return False  # cut: the phase ends
+
+    monkeypatch.setattr(Flow, "_fifo_beam", fake)
+    share_end = time.perf_counter() + 0.5  # the prediction (0.45 s) fits
+    flow.late_fifo_beam(share_end)
+    assert ends and ends[0] == pytest.approx(shares.LATE_ROUND_MARGIN * 0.45, abs=0.02)
+    ends.clear()
+    flow.relaxed_beam_left = 1024
+    flow.deadline = time.perf_counter() + 0.7  # the solve's deadline comes first
+    flow.late_fifo_beam(time.perf_counter() + 0.5)
+    assert ends and ends[0] <= 0.7 - flow.reserve + 1e-3
+
+
 def test_the_late_beams_width_is_sized_by_w_log_w_with_a_fixed_part_fitted_from_two_probes() -> None:
     from memsched.optimizer.flow.answers import beam_width_for
 
