@@ -236,16 +236,18 @@ class AnswerPhases(FlowState):
             if not _beam_round_fits(self.relaxed_beam_s, until):
                 log.info("late fifo beam %d skipped: predicted to pass its share", width)
                 return
-            # A round predicted to fit may run on past the share, up to LATE_ROUND_MARGIN x its prediction (the
-            # prediction errs low, and a cut round decodes nothing).
-            end = until
-            if len(self.relaxed_beam_s) >= 2:
-                predicted = _next_round_s(self.relaxed_beam_s)
-                end = self.until_at(max(until, time.perf_counter() + shares.LATE_ROUND_MARGIN * predicted))
-            if not self._relaxed_beam(end, width):
+            if not self._relaxed_beam(self._round_end(self.relaxed_beam_s, until), width):
                 self.relaxed_beam_left = None  # cut: the exact DP's sweeps have the time after it
                 return
             width *= 4
+
+    def _round_end(self, times: list[float], until: float) -> float:
+        """Where a relaxed FIFO beam round that `_beam_round_fits` may run to: past its share's end `until`, up to
+        LATE_ROUND_MARGIN x its predicted time (`_next_round_s` errs low, and a cut round decodes nothing), within
+        the solve's deadline."""
+        if len(times) < 2:
+            return until
+        return self.until_at(max(until, time.perf_counter() + shares.LATE_ROUND_MARGIN * _next_round_s(times)))
 
     def _relaxed_beam(self, until: float, width: int) -> bool:
         """One relaxed FIFO beam round (`_fifo_beam`'s `relaxed`): its time joins `relaxed_beam_s` where it finished,
@@ -290,7 +292,7 @@ class AnswerPhases(FlowState):
                 log.info("loss-row fifo beam %d skipped: predicted to pass its share", width)
                 return
             began = time.perf_counter()
-            if not self._fifo_beam(until, width, relaxed=True, loss_row=True, threshold=own):
+            if not self._fifo_beam(self._round_end(times, until), width, relaxed=True, loss_row=True, threshold=own):
                 return
             own = min(own, self.fifo_beam_found_s)
             times.append(time.perf_counter() - began)

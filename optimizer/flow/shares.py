@@ -312,8 +312,8 @@ LATE_FIFO_BEAM_SHARE = 0.5
 since at 2 s its rounds of 256-1,024 labels find the H100 and H200 decoders' answers between 75 / 50 / 25%, where the
 exact DP's relaxed sweeps after them are cut without a bound (docs/formulation.md, 'Wider, with half the limit')."""
 LATE_ROUND_MARGIN = 2.5
-"""A late relaxed FIFO beam round predicted to fit its share may run to this many times its predicted time, within
-the solve's deadline (`Flow.late_fifo_beam`)."""
+"""A relaxed FIFO beam round of `Flow.late_fifo_beam` or `Flow.loss_beam` predicted to fit its share may run to this
+many times its predicted time, within the solve's deadline (`Flow._round_end`)."""
 LOSS_BEAM_SHARE = 0.4
 """The share of the limit `Flow.loss_beam` may take (short traces, after `late_fifo_beam`, where the future table's
 loss-point row decides): at 10 s its series reaches 4,096 labels (16-1,024 in 0.9 s, 4,096 in 2.1-2.6 s on the
