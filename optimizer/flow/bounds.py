@@ -326,7 +326,12 @@ class BoundPhases(FlowState):
         at 0.169 s, 1.15 s at 0.174 s). Where layers offload relaxed byte ranges, the probe ran on the coarsest
         (RELAXED_LADDER[0]), whose FIFO optimum can lie below the fluid bound of finer ranges; the climb then runs
         on the finest ranges the fluid ladder finished, up to FIFO_RELAXED_CELLS, whether the probe stopped or not."""
-        if not self.fifo_applies() or self.fluid_cells is None or self.proven() or self.left() <= 1.0:
+        if (
+            not self.fifo_applies()
+            or self.fluid_cells is None
+            or self.proven()
+            or self.left() <= shares.FIFO_AGAIN_MIN_LEFT_S
+        ):
             return
         cells = min(self.fluid_cells, shares.FIFO_RELAXED_CELLS)
         if self.fifo_capped or self.fifo_timed_out or cells > shares.RELAXED_LADDER[0]:
