@@ -175,36 +175,32 @@ def test_a_relaxed_trace_climbs_on_the_ranges_its_fluid_sweep_finished() -> None
 def test_no_fifo_climb_where_copies_are_serial(monkeypatch: pytest.MonkeyPatch) -> None:
     """The FIFO climb on relaxed ranges runs only where the FIFO sweep applies: with serial copies (a trace
     measured on the CPU) the fluid sweep is exact and the FIFO sweep refuses the problem."""
-    from memsched.optimizer.budget import budget_between
-    from memsched.optimizer.decisions import ALL_ACTIONS
-    from memsched.options import SolveOptions, SolveResources
-
     trace = Trace.model_validate_json(RESNET.read_text())
     climbs: list[int] = []
     monkeypatch.setattr(Flow, "fifo_climb", lambda self, until, cells=4: climbs.append(cells))
     for concurrent in (False, True):
         trace.device.concurrent_copies = concurrent
-        flow = Flow(
-            trace,
-            budget_between(trace, 0.5),
-            SolveOptions(time_limit_s=10),
-            SolveResources(),
-            time.perf_counter(),
-            ALL_ACTIONS,
-        )
+        flow = _flow_at_half(trace, 10.0)
         flow.fluid_cells = 128  # the fluid ladder finished 128 ranges, the gap open
         flow.fifo_again(time.perf_counter() + 5.0)
     assert climbs == [32]
+
+
+def _flow_at_half(trace: Trace, limit_s: float) -> Flow:
+    """A Flow on `trace` at half its budget range, every action allowed."""
+    from memsched.optimizer.budget import budget_between
+    from memsched.optimizer.decisions import ALL_ACTIONS
+    from memsched.options import SolveOptions, SolveResources
+
+    options = SolveOptions(time_limit_s=limit_s)
+    return Flow(trace, budget_between(trace, 0.5), options, SolveResources(), time.perf_counter(), ALL_ACTIONS)
 
 
 def test_the_fifo_sweeps_run_again_with_under_a_second_left(monkeypatch: pytest.MonkeyPatch) -> None:
     """`fifo_again` runs with more than FIFO_AGAIN_MIN_LEFT_S left, not 1 s: in a 2 s solve of gpt2-medium on an H200
     at 30% it has 0.6 s, and its short-queue sweeps take 0.01 s each and prove 0.5438 s against the exact DP's
     0.5353 s (gap 3.6 -> 2.1%)."""
-    from memsched.optimizer.budget import budget_between
-    from memsched.optimizer.decisions import ALL_ACTIONS
     from memsched.optimizer.flow import shares
-    from memsched.options import SolveOptions, SolveResources
 
     trace = Trace.model_validate_json(RESNET.read_text())
     trace.device.concurrent_copies = True
@@ -212,14 +208,7 @@ def test_the_fifo_sweeps_run_again_with_under_a_second_left(monkeypatch: pytest.
     monkeypatch.setattr(Flow, "fifo_climb", lambda self, until, cells=4: climbs.append(cells))
     monkeypatch.setattr(Flow, "short_queue_sweep", lambda self, until, cells: None)
     for left_s in (0.6, shares.FIFO_AGAIN_MIN_LEFT_S / 2):
-        flow = Flow(
-            trace,
-            budget_between(trace, 0.5),
-            SolveOptions(time_limit_s=2),
-            SolveResources(),
-            time.perf_counter(),
-            ALL_ACTIONS,
-        )
+        flow = _flow_at_half(trace, 2.0)
         flow.deadline = time.perf_counter() + left_s + flow.reserve
         flow.fluid_cells = 128
         flow.fifo_again(flow.deadline)
