@@ -330,7 +330,11 @@ class AnswerPhases(FlowState):
             width,
             " (relaxed ranges, short queues)" if relaxed else "",
             " with the loss row" if loss_row else "",
-            f"{out.schedules[0].overhead_s:.6g} s" if out.schedules else "none below the incumbent",
+            f"{out.schedules[0].overhead_s:.6g} s"
+            if out.schedules
+            else "none: cut by the clock"
+            if out.timed_out
+            else "none below the incumbent",
             out.wall_s,
         )
         self.fifo_beam_found_s = out.schedules[0].overhead_s if out.schedules else math.inf
