@@ -335,6 +335,12 @@ class DpProblem:
         return np.maximum(self.future_pending[0, k][g_f], self.future_pending[1, k][g_b])
 
     @property
+    def exact_plans(self) -> bool:
+        """Whether its plans are priced as the simulator prices them, up to their copies' timing: every offload
+        subset enumerated and every output hold priced (not a relaxation's plans)."""
+        return self.offload_complete and not self.output_relaxed
+
+    @property
     def loss_row_decides(self) -> bool:
         """Whether the future table's loss-point row raises its root entry by over LOSS_ROW_GAIN: where the loss's
         own bytes make the loss point the peak (a language model's logits)."""
