@@ -62,6 +62,9 @@ class DpOutcome:
     """Seconds spent."""
     notes: list[str] = field(default_factory=list)
     """Approximations and limits worth reporting."""
+    stopped_at: int | None = None
+    """A FIFO sweep stopped before its last boundary (by the clock or its label cap): the last boundary it
+    processed (None: it finished, or not a FIFO sweep)."""
     swept_s: float | None = None
     """A beam's cheapest complete plan as the sweep itself priced it (fluid copies: stalls and latency
     optimistic), to compare with what the simulator makes of the plans (None: no plan, or not a beam)."""
@@ -400,6 +403,7 @@ def fifo_search(
     if res.finished:
         out.schedules = _decode_finals(trace, p, res, budget_bytes)
     else:
+        out.stopped_at = res.boundary_reached
         out.notes.append(
             f"the FIFO sweep stopped at layer {res.boundary_reached} of {p.n} "
             f"({'its label cap' if res.cap_hit else 'its time share'})"

@@ -195,6 +195,8 @@ class BoundPhases(FlowState):
         for sim in out.schedules[:1]:
             self.add("dp-fifo", sim)
         self.prove(out.bound_s, "dp-fifo")
+        if out.stopped_at is not None:
+            self.fifo_stopped_at = (cells, out.stopped_at)
         return out
 
     def fifo_dp(self, until: float) -> None:
@@ -398,6 +400,7 @@ class BoundPhases(FlowState):
             if seconds < 0.05:
                 break
             began = time.perf_counter()
+            stopped_before = self.fifo_stopped_at
             # No step below the top takes all the time left: the first has no timing to be sized by, and a later
             # one's prediction may be off; what a cut step leaves goes to the fallback or the phases after the climb.
             share = shares.FIFO_CLIMB_STEP_SHARE if timed else shares.FIFO_CLIMB_FIRST_SHARE
@@ -407,8 +410,14 @@ class BoundPhases(FlowState):
             # Labels are bounded by memory only: the sweep's clock keeps it within its share, and a step that
             # would pass the cap is one that failed.
             out = self._fifo_sweep(began + step_s, threshold, 0.0, cells, shares.FIFO_MAX_LABELS)
-            log.info("fifo climb: threshold %.6g s, bound %s, %.2f s", threshold, out.bound_s, out.wall_s)
             finished = not (out.timed_out or out.cap_hit)
+            log.info(
+                "fifo climb: threshold %.6g s, bound %s, %.2f s%s",
+                threshold,
+                out.bound_s,
+                out.wall_s,
+                "" if finished else f" ({out.message})",
+            )
             if out.schedules or (finished and out.bound_s is not None and out.bound_s < threshold):
                 # The sweep's optimum lies below this threshold: found. Where its plans do not decode into real
                 # ones that fit (relaxed ranges, parts of outputs priced as kept), a higher threshold finds the
@@ -416,6 +425,9 @@ class BoundPhases(FlowState):
                 # the snapshots of changed buffers: 0.15074 s at five thresholds, 12 s of a 60 s solve).
                 break
             if not finished:
+                if _fallback_futile(stopped_before, out, cells, self.trace.n):
+                    log.info("fifo climb: no fallback (%s)", out.message)
+                    break
                 proven = timed[-1][0] if timed else start
                 ceiling = threshold
                 retries += 1
@@ -669,3 +681,17 @@ class BoundPhases(FlowState):
                     f"L={self.options.max_segment or 'default'}) is {outcome.bound_s:.6g} s; it does not bound "
                     "schedules outside them, so it is not reported as a bound"
                 )
+
+
+def _fallback_futile(before: tuple[int, int] | None, out: DpOutcome, cells: int, layers: int) -> bool:
+    """Whether the FIFO climb's fallback after a step that did not finish (`out`) would stop short too, so that its
+    time is better left to the phases after the climb (the local search, the exact-window MILP): the step stopped
+    no further on than the FIFO sweep before it on the same byte ranges (`before`: Flow.fifo_stopped_at as it
+    was), which ran at a higher threshold, stopped by its label cap, or by the clock before
+    FIFO_FALLBACK_MIN_REACH of the layers. There the labels pile up before any threshold prunes them, so a sweep
+    at a lower one stops there too. A 24-layer DAG with up to 20 tensors a layer and 2 ms copies at 75%: at 60 s
+    the probe and three steps each stopped at layer 4 of 24 (27 s that the exact-window MILP after them lacked);
+    at 10 s the probe stopped at layer 3, the first step at 4, and two fallbacks at 4 again."""
+    if out.stopped_at is None or before is None or before[0] != cells or out.stopped_at > before[1]:
+        return False
+    return out.cap_hit or out.stopped_at < shares.FIFO_FALLBACK_MIN_REACH * layers

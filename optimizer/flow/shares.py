@@ -220,6 +220,12 @@ time left instead: the same proofs in the runs above.)"""
 FIFO_CLIMB_RETRIES = 2
 """Steps cut by the clock (or the label cap) after which the climb stops; after each, it falls back to a third of
 the way from the last proven threshold to the one that failed."""
+FIFO_FALLBACK_MIN_REACH = 0.5
+"""A FIFO climb's step that the clock cut before this share of the layers, no further on than the FIFO sweep
+before it (at a higher threshold) stopped, does not fall back (FIFO_CLIMB_RETRIES): there the labels pile up before
+any threshold prunes them (`bounds._fallback_futile`). Later on, a fallback's lower threshold is what lets it
+finish (FIFO_CLIMB_STEP_SHARE): the sweep's time grows steeply with its threshold, so a pace read off the cut step
+says nothing of it."""
 FIFO_AGAIN_MIN_LEFT_S = 0.3
 """`Flow.fifo_again` runs only with more than this many seconds left. Where its sweeps finish they take milliseconds
 (gpt2-medium on an H200 at 30%: 2 copies a queue prove 0.5438 s in 0.01 s, against the exact DP's 0.5353 s), and a

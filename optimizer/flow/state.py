@@ -111,6 +111,9 @@ class FlowState:
         """The FIFO probe stopped at its time share (fifo_again then climbs from the proven bound)."""
         self.fifo_capped = False
         """The FIFO probe stopped at its label cap (fifo_again then climbs from the proven bound)."""
+        self.fifo_stopped_at: tuple[int, int] | None = None
+        """(byte ranges per relaxed layer, boundary) where the last FIFO sweep that stopped short (its clock or its
+        label cap) stopped (`fifo_climb` reads it)."""
         self.stalls_decide = False
         """Every fluid beam's best plan was mispriced by more than STALLS_DECIDE: stalls decide the plans, and the
         FIFO sweep, not the fluid model, holds the bound (set by `beam` where the FIFO beam applies)."""
