@@ -13,6 +13,7 @@ import math
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pulp
 
@@ -280,6 +281,23 @@ def _solve_pulp(
     return Outcome(backend, found, decode(m, values), objective, bound, wall, message)
 
 
+def _interrupt_at(h: Any, end: float) -> None:
+    """HiGHS stops at `end` (perf_counter) from its simplex, interior point and MIP callbacks too. Its own time limit
+    is not read everywhere: on a 80-layer DAG's exact-window model (510k nonzeros), with a warm start that fits and
+    1.5 s left, its first root LP ran for 15 s past it (HiGHS 1.12)."""
+
+    def stop(event: Any) -> None:
+        if time.perf_counter() >= end:
+            event.interrupt()
+
+    for callback in (h.cbSimplexInterrupt, h.cbIpmInterrupt, h.cbMipInterrupt):
+        callback.subscribe(stop)
+
+
+_HIGHS_PROBING = 1 << 15
+"""HiGHS's presolve_rule_off bit for probing (kPresolveRuleProbing in HiGHS 1.12's presolve rules)."""
+
+
 def _solve_highs(
     m: MilpModel,
     time_limit_s: float,
@@ -332,6 +350,11 @@ def _solve_highs(
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("mip_rel_gap", float(gap))
+    # Its presolve's probing does not stop at the time limit on these big-M rows, and costs far more than it
+    # removes (exact windows, 10 s limit: the 100-layer synthetic chain's model, 556k nonzeros, probed for 26 s
+    # and the call took 32 s; the 40-layer one probed for 4 s, and its presolve without probing removes 94 rows
+    # instead of 101).
+    h.setOptionValue("presolve_rule_off", _HIGHS_PROBING)
     if threads is not None:
         h.setOptionValue("threads", int(threads))
     t0 = time.perf_counter()
@@ -348,6 +371,7 @@ def _solve_highs(
     if limit is None:
         return Outcome("highs", None, None, None, None, time.perf_counter() - t0, f"highs: {NO_TIME}")
     h.setOptionValue("time_limit", float(limit))
+    _interrupt_at(h, time.perf_counter() + limit)
     run_status = h.run()
     wall = time.perf_counter() - t0
     status = h.getModelStatus()
