@@ -13,7 +13,6 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 import pulp
 
@@ -281,19 +280,6 @@ def _solve_pulp(
     return Outcome(backend, found, decode(m, values), objective, bound, wall, message)
 
 
-def _interrupt_at(h: Any, end: float) -> None:
-    """HiGHS stops at `end` (perf_counter) from its simplex, interior point and MIP callbacks too. Its own time limit
-    is not read everywhere: on a 80-layer DAG's exact-window model (510k nonzeros), with a warm start that fits and
-    1.5 s left, its first root LP ran for 15 s past it (HiGHS 1.12)."""
-
-    def stop(event: Any) -> None:
-        if time.perf_counter() >= end:
-            event.interrupt()
-
-    for callback in (h.cbSimplexInterrupt, h.cbIpmInterrupt, h.cbMipInterrupt):
-        callback.subscribe(stop)
-
-
 _HIGHS_PROBING = 1 << 15
 """HiGHS's presolve_rule_off bit for probing (kPresolveRuleProbing in HiGHS 1.12's presolve rules)."""
 
@@ -306,26 +292,22 @@ def _solve_highs(
     threads: int | None,
     deadline: float | None,
 ) -> Outcome:
-    """HiGHS through highspy directly: the same scaled big-M rows as CBC, passed as one row-wise matrix.
-    (PuLP's HiGHS API adds the rows one by one, which took several seconds of a 10 s limit on ResNet-50,
-    before HiGHS' own clock started.)"""
+    """HiGHS through highspy, in a process of its own that is killed where it runs past its limit
+    (optimizer/ilp/highs_process.py): the same scaled big-M rows as CBC, passed as one row-wise matrix. (PuLP's HiGHS
+    API adds the rows one by one, which took several seconds of a 10 s limit on ResNet-50, before HiGHS' own clock
+    started.)"""
+    from memsched.optimizer.ilp.highs_process import HighsJob, run_highs
+
     try:
-        import highspy
+        import highspy  # noqa: F401  (the child imports it; a missing one is said here, in the caller's words)
     except ImportError as exc:
         raise SolverError("highs: highspy is not installed (pip install highspy)") from exc
     rows = scaled_rows(m)
     final = big_m_rows(m, rows)
-    inf = highspy.kHighsInf
-    lp = highspy.HighsLp()
-    lp.num_col_ = len(m.vars)
-    lp.num_row_ = len(final)
     cost = [0.0] * len(m.vars)
     for j, c in m.objective:
         cost[j] += c
     lo, hi = _col_bounds(m)
-    lp.col_cost_ = cost
-    lp.col_lower_ = lo
-    lp.col_upper_ = [inf if math.isinf(x) else x for x in hi]
     row_lo: list[float] = []
     row_hi: list[float] = []
     start, index, value = [0], [], []
@@ -336,57 +318,55 @@ def _solve_highs(
                 value.append(c)
         start.append(len(index))
         # expr + const (sense) 0  ->  -const (sense) expr
-        row_lo.append(-const if row.sense in (">=", "==") else -inf)
-        row_hi.append(-const if row.sense in ("<=", "==") else inf)
-    lp.row_lower_ = row_lo
-    lp.row_upper_ = row_hi
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.start_ = start
-    lp.a_matrix_.index_ = index
-    lp.a_matrix_.value_ = value
-    lp.integrality_ = [
-        highspy.HighsVarType.kInteger if v.kind == BIN else highspy.HighsVarType.kContinuous for v in m.vars
-    ]
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("mip_rel_gap", float(gap))
-    # Its presolve's probing does not stop at the time limit on these big-M rows, and costs far more than it
-    # removes (exact windows, 10 s limit: the 100-layer synthetic chain's model, 556k nonzeros, probed for 26 s
-    # and the call took 32 s; the 40-layer one probed for 4 s, and its presolve without probing removes 94 rows
-    # instead of 101).
-    h.setOptionValue("presolve_rule_off", _HIGHS_PROBING)
+        row_lo.append(-const if row.sense in (">=", "==") else -math.inf)
+        row_hi.append(-const if row.sense in ("<=", "==") else math.inf)
+    options: dict[str, float | int] = {
+        "mip_rel_gap": float(gap),
+        # Its presolve's probing does not stop at the time limit on these big-M rows, and costs far more than it
+        # removes (exact windows, 10 s limit: the 100-layer synthetic chain's model, 556k nonzeros, probed for 26 s
+        # and the call took 32 s; the 40-layer one probed for 4 s, and its presolve without probing removes 94 rows
+        # instead of 101).
+        "presolve_rule_off": _HIGHS_PROBING,
+    }
     if threads is not None:
-        h.setOptionValue("threads", int(threads))
-    t0 = time.perf_counter()
-    if h.passModel(lp) != highspy.HighsStatus.kOk:
-        raise SolverError("highs: the model was rejected (passModel failed)")
+        options["threads"] = int(threads)
+    start_values = None
     if warm is not None:
-        sol = highspy.HighsSolution()
-        start_vals = complete(m, hint(m, warm), rows, integral=False)
-        sol.col_value = [float(start_vals.get(j, 0.0)) for j in range(len(m.vars))]
-        sol.value_valid = True
-        if h.setSolution(sol) != highspy.HighsStatus.kOk:
-            log.warning("highs rejected the warm start")
+        values = complete(m, hint(m, warm), rows, integral=False)
+        start_values = [float(values.get(j, 0.0)) for j in range(len(m.vars))]
+    job = HighsJob(
+        col_cost=cost,
+        col_lower=lo,
+        col_upper=hi,
+        row_lower=row_lo,
+        row_upper=row_hi,
+        start=start,
+        index=index,
+        value=value,
+        binary=[v.kind == BIN for v in m.vars],
+        options=options,
+        start_values=start_values,
+    )
+    t0 = time.perf_counter()
     limit = solver_limit(time_limit_s, deadline)
     if limit is None:
-        return Outcome("highs", None, None, None, None, time.perf_counter() - t0, f"highs: {NO_TIME}")
-    h.setOptionValue("time_limit", float(limit))
-    _interrupt_at(h, time.perf_counter() + limit)
-    run_status = h.run()
+        return Outcome("highs", None, None, None, None, 0.0, f"highs: {NO_TIME}")
+    run = run_highs(job, limit, grace_s(time_limit_s))
     wall = time.perf_counter() - t0
-    status = h.getModelStatus()
-    message = f"highs: {h.modelStatusToString(status)}"
-    if run_status == highspy.HighsStatus.kError:
-        raise SolverError(f"highs failed ({message})")
-    info = h.getInfo()
-    bound = _seconds(float(info.mip_dual_bound), m) if math.isfinite(info.mip_dual_bound) else None
-    if status == highspy.HighsModelStatus.kInfeasible:
+    if run.killed:
+        return Outcome("highs", None, None, None, None, wall, f"highs: ran past its {limit:.3g} s limit; stopped")
+    if run.error is not None:
+        raise SolverError(f"highs: {run.error}")
+    if run.warning is not None:
+        log.warning("%s", run.warning)
+    message = f"highs: {run.status}"
+    bound = _seconds(run.dual_bound, m) if run.dual_bound is not None and math.isfinite(run.dual_bound) else None
+    if run.infeasible:
         return Outcome("highs", SolverStatus.INFEASIBLE, None, None, None, wall, message)
-    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+    if run.values is None or run.objective is None:
         return Outcome("highs", None, None, None, bound, wall, message)
-    values = list(h.getSolution().col_value)
-    objective = _seconds(float(info.objective_function_value), m)
-    found = SolverStatus.OPTIMAL if status == highspy.HighsModelStatus.kOptimal else SolverStatus.FEASIBLE
+    objective = _seconds(run.objective, m)
+    found = SolverStatus.OPTIMAL if run.optimal else SolverStatus.FEASIBLE
     if found == SolverStatus.OPTIMAL and objective is not None:
         bound = objective * (1.0 - gap) if bound is None else min(max(bound, objective * (1.0 - gap)), objective)
-    return Outcome("highs", found, decode(m, values), objective, bound, wall, message)
+    return Outcome("highs", found, decode(m, run.values), objective, bound, wall, message)
