@@ -7,6 +7,7 @@ memsched nor the caller's own `__main__`.
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import time
@@ -74,9 +75,13 @@ def solve(job: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     job = pickle.load(sys.stdin.buffer)
+    # The result goes out on a copy of stdout; stdout itself now points at stderr, so that nothing HiGHS prints from
+    # its C++ side can come before the pickle.
+    result_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     result = solve(job)
-    pickle.dump(result, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
-    sys.stdout.buffer.flush()
+    pickle.dump(result, result_out, protocol=pickle.HIGHEST_PROTOCOL)
+    result_out.flush()
 
 
 if __name__ == "__main__":

@@ -78,9 +78,12 @@ def run_highs(job: HighsJob, limit_s: float, grace_s: float) -> HighsRun:
     """HiGHS on `job` for `limit_s` seconds from now, its start-up included; killed `grace_s` after that."""
     end = time.perf_counter() + limit_s
     payload = pickle.dumps({**asdict(job), "end": end}, protocol=pickle.HIGHEST_PROTOCOL)
-    proc = subprocess.Popen(
-        [sys.executable, "-I", str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    except OSError as e:  # no interpreter to start (an embedded one: sys.executable is empty), or no process left
+        return HighsRun(killed=False, error=f"its process did not start ({e}); ask for another solver (--solver cbc)")
     try:
         out, err = proc.communicate(payload, timeout=max(end + grace_s - time.perf_counter(), 0.0))
     except subprocess.TimeoutExpired:

@@ -67,3 +67,10 @@ def test_a_child_that_fails_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyP
     run = run_highs(_knapsack(), 5.0, 0.5)
     assert not run.killed
     assert run.error is not None and "no HiGHS here" in run.error
+
+
+def test_a_child_that_cannot_start_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(highs_process.sys, "executable", "/nonexistent/python")
+    run = run_highs(_knapsack(), 5.0, 0.5)
+    assert not run.killed
+    assert run.error is not None and "did not start" in run.error and "--solver cbc" in run.error
