@@ -220,7 +220,6 @@ class AnswerPhases(FlowState):
             self.relaxed_beam_left = shares.FIFO_BEAM_FIRST * 4 ** len(relaxed_s)
         self.beam_rank = min(BeamRank, key=lambda rank: series_best[rank])  # DRAINED on ties (first)
         log.info("fluid beams' mispricing (simulated / swept, narrowest first): %s", [round(r, 3) for r in ratios])
-        self.widest_mispricing = ratios[-1] if ratios else None
         self.stalls_decide = self.fifo_beam_ok() and bool(ratios) and min(ratios) > 1.0 + shares.STALLS_DECIDE
         self.priced_exactly = bool(ratios) and max(ratios) <= 1.0 + shares.PRICED_EXACTLY
 
@@ -499,12 +498,6 @@ class AnswerPhases(FlowState):
         if self.stalls_decide:
             # The fluid beams mispriced every plan they found: a wider one ranks plans by the same wrong costs.
             log.info("late beam skipped: stalls decide the plans (the fluid beams mispriced them)")
-            return
-        widest = self.widest_mispricing
-        if widest is not None and widest > 1.0 + shares.LATE_BEAM_MAX_MISPRICING:
-            # The widest fluid beam's plan cost far more than it said (the narrow ones, with few copies, may be
-            # priced right): the wider late beam would rank its plans by those costs (LATE_BEAM_MAX_MISPRICING).
-            log.info("late beam skipped: the widest fluid beam's plan simulated at %.3gx its own cost", widest)
             return
         # Where the DP's problem prices its plans as the simulator does, up to their copies' timing (every offload
         # subset enumerated, every output hold priced), its plan is the bound's: a search from it is what closes

@@ -372,14 +372,6 @@ sweep finds its own optimum fast there, above that LP, and the FIFO climb gets t
 PipeDream ResNet-50 at 12 / 19 / 22.5% 1.10-1.36x at every width; at 26% 1.11 / 1.01 / 1.02 / 1.00x; the synthetic
 200-layer DAG at 20% 1.00 / 1.08x and the chain 1.00x, where the link windows are the bound (a rule on any one
 beam, as MISPRICED, skipped them there: gaps 15 / 31% -> 40 / 54%)."""
-LATE_BEAM_MAX_MISPRICING = 0.1
-"""`late_beam` runs only where the widest fluid beam's best plan simulated within this share of the beam's own cost.
-Where copies wait long, the wider fluid beams pick plans whose copies stall: 150-layer synthetic chains with 2 ms
-copies, 30 s: 1.0 / 1.013 / 1.41 / 3.39x at 24 / 96 / 384 / 1,536 labels (and 1.0 / 2.09 / 13.3 / 22.2x at 12 GB/s),
-and the late beams of 12-14k labels then found 0.108 and 0.194 s, against answers of 0.0385 and 0.0484 s, in 6 s of
-the 30. Where late beams find the answer the widest is priced within 1% (the 200-layer synthetic chain and DAG at 20%:
-1.005 / 1.009x; PipeDream ResNet-50 with every output saved at 25%: 1.0x). (STALLS_DECIDE skips it too, where even
-the narrowest beam's plan was mispriced.)"""
 PRICED_EXACTLY = 5e-3
 """Where every fluid beam's best plan simulates within this share of its sweep cost, the FIFO probe is skipped
 (`Flow.fifo_probe`; docs/formulation.md, 'How solve() uses it', step 4) and the exact DP probes first

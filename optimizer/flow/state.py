@@ -117,9 +117,6 @@ class FlowState:
         self.stalls_decide = False
         """Every fluid beam's best plan was mispriced by more than STALLS_DECIDE: stalls decide the plans, and the
         FIFO sweep, not the fluid model, holds the bound (set by `beam` where the FIFO beam applies)."""
-        self.widest_mispricing: float | None = None
-        """The widest fluid beam's mispricing: its best plan's cost in the simulator over the sweep's own (None: no
-        fluid beam decoded a plan; set by `beam`). `late_beam`, wider still, ranks its plans by the same costs."""
         self.priced_exactly = False
         """Every fluid beam's best plan cost in the simulator what the sweep said (within PRICED_EXACTLY): the
         fluid model prices the plans that matter, and the FIFO probe is skipped (set by `beam`)."""

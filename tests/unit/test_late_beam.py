@@ -109,22 +109,6 @@ def test_no_late_beam_without_a_finished_beam_round_or_once_proven() -> None:
     assert flow._rival is None
 
 
-def test_no_late_beam_where_the_widest_fluid_beam_mispriced_its_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The case of test_a_late_beam_pruned_at_a_poor_incumbent_seeds_a_rival_search: where the widest fluid beam's plan
-    # simulated past LATE_BEAM_MAX_MISPRICING over its own cost, a wider beam would rank its plans by the same costs
-    # (150-layer chains with 2 ms copies: 3.4-22x), and the late beam does not run; at that share or below, it does.
-    monkeypatch.setattr(shares, "LATE_BEAM_MIN_WIDTH", 72)
-    trace = make_trace(60, 5)
-    for mispricing, runs in ((1.0 + 2 * shares.LATE_BEAM_MAX_MISPRICING, False), (1.0, True), (None, True)):
-        flow = _flow(trace, limit_s=30.0)
-        flow.prepare_kernels()
-        flow.widest_beam = 24
-        flow.widest_mispricing = mispricing
-        flow.late_beam(time.perf_counter() + 3.0)
-        assert (flow._rival is not None) == runs, mispricing
-        assert any(c.name == "dp-beam" for c in flow.cands) == runs
-
-
 def test_a_trailing_rival_that_finds_nothing_leaves_the_race(monkeypatch: pytest.MonkeyPatch) -> None:
     # The rival starts from the dearest candidate (a baseline's plan) and (patched) finds nothing in its turns:
     # after RACE_PATIENCE turns it leaves, and the incumbent's search gets every later turn.
