@@ -429,26 +429,41 @@ def test_a_fifo_climb_step_the_clock_cuts_falls_back_below_it(monkeypatch: pytes
     assert flow.bound > tried[first_cut - 1]
 
 
-@pytest.mark.parametrize(("before", "stops", "cuts"), [(4, (4,), 1), (4, (6, 6), 2), (None, (4, 4), 2)])
-def test_a_fifo_climb_step_capped_no_further_than_the_sweep_before_it_does_not_fall_back(
-    monkeypatch: pytest.MonkeyPatch, before: int | None, stops: tuple[int, ...], cuts: int
+@pytest.mark.parametrize(
+    ("stopped_by", "before", "stops", "cuts"),
+    [
+        ("cap", 4, (4,), 1),
+        ("cap", 4, (6, 6), 2),
+        ("cap", None, (4, 4), 2),
+        ("cap", 11, (11,), 1),
+        ("clock", 4, (1,), 1),
+        ("clock", 4, (5, 5), 2),
+        ("clock", None, (1, 1), 2),
+        ("clock", 11, (11, 11, 11), 1 + shares.FIFO_CLIMB_RETRIES),
+    ],
+)
+def test_a_fifo_climb_step_that_stops_no_further_than_the_sweep_before_it_does_not_fall_back(
+    monkeypatch: pytest.MonkeyPatch, stopped_by: str, before: int | None, stops: tuple[int, ...], cuts: int
 ) -> None:
-    # Stand-in FIFO sweeps: below 0.5 each finishes (proving its threshold), at or above it each stops at its label
-    # cap at the next layer of `stops`. A step that its cap stops no further on than the FIFO sweep before it on the
-    # same byte ranges stopped (the probe at layer `before`, then each step) ends the climb: there the labels pile up
-    # before any threshold prunes them. One that got further falls back as before.
+    # Stand-in FIFO sweeps: below 0.5 each finishes (proving its threshold), at or above it each stops (at its label
+    # cap or by the clock) at the next layer of `stops`, of 12. A step that stops no further on than the FIFO sweep
+    # before it on the same byte ranges (the probe at layer `before`, then each step) ends the climb where its cap
+    # stopped it, or the clock before half the layers (FIFO_FALLBACK_MIN_REACH): there the labels pile up before any
+    # threshold prunes them. One that got further on, or that the clock stopped past half the layers, falls back as
+    # before (there a lower threshold is what lets a sweep finish).
     from memsched.optimizer import dp as dp_module
     from memsched.optimizer.dp import DpOutcome
 
     tried: list[float] = []
-    capped = iter(stops)
+    stopped = iter(stops)
 
     def stand_in(*args: object, **kwargs: object) -> DpOutcome:
         threshold = float(args[3])  # type: ignore[arg-type]
         tried.append(threshold)
         if threshold < 0.5:
             return DpOutcome(bound_s=threshold, wall_s=0.01)
-        return DpOutcome(bound_s=0.0, cap_hit=True, stopped_at=next(capped), wall_s=0.01)
+        cap = stopped_by == "cap"
+        return DpOutcome(bound_s=0.0, cap_hit=cap, timed_out=not cap, stopped_at=next(stopped), wall_s=0.01)
 
     monkeypatch.setattr(dp_module, "fifo_search", stand_in)
     flow = _stand_in_flow(monkeypatch)
@@ -457,39 +472,6 @@ def test_a_fifo_climb_step_capped_no_further_than_the_sweep_before_it_does_not_f
     flow.fifo_climb(time.perf_counter() + 50.0, cells)
     assert len([t for t in tried if t >= 0.5]) == cuts
     assert flow.fifo_stopped_at == (cells, stops[-1])
-    assert flow.bound == max(t for t in tried if t < 0.5)
-
-
-@pytest.mark.parametrize(
-    ("before", "reached", "cuts"),
-    [(4, (1,), 1), (4, (5, 5), 2), (None, (1, 1), 2), (11, (11, 11, 11), 1 + shares.FIFO_CLIMB_RETRIES)],
-)
-def test_a_fifo_climb_step_the_clock_cuts_early_no_further_than_the_sweep_before_it_does_not_fall_back(
-    monkeypatch: pytest.MonkeyPatch, before: int | None, reached: tuple[int, ...], cuts: int
-) -> None:
-    # Stand-in FIFO sweeps: below 0.5 each finishes, at or above it the clock stops each at the next layer of
-    # `reached` (of 12). A step stopped before half the layers (FIFO_FALLBACK_MIN_REACH), no further on than the
-    # sweep before it (the probe at layer `before`, then each step), ends the climb; one that got further on, or
-    # past half the layers, falls back as before (there a lower threshold is what lets a sweep finish).
-    from memsched.optimizer import dp as dp_module
-    from memsched.optimizer.dp import DpOutcome
-
-    tried: list[float] = []
-    stops = iter(reached)
-
-    def stand_in(*args: object, **kwargs: object) -> DpOutcome:
-        threshold = float(args[3])  # type: ignore[arg-type]
-        tried.append(threshold)
-        if threshold < 0.5:
-            return DpOutcome(bound_s=threshold, wall_s=0.01)
-        return DpOutcome(bound_s=0.0, timed_out=True, stopped_at=next(stops), wall_s=0.01)
-
-    monkeypatch.setattr(dp_module, "fifo_search", stand_in)
-    flow = _stand_in_flow(monkeypatch)
-    cells = shares.RELAXED_LADDER[0]
-    flow.fifo_stopped_at = None if before is None else (cells, before)
-    flow.fifo_climb(time.perf_counter() + 50.0, cells)
-    assert len([t for t in tried if t >= 0.5]) == cuts
     assert flow.bound == max(t for t in tried if t < 0.5)
 
 
