@@ -8,6 +8,7 @@ simply measured in the scaled unit.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import re
@@ -298,10 +299,8 @@ def _solve_highs(
     started.)"""
     from memsched.optimizer.ilp.highs_process import HighsJob, run_highs
 
-    try:
-        import highspy  # noqa: F401  (the child imports it; a missing one is said here, in the caller's words)
-    except ImportError as exc:
-        raise SolverError("highs: highspy is not installed (pip install highspy)") from exc
+    if importlib.util.find_spec("highspy") is None:  # (the child imports it; a missing one is said here)
+        raise SolverError("highs: highspy is not installed (pip install highspy)")
     rows = scaled_rows(m)
     final = big_m_rows(m, rows)
     cost = [0.0] * len(m.vars)
