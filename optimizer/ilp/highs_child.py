@@ -18,15 +18,15 @@ def solve(job: dict[str, Any]) -> dict[str, Any]:
     """One HiGHS run of the job's matrix, options and start; the fields highs_process.HighsRun reads."""
     import highspy
 
-    inf = highspy.kHighsInf
     lp = highspy.HighsLp()
     lp.num_col_ = len(job["col_cost"])
     lp.num_row_ = len(job["row_lower"])
     lp.col_cost_ = job["col_cost"]
+    # Unbounded sides are math.inf, which is highspy.kHighsInf.
     lp.col_lower_ = job["col_lower"]
-    lp.col_upper_ = [inf if x == float("inf") else x for x in job["col_upper"]]
-    lp.row_lower_ = [-inf if x == float("-inf") else x for x in job["row_lower"]]
-    lp.row_upper_ = [inf if x == float("inf") else x for x in job["row_upper"]]
+    lp.col_upper_ = job["col_upper"]
+    lp.row_lower_ = job["row_lower"]
+    lp.row_upper_ = job["row_upper"]
     lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
     lp.a_matrix_.start_ = job["start"]
     lp.a_matrix_.index_ = job["index"]
