@@ -20,7 +20,7 @@ from memsched.errors import InfeasibleBudgetError, UnsettledBudgetError
 from memsched.optimizer.baselines import BASELINES
 from memsched.optimizer.budget import check_budget_feasible, min_feasible_budget
 from memsched.optimizer.decisions import ALL_ACTIONS, uses_only
-from memsched.optimizer.jit import compiling
+from memsched.optimizer.jit import KernelsPending, pending
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Action, Trace
 from memsched.units import format_bytes
@@ -121,10 +121,30 @@ def smallest_budget(
     return hi, True, ""
 
 
-def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], deadline: float) -> SimResult | None:
+_LATE_SHARE = 0.5
+"""Where loading the kernels ran past the DP's deadline, the DP gets this share of the time then left to the solve's."""
+
+
+def _after_kernels(deadline: float, end: float) -> float:
+    """The feasibility DP's deadline once its kernels are ready: a load from numba's cache (0.2-1.3 s) is waited for
+    up to `end`, past `deadline`, and a compile (20-45 s, the first solve in an environment) only up to `deadline`.
+    A 2 s CLI solve of a CPU trace reached its 1 s deadline mid-load and answered that the kernels "were still
+    compiling" (2026-12-07). The DP gets at least _LATE_SHARE of the time then left to `end`."""
+    from memsched.optimizer.jit import kernels_by
+
+    if kernels_by(end, unless_compiling_at=deadline):
+        now = time.perf_counter()
+        return max(deadline, now + _LATE_SHARE * max(0.0, end - now))
+    return deadline
+
+
+def check_feasible(
+    trace: Trace, budget_bytes: int, allowed: frozenset[Action], deadline: float, end: float | None = None
+) -> SimResult | None:
     """Raise InfeasibleBudgetError (with the smallest budget these actions reach) if no plan of the `allowed`
     actions fits; else return a plan that fits when one had to be searched for (None when a baseline or the
-    heuristic will do)."""
+    heuristic will do). `end`: the solve's own deadline, up to which the DP's kernels are waited for where they
+    are being loaded from numba's cache rather than compiled (`_after_kernels`)."""
     if Action.OFFLOAD in allowed:
         check_budget_feasible(trace, budget_bytes)
         return None
@@ -133,23 +153,26 @@ def check_feasible(trace: Trace, budget_bytes: int, allowed: frozenset[Action], 
         return None
     # Below the pointwise minimum no plan of any actions fits; above it, the DP decides.
     below = budget_bytes < max(min_feasible_budget(trace), trace.static.total)
+    if not below and end is not None:
+        deadline = _after_kernels(deadline, end)
     verdict = Verdict(False) if below else dp_verdict(trace, budget_bytes, allowed, deadline)
     if verdict.feasible:
         return verdict.sim
     what = "keep and recompute" if Action.RECOMPUTE in allowed else "keep alone"
     if verdict.feasible is None:
-        pending = compiling()
-        why = (
-            "the exact DP's compiled kernels were still compiling, as they do once per environment"
-            if pending
-            else verdict.why.replace("the search for it", "the exact DP")
-        )
-        fix = (
-            "Solve again once they are compiled (a background process finishes them; `python -m "
-            "memsched.optimizer.jit` waits for them), raise the budget"
-            if pending
-            else "Raise the budget, give a longer time limit"
-        )
+        waiting = pending()
+        if waiting == KernelsPending.LOADING:
+            why = "the exact DP's compiled kernels were still loading from numba's cache, as they do once per process"
+            fix = "Give a longer time limit (a load takes about a second), raise the budget"
+        elif waiting == KernelsPending.COMPILING:
+            why = "the exact DP's compiled kernels were still compiling, as they do once per environment"
+            fix = (
+                "Solve again once they are compiled (a background process finishes them; `python -m "
+                "memsched.optimizer.jit` waits for them), raise the budget"
+            )
+        else:
+            why = verdict.why.replace("the search for it", "the exact DP")
+            fix = "Raise the budget, give a longer time limit"
         raise UnsettledBudgetError(
             f"budget: no plan of {what} under {format_bytes(budget_bytes)} was found or ruled out ({why}); the "
             f"smallest budget memsched found for them is {format_bytes(best[0].peak_bytes)} "

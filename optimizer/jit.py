@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from enum import Enum
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -168,6 +169,23 @@ def compiling() -> bool:
     return _state.thread is not None and not _state.done.is_set()
 
 
+class KernelsPending(Enum):
+    """What `kernels_by`'s thread was doing when a solve stopped waiting for it."""
+
+    LOADING = "loading"
+    """Every kernel so far came from numba's cache: a load of 0.2-1.3 s once per process, which a CLI solve of a
+    second or so (most of it the interpreter's start) does not cover."""
+    COMPILING = "compiling"
+    """A kernel missed numba's cache: the first solve in an environment compiles them (20-45 s)."""
+
+
+def pending() -> KernelsPending | None:
+    """Whether the kernels are still on their way, and how (None: ready, or never asked for)."""
+    if not compiling():
+        return None
+    return KernelsPending.COMPILING if cache_missed() else KernelsPending.LOADING
+
+
 def _prepare_in_background(state: _Kernels) -> None:
     t0 = time.perf_counter()
     try:
@@ -190,8 +208,10 @@ def _raise_background_error() -> None:
 def _finish_after_exit() -> None:
     """At exit, where `kernels_by`'s thread is still compiling (a solve shorter than the first compile): start a
     detached `python -m memsched.optimizer.jit` that finishes the compile into numba's cache after this process has
-    gone (it waits on the cache lock this process holds until then), so the next solve finds the kernels ready."""
-    if not compiling():
+    gone (it waits on the cache lock this process holds until then), so the next solve finds the kernels ready.
+    Not where every kernel so far came from numba's cache: the thread was loading them (a CLI solve of a second or
+    less), and the next process loads them as well."""
+    if not compiling() or not cache_missed():
         return
     try:
         child = subprocess.Popen(

@@ -359,7 +359,7 @@ def _solve_report(
     # whose plan, where one fits, joins the candidates.
     feasibility_deadline = t0 + _FEASIBILITY_SHARE * options.time_limit_s
     try:
-        found = check_feasible(trace, budget_bytes, allowed, feasibility_deadline)
+        found = check_feasible(trace, budget_bytes, allowed, feasibility_deadline, t0 + options.time_limit_s)
     except InfeasibleBudgetError as e:
         _host_zero_answer(trace, budget_bytes, options, e, feasibility_deadline)
         raise

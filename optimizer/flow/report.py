@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memsched.optimizer.ilp.outcome import Outcome
+from memsched.optimizer.jit import KernelsPending
 from memsched.optimizer.simulate import SimResult
 from memsched.schema import Schedule, SolverRecord, SolverStatus
 
@@ -92,13 +93,13 @@ def plain_summary(
     wall_s: float,
     kernels_s: float = 0.0,
     setup_s: float = 0.0,
-    kernels_pending: bool = False,
+    kernels_pending: KernelsPending | None = None,
 ) -> str:
     """One sentence for the user: what was proven about the answer, and what limited the proof. Where the solve
     passed its limit by more than the promise allows (1.1 x limit + 0.5 s), it says so, and names what took more than
     a quarter of the limit before any search could start: `setup_s` (the command's start, the trace, the first
     plans) and `kernels_s` (loading or compiling the compiled kernels). `kernels_pending`: the kernels were still
-    compiling when the solve stopped waiting for them, so no search or bound that runs on them did."""
+    loading or compiling when the solve stopped waiting for them, so no search or bound that runs on them did."""
     source = _BOUND_SOURCES.get(bound_source, bound_source)
     if status == SolverStatus.OPTIMAL:
         if objective_s <= 0:
@@ -124,7 +125,13 @@ def plain_summary(
             f"{objective_s:.4g} s of overhead ({source} proves at least {bound_s:.4g} s), and {limited} "
             f"before that gap closed to {100 * requested_gap:.3g}%."
         )
-    if kernels_pending:
+    if kernels_pending == KernelsPending.LOADING:
+        sentence += (
+            f" The optimizer's compiled kernels were still loading from numba's cache after {kernels_s:.2g} s, so no "
+            "search or bound that runs on them did (a load takes about a second, once per process: a longer time "
+            "limit covers it)."
+        )
+    elif kernels_pending is not None:
         sentence += (
             f" The optimizer's compiled kernels were still compiling after {kernels_s:.2g} s, so no search or bound "
             "that runs on them did (the first solve in an environment compiles them, once; `make install` does it "

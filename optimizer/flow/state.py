@@ -16,6 +16,7 @@ from memsched.optimizer.flow.report import Candidate, SolveReport, plain_summary
 from memsched.optimizer.heuristic import heuristic
 from memsched.optimizer.host import fits_host, host_binds, price_scale
 from memsched.optimizer.ilp.outcome import Outcome
+from memsched.optimizer.jit import KernelsPending, pending
 from memsched.optimizer.polish import LocalSearch
 from memsched.optimizer.simulate import SimResult, make_schedule
 from memsched.options import SolveOptions, SolveResources
@@ -136,9 +137,9 @@ class FlowState:
         dearer): the next local search starts from it first (`polish`)."""
         self.kernels_s = 0.0
         """Seconds spent loading (or, the first time, compiling) the compiled kernels."""
-        self.kernels_pending = False
-        """The kernels were still compiling when the solve stopped waiting (`prepare_kernels`): the answer is a greedy
-        plan, or the MILP's."""
+        self.kernels_pending: KernelsPending | None = None
+        """The kernels were still loading or compiling when the solve stopped waiting (`prepare_kernels`): the answer
+        is a greedy plan, or the MILP's."""
         self.host_binds = host_binds(trace, self.host, allowed)
         """Whether the host budget excludes some plan (else nothing below looks at it)."""
         self.price_scale = price_scale(trace)
@@ -259,8 +260,13 @@ class FlowState:
         t0 = time.perf_counter()
         ready = kernels_by(self.deadline - self.reserve, until)
         took = self.kernels_s = time.perf_counter() - t0
-        self.kernels_pending = not ready
-        if not ready:
+        self.kernels_pending = None if ready else pending() or KernelsPending.COMPILING
+        if self.kernels_pending == KernelsPending.LOADING:
+            self.notes.append(
+                f"the optimizer's compiled kernels were still loading from numba's cache after {took:.2g} s: no "
+                "search or bound that runs on them ran (a load takes about a second, once per process)"
+            )
+        elif self.kernels_pending is not None:
             self.notes.append(
                 f"the optimizer's compiled kernels were still compiling after {took:.2g} s: no search or bound that "
                 "runs on them ran (the first solve in an environment compiles them, once; `make install` does it "

@@ -320,6 +320,81 @@ def test_a_budget_only_the_dp_can_settle_says_the_kernels_are_compiling() -> Non
         check_feasible(trace, (low + high) // 2, allowed, time.perf_counter() + 0.3)
 
 
+def _between_budget() -> tuple[object, frozenset[object], int]:
+    """A trace, keep and recompute, and a budget that only the exact DP can settle (between the pointwise minimum
+    and the best recompute baseline)."""
+    from memsched.optimizer.actions import recompute_baselines
+    from memsched.optimizer.budget import min_feasible_budget
+    from memsched.optimizer.synthetic import make_trace
+    from memsched.schema import Action
+
+    trace = make_trace(20, 5, dag=True)
+    allowed = frozenset({Action.KEEP, Action.RECOMPUTE})
+    low = max(min_feasible_budget(trace), trace.static.total)
+    high = recompute_baselines(trace, allowed)[0].peak_bytes
+    assert low < high
+    return trace, allowed, (low + high) // 2
+
+
+def test_a_budget_only_the_dp_can_settle_waits_past_its_share_for_a_load_from_the_cache(
+    cold_kernels: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 2 s CLI solve of a CPU trace reached its feasibility deadline (half the limit from the process's start) while
+    # the kernels were loading from numba's cache, and answered that they "were still compiling" (2026-12-07): a
+    # load is waited for up to the solve's own deadline, and the DP then settles the budget.
+    from memsched.errors import InfeasibleBudgetError
+    from memsched.optimizer import jit
+    from memsched.optimizer.actions import check_feasible
+
+    monkeypatch.setattr(jit, "cache_missed", lambda: False)  # every kernel so far came from the cache: a load
+    trace, allowed, budget = _between_budget()  # below what keep and recompute reach (700.00 MiB)
+    _daemon_timer(0.4, cold_kernels.set)
+    t0 = time.perf_counter()
+    with pytest.raises(InfeasibleBudgetError, match="the exact DP proved it") as e:
+        check_feasible(trace, budget, allowed, t0 + 0.1, t0 + 5.0)  # type: ignore[arg-type]
+    assert e.value.proven and e.value.min_feasible_bytes > budget
+    assert 0.4 <= time.perf_counter() - t0 < 5.0 + 0.5
+
+
+def test_a_load_that_outlasts_the_whole_limit_is_named_as_a_load(
+    cold_kernels: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Loading, not compiling: the answer says so, asks for a longer limit, and the process hands nothing to a
+    # background compile at exit (the cache is there).
+    from memsched.errors import MemschedError
+    from memsched.optimizer import jit
+    from memsched.optimizer.actions import check_feasible
+
+    monkeypatch.setattr(jit, "cache_missed", lambda: False)
+    trace, allowed, budget = _between_budget()
+    t0 = time.perf_counter()
+    with pytest.raises(MemschedError, match="still loading from numba's cache.*Give a longer time limit"):
+        check_feasible(trace, budget, allowed, t0 + 0.1, t0 + 0.3)  # type: ignore[arg-type]
+    assert time.perf_counter() - t0 < 0.3 + 0.5
+    assert jit.pending() == jit.KernelsPending.LOADING
+    spawned: list[object] = []
+    monkeypatch.setattr(jit.subprocess, "Popen", lambda *a, **k: spawned.append(a))
+    jit._finish_after_exit()
+    assert spawned == []
+
+
+def test_a_solve_whose_kernels_are_still_loading_says_so(
+    cold_kernels: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memsched.optimizer import jit
+    from memsched.optimizer.budget import budget_between
+    from memsched.optimizer.solve import solve
+    from memsched.optimizer.synthetic import make_trace
+    from memsched.options import SolveOptions
+
+    monkeypatch.setattr(jit, "cache_missed", lambda: False)
+    trace = make_trace(30, 4, dag=True)
+    res = solve(trace, budget_between(trace, 0.3), SolveOptions(solver="auto", time_limit_s=1.0))
+    assert "still loading from numba's cache" in res.solver.message, res.solver.message
+    assert "still compiling" not in res.solver.message
+    assert any("still loading from numba's cache" in d for d in res.solver.details), res.solver.details
+
+
 @pytest.mark.usefixtures("cold_kernels")
 @pytest.mark.parametrize("solver", ["auto", "cbc"])
 def test_a_milp_answers_while_the_kernels_compile(solver: str) -> None:
