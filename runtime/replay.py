@@ -310,6 +310,8 @@ class ScheduledModel:
                 # BaseException (KeyboardInterrupt: the always-call hooks run on Exception only): undo it.
                 stack.clear()
                 self._hooks.unwind(keep=1)
+            if p is not None:
+                self._check_overlap(p, plan.name)
             p = self._new_pass()
         p.last_forward = i
         if i == self.plan.n - 1 and self._priced_holds is not None:
@@ -380,6 +382,26 @@ class ScheduledModel:
             for rec in p.records.get(j, ()):
                 rec.release_device()
             self._check_offloaded(p, j)
+
+    def _check_overlap(self, p: _Pass, name: str) -> None:
+        """Warn (once) where a forward begins while the previous one's saved tensors are alive and its backward has
+        not begun: two forwards before one backward (a siamese or contrastive loss), or a layer called twice in one
+        forward (ALBERT's shared layer). Each forward holds its own activations, so the step holds more than the
+        plan, which is priced for one forward and its backward at a time. A forward whose graph was dropped (no
+        backward meant) holds nothing by then, and passes."""
+        if "overlap" in self._warned or p.backward_started or p.last_forward < 0:
+            return
+        if not any(ref() is not None for _, ref in p.claims.values()):
+            return
+        self._warned.add("overlap")
+        log.warning(
+            "memsched: layer %r began a forward while the previous forward's saved tensors were still alive and "
+            "its backward had not begun (two forwards before one backward, or a layer called twice in one "
+            "forward): each forward holds its own activations, and the schedule is planned and budgeted for one "
+            "forward and its backward at a time, so this step can peak above the budget. Run the backward of "
+            "each forward before the next one, or trace and solve a step that does what this one does",
+            name,
+        )
 
     def _new_pass(self) -> _Pass:
         if self._segment is not None:  # the previous forward stopped inside a segment

@@ -174,6 +174,8 @@ class _MemoryStep:
         self.claims: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.producers: dict[int, tuple[int, weakref.ref[torch.UntypedStorage]]] = {}
         self.order: list[int] = []
+        # Forward calls per layer in this step: more than one is refused (`_memory_step`).
+        self.calls: dict[int, int] = {}
         self.outside: dict[int, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
         self.bwd_marked: set[int] = set()
         self.owner: dict[int, int] = {}  # id(storage) -> the layer that saved it first
@@ -310,6 +312,7 @@ class _MemoryStep:
         st = self.stats[i]
         if i not in self.order:
             self.order.append(i)
+        self.calls[i] = self.calls.get(i, 0) + 1
         self.meter.mark(f"F{i}")
         self._note_held(i)
         self.static.add_module(self.modules[i])  # parameters gathered just in time (FSDP)
@@ -903,7 +906,28 @@ def _memory_step(
         raise MemschedError(
             f"layers: {missing[:3]} never ran during the step; check the layer patterns or the step function"
         )
+    _check_one_call_each(mem.calls, stats)
     return mem, whole
+
+
+def _check_one_call_each(calls: dict[int, int], stats: Sequence[_LayerStats]) -> None:
+    """Refuse layers whose forward ran more than once in the step. A trace has one forward and one backward per
+    layer; a module called again in the same step (one block shared across depth, as ALBERT's; a model applied to
+    two inputs before one backward; micro-batches inside the step; the model's own gradient checkpointing) would
+    be traced as one layer holding every call's saved tensors, with every call's time, in one stage: a plan
+    priced on that is not the step that runs (ALBERT, one layer called 4 times, 2026-12-07: the recompute plan's
+    predicted peak 9.43 MB against 6.41 MB measured, and its row F0 0.21 MB under the measured one)."""
+    repeated = [(stats[i].name, c) for i, c in sorted(calls.items()) if c > 1]
+    if not repeated:
+        return
+    name, count = repeated[0]
+    more = f" (and {len(repeated) - 1} more layers)" if len(repeated) > 1 else ""
+    raise TraceCheckError(
+        f"layers: {name!r} ran its forward {count} times in one step{more}; memsched plans one call of each layer "
+        "per step. Select layers that run once per step (--layer-pattern; a module shared across depth, as "
+        "ALBERT's, has no such layers), turn the model's own gradient checkpointing off, and run one forward and "
+        "one backward per traced step (one micro-batch)"
+    )
 
 
 def _layers(

@@ -167,6 +167,42 @@ def test_a_step_without_backward_is_refused():
         trace(w.model, forward_only, layers=UNET_LAYERS, steps=1, warmup=0, measure_bandwidth=False)
 
 
+class SharedBlocks(nn.Module):
+    """Two MLP blocks, the first applied twice (weights shared across depth, as ALBERT shares one layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[1](self.blocks[0](self.blocks[0](x)))
+
+
+def test_a_layer_called_twice_in_one_step_is_refused():
+    # Traced as one layer, the two calls' saved tensors and times would sit in one stage: refused, with the fix.
+    torch.manual_seed(0)
+    model = SharedBlocks().train()
+    x = torch.randn(4, 8)
+    w = Workload(model, "shared", {"x": x}, 4, None, None, loss_fn=lambda out: out.pow(2).mean())
+    with pytest.raises(
+        TraceCheckError, match=r"^layers: 'blocks\.0' ran its forward 2 times in one step; .*--layer-pattern"
+    ):
+        trace(w.model, w.step, layers=["blocks.0", "blocks.1"], steps=1, warmup=0, measure_bandwidth=False)
+
+
+def test_a_step_of_two_micro_batches_is_refused():
+    w = unet_workload()
+
+    def accumulate() -> None:
+        for _ in range(2):
+            w.loss().backward()
+
+    with pytest.raises(
+        TraceCheckError, match=r"ran its forward 2 times in one step \(and 2 more layers\).*one micro-batch"
+    ):
+        trace(w.model, accumulate, layers=UNET_LAYERS, steps=1, warmup=0, measure_bandwidth=False)
+
+
 def test_the_optimizer_the_step_runs_is_counted_even_when_not_given():
     w = unet_workload()
     params = list(w.model.parameters())

@@ -166,6 +166,31 @@ def test_custom_model_replays_with_identical_gradients():
         assert torch.equal(p.grad, ref[n]), n
 
 
+def test_two_forwards_before_one_backward_warn_once_and_a_dropped_forward_does_not(caplog):
+    # Each forward holds its own activations: the plan's budget is for one forward and its backward at a time.
+    torch.manual_seed(0)
+    net = Net()
+    x = torch.randn(5, 4)
+    with apply_schedule(net, keep_all_schedule(BLOCKS)) as sm, caplog.at_level("WARNING"):
+        sm(x).backward()
+        sm(x)  # a forward whose graph is dropped: nothing of it is alive when the next one begins
+        (sm(x) + sm(2 * x)).backward()  # two forwards, one backward (a siamese loss)
+        (sm(x) + sm(2 * x)).backward()
+        sm(x).backward()
+    overlaps = [r.getMessage() for r in caplog.records if "began a forward while" in r.getMessage()]
+    assert len(overlaps) == 1, overlaps
+    assert "'blocks.0'" in overlaps[0] and "above the budget" in overlaps[0]
+
+
+def test_gradient_accumulation_does_not_warn(caplog):
+    torch.manual_seed(0)
+    net = Net()
+    with apply_schedule(net, keep_all_schedule(BLOCKS)) as sm, caplog.at_level("WARNING"):
+        for _ in range(3):
+            sm(torch.randn(5, 4)).backward()
+    assert not any("began a forward while" in r.getMessage() for r in caplog.records)
+
+
 class _FakeEvent:
     """A CUDA-event stand-in: done once `done` is set; synchronize() completes it."""
 
