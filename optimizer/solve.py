@@ -400,6 +400,8 @@ def _solve_report(
     if not phases:
         flow.ratio(flow.until(shares.RATIO_SHARE))
         return _heuristic_only(trace, budget_bytes, flow)
+    if options.solver in (SolverName.AUTO, SolverName.DP) and _enumerated(flow):
+        return flow.report()
     for phase in phases:
         if (phase.only_if_open and flow.proven()) or flow.left() < phase.min_left_s:
             continue
@@ -407,6 +409,24 @@ def _solve_report(
         if flow.best.sim.overhead_s <= 0.0:
             return _zero_overhead(trace, budget_bytes, flow.best, time.perf_counter() - t0)
     return flow.report()
+
+
+def _enumerated(flow: Flow) -> bool:
+    """Where the trace's plans are few and keep and recompute only (optimizer/exhaustive.py): every one priced, and
+    the cheapest that fits proven optimal (bound = its overhead). False where they are not few, or the clock stopped
+    the enumeration (the phases then run as ever)."""
+    from memsched.optimizer import exhaustive  # numba (fastsim) loads here, not on every CLI start
+
+    if not exhaustive.applies(flow.trace, flow.allowed):
+        return False
+    t0 = time.perf_counter()
+    out = exhaustive.enumerate_plans(flow.trace, flow.budget, flow.allowed, flow.until(shares.ENUMERATE_SHARE))
+    if not out.finished or out.best is None or not out.best.feasible:
+        return False
+    flow.add("exhaustive", out.best)
+    flow.prove(out.best.overhead_s, "exhaustive")
+    flow.notes.append(f"every one of the {out.plans} plans priced in {time.perf_counter() - t0:.2g} s")
+    return flow.proven()
 
 
 def _from_start(flow: Flow, start: Schedule, phases: list[Phase]) -> list[Phase]:

@@ -299,7 +299,7 @@ def _refine(
     again."""
     todo = sorted((p for p in points.values() if _open(p)), key=lambda p: -(p.gap if p.gap is not None else math.inf))
     running: dict[Future[Schedule], tuple[CurvePoint, float, float]] = {}
-    tried: list[tuple[CurvePoint, float]] = []
+    tried: list[tuple[CurvePoint, float, float]] = []  # (point, its limit, seconds its second solve took)
     while todo or running:
         while todo and len(running) < parallel:
             now = time.perf_counter()
@@ -315,19 +315,22 @@ def _refine(
         done, _ = wait(running, return_when=FIRST_COMPLETED)
         for f in done:
             p, since, limit = running.pop(f)
-            p.solve_s += time.perf_counter() - since
+            took = time.perf_counter() - since
+            p.solve_s += took
             try:
                 again = f.result()
             except MemschedError as e:  # the first answer stands: a second solve only ever adds to it
                 log.warning("sweep: solving %d bytes again failed: %s", p.budget_bytes, e)
                 notes.append(f"solving {format_bytes(p.budget_bytes)} again failed ({e}); its first answer stands")
                 continue
-            tried.append((p, limit))
+            tried.append((p, limit, took))
             _merge(p, again, limit)
         _exchange(points, gap)
     if tried:
-        closed = sum(1 for p, _ in tried if not _open(p))
-        budgets = ", ".join(f"{format_bytes(p.budget_bytes)} ({limit:.0f} s)" for p, limit in tried)
+        closed = sum(1 for p, _, _ in tried if not _open(p))
+        budgets = ", ".join(
+            f"{format_bytes(p.budget_bytes)} ({took:.2g} s of a {limit:.0f} s limit)" for p, limit, took in tried
+        )
         notes.append(
             f"solved again with the time the sweep had left (its points' limit, {point_limit_s:g} s each, over "
             f"{parallel} at once): {budgets}; {closed} of {len(tried)} now within the gap"

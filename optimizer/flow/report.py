@@ -78,6 +78,7 @@ _BOUND_SOURCES = {
     "highs": "the HiGHS MILP",
     "cpsat": "the CP-SAT model",
     "start": "an earlier solve of this budget (with the schedule this one started from)",
+    "exhaustive": "every keep / recompute plan of this trace, each simulated",
 }
 """Where a proven bound came from, in words (solve()'s plain sentence)."""
 

@@ -27,6 +27,9 @@ RATIO_SHARE = 0.05
 """The ratio plan (optimizer/ratio.py), right after the beam, stops its scans at this share of the limit: about
 2,000 plans scored by the compiled simulator, 0.33 s on the 1,000-layer synthetic chain, 3.9 s on a 5,000-layer
 one (cut there, it keeps the best member scanned)."""
+ENUMERATE_SHARE = 0.5
+"""Of the limit, up to which every plan of a short keep / recompute trace is priced (optimizer/exhaustive.py: at
+most MAX_PLANS, about 0.1 s on one core at most); one the clock stops proves nothing, the phases get the rest."""
 LINK_PLAN_SHARE = 0.05
 """The link plan (optimizer/link_plan.py), right after the link windows' Lagrangian whose steps it rounds, stops its
 scans at this share of the limit: about 1,400 plans scored by the compiled simulator per window of the ascent, 0.3 s

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import pytest
 
@@ -116,6 +117,8 @@ def test_open_points_are_solved_again_with_the_time_the_sweep_has_left(trace: Tr
     assert middle.status == SolverStatus.OPTIMAL and middle.reused_from is None
     assert any(d.startswith("sweep: solved again with") for d in middle.schedule.solver.details)
     assert any("solved again with the time the sweep had left" in n and "1 of 1" in n for n in c.notes)
+    # What the second solve took, beside the limit it had (it ends at once here: its answer is ready).
+    assert any(re.search(r"\(\S+ s of a (2\d|30) s limit\)", n) for n in c.notes), c.notes
     assert simulate(trace, middle.schedule).feasible
 
 
