@@ -56,6 +56,9 @@ def segment_children(
     snap_prefix: np.ndarray,
     bits_at: np.ndarray,
     out_bytes_bit: np.ndarray,
+    side: int,
+    side_layer: np.ndarray,
+    side_bit: np.int64,
     retained: np.ndarray,
     held: np.ndarray,
     cost: np.ndarray,
@@ -81,6 +84,9 @@ def segment_children(
     where larger and `backlog_prune` holds, so do the stalls a child's backlogs force (DpProblem.backlog_bound,
     from `fwd_left[b]` / `bwd_left[b]`: forward / backward seconds of layers b..n-1) and the table's rows with
     its backlogs held (`future_pending`, DpProblem.pending_bound).
+    `side` (DpProblem.side): bytes of side inputs held from the loss point through B_k by a segment [k, b] where a
+    layer of it reads them (`side_layer`), or by every later segment of a label with `side_bit` (SIDE_HELD_BIT):
+    rows B_k..B_b and the loss point hold them; the child gets `side_bit`.
     Stops before a label whose children might not fit in `capacity`; the caller resumes from there."""
     n = len(saved)
     o_dst = np.empty(capacity, np.int64)
@@ -106,6 +112,7 @@ def segment_children(
         snap_room_k = limit - saved[k] - trans_b[k] - r - snap_k - state
         c0, d0, h0 = cost[i], d2h[i], h2d[i]
         c, d, h = c0, d0, h0
+        seg_side = side > 0 and (held[i] & side_bit) != 0  # an earlier segment holds the side inputs already
         seg = np.int64(0)
         ext = np.int64(0)
         ckpt = np.int64(0)
@@ -114,20 +121,26 @@ def segment_children(
         for b in range(k, last + 1):
             snaps = snap_prefix[b + 1] - snap_prefix[k]  # S(k..b)
             new_bits = bits_at[b - k] & ~seg
-            if new_bits != 0 or external[b] > 0 or b == k:
-                # The checkpoint grew: every interior row sees it, so replay them from the segment's start.
+            side_now = seg_side or (side > 0 and side_layer[b])
+            if new_bits != 0 or external[b] > 0 or b == k or side_now != seg_side:
+                # The checkpoint grew (or now holds side inputs): every interior row sees it, so replay them from
+                # the segment's start.
+                seg_side = side_now
                 seg |= new_bits
                 ext += external[b]
                 ckpt = checkpoint_bytes(seg, held[i], ext, out_bytes_bit) + state
                 c, d, h = c0, d0, h0
                 snap_room = snap_room_k
                 replay_from = k + 1
+            charge = side if seg_side else 0  # side inputs held in rows B_k..B_b and at the loss point
+            if charge > 0 and limit - saved[k] - trans_b[k] - r - charge < 0:
+                break  # row B_k (the caller's, without them) cannot hold them: nor with a longer segment
             dead = False
             for m in range(replay_from, b + 1):
                 rem = saved_prefix[m + 1] - saved_prefix[k]
                 own = snap_prefix[m + 1] - snap_prefix[k]  # S(k..m): snapshots taken by F_m, copies held at B_m
                 cap_f = limit - saved[m] - trans_f[m] - r - ckpt - own
-                room = limit - rem - trans_b[m] - r - ckpt - own + (overlap if m > k else 0)
+                room = limit - rem - trans_b[m] - r - ckpt - own + (overlap if m > k else 0) - charge
                 snap_room = min(snap_room, room)
                 cap_b = room - snaps
                 if cap_f < 0 or cap_b < 0:
@@ -159,8 +172,8 @@ def segment_children(
             child_ret = r + ckpt + snaps
             if child_cost >= threshold:
                 break
-            if child_ret > limit - row_floor[b + 1]:
-                continue
+            if child_ret > limit - row_floor[b + 1] or child_ret + charge > limit - row_floor[n]:
+                continue  # (the loss point holds the side inputs; a label retains no less there than here)
             child_h = h if serial else max(h - h2d_bw * recompute_s, 0.0)
             if backlog_prune:
                 forced = max(d / d2h_bw - fwd_left[b + 1], 0.0) + max(child_h / h2d_bw - bwd_left[b + 1], 0.0)
@@ -172,7 +185,7 @@ def segment_children(
             o_dst[w] = b + 1
             o_parent[w] = i
             o_ret[w] = child_ret
-            o_held[w] = held[i] | seg
+            o_held[w] = held[i] | seg | (side_bit if seg_side else np.int64(0))
             o_cost[w] = child_cost
             o_d2h[w] = d
             o_h2d[w] = child_h
@@ -190,15 +203,17 @@ def remap_to_ends(
     shared_hold: np.ndarray,
     n: int,
     after_bit: np.int64,
+    side_bit: np.int64,
     no_bit: int,
 ) -> np.ndarray:  # pragma: no cover - compiled
     """DpProblem.remap_to_ends: label i's held mask (crossing[src] bits: src_bits[j] is producer j's, `no_bit` where
-    j does not cross src) in crossing[dst[i]] bit order, with `after_bit` where layer dst[i] holds shared bytes."""
+    j does not cross src) in crossing[dst[i]] bit order, with `after_bit` where layer dst[i] holds shared bytes, and
+    `side_bit` where the label has it."""
     out = np.zeros_like(held)
     for i in range(len(held)):
         b = dst[i]
         h = held[i]
-        m = np.int64(0)
+        m = h & side_bit
         first = offsets[b]
         for q in range(first, offsets[b + 1]):
             s = src_bits[producers[q]]

@@ -37,11 +37,17 @@ from memsched.optimizer.simulate import (
 )
 from memsched.schema import Trace
 
-MAX_HELD_BITS = 62
+MAX_HELD_BITS = 61
 """Producers tracked per boundary in a label's held-set mask (an int64 bitmask). Beyond this the DP treats
 the extra producers as already held: optimistic for the bound, and the simulator judges the schedule."""
 
-AFTER_SEGMENT_BIT = np.int64(1) << np.int64(MAX_HELD_BITS)
+SIDE_HELD_BIT = np.int64(1) << np.int64(MAX_HELD_BITS)
+"""Held-mask flag of a label some of whose recompute segments hold side inputs (DpProblem.side): from the loss
+point through the backward of the segment's first layer, its checkpoint keeps them (simulate.side_input_hold), so
+the label's rows B_k from here on and its loss point hold `side` more. Above every producer bit; the remaps keep
+it."""
+
+AFTER_SEGMENT_BIT = np.int64(1) << np.int64(MAX_HELD_BITS + 1)
 """Held-mask flag of a label at boundary c that arrived by a recompute segment ending at c - 1, set only where
 DpProblem.shared_hold[c] > 0: keeping or offloading c then retains those bytes too. Above every producer bit,
 so remap_held drops it at the next boundary. The dominance filters compare flagged and unflagged labels of one
@@ -199,6 +205,14 @@ class DpProblem:
     private copies its re-run saves from B_b through B_i (simulate._stage_memory). Segment [k..b] thus holds
     S(k..m) more in row F_m, S(k..b) + S(k..m) more in row B_m, and S(k..b) in every row after it (the kernels'
     `snap_prefix`; docs/formulation.md, 'Snapshots of changed buffers'). Zeros: no layer changes a buffer."""
+    side: int = 0
+    """Bytes of side inputs (Layer.side_input_bytes: masks, rotary tables) that a recompute segment's checkpoint
+    keeps from the loss point through the backward of its first layer, charged to labels with SIDE_HELD_BIT at
+    their rows B_k and loss point: the least any layer reads (simulate.side_input_hold charges one set, the
+    largest of the segments' layers'; all layers of a decoder read the same tensors, where the two agree). 0: no
+    layer reads any."""
+    side_layer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
+    """bool per layer: it reads side inputs (a segment containing it sets SIDE_HELD_BIT). Empty: none does."""
     output_relaxed: bool = False
     """Some layer's saved tensors hold part of its output: `output` leaves that part out even where the layer is
     not kept (the simulator charges it there); or some layer saves an output that a layer past the next reads,
@@ -224,7 +238,7 @@ class DpProblem:
 
     def remap_held(self, held: np.ndarray, src: int, dst: int) -> np.ndarray:
         """Held masks re-expressed from crossing[src] bit order in crossing[dst] bit order (producers that no
-        longer cross dst drop out)."""
+        longer cross dst drop out; SIDE_HELD_BIT stays)."""
         lookup = self._source_bits(src)
         at = self._crossing_at.get(dst)
         if at is None:
@@ -234,10 +248,10 @@ class DpProblem:
             # Few labels (a beam's): one pass over a labels x bits array, not a numpy call per bit (on the
             # 1,000-layer synthetic DAG, ~60 bits a boundary, the per-bit loop took 35 of a 24-label beam's 44 s).
             if not len(shift):
-                return np.zeros_like(held)
+                return held & SIDE_HELD_BIT
             moved = ((held[:, None] >> shift) & 1) << _BIT_AT[: len(shift)]
-            return np.bitwise_or.reduce(moved, axis=1).astype(held.dtype, copy=False)
-        out = np.zeros_like(held)
+            return np.bitwise_or.reduce(moved, axis=1).astype(held.dtype, copy=False) | (held & SIDE_HELD_BIT)
+        out = held & SIDE_HELD_BIT
         for q, b in enumerate(shift.tolist()):
             if b != _NO_BIT:
                 out |= ((held >> b) & 1) << q
@@ -266,7 +280,16 @@ class DpProblem:
             self._crossing_csr.extend((offsets, flat))
         offsets, flat = self._crossing_csr
         return remap_to_ends(
-            held, dst, self._source_bits(src), offsets, flat, self.shared_hold, self.n, AFTER_SEGMENT_BIT, _NO_BIT
+            held,
+            dst,
+            self._source_bits(src),
+            offsets,
+            flat,
+            self.shared_hold,
+            self.n,
+            AFTER_SEGMENT_BIT,
+            SIDE_HELD_BIT,
+            _NO_BIT,
         )
 
     def segment_last(self, k: int) -> int:
@@ -631,6 +654,8 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         ckpt_state=checkpoint_state_bytes(trace),
         snap_prefix=np.concatenate([[0], np.cumsum([x.changed_buffers for x in layers])]).astype(np.int64),
         seg_last=np.array(trace.segment_last(), dtype=np.int64),
+        side=min((x.side_input for x in layers if x.side_input > 0), default=0),
+        side_layer=np.array([x.side_input > 0 for x in layers], dtype=np.bool_),
     )
 
 

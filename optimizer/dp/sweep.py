@@ -26,7 +26,7 @@ import numpy as np
 from memsched.optimizer.dp.clock import SweepClock
 from memsched.optimizer.dp.kernels import segment_children
 from memsched.optimizer.dp.labels import ACTION_KEEP, ACTION_SEGMENT, Labels, beam_select, pareto_filter
-from memsched.optimizer.dp.problem import AFTER_SEGMENT_BIT, DpProblem
+from memsched.optimizer.dp.problem import AFTER_SEGMENT_BIT, SIDE_HELD_BIT, DpProblem
 
 
 class BeamRank(Enum):
@@ -173,6 +173,8 @@ class _Sweep:
         ok = (cost + self._to_come(dst, retained, d2h, h2d) < self.cfg.threshold) & (
             retained <= p.limit - p.row_floor[dst]
         )
+        if p.side:  # the loss point holds the side inputs of labels whose segments keep them (SIDE_HELD_BIT)
+            ok &= retained + self._side(held) <= p.limit - p.row_floor[p.n]
         if not ok.all():
             idx = np.flatnonzero(ok)
             retained, held, cost, d2h, h2d, parent = (a[idx] for a in (retained, held, cost, d2h, h2d, parent))
@@ -191,6 +193,10 @@ class _Sweep:
                     np.full(m, action, np.int16),
                 ),
             )
+
+    def _side(self, held: np.ndarray) -> np.ndarray | int:
+        """Side-input bytes the labels' checkpoints hold in their rows B_k and at the loss point (DpProblem.side)."""
+        return np.where(held & SIDE_HELD_BIT, self.p.side, 0) if self.p.side else 0
 
     def _to_come(
         self,
@@ -290,7 +296,7 @@ class _Sweep:
         retained, held = lab.retained, lab.held
         cost, d2h, h2d = lab.cost.copy(), lab.d2h.copy(), lab.h2d.copy()
         cap_f = (p.limit - p.saved[k] - trans_f - retained).astype(np.float64)
-        cap_b = (p.limit - p.saved[k] - p.trans_b[k] - retained).astype(np.float64)
+        cap_b = (p.limit - p.saved[k] - p.trans_b[k] - retained - self._side(held)).astype(np.float64)
         alive = (cap_f >= 0) & (cap_b >= 0)
         if not p.serial:
             cost += np.maximum(d2h - cap_f, 0.0) / p.fluid_d2h_bw + np.maximum(h2d - cap_b, 0.0) / p.fluid_h2d_bw
@@ -389,6 +395,9 @@ class _Sweep:
                 p.snap_prefix,
                 bits_at,
                 out_bytes_bit,
+                p.side,
+                p.side_layer if len(p.side_layer) else np.zeros(p.n, np.bool_),
+                SIDE_HELD_BIT,
                 retained[sl],
                 held[sl],
                 cost[sl],
