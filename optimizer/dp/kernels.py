@@ -130,7 +130,7 @@ def segment_children(
                 ext += external[b]
                 ckpt = checkpoint_bytes(seg, held[i], ext, out_bytes_bit) + state
                 c, d, h = c0, d0, h0
-                snap_room = snap_room_k
+                snap_room = snap_room_k - (side if seg_side else 0)
                 replay_from = k + 1
             charge = side if seg_side else 0  # side inputs held in rows B_k..B_b and at the loss point
             if charge > 0 and limit - saved[k] - trans_b[k] - r - charge < 0:
@@ -165,7 +165,7 @@ def segment_children(
             # Row B_b holds the re-run's fork of the state too. B_k holds no checkpoint inputs (the simulator's
             # rule: they are held strictly between F_k and B_k), only the stashed state the caller checked.
             held_b = saved[k] + state if b == k else saved_prefix[b + 1] - saved_prefix[k] + ckpt - overlap
-            if state > 0 and limit - held_b - 2 * snaps - trans_b[b] - r < state:
+            if state > 0 and limit - held_b - 2 * snaps - trans_b[b] - r - charge < state:
                 continue  # (a longer segment's row B_b has no fork: it may still fit)
             recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
             child_cost = c + recompute_s
