@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from solver_bench import _commit, trace_cpu_decoder  # run by path (python bench/cpu_sweeps.py)
+from solver_bench import _commit, kept_notes, results_header, trace_cpu_decoder  # run by path (bench/ on sys.path)
 from solver_bench import _meta as bench_meta
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -71,14 +71,11 @@ def main() -> None:
         rows.append(row)
         print(row, flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    md = RESULTS / "cpu_sweeps.md"
+    notes = kept_notes(md)
     (RESULTS / "cpu_sweeps.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [
-        "# Keep / recompute sweeps of CPU traces, before and after",
-        "",
-        f"Command: `{meta['command']}` at commit {meta['commit']}  ",
-        f"Machine: {meta['machine']}  ",
-        f"Versions: {meta['versions']}  ",
-        f"Date: {meta['date_utc']}",
+        *results_header("Keep / recompute sweeps of CPU traces, before and after", meta),
         "",
         f"Before: {args.before} at commit {meta['before']['commit']}; after: {args.after} at commit "
         f"{meta['after']['commit']}. Each side runs `memsched sweep TRACE --json` (20 points, the CLI's defaults) in "
@@ -97,7 +94,7 @@ def main() -> None:
             gap = "-" if s["max_gap"] is None else f"{100 * s['max_gap']:.2f}%"
             cells += [f"{s['proven']} / {s['points']}", gap, str(s["lo_bytes"]), str(s["wall_s"])]
         lines.append(f"| {r['trace']} | " + " | ".join(cells) + " |")
-    (RESULTS / "cpu_sweeps.md").write_text("\n".join(lines) + "\n")
+    md.write_text("\n".join(lines) + "\n" + notes)
 
 
 if __name__ == "__main__":

@@ -130,6 +130,24 @@ def _meta(packages: tuple[str, ...] = ("memsched", "pulp", "ortools", "highspy")
     }
 
 
+def results_header(title: str, meta: dict[str, object]) -> list[str]:
+    """A results file's first lines: its title, then the command, commit, machine, versions and date of `_meta`."""
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{meta['command']}` at commit {meta.get('commit', 'unknown')}  ",
+        f"Machine: {meta['machine']}  ",
+        f"Versions: {meta['versions']}  ",
+        f"Date: {meta['date_utc']}",
+    ]
+
+
+def kept_notes(md: Path) -> str:
+    """The hand-written notes of an earlier results file (from its first '## ' heading on), kept under a new run."""
+    old = md.read_text() if md.exists() else ""
+    return old[old.index("\n## ") :] if "\n## " in old else ""
+
+
 def heuristic_bench() -> None:
     """The heuristic's wall time on 5,000-layer chains and DAGs at tight, middle and loose budgets."""
     rows = []
@@ -157,12 +175,7 @@ def heuristic_bench() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "solver_heuristic.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [
-        "# Heuristic timing (5,000 layers)",
-        "",
-        f"Command: `{meta['command']}` at commit {meta['commit']}  ",
-        f"Machine: {meta['machine']}  ",
-        f"Versions: {meta['versions']}  ",
-        f"Date: {meta['date_utc']}",
+        *results_header("Heuristic timing (5,000 layers)", meta),
         "",
         "Budget = min feasible + frac x (keep-all peak - min feasible). Best and median of 3 runs.",
         "",
@@ -668,7 +681,7 @@ def main() -> None:
     ap.add_argument(
         "--between",
         action="store_true",
-        help="the recorded decoders at budgets between 75 / 50 / 25% (BETWEEN_ROWS), 2 s and 10 s, with --before's "
+        help="the recorded decoders at budgets between 75 / 50 / 25%% (BETWEEN_ROWS), 2 s and 10 s, with --before's "
         "checkout and --after's: writes solver_bench_between.{md,json}",
     )
     ap.add_argument(
@@ -771,17 +784,9 @@ def write_results(
     default table."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     md = RESULTS / f"{stem}.md"
-    old_md = md.read_text() if md.exists() else ""
-    notes = old_md[old_md.index("\n## ") :] if "\n## " in old_md else ""
+    notes = kept_notes(md)
     (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [
-        "# Solver benchmark",
-        "",
-        f"Command: `{meta['command']}` at commit {meta.get('commit', 'unknown')}  ",
-        f"Machine: {meta['machine']}  ",
-        f"Versions: {meta['versions']}  ",
-        f"Date: {meta['date_utc']}",
-    ]
+    lines = results_header("Solver benchmark", meta)
     if "appended" in meta:
         app = meta["appended"]
         assert isinstance(app, dict)
