@@ -14,7 +14,7 @@ import pytest
 from helpers import tiny_trace
 from memsched.optimizer.actions import dp_verdict
 from memsched.optimizer.baselines import checkpoint_all
-from memsched.optimizer.budget import budget_between
+from memsched.optimizer.budget import budget_between, min_feasible_budget
 from memsched.optimizer.decisions import KEEP, Decision, offload_subset, recompute
 from memsched.optimizer.dp import build_problem, exact_search
 from memsched.optimizer.dp.decode import decode
@@ -122,6 +122,34 @@ def assert_fifo_sweep_equals_the_milp(trace: Trace, budget: int) -> float:
     sim = simulate(trace, decode(trace, p, res, res.finals[0][1]), budget)
     assert sim.feasible and sim.overhead_s == pytest.approx(res.finals[0][0], rel=1e-9, abs=1e-12)
     return opt
+
+
+def best_overhead(trace: Trace, budget: int, plans: Sequence[list[Decision]] | None = None) -> float | None:
+    """The least overhead of the `plans` (default: every_action_plan) that fit, each simulated; None: none fits."""
+    sims = [simulate(trace, plan, budget, with_events=False) for plan in plans or every_action_plan(trace)]
+    return min((s.overhead_s for s in sims if s.feasible), default=None)
+
+
+def spread_budgets(trace: Trace) -> list[int]:
+    """The least budget any plan fits, a few bytes above it, and spread up to keep-all's."""
+    least = min_feasible_budget(trace)
+    return [least, least + 64, *(budget_between(trace, f) for f in (0.1, 0.3, 0.6))]
+
+
+def assert_fluid_sweep_is_the_best_plan(trace: Trace, exact: bool) -> None:
+    """At each of spread_budgets the fluid sweep's bound is at most the best plan's overhead (every_action_plan);
+    `exact` (serial copies, where the sweep is exact): its plan is that best plan, and it finds one exactly where
+    one fits."""
+    for budget in spread_budgets(trace):
+        best = best_overhead(trace, budget)
+        out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
+        if best is None:
+            assert not out.schedules
+            continue
+        assert out.bound_s is not None and out.bound_s <= best * (1 + 1e-9) + 1e-12
+        if exact:
+            assert out.schedules and out.schedules[0].feasible, (budget, best)
+            assert out.schedules[0].overhead_s == pytest.approx(best, rel=1e-9, abs=1e-12)
 
 
 def assert_fifo_sweep_is_the_best_plan(trace: Trace, budget: int, best: float | None) -> None:

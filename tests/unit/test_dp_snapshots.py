@@ -21,14 +21,15 @@ from helpers.pricing import (
     assert_brute_force_dp_and_milp_agree,
     assert_fifo_sweep_equals_the_milp,
     assert_fifo_sweep_is_the_best_plan,
+    assert_fluid_sweep_is_the_best_plan,
+    best_overhead,
     cpu_trace,
-    every_action_plan,
+    spread_budgets,
 )
 from memsched.io import load_trace
 from memsched.optimizer.budget import budget_between, min_feasible_budget
-from memsched.optimizer.dp import build_problem, exact_search
+from memsched.optimizer.dp import build_problem
 from memsched.optimizer.dp.fifo import fifo_sweep
-from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
@@ -48,48 +49,22 @@ def _snapshot_trace(n: int, seed: int, serial: bool) -> Trace:
     return Trace.model_validate(doc)
 
 
-def _best(trace: Trace, budget: int) -> float | None:
-    sims = [simulate(trace, plan, budget, with_events=False) for plan in every_action_plan(trace)]
-    return min((s.overhead_s for s in sims if s.feasible), default=None)
-
-
-def _budgets(trace: Trace) -> list[int]:
-    """The least budget any plan fits, a few bytes above it, and spread up to keep-all's."""
-    least = min_feasible_budget(trace)
-    return [least, least + 64, *(budget_between(trace, f) for f in (0.1, 0.3, 0.6))]
-
-
-def _check_fluid(trace: Trace, exact: bool) -> None:
-    """At each budget the fluid sweep's bound is at most the best plan's overhead; `exact` (serial copies): its
-    plan is that best plan, and it finds one exactly where one fits."""
-    for budget in _budgets(trace):
-        best = _best(trace, budget)
-        out = exact_search(trace, budget, FAR, incumbent_s=None, gap=0.0)
-        if best is None:
-            assert not out.schedules
-            continue
-        assert out.bound_s is not None and out.bound_s <= best * (1 + 1e-9) + 1e-12
-        if exact:
-            assert out.schedules and out.schedules[0].feasible
-            assert out.schedules[0].overhead_s == pytest.approx(best, rel=1e-9, abs=1e-12)
-
-
 @pytest.mark.parametrize("seed", range(8))
 def test_the_fluid_sweep_on_serial_copies_is_the_brute_force_optimum(seed: int) -> None:
-    _check_fluid(_snapshot_trace(3 + seed % 3, seed, serial=True), exact=True)
+    assert_fluid_sweep_is_the_best_plan(_snapshot_trace(3 + seed % 3, seed, serial=True), exact=True)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_fluid_bound_on_concurrent_copies_stays_below_the_best_plan(seed: int) -> None:
     """Where copies run beside compute the fluid sweep is a relaxation: with the snapshots its bound still holds."""
-    _check_fluid(_snapshot_trace(3 + seed % 2, 200 + seed, serial=False), exact=False)
+    assert_fluid_sweep_is_the_best_plan(_snapshot_trace(3 + seed % 2, 200 + seed, serial=False), exact=False)
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_the_fifo_sweep_is_the_brute_force_optimum_and_its_plan_fits(seed: int) -> None:
     trace = _snapshot_trace(3 + seed % 3, 100 + seed, serial=False)
-    for budget in _budgets(trace):
-        assert_fifo_sweep_is_the_best_plan(trace, budget, _best(trace, budget))
+    for budget in spread_budgets(trace):
+        assert_fifo_sweep_is_the_best_plan(trace, budget, best_overhead(trace, budget))
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -4,17 +4,15 @@ side inputs among them (the DP leaves those out: the case that left a 4-layer tr
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
 
+from helpers.pricing import best_overhead, keep_recompute_plans
 from memsched.errors import InfeasibleBudgetError
 from memsched.optimizer import exhaustive
 from memsched.optimizer.actions import recompute_baselines
 from memsched.optimizer.budget import budget_between, keepall_activation_peak
-from memsched.optimizer.decisions import KEEP, Decision, recompute
-from memsched.optimizer.simulate import simulate
 from memsched.optimizer.solve import solve
 from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
@@ -39,25 +37,9 @@ def _with_rules(trace: Trace, rng: random.Random) -> Trace:
     return trace
 
 
-def _brute_force(trace: Trace, budget: int, allowed: frozenset[Action]) -> float | None:
-    """The least overhead of any plan that fits, every layer kept, or starting or continuing a segment, each plan
-    simulated by `simulate`."""
-    letters = ("K" if Action.KEEP in allowed else "") + ("SC" if Action.RECOMPUTE in allowed else "")
-    best = None
-    for plan in itertools.product(letters, repeat=trace.n):
-        decisions: list[Decision] = []
-        start = -1
-        for i, c in enumerate(plan):
-            if c == "K":
-                decisions.append(KEEP)
-                start = -1
-                continue
-            start = i if c == "S" or start < 0 else start
-            decisions.append(recompute(start))
-        sim = simulate(trace, decisions, budget, with_events=False)
-        if sim.feasible and (best is None or sim.overhead_s < best):
-            best = sim.overhead_s
-    return best
+def _brute_force(trace: Trace, budget: int) -> float | None:
+    """The least overhead of any keep / recompute plan that fits, each simulated by `simulate` itself."""
+    return best_overhead(trace, budget, keep_recompute_plans(trace.n))
 
 
 @pytest.mark.parametrize("allowed", [KEEP_RECOMPUTE, frozenset({Action.RECOMPUTE}), frozenset({Action.KEEP})])
@@ -83,7 +65,7 @@ def test_the_enumeration_is_the_brute_force_optimum_and_the_solve_proves_it_exac
     high = trace.static.total + keepall_activation_peak(trace)
     for frac in (-0.1, 0.0, 0.1, 0.3, 0.6):
         budget = low + int(frac * (high - low))
-        best = _brute_force(trace, budget, KEEP_RECOMPUTE)
+        best = _brute_force(trace, budget)
         out = exhaustive.enumerate_plans(trace, budget, KEEP_RECOMPUTE, float("inf"))
         assert out.finished and out.plans == exhaustive.plan_count(trace, KEEP_RECOMPUTE)
         if best is None:
