@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memsched.optimizer.decisions import KEEP, Decision, recompute
 from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_START, FastSim
+from memsched.optimizer.polish import decisions_of
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.schema import Action, Trace
 
@@ -35,6 +35,9 @@ MAX_PLANS = 20_000
 """Enumerate only where the trace has at most this many plans (10 layers with keep and recompute: 10,946; the
 count grows as the Fibonacci numbers, 2.6x a layer): about 5 us each in `fastsim` (28,657 plans of an 11-layer
 synthetic DAG in 0.14 s on one core), so the enumeration costs a solve at most 0.1 s."""
+
+_GENE = {KIND_KEEP: "K", KIND_START: "S", KIND_CONTINUE: "R"}
+"""A plan's kind (fastsim) as the local search's gene (polish.decisions_of)."""
 
 _CLOCK_EVERY = 1024
 """Plans between two looks at the clock."""
@@ -101,18 +104,6 @@ def _kinds(trace: Trace, allowed: frozenset[Action]) -> Iterator[np.ndarray]:
     yield from fill(0)
 
 
-def _decisions(kind: np.ndarray) -> list[Decision]:
-    out: list[Decision] = []
-    start = -1
-    for i, k in enumerate(kind.tolist()):
-        if k == KIND_KEEP:
-            out.append(KEEP)
-            continue
-        start = i if k == KIND_START else start
-        out.append(recompute(-1 if start == i else start))
-    return out
-
-
 def enumerate_plans(trace: Trace, budget_bytes: int, allowed: frozenset[Action], deadline: float) -> Enumerated:
     """Every plan of the `allowed` actions (no offload) priced by fastsim, until `deadline`; the cheapest that
     fits, simulated by `simulate` (the answer's own pricing)."""
@@ -129,4 +120,5 @@ def enumerate_plans(trace: Trace, budget_bytes: int, allowed: frozenset[Action],
             best_s, best_kind = overhead, kind.copy()
     if best_kind is None:
         return Enumerated(None, plans, finished=True)
-    return Enumerated(simulate(trace, _decisions(best_kind), budget_bytes, with_events=False), plans, finished=True)
+    best = decisions_of(trace, [_GENE[k] for k in best_kind.tolist()])
+    return Enumerated(simulate(trace, best, budget_bytes, with_events=False), plans, finished=True)

@@ -70,7 +70,7 @@ def _genes(decisions: list[Decision]) -> list[Gene]:
     return out
 
 
-def _decisions(trace: Trace, genes: list[Gene]) -> list[Decision]:
+def decisions_of(trace: Trace, genes: list[Gene]) -> list[Decision]:
     """Decisions (offload timing unset) for genes; an 'R' after a non-recompute layer starts a segment."""
     out: list[Decision] = []
     start = -1
@@ -431,7 +431,7 @@ class LocalSearch:
         if evaluate.best_genes is None or evaluate.best_overhead_s >= self._simulated_s:
             return None
         self._simulated_s = evaluate.best_overhead_s
-        found = simulate(self.trace, _decisions(self.trace, evaluate.best_genes), self.budget, with_events=False)
+        found = simulate(self.trace, decisions_of(self.trace, evaluate.best_genes), self.budget, with_events=False)
         if abs(found.overhead_s - evaluate.best_overhead_s) > 1e-9 * max(1.0, found.overhead_s):
             log.warning(
                 "polish: the compiled simulator said %.9g s, the simulator %.9g s; the simulator's verdict stands",
