@@ -94,5 +94,16 @@ class UnsettledBudgetError(MemschedError):
         return (UnsettledBudgetError, (str(self), self.fits_bytes))
 
 
+class UserCodeError(MemschedError):
+    """The user's own code (a model factory, the model's training step) raised before memsched changed anything
+    it runs: the fix is in that code, and the message says which call failed and with what."""
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, at most `limit` characters: what a UserCodeError quotes."""
+    text = " ".join(str(e).split()) or "(no message)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class SolverError(RuntimeError):
     """A solver backend failed (crashed, missing binary, bad status). Reported, never silently replaced."""

@@ -206,6 +206,58 @@ def measure_side_by_side(
         raise MemschedError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
     if schedule is None and not baseline:
         raise MemschedError("nothing to measure: give a schedule, or measure the keep-all baseline")
+    # The schedules are applied around every step, and each application would repeat the replay's warnings.
+    once = _OncePerMessage()
+    replay_log = logging.getLogger(ScheduledModel.__module__)
+    replay_log.addFilter(once)
+    try:
+        return _measure_side_by_side(
+            model,
+            step_fn,
+            schedule,
+            baseline,
+            trace,
+            layers,
+            optimizer,
+            steps,
+            warmup,
+            predicted_saved_peak_bytes,
+            keep_all_predicted_saved_peak_bytes,
+            keep_all_memory,
+        )
+    finally:
+        replay_log.removeFilter(once)
+
+
+class _OncePerMessage(logging.Filter):
+    """Passes each distinct message once: one measurement says each of the replay's warnings once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if msg in self.seen:
+            return False
+        self.seen.add(msg)
+        return True
+
+
+def _measure_side_by_side(
+    model: nn.Module,
+    step_fn: Callable[[Callable[..., Any]], Any],
+    schedule: Schedule | None,
+    baseline: bool,
+    trace: Trace | None,
+    layers: Sequence[str] | None,
+    optimizer: torch.optim.Optimizer | None,
+    steps: int,
+    warmup: int,
+    predicted_saved_peak_bytes: int | None,
+    keep_all_predicted_saved_peak_bytes: int | None,
+    keep_all_memory: bool,
+) -> SideBySide:
     p0 = next(model.parameters(), None)
     device = p0.device if p0 is not None else torch.device("cpu")
     if device.type == "cpu":

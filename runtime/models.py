@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memsched.errors import MemschedError
+from memsched.errors import MemschedError, UserCodeError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -532,7 +532,16 @@ def load_factory(spec: str, *, strict: bool = False, **kwargs: Any) -> Workload:
         if strict:
             raise MemschedError(msg)
         log.warning("%s", msg)
-    out = factory(**{k: v for k, v in given.items() if k not in refused})
+    try:
+        out = factory(**{k: v for k, v in given.items() if k not in refused})
+    except MemschedError:
+        raise
+    except Exception as e:
+        # The user's own code: its error and where to look, not an internal error of memsched's.
+        raise UserCodeError(
+            f"model {spec!r}: the factory {attr}() raised {type(e).__name__}: {one_line(e)}; fix the factory "
+            "(calling it alone shows the traceback; docs/factory.md)"
+        ) from e
     if not isinstance(out, Workload):
         raise MemschedError(
             f"model {spec!r}: the factory returned {type(out).__name__}; return a memsched.runtime.Workload "

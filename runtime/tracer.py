@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from memsched.errors import MemschedError
+from memsched.errors import MemschedError, UserCodeError, one_line
 from memsched.runtime.checkpointing import flatten
 from memsched.runtime.clock import Clock, time_steps
 from memsched.runtime.device import device_memory, device_name, framework_versions, measure_runtime_copy_speed
@@ -50,6 +50,8 @@ from memsched.schema import STEP_BELOW_LAYERS_FACTOR, Baseline, DeviceInfo, Laye
 from memsched.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
     from memsched.runtime.models import Workload
 
 log = logging.getLogger(__name__)
@@ -1199,6 +1201,42 @@ def trace_workload(w: Workload, **options: Any) -> tuple[Trace, TraceReport]:
     )
 
 
+def _first_step(step_fn: StepFn, cache_handles: Sequence[RemovableHandle]) -> None:
+    """The first warm-up step, which runs the user's code with nothing of memsched's in place but the KV-cache
+    switch (runtime.kv_cache): where it raises, the model fails, not the trace. It is then run once more with
+    that switch removed too. Failing again, the model fails on its own, and the user gets what it raised and
+    the fix (UserCodeError). Passing, the switch broke it: the first error goes on as it was (internal)."""
+    try:
+        step_fn()
+        return
+    except MemschedError:
+        raise
+    except Exception as first:
+        for h in cache_handles:
+            h.remove()
+        try:
+            step_fn()
+        except Exception:  # noqa: BLE001 - any failure of the plain retry means the model fails on its own
+            raise UserCodeError(_step_failed(first)) from first
+        raise
+
+
+def _step_failed(e: Exception) -> str:
+    """The one-line error for a training step that fails on its own (`_first_step`)."""
+    what = f"{type(e).__name__}: {one_line(e)}"
+    if isinstance(e, torch.OutOfMemoryError):
+        return (
+            f"step: the model's training step ran out of device memory on its own, before memsched traced "
+            f"anything ({what}). The tracer times and measures plain keep-all steps, so one must fit: trace "
+            "with a smaller --batch-size or --seq-len, or on a device with more memory"
+        )
+    return (
+        f"step: the model's training step raised {what}, in its first warm-up step and again with nothing of "
+        "memsched's in place: the model fails on its own. Fix the model, its batch or its step; calling the "
+        "factory's Workload.step() alone shows the traceback (docs/factory.md)"
+    )
+
+
 def trace_with_report(
     model: nn.Module,
     step_fn: StepFn,
@@ -1246,8 +1284,11 @@ def trace_with_report(
     try:
         hook = register_optimizer_step_post_hook(on_step)
         try:
-            for _ in range(warmup):
-                step_fn()
+            for w in range(warmup):
+                if w == 0:
+                    _first_step(step_fn, cache_handles)
+                else:
+                    step_fn()
             step_s = _time_step_and_layers(step_fn, modules, stats, device, steps)
         finally:
             hook.remove()

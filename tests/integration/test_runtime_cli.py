@@ -250,6 +250,105 @@ def test_a_factory_without_optimizer_is_warned_that_no_state_is_counted(tmp_path
     assert "Workload(optimizer=...)" in warned[0] and "counts no optimizer state" in caplog.text
 
 
+FAILING_FACTORY = """
+import torch
+from torch import nn
+
+from memsched.runtime import Workload
+from own_models import make
+
+
+def broken(batch_size=3):
+    raise KeyError("hidden_size")
+
+
+class Mismatch(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, x):
+        return self.inner(x[:, :4])  # a shape bug of the user's: its blocks take 8 features
+
+
+def wrong_shape(batch_size=3):
+    w = make(batch_size)
+    w.model = Mismatch(w.model)
+    return w
+
+
+class NoRoom(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def too_big(batch_size=3):
+    w = make(batch_size)
+    w.model = NoRoom(w.model)
+    return w
+
+
+class Config:
+    use_cache = True
+
+
+class NeedsItsCache(nn.Module):
+    \"\"\"A model that fails only with the KV cache off, which the tracer turns off (runtime.kv_cache).\"\"\"
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+        self.config = Config()
+
+    def forward(self, x, use_cache=None):
+        if use_cache is False:
+            raise RuntimeError("this model cannot run without its cache")
+        return self.inner(x)
+
+
+def needs_cache(batch_size=3):
+    w = make(batch_size)
+    w.model = NeedsItsCache(w.model)
+    return w
+"""
+
+
+@pytest.mark.parametrize(
+    ("factory", "said"),
+    [
+        ("broken", "the factory broken() raised KeyError: 'hidden_size'; fix the factory"),
+        ("wrong_shape", "the model's training step raised RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+        ("too_big", "the model's training step ran out of device memory on its own, before memsched traced"),
+    ],
+)
+def test_a_model_that_fails_on_its_own_is_a_user_error_naming_it(factory, said, tmp_path, capsys, monkeypatch):
+    """The user's own code raising (a factory, or a training step that fails without memsched) is exit 2 and one
+    line quoting what it raised, not memsched's internal error; nothing is written."""
+    (tmp_path / "own_models.py").write_text(OWN_FACTORY)
+    (tmp_path / "failing_models.py").write_text(FAILING_FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "t.json"
+    code, _, err = run(["trace", f"failing_models:{factory}", "--warmup", 1, "--steps", 1, "-o", path], capsys)
+    flat = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err and "internal error" not in err
+    assert said in flat
+    assert not path.exists()
+
+
+def test_a_step_that_fails_only_under_memsched_stays_an_internal_error(tmp_path, capsys, monkeypatch):
+    """Where the first step fails with the tracer's KV-cache switch and passes without it, the fault is
+    memsched's: an internal error (exit 1), not blamed on the model."""
+    (tmp_path / "own_models.py").write_text(OWN_FACTORY)
+    (tmp_path / "failing_models.py").write_text(FAILING_FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run(["trace", "failing_models:needs_cache", "--warmup", 1, *QUICK[:2], "-o", tmp_path / "t"], capsys)
+    assert code == 1 and "internal error" in err and "cannot run without its cache" in err
+
+
 def test_the_factory_doc_example_traces(tmp_path, capsys, monkeypatch):
     """docs/factory.md's worked example, run as written: an own nn.Module, autocast and gradient clipping."""
     from pathlib import Path

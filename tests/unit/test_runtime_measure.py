@@ -97,6 +97,30 @@ def test_side_by_side_one_side_and_bad_arguments():
         measure_side_by_side(net, lambda m: m(x).backward(), None, steps=0)
 
 
+class _CachedNet(Net):
+    """Net with a transformers-style KV cache switch (config.use_cache, a `use_cache` argument), on by default."""
+
+    class config:  # the attribute transformers models carry
+        use_cache = True
+
+    def forward(self, x: torch.Tensor, use_cache: bool | None = None) -> torch.Tensor:
+        return super().forward(x)
+
+
+def test_one_measurement_says_each_replay_warning_once(caplog):
+    """The measurement applies its schedules around every step (11 applications here); the replay's warning that
+    it turns the KV cache off is said once, not once per application, and only while measuring."""
+    net, x = _CachedNet(), torch.randn(8, 16)
+    with caplog.at_level("WARNING", logger="memsched"):
+        measure_side_by_side(net, lambda m: m(x).backward(), _offload_schedule(), steps=3, warmup=1)
+    said = [r for r in caplog.records if "use_cache=True" in r.getMessage()]
+    assert len(said) == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="memsched"), ScheduledModel(net, _offload_schedule()) as sm:
+        sm(x).backward()
+    assert sum("use_cache=True" in r.getMessage() for r in caplog.records) == 1  # a later application says it
+
+
 def test_keep_all_memory_can_be_skipped():
     net, x = Net(), torch.randn(8, 16)
     got = measure_side_by_side(
