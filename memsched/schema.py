@@ -221,12 +221,25 @@ class Layer(_Strict):
     rematerialised bytes are one storage (docs/cost-model.md, 'Checkpoint inputs'). At most input_bytes and
     saved_bytes. None means 0 (traces written before this field price as before)."""
 
+    ctx_held_bytes: Bytes | None = None
+    """Bytes of tensors this layer's forward stores as attributes of a custom autograd Function's `ctx` instead of
+    through `ctx.save_for_backward` (8-bit and 4-bit matmuls keep their quantisation state so). No saved-tensor hook
+    sees them, so no schedule offloads or frees them: they live from F_i through B_i under every plan, which the
+    tracer's workspace fit prices, and a recompute segment's re-run makes them again while the forward's are still
+    held, at the segment's last layer's backward B_b (docs/cost-model.md, 'Tensors kept on a ctx'). None means 0
+    (traces written before this field price as before)."""
+
     code_after_saves: bool = False
     """Whether the model's code between this layer's forward and the next layer's saves tensors for backward: a
     norm or a residual op between sub-module layers (attention and MLP traced apart). The replay re-runs only
     traced layers, so a recompute segment cannot run past this layer: its re-run would not redo those saves
     (Trace.segment_last). Their bytes are priced in the later layers' workspace, as the tracer measured them.
     False in traces written before this field (their plans are checked again at replay)."""
+
+    @property
+    def ctx_held(self) -> int:
+        """ctx_held_bytes, or 0 where None."""
+        return self.ctx_held_bytes or 0
 
     @property
     def input_saved(self) -> int:
@@ -462,6 +475,7 @@ class Trace(_Strict):
                 "output_saved_readers",
                 "input_saved_bytes",
                 "output_held_until",
+                "ctx_held_bytes",
             ):
                 if layer.get(key, 0) is None:
                     layer.pop(key)

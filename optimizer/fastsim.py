@@ -63,6 +63,7 @@ class FastSim:
         self.side = np.array([x.side_input for x in layers], dtype=np.int64)
         self.changed = np.array([x.changed_buffers for x in layers], dtype=np.int64)
         self.in_saved = np.array([x.input_saved for x in layers], dtype=np.int64)
+        self.ctx = np.array([x.ctx_held for x in layers], dtype=np.int64)
         dev = trace.device
         self.d2h_bw, self.h2d_bw, self.latency = dev.d2h_bytes_per_s, dev.h2d_bytes_per_s, dev.copy_latency_s
         self.serial = not dev.concurrent_copies
@@ -91,6 +92,7 @@ class FastSim:
             self.side,
             self.changed,
             self.in_saved,
+            self.ctx,
             self.d2h_bw,
             self.h2d_bw,
             self.latency,
@@ -144,6 +146,7 @@ def _stage_memory(
     side: np.ndarray,
     changed: np.ndarray,
     in_saved: np.ndarray,
+    ctx: np.ndarray,
     loss_transient: int,
     ckpt_state: int,
 ) -> tuple[np.ndarray, int, np.ndarray]:  # pragma: no cover
@@ -196,7 +199,11 @@ def _stage_memory(
                             break
         _add(diff, a + 1, last - a - 1, ext)
         _add(diff, a, last - a, ckpt_state)
-        _add(diff, last - b, last - b, ckpt_state)  # the re-run's fork of it, in B_b
+        # The re-run's fork of it, in B_b, and what its layers keep on a ctx, made again (simulate.rerun_fork_bytes).
+        fork = ckpt_state
+        for c in range(a, b + 1):
+            fork += ctx[c]
+        _add(diff, last - b, last - b, fork)
         for c in range(a, b + 1):
             if side[c] > 0:
                 side_held = max(side_held, side[c])
@@ -308,6 +315,7 @@ def _evaluate(
     side: np.ndarray,
     changed: np.ndarray,
     in_saved: np.ndarray,
+    ctx: np.ndarray,
     d2h_bw: float,
     h2d_bw: float,
     latency: float,
@@ -384,6 +392,7 @@ def _evaluate(
         side,
         changed,
         in_saved,
+        ctx,
         loss_transient,
         ckpt_state,
     )

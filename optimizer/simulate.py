@@ -208,6 +208,14 @@ def checkpoint_state_bytes(trace: Trace) -> int:
     return CPU_RNG_STATE_BYTES if trace.device.is_host else 0
 
 
+def rerun_fork_bytes(trace: Trace, a: int, b: int) -> int:
+    """Bytes a recompute segment [a, b] holds in B_b, while it re-runs, beyond its layers' saved bytes: the fork
+    of its stashed RNG state (`checkpoint_state_bytes`, torch.random.fork_rng), and what its layers' forwards keep
+    on a custom autograd Function's ctx (Layer.ctx_held_bytes): the re-run makes those again while the forward's
+    are still held, and drops them when it ends (docs/cost-model.md, 'Tensors kept on a ctx')."""
+    return checkpoint_state_bytes(trace) + sum(x.ctx_held for x in trace.layers[a : b + 1])
+
+
 def external_input_bytes(trace: Trace, i: int) -> int:
     """Bytes layer i reads that no traced layer produced (an embedding's or a stem's output, a mask): a
     recompute segment containing i holds them as checkpoint inputs, like the outputs of its deps."""
@@ -531,7 +539,8 @@ def _stage_memory(
     state = checkpoint_state_bytes(trace) if transients else 0
     for a, b in group_end.items():
         add(a, last - a, state)  # stashed at the segment's entry, dropped when its backward is done
-        add(last - b, last - b, state)  # and forked while the segment re-runs, in B_b (torch.random.fork_rng)
+        # Forked while the segment re-runs, in B_b (torch.random.fork_rng), with what its layers keep on a ctx.
+        add(last - b, last - b, rerun_fork_bytes(trace, a, b) if transients else 0)
     if transients:
         # Side inputs: in the forward the model's code holds them (keep-all's fitted stages carry them); from
         # the loss point on, only checkpoints (and layers that saved them) do. Not saved tensors: the ledger

@@ -114,6 +114,25 @@ class _LayerStats:
     side_input_bytes: int = 0
     """Bytes of its inputs that need no gradient and that the step made outside the traced layers (masks,
     rotary tables, position ids): a recompute checkpoint holds them (Layer.side_input_bytes)."""
+    ctx_held_bytes: int = 0
+    """Bytes its forward keeps on custom autograd Functions' ctx objects, seen by no saved-tensor hook
+    (Layer.ctx_held_bytes)."""
+
+
+def _tensors_in(values: Any, depth: int) -> list[torch.Tensor]:
+    """The tensors among `values`, in containers (lists, tuples, dicts) and, `depth` levels down, in the
+    attributes of plain objects (a quantisation state object a Function keeps on its ctx)."""
+    found: list[torch.Tensor] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif depth > 0 and isinstance(v, (list, tuple)):
+            found += _tensors_in(v, depth - 1)
+        elif depth > 0 and isinstance(v, dict):
+            found += _tensors_in(v.values(), depth - 1)
+        elif depth > 0 and hasattr(v, "__dict__") and not isinstance(v, (nn.Module, type)):
+            found += _tensors_in(vars(v).values(), depth - 1)
+    return found
 
 
 def _input_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -398,6 +417,7 @@ class _MemoryStep:
                 self.stats[j].output_held_past = i
         self.meter.mark(f"F{i}:end")  # after the last layer: the loss's stage, apart (`fit_workspace`)
         outs = [t for _, t in flatten(out)]
+        self.stats[i].ctx_held_bytes = self._ctx_held(outs, ins)
         self.stats[i].output_bytes = _unique_bytes(outs)
         own = [t for t in outs if self._claimed_by(t, i)]
         self.stats[i].output_saved_bytes = _unique_bytes(own)
@@ -411,6 +431,32 @@ class _MemoryStep:
                     self.saved_out_nodes.add(t.grad_fn)
             if t.requires_grad:
                 t.register_hook(self._backward_mark(i))
+
+    def _ctx_held(self, outs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> int:
+        """Bytes of the tensors a layer's forward keeps as attributes of custom autograd Functions' ctx objects
+        (Layer.ctx_held_bytes): a walk back over the autograd nodes its forward made, from its outputs to where
+        the walk before it (`_upstream`) or an earlier layer's outputs begin. Parameters, buffers, what the
+        process held before the step, the layer's inputs and storages a saved-tensor hook saw are left out."""
+        skip = {id(t.untyped_storage()) for t in inputs}
+        seen: set[int] = set()
+        total = 0
+        done: set[Any] = set()
+        todo = [t.grad_fn for t in outs if t.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node in done or node in self.walked or node in self.out_nodes:
+                continue
+            done.add(node)
+            attrs = getattr(node, "__dict__", None)  # only a Python Function's node (its ctx) has one
+            for t in _tensors_in(attrs.values() if attrs else (), depth=2):
+                s = t.untyped_storage()
+                key = id(s)
+                if key in seen or key in skip or key in self.owner or t in self.static or t in self.resident:
+                    continue
+                seen.add(key)
+                total += storage_nbytes(t)
+            todo.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+        return total
 
     def _note_held(self, now: int) -> None:
         """Layers whose own saved outputs the model's code still holds as layer `now` starts (HELD_INTO_BACKWARD:
@@ -967,6 +1013,7 @@ def _layers(
                 deps=sorted(pos[d] for d in st.deps if pos[d] < pos[orig]),
                 shared_input_bytes=st.shared or None,
                 side_input_bytes=st.side_input_bytes or None,
+                ctx_held_bytes=st.ctx_held_bytes or None,
                 changed_buffer_bytes=st.changed_buffer_bytes or None,
                 output_saved_bytes=min(st.output_saved_bytes, st.output_bytes, sum(st.saved)) or None,
                 input_saved_bytes=min(st.input_saved_bytes, st.input_bytes, sum(st.saved)) or None,
@@ -1114,6 +1161,21 @@ def _first_three(per_layer: Sequence[tuple[str, int]], preposition: str, noun: s
     """'B of 'name', ...' for the first three (layer name, bytes), and how many more `noun` there are."""
     where = ", ".join(f"{format_bytes(b)} {preposition} {name!r}" for name, b in per_layer[:3])
     return where + (f" and {len(per_layer) - 3} more {noun}" if len(per_layer) > 3 else "")
+
+
+def _check_ctx_held(mem: _MemoryStep, stats: Sequence[_LayerStats], report: TraceReport) -> None:
+    """Say which layers keep tensors on a custom autograd Function's ctx, and what that costs a plan."""
+    per_layer = [(stats[i].name, stats[i].ctx_held_bytes) for i in mem.order if stats[i].ctx_held_bytes]
+    if not per_layer:
+        return
+    total = sum(b for _, b in per_layer)
+    report.warn(
+        f"layers: {format_bytes(total)} of tensors are kept as attributes of custom autograd Functions' ctx, "
+        f"not through ctx.save_for_backward ({_first_three(per_layer, 'in', 'layers')}): no saved-tensor hook "
+        "sees them, so no schedule offloads or frees them, and a recompute segment's re-run makes them again "
+        "while the forward's are still held (priced: Layer.ctx_held_bytes). Saving them with "
+        "ctx.save_for_backward lets a schedule move them"
+    )
 
 
 def _check_unowned(mem: _MemoryStep, stats: Sequence[_LayerStats], report: TraceReport) -> None:
@@ -1307,6 +1369,7 @@ def trace_with_report(
     static.saved_before_layers = sum(nbytes for _, nbytes in mem.outside.values())
     static.saved_held_by_code = mem.code_held_bytes()
     _check_code_held(mem, stats, report)
+    _check_ctx_held(mem, stats, report)
     workspace, forward_workspace = fit_workspace([stats[i] for i in mem.order], static.total, whole)
     traced = _layers(stats, mem.order, workspace, forward_workspace, mem.saves_after)
     _check_times(traced, step_s, report)

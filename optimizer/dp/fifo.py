@@ -354,6 +354,7 @@ def _expand(
             int(p.shared_hold[k]),
             int(AFTER_SEGMENT_BIT),
             p.snap_prefix,
+            p.ctx_prefix,
             bits_at,
             out_bytes_bit,
             offload_bytes,

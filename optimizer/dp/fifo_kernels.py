@@ -186,6 +186,7 @@ def expand_fifo(
     shared_k: int,
     after_bit: int,
     snap_prefix: np.ndarray,
+    ctx_prefix: np.ndarray,
     bits_at: np.ndarray,
     out_bytes_bit: np.ndarray,
     offload_bytes: np.ndarray,
@@ -404,8 +405,9 @@ def expand_fifo(
             # Row B_b holds the re-run's fork of the state too. B_k holds no checkpoint inputs (the simulator's
             # rule: they are held strictly between F_k and B_k), only the stashed state the caller checked.
             held_b = saved[k] + state if b == k else saved_prefix[b + 1] - saved_prefix[k] + ckpt - overlap
-            if state > 0 and limit - held_b - 2 * snaps - trans_b[b] - r < state:
-                continue  # (a longer segment's row B_b has no fork: it may still fit)
+            fork = state + ctx_prefix[b + 1] - ctx_prefix[k]  # with the ctx-kept bytes (kernels.segment_children)
+            if fork > 0 and limit - held_b - 2 * snaps - trans_b[b] - r < fork:
+                continue  # (a longer segment's row B_b has another fork: it may still fit)
             recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
             child_ret = r + ckpt + snaps
             c_f = stf - fwd_prefix[b + 1]

@@ -54,6 +54,7 @@ def segment_children(
     state: int,
     overlap: int,
     snap_prefix: np.ndarray,
+    ctx_prefix: np.ndarray,
     bits_at: np.ndarray,
     out_bytes_bit: np.ndarray,
     side: int,
@@ -162,11 +163,13 @@ def segment_children(
             if dead or snap_room < snaps:
                 break  # rows B_k..B_b cannot hold the snapshots: nor with a longer segment's
             replay_from = b + 1
-            # Row B_b holds the re-run's fork of the state too. B_k holds no checkpoint inputs (the simulator's
-            # rule: they are held strictly between F_k and B_k), only the stashed state the caller checked.
+            # Row B_b holds the re-run's fork of the state too, and its layers' ctx-kept bytes made again
+            # (simulate.rerun_fork_bytes). B_k holds no checkpoint inputs (the simulator's rule: they are held
+            # strictly between F_k and B_k), only the stashed state the caller checked.
             held_b = saved[k] + state if b == k else saved_prefix[b + 1] - saved_prefix[k] + ckpt - overlap
-            if state > 0 and limit - held_b - 2 * snaps - trans_b[b] - r - charge < state:
-                continue  # (a longer segment's row B_b has no fork: it may still fit)
+            fork = state + ctx_prefix[b + 1] - ctx_prefix[k]
+            if fork > 0 and limit - held_b - 2 * snaps - trans_b[b] - r - charge < fork:
+                continue  # (a longer segment's row B_b has another fork: it may still fit)
             recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
             child_cost = c + recompute_s
             child_ret = r + ckpt + snaps

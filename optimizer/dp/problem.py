@@ -205,6 +205,10 @@ class DpProblem:
     private copies its re-run saves from B_b through B_i (simulate._stage_memory). Segment [k..b] thus holds
     S(k..m) more in row F_m, S(k..b) + S(k..m) more in row B_m, and S(k..b) in every row after it (the kernels'
     `snap_prefix`; docs/formulation.md, 'Snapshots of changed buffers'). Zeros: no layer changes a buffer."""
+    ctx_prefix: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    """int64 n + 1 prefix sums of each layer's bytes kept on a custom autograd Function's ctx (Layer.ctx_held_bytes):
+    a segment [k..b]'s re-run makes them again in row B_b, beside its forked RNG state (simulate.rerun_fork_bytes;
+    the kernels' `ctx_prefix`). Zeros: no layer keeps any."""
     side: int = 0
     """Bytes of side inputs (Layer.side_input_bytes: masks, rotary tables) that a recompute segment's checkpoint
     keeps from the loss point through the backward of its first layer, charged to labels with SIDE_HELD_BIT at
@@ -653,6 +657,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         beam_future=built[FUTURE : PENDING_B + 1],
         ckpt_state=checkpoint_state_bytes(trace),
         snap_prefix=np.concatenate([[0], np.cumsum([x.changed_buffers for x in layers])]).astype(np.int64),
+        ctx_prefix=np.concatenate([[0], np.cumsum([x.ctx_held for x in layers])]).astype(np.int64),
         seg_last=np.array(trace.segment_last(), dtype=np.int64),
         side=min((x.side_input for x in layers if x.side_input > 0), default=0),
         side_layer=np.array([x.side_input > 0 for x in layers], dtype=np.bool_),

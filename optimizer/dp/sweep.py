@@ -393,6 +393,7 @@ class _Sweep:
                 p.ckpt_state,
                 int(p.input_saved[k]),
                 p.snap_prefix,
+                p.ctx_prefix,
                 bits_at,
                 out_bytes_bit,
                 p.side,

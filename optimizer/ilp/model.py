@@ -23,6 +23,7 @@ from memsched.optimizer.simulate import (
     loss_point_transient,
     other_step_s,
     own_output_read_by_all,
+    rerun_fork_bytes,
     rerun_input_overlap,
     segment_external_bytes,
     segment_outside_deps,
@@ -484,13 +485,16 @@ def _add_memory_rows(
                 remat[k].append((v, nbytes))
     # A segment [a, b]'s checkpoint stashes the RNG state at entry: rows F_a and B_a hold it too; its re-run
     # forks it (torch.random.fork_rng), a second copy in row B_b.
+    # With it, the bytes its layers keep on a ctx, made again by the re-run (simulate.rerun_fork_bytes).
     state = float(checkpoint_state_bytes(trace))
     state_at: dict[int, Terms] = {k: [] for k in range(n)}
     fork_at: dict[int, Terms] = {k: [] for k in range(n)}
-    if state:
-        for (a, b), v in m.seg.items():
+    for (a, b), v in m.seg.items():
+        if state:
             state_at[a].append((v, state))
-            fork_at[b].append((v, state))
+        fork = float(rerun_fork_bytes(trace, a, b))
+        if fork:
+            fork_at[b].append((v, fork))
     # A recomputed layer's forward runs under the checkpoint, which saves nothing: row F_k holds its saved bytes
     # less its cut (simulate.forward_cuts; docs/cost-model.md, 'A recomputed layer's forward').
     cuts = forward_cuts(trace)

@@ -227,8 +227,10 @@ def every_action_plan(trace: Trace) -> list[list[Decision]]:
 def every_rule_trace(tr: Trace, seed: int) -> Trace:
     """`tr` with the fields that change stage memory set at random: saved inputs (the re-run overlap, which lowers
     B stages), self-saved outputs, saved-twice storages, side inputs, changed buffers, the code holding a skip,
-    early-stopping re-runs and measured forward cuts (which lower F stages)."""
+    early-stopping re-runs, measured forward cuts (which lower F stages) and bytes kept on a ctx (a second random
+    stream, so that the others are drawn as before it)."""
     rng = random.Random(seed)
+    ctx_rng = random.Random(seed + 7919)
     doc = tr.model_dump(mode="json")
     for j, layer in enumerate(doc["layers"]):
         saved, out, inp = layer["saved_bytes"], layer["output_bytes"], layer["input_bytes"]
@@ -238,6 +240,7 @@ def every_rule_trace(tr: Trace, seed: int) -> Trace:
         layer["side_input_bytes"] = rng.choice([None, 0, 500])
         layer["changed_buffer_bytes"] = rng.choice([None, 0, 300])
         layer["recompute_s"] = rng.choice([None, layer["forward_s"] * 0.6])
+        layer["ctx_held_bytes"] = ctx_rng.choice([None, 0, 400])
         if j + 2 < len(doc["layers"]):
             layer["output_held_until"] = rng.choice([None, j + 2])
     out_tr = Trace.model_validate(doc)

@@ -61,6 +61,7 @@ def test_fastsim_equals_the_simulator(dag: bool, serial: bool) -> None:
                 layer.side_input_bytes = rng.choice([None, 0, 4096, 2**20])
                 layer.shared_input_bytes = rng.choice([None, 0, 2**16])
                 layer.changed_buffer_bytes = rng.choice([None, 0, 144, 2**12])
+                layer.ctx_held_bytes = rng.choice([None, 0, 2**16])  # kept on a ctx: made again in B_b
         if seed % 3 == 1:  # layers whose own saved tensors hold all or part of their output (ResNet's last ReLU)
             for layer in trace.layers:
                 cover = min(layer.output_bytes, layer.saved_bytes)

@@ -338,6 +338,7 @@ def test_new_default_fields_keep_old_hashes():
         del layer["input_saved_bytes"]
         del layer["output_held_until"]
         del layer["code_after_saves"]
+        del layer["ctx_held_bytes"]
     import hashlib
     import json
 
