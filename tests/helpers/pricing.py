@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -164,6 +164,30 @@ def assert_fifo_sweep_is_the_best_plan(trace: Trace, budget: int, best: float | 
     assert res.finals and res.bound_s == pytest.approx(best, rel=1e-6, abs=1e-12)
     sim = simulate(trace, decode(trace, p, res, res.finals[0][1]), budget)
     assert sim.feasible and sim.overhead_s == pytest.approx(res.finals[0][0], rel=1e-9, abs=1e-12)
+
+
+PRICER_CHECKS = ("fluid-serial", "fluid-concurrent", "fifo", "milp-fifo")
+"""What `assert_a_term_is_priced` checks, one name per test case."""
+
+
+def assert_a_term_is_priced(check: str, trace_of: Callable[[int, int, bool], Trace], seed: int) -> None:
+    """One of the checks a memory term of the cost model gets in every pricer, on `trace_of(n, seed, serial)`
+    (a random trace where the term decides plans): `fluid-serial`, the fluid sweep is the brute-force optimum on
+    serial copies; `fluid-concurrent`, its bound stays below it on concurrent copies; `fifo`, the FIFO sweep is
+    the brute-force optimum there and its plan fits; `milp-fifo`, the exact-window MILP equals the FIFO sweep."""
+    if check == "fluid-serial":
+        assert_fluid_sweep_is_the_best_plan(trace_of(3 + seed % 3, seed, True), exact=True)
+    elif check == "fluid-concurrent":
+        assert_fluid_sweep_is_the_best_plan(trace_of(3 + seed % 2, 200 + seed, False), exact=False)
+    elif check == "fifo":
+        trace = trace_of(3 + seed % 3, 100 + seed, False)
+        for budget in spread_budgets(trace):
+            assert_fifo_sweep_is_the_best_plan(trace, budget, best_overhead(trace, budget))
+    else:
+        assert check == "milp-fifo"
+        trace = trace_of(3 + seed % 2, 300 + seed, False)
+        for budget in (min_feasible_budget(trace), budget_between(trace, 0.2)):
+            assert_fifo_sweep_equals_the_milp(trace, budget)
 
 
 def _split(total: int, k: int, rng: random.Random) -> list[int]:

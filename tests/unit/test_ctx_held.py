@@ -14,15 +14,13 @@ import random
 import pytest
 
 from helpers.pricing import (
+    PRICER_CHECKS,
+    assert_a_term_is_priced,
     assert_brute_force_dp_and_milp_agree,
-    assert_fifo_sweep_equals_the_milp,
-    assert_fifo_sweep_is_the_best_plan,
-    assert_fluid_sweep_is_the_best_plan,
     best_overhead,
     cpu_trace,
     spread_budgets,
 )
-from memsched.optimizer.budget import budget_between, min_feasible_budget
 from memsched.optimizer.decisions import KEEP, recompute
 from memsched.optimizer.simulate import stage_memory
 from memsched.optimizer.synthetic import make_trace
@@ -57,21 +55,10 @@ def test_a_segment_holds_its_layers_ctx_bytes_again_in_its_last_layers_backward(
     assert stage_memory(with_ctx, [KEEP] * 4) == stage_memory(bare, [KEEP] * 4)  # keep-all: the fit's
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_the_fluid_sweep_on_serial_copies_is_the_brute_force_optimum(seed: int) -> None:
-    assert_fluid_sweep_is_the_best_plan(_ctx_trace(3 + seed % 3, seed, serial=True), exact=True)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_the_fluid_bound_on_concurrent_copies_stays_below_the_best_plan(seed: int) -> None:
-    assert_fluid_sweep_is_the_best_plan(_ctx_trace(3 + seed % 2, 200 + seed, serial=False), exact=False)
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_the_fifo_sweep_is_the_brute_force_optimum_and_its_plan_fits(seed: int) -> None:
-    trace = _ctx_trace(3 + seed % 3, 100 + seed, serial=False)
-    for budget in spread_budgets(trace):
-        assert_fifo_sweep_is_the_best_plan(trace, budget, best_overhead(trace, budget))
+@pytest.mark.parametrize("check", PRICER_CHECKS)
+@pytest.mark.parametrize("seed", range(5))
+def test_both_sweeps_and_the_milp_price_them_as_brute_force(check: str, seed: int) -> None:
+    assert_a_term_is_priced(check, _ctx_trace, seed)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -81,13 +68,6 @@ def test_the_milp_prices_them_as_the_dp_and_brute_force(seed: int) -> None:
     for layer in doc["layers"]:
         layer["ctx_held_bytes"] = rng.randint(200, 3000)
     assert_brute_force_dp_and_milp_agree(Trace.model_validate(doc))
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_the_milp_equals_the_fifo_sweep_with_them(seed: int) -> None:
-    trace = _ctx_trace(3 + seed % 2, 300 + seed, serial=False)
-    for budget in (min_feasible_budget(trace), budget_between(trace, 0.2)):
-        assert_fifo_sweep_equals_the_milp(trace, budget)
 
 
 def test_they_decide_the_optimum_the_pricers_are_checked_at() -> None:
