@@ -384,8 +384,11 @@ def _error_code(e: MemschedError) -> str:
         InfeasibleHostBudgetError,
         ScheduleMismatchError,
         TraceFormatError,
+        UserCodeError,
     )
 
+    if isinstance(e, UserCodeError):
+        return "user_code"
     if isinstance(e, InfeasibleBudgetError):
         return "infeasible_budget"
     if isinstance(e, InfeasibleHostBudgetError):

@@ -337,6 +337,11 @@ def test_a_model_that_fails_on_its_own_is_a_user_error_naming_it(factory, said, 
     assert code == 2 and "Traceback" not in err and "internal error" not in err
     assert said in flat
     assert not path.exists()
+    # A script that asked for JSON tells the model's own failure from bad input.
+    code, out, _ = run(
+        ["trace", f"failing_models:{factory}", "--warmup", 1, "--steps", 1, "-o", path, "--json"], capsys
+    )
+    assert code == 2 and json.loads(out)["error"]["code"] == "user_code"
 
 
 def test_a_step_that_fails_only_under_memsched_stays_an_internal_error(tmp_path, capsys, monkeypatch):
