@@ -26,6 +26,7 @@ import torch
 from test_runtime_support import schedule_of
 from torch import nn
 
+from helpers.ctx_models import CtxBlock, KeepsOnCtx
 from memsched.errors import InfeasibleBudgetError
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.decisions import KEEP, Decision, offload_all, recompute
@@ -345,34 +346,12 @@ def _convnext() -> nn.Module:
     return tf.ConvNextForImageClassification(cfg)
 
 
-class _KeepsOnCtx(torch.autograd.Function):
-    """x * x whose backward reads a copy of x kept as a ctx attribute, which no saved-tensor hook sees."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.x = x.detach() * 1.0
-        return x * x
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        return 2 * ctx.x * g
-
-
-class CtxBlock(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b, self.norm = nn.Linear(16, 32), nn.Linear(32, 16), nn.LayerNorm(16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.b(torch.tanh(_KeepsOnCtx.apply(self.a(self.norm(x)))))
-
-
 class CtxNet(nn.Module):
     """Four blocks, each with a custom Function that keeps its input on its ctx (Layer.ctx_held_bytes)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(CtxBlock() for _ in range(4))
+        self.blocks = nn.ModuleList(CtxBlock(KeepsOnCtx, d=16) for _ in range(4))
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         for blk in self.blocks:

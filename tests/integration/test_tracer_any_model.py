@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from helpers.ctx_models import CtxBlock, KeepsOnCtx, SavesIt
 from memsched.runtime import Workload, trace
 from memsched.runtime.tracer import (
     STEP_PARTS_FAIL,
@@ -410,44 +410,6 @@ def test_a_tensor_the_stem_also_saves_is_static_and_never_offloaded():
     assert got.scheduled.peak_bytes <= simulate(tr, sched).peak_bytes
 
 
-class _KeepsOnCtx(torch.autograd.Function):
-    """x * x, whose backward reads a copy of x kept as a ctx attribute, not through ctx.save_for_backward (as
-    8-bit matmuls keep their quantisation state): no saved-tensor hook sees it."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.x = x.detach() * 1.0
-        return x * x
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        return 2 * ctx.x * g
-
-
-class _SavesIt(torch.autograd.Function):
-    """The same through ctx.save_for_backward: the hooks see it, so a schedule moves it."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x.detach() * 1.0)
-        return x * x
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return 2 * x * g
-
-
-class CtxBlock(nn.Module):
-    def __init__(self, fn: type[torch.autograd.Function], d: int = 32) -> None:
-        super().__init__()
-        self.fn = fn
-        self.a, self.b, self.norm = nn.Linear(d, 2 * d), nn.Linear(2 * d, d), nn.LayerNorm(d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.b(torch.tanh(self.fn.apply(self.a(self.norm(x)))))
-
-
 class CtxNet(nn.Module):
     def __init__(self, fn: type[torch.autograd.Function], depth: int = 5) -> None:
         super().__init__()
@@ -473,10 +435,10 @@ def test_tensors_kept_on_a_ctx_are_traced_and_a_recompute_plan_keeps_its_budget(
 
     torch.manual_seed(0)
     x = torch.randn(16, 32, 32)
-    plain = CtxNet(_SavesIt)
+    plain = CtxNet(SavesIt)
     tr_plain = trace(plain, lambda: plain(x).backward(), steps=1, warmup=1)
     assert all(layer.ctx_held_bytes is None for layer in tr_plain.layers)
-    model = CtxNet(_KeepsOnCtx)
+    model = CtxNet(KeepsOnCtx)
     with caplog.at_level(logging.WARNING, logger="memsched"):
         tr = trace(model, lambda: model(x).backward(), steps=1, warmup=1)
     assert [layer.ctx_held_bytes for layer in tr.layers] == [16 * 32 * 64 * 4] * 5
