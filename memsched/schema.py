@@ -130,6 +130,18 @@ class Baseline(_Strict):
     """Measured device-memory peak of the step, bytes."""
 
 
+class RerunOverhead(_Strict):
+    """What a recompute costs beyond its layers' own re-runs (forward_s, Layer.rerun_s): torch.utils.checkpoint's
+    frame, its unpack hooks and the replay's bookkeeping around each segment, and each re-run layer's share of
+    them. The tracer measures it side by side with the keep-all step: steps with every layer a segment of its
+    own and steps with the longest segments the trace allows (docs/cost-model.md, 'What a re-run costs')."""
+
+    per_segment_s: Seconds = 0.0
+    """Seconds each recompute segment costs once, in its B_b, beyond its layers' re-runs."""
+    per_layer_s: Seconds = 0.0
+    """Seconds each re-run layer of a segment costs beyond its forward_s (rerun_s for the segment's last)."""
+
+
 class Layer(_Strict):
     """One traced layer, in forward order. Its saved tensors follow the attribution rule
     (docs/architecture.md, 'Trace')."""
@@ -361,6 +373,9 @@ class Trace(_Strict):
     """Measured keep-all step time and peak."""
     layers: list[Layer]
     """Layers in forward order."""
+    rerun_overhead: RerunOverhead | None = None
+    """Measured cost of the recompute machinery (RerunOverhead). None: not measured (imported and synthetic
+    traces, traces written before this field): re-runs cost their layers' times alone."""
 
     @field_validator("schema_version")
     @classmethod
@@ -448,10 +463,22 @@ class Trace(_Strict):
             out[a] = last
         return out
 
+    @property
+    def rerun_segment_s(self) -> float:
+        """Seconds each recompute segment costs once beyond its layers' re-runs (RerunOverhead.per_segment_s)."""
+        return self.rerun_overhead.per_segment_s if self.rerun_overhead is not None else 0.0
+
+    @property
+    def rerun_layer_s(self) -> float:
+        """Seconds each re-run layer costs beyond its own time (RerunOverhead.per_layer_s)."""
+        return self.rerun_overhead.per_layer_s if self.rerun_overhead is not None else 0.0
+
     def segment_rerun_s(self, a: int, b: int) -> float:
-        """Seconds a recompute segment [a..b] re-runs in B_b: the whole forwards of layers a..b-1 and the last
-        layer's re-run up to the checkpoint's early stop (Layer.rerun_s). Every pricer uses this rule."""
-        return sum(x.forward_s for x in self.layers[a:b]) + self.layers[b].rerun_s
+        """Seconds a recompute segment [a..b] re-runs in B_b: the whole forwards of layers a..b-1, the last
+        layer's re-run up to the checkpoint's early stop (Layer.rerun_s), and the recompute machinery's measured
+        cost, once for the segment and once per layer (RerunOverhead). Every pricer uses this rule."""
+        machinery = self.rerun_segment_s + (b - a + 1) * self.rerun_layer_s
+        return sum(x.forward_s for x in self.layers[a:b]) + self.layers[b].rerun_s + machinery
 
     def content_hash(self) -> str:
         """sha256 of the canonical JSON form: identical traces hash identically, whatever the key order.
@@ -463,6 +490,8 @@ class Trace(_Strict):
         for key in ("saved_before_layers", "saved_held_by_code"):
             if not doc["static"].get(key):
                 doc["static"].pop(key, None)
+        if doc.get("rerun_overhead", 0) is None:
+            doc.pop("rerun_overhead")
         for layer in doc["layers"]:
             for key in (
                 "recompute_s",

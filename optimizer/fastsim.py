@@ -40,7 +40,11 @@ class FastSim:
     def __init__(self, trace: Trace, budget_bytes: int) -> None:
         layers = trace.layers
         self.fwd = np.array([x.forward_s for x in layers], dtype=np.float64)
-        self.rerun = np.array([x.rerun_s for x in layers], dtype=np.float64)  # as a segment's last layer
+        # A re-run layer with its share of the recompute machinery (Trace.segment_rerun_s): the segment's last to
+        # the checkpoint's early stop, with the segment's own share; the others whole.
+        machinery = trace.rerun_layer_s
+        self.rerun = np.array([x.rerun_s for x in layers], dtype=np.float64) + machinery + trace.rerun_segment_s
+        self.rerun_mid = self.fwd + machinery
         self.bwd = np.array([x.backward_s for x in layers], dtype=np.float64)
         self.saved = np.array([x.saved_bytes for x in layers], dtype=np.int64)
         self.fwd_transient = np.array([x.forward_workspace + x.output_bytes for x in layers], dtype=np.int64)
@@ -75,6 +79,7 @@ class FastSim:
         self.args = (
             self.fwd,
             self.rerun,
+            self.rerun_mid,
             self.bwd,
             self.saved,
             self.fwd_transient,
@@ -298,6 +303,7 @@ def _evaluate(
     nbytes: np.ndarray,
     fwd: np.ndarray,
     rerun: np.ndarray,
+    rerun_mid: np.ndarray,
     bwd: np.ndarray,
     saved: np.ndarray,
     fwd_transient: np.ndarray,
@@ -491,7 +497,7 @@ def _evaluate(
                 t = h2d_free
         if ends_at[i] >= 0:
             for k in range(ends_at[i], i + 1):
-                dur = rerun[k] if k == i else fwd[k]  # the last layer to the early stop (segment_rerun_s)
+                dur = rerun[k] if k == i else rerun_mid[k]  # the last layer to the early stop (segment_rerun_s)
                 t += dur
                 recompute_s += dur
         if kind[i] == KIND_OFFLOAD and prefetch_done[i] > t:

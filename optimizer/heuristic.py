@@ -116,8 +116,9 @@ def greedy_decisions(
         freed, before = 0, 0.0  # before: the whole forwards of a..b-1
         for b in range(a, min(a + seg_max, n - 1, seg_last[a] + 1)):
             freed += sizes[b]
-            cost = before + trace.layers[b].rerun_s  # Trace.segment_rerun_s, incrementally
-            before += trace.layers[b].forward_s
+            cost = before + trace.layers[b].rerun_s + trace.rerun_segment_s  # Trace.segment_rerun_s, incrementally
+            before += trace.layers[b].forward_s + trace.rerun_layer_s
+            cost += trace.rerun_layer_s
             if sizes[b] <= 0:
                 continue  # a segment ending at a layer that saves nothing is dominated by a shorter one
             net = freed - sum(trace.layers[j].output_bytes for j in segment_outside_deps(trace, a, b))

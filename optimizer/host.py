@@ -86,6 +86,8 @@ def _byte_problem(p: DpProblem) -> DpProblem:
         p,
         fwd=z,
         rerun=z,
+        rerun_fwd_prefix=zp,
+        rerun_least=z,
         bwd=z,
         fwd_prefix=zp,
         bwd_prefix=zp,

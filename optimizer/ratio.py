@@ -58,7 +58,7 @@ def _recompute_order(trace: Trace) -> list[int]:
         layer = layers[i]
         holds = sum(checkpoint_input_bytes(trace, j) for j in set(layer.deps) if j not in held)
         freed = layer.saved_bytes - holds - external_input_bytes(trace, i)
-        return layer.rerun_s / freed if freed > 0 else None
+        return trace.segment_rerun_s(i, i) / freed if freed > 0 else None
 
     # A heap of (ratio, layer) with lazy updates: a layer's ratio only falls as producers become held, so an
     # entry that no longer matches is pushed again with its new value.

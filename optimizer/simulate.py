@@ -772,9 +772,12 @@ def _backward_stages(
                 stall += h2d_free - t
                 t = h2d_free
         if i in segments_ending_at:
-            for k in range(segments_ending_at[i], i + 1):
-                # The last layer re-runs only up to the checkpoint's early stop (Trace.segment_rerun_s).
-                dur = layers[k].rerun_s if k == i else layers[k].forward_s
+            a = segments_ending_at[i]
+            for k in range(a, i + 1):
+                # The last layer re-runs only up to the checkpoint's early stop; each layer carries its share of
+                # the recompute machinery, the first the segment's own (Trace.segment_rerun_s).
+                dur = (layers[k].rerun_s if k == i else layers[k].forward_s) + trace.rerun_layer_s
+                dur += trace.rerun_segment_s if k == a else 0.0
                 ev(Event(COMPUTE, "recompute", k, t, t + dur))
                 t += dur
                 recompute_s += dur

@@ -2,7 +2,8 @@
 
 At any one stage k, a plan must hold at most the budget, so it frees at least need_k = keep-all's bytes there less
 the budget's. Only layers whose saved bytes keep-all holds at k can free them, and each frees at most its saved
-bytes: recomputed, for at least its re-run (Layer.rerun_s), less what its segment's checkpoint holds for it past
+bytes: recomputed, for at least its re-run (Layer.rerun_s, or forward_s inside a segment, with the recompute
+machinery's share: Trace.segment_rerun_s), less what its segment's checkpoint holds for it past
 its own forward; offloaded, by a copy that ends before stage k starts. The copies run one after another on the
 device-to-host stream, none before F_0 ends, and each takes the copy latency plus its bytes over the bandwidth, so
 freeing z bytes by copies needs at least the fewest layers whose offloadable bytes reach z, each paying the
@@ -117,7 +118,10 @@ def stage_bound(
         weight.append(math.ceil(layer.saved_bytes / step))
         weight_on.append(max(0, math.ceil(on / step)))
         weight_first.append(max(0, math.ceil((on - alone) / step)))
-    cost = [layer.rerun_s for layer in trace.layers]
+    # The least a recomputed layer costs in any segment: whole inside one, to the early stop as its last with the
+    # segment's share of the machinery (Trace.segment_rerun_s).
+    seg_s, layer_s = trace.rerun_segment_s, trace.rerun_layer_s
+    cost = [min(layer.forward_s, layer.rerun_s + seg_s) + layer_s for layer in trace.layers]
     # Offload items: what a copy of layer i can move (the last layer is never offloaded).
     movable = [
         sum(layer.tensors) if Action.OFFLOAD in allowed and i < n - 1 else 0 for i, layer in enumerate(trace.layers)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import statistics
 import weakref
 from collections.abc import Callable, Sequence
@@ -46,7 +47,15 @@ from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
 from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
 from memsched.runtime.wrapping import CopySafeHook, check_compiled, wrapped
-from memsched.schema import STEP_BELOW_LAYERS_FACTOR, Baseline, DeviceInfo, Layer, StaticBytes, Trace
+from memsched.schema import (
+    STEP_BELOW_LAYERS_FACTOR,
+    Baseline,
+    DeviceInfo,
+    Layer,
+    RerunOverhead,
+    StaticBytes,
+    Trace,
+)
 from memsched.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
@@ -877,6 +886,111 @@ def _time_reruns(
     return None
 
 
+MACHINERY_SECONDS = 1.5
+"""About how long the machinery steps take (`_time_machinery`), between MACHINERY_PAIRS steps of each schedule."""
+MACHINERY_PAIRS = (6, 30)
+"""The fewest and most steps of each schedule in the machinery's measurement."""
+MACHINERY_LONGEST = 8
+"""The longest segment of the long-segment steps: long enough to tell the per-layer part of the machinery from
+the per-segment part, short enough that its re-run holds little more than keep-all's activations."""
+
+
+def _long_segments(n: int, saves_after: set[int] | frozenset[int], longest: int) -> list[int]:
+    """Per forward index, the first layer of its segment when the layers are cut into the longest segments the
+    trace allows (none across a gap where the model's code saves tensors: Trace.segment_last), at most
+    `longest` layers each."""
+    starts: list[int] = []
+    a = 0
+    for k in range(n):
+        if k > a and (k - a >= longest or k in saves_after):
+            a = k
+        starts.append(a)
+    return starts
+
+
+def _time_machinery(
+    model: nn.Module,
+    step_fn: StepFn,
+    names: Sequence[str],
+    stats: Sequence[_LayerStats],
+    saves_after: set[int] | frozenset[int],
+    device: torch.device,
+    step_s: float,
+    report: TraceReport,
+) -> RerunOverhead | None:
+    """What the recompute machinery costs beyond the layers' re-runs (RerunOverhead): steps with every layer a
+    segment of its own and with the longest segments (`_long_segments`), each as a ratio to a keep-all step
+    through the same replay hooks in the same round, times the trace's step `step_s`, less what the trace's layer
+    times price for them (Trace.segment_rerun_s without the machinery). With n layers in s segments a step pays
+    s x per_segment + n x per_layer more than priced; two segmentations give both, each clamped at 0 (on a GPU the
+    machinery's host work often hides behind queued kernels). `names` and `stats` in forward order; None where
+    the steps could not run (the trace then prices re-runs by their layers alone)."""
+    from memsched.runtime.measure import keep_all_schedule
+    from memsched.runtime.replay import ScheduledModel
+    from memsched.schema import Action, LayerAction
+
+    n = len(names)
+    fwd = [statistics.median(st.forward_s) for st in stats]
+    rerun = [r if (r := _recompute_s(st)) is not None else f for st, f in zip(stats, fwd, strict=True)]
+
+    def priced(starts: list[int]) -> float:
+        return sum(rerun[k] if k + 1 == n or starts[k + 1] != starts[k] else fwd[k] for k in range(n))
+
+    keep = keep_all_schedule(list(names))
+    single = list(range(n))
+    configs = [single]
+    longer = _long_segments(n, saves_after, MACHINERY_LONGEST)
+    if len(set(longer)) < n:
+        configs.append(longer)
+    schedules = [keep] + [
+        keep.model_copy(
+            update={
+                "policy": "machinery",
+                "actions": [
+                    LayerAction(layer=x, action=Action.RECOMPUTE, recompute_group=a)
+                    for x, a in zip(names, starts, strict=True)
+                ],
+            }
+        )
+        for starts in configs
+    ]
+    low, high = MACHINERY_PAIRS
+    rounds = max(low, min(high, math.ceil(MACHINERY_SECONDS / (len(schedules) * max(step_s, 1e-9)))))
+    # One step of each schedule in turn, keep-all through the same replay hooks first (what the hooks cost every
+    # plan alike is not the recompute's, and `memsched measure` compares with it so): a slow spell of the machine
+    # (this CPU's steps ran 1.6x slower for seconds at a time) then falls on all of a round, and each schedule's
+    # time over keep-all's in the same round is a ratio it does not change.
+    ratios: list[list[float]] = [[] for _ in configs]
+    try:
+        for _ in range(rounds):
+            times = []
+            for schedule in schedules:
+                sm = ScheduledModel(model, schedule)
+                try:
+                    times += time_steps(step_fn, device, 1)
+                finally:
+                    sm.remove()
+            for c in range(len(configs)):
+                ratios[c].append(times[c + 1] / times[0] - 1.0 if times[0] > 0 else 0.0)
+    except MemschedError as e:
+        report.warn(f"recompute machinery not measured (re-runs priced by their layers alone): {e}")
+        return None
+    # What each schedule adds to the trace's step, against what the trace's layer times price for it.
+    unpriced = [statistics.median(r) * step_s - priced(starts) for r, starts in zip(ratios, configs, strict=True)]
+    log.info(
+        "recompute machinery: %d rounds, step over keep-all %s, unpriced %s ms",
+        rounds,
+        [round(statistics.median(r), 4) for r in ratios],
+        [round(u * 1e3, 3) for u in unpriced],
+    )
+    if len(configs) == 1:
+        return RerunOverhead(per_segment_s=max(unpriced[0], 0.0) / n)
+    segments = len(set(longer))
+    per_segment = max((unpriced[0] - unpriced[1]) / (n - segments), 0.0)
+    per_layer = max((unpriced[1] - segments * per_segment) / n, 0.0)
+    return RerunOverhead(per_segment_s=per_segment, per_layer_s=per_layer)
+
+
 def resident_beyond_static(model: nn.Module, static: StaticBytes, whole: StepMemory) -> int:
     """Device bytes live when the measured step began beyond the model's own static memory: the input batch and
     whatever the user's process keeps on the device (a reference copy of the gradients, an EMA model, a
@@ -1359,6 +1473,10 @@ def trace_with_report(
         checkpointed = _time_reruns(model, step_fn, names, modules, stats, Clock(device), report)
         held = _code_holds_probe(model, step_fn, modules, stats, device)
         mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizers, held)
+        machinery = _time_machinery(
+            model, step_fn, [names[o] for o in mem.order], [stats[o] for o in mem.order], mem.saves_after, device,
+            step_s, report,
+        )  # fmt: skip
     finally:
         for h in cache_handles:
             h.remove()
@@ -1385,6 +1503,7 @@ def trace_with_report(
         static=static,
         baseline=Baseline(step_s=step_s, peak_bytes=int(whole.peak_bytes)),
         layers=traced,
+        rerun_overhead=machinery,
     )
     if checkpointed is not None:
         tr = with_checkpointed_forwards(tr, checkpointed)

@@ -173,6 +173,11 @@ def trace_cmd(
         f"peak {format_bytes(tr.baseline.peak_bytes)}; copies h2d {tr.device.h2d_bytes_per_s / 1e9:.1f} GB/s, "
         f"d2h {tr.device.d2h_bytes_per_s / 1e9:.1f} GB/s, latency {tr.device.copy_latency_s * 1e6:.1f} us"
     )
+    if tr.rerun_overhead is not None:
+        out.print(
+            f"recompute machinery beyond the layers' re-runs: {format_seconds(tr.rerun_segment_s)} a segment, "
+            f"{format_seconds(tr.rerun_layer_s)} a re-run layer (measured side by side with keep-all steps)"
+        )
     if run.unowned_bytes:
         out.print(
             f"not in any layer: {format_bytes(run.unowned_bytes)} saved between traced layers (no schedule moves "

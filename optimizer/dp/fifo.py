@@ -337,6 +337,7 @@ def _expand(
             p.fwd,
             p.fwd_prefix,
             p.rerun,
+            p.rerun_fwd_prefix,
             p.bwd,
             p.bwd_prefix,
             p.trans_f,

@@ -169,6 +169,7 @@ def expand_fifo(
     fwd: np.ndarray,
     fwd_prefix: np.ndarray,
     rerun: np.ndarray,
+    rerun_fwd_prefix: np.ndarray,
     bwd: np.ndarray,
     bwd_prefix: np.ndarray,
     trans_f: np.ndarray,
@@ -390,11 +391,11 @@ def expand_fifo(
                     settled_room = min(settled_room, cb_m - _queued(whb, sh) + snaps)
                 stf += fwd[m]
                 stream += bwd[m]
-                # The least re-run of any segment [k..b], b >= m (rerun[m] <= fwd[m]; Trace.segment_rerun_s).
+                # The least re-run of any segment [k..b], b >= m (DpProblem.rerun: what m costs as its last).
                 spent = (
                     (stf - fwd_prefix[m + 1])
                     + (stream - bwd_prefix[m + 1])
-                    + (fwd_prefix[m] - fwd_prefix[k] + rerun[m])
+                    + (rerun_fwd_prefix[m] - rerun_fwd_prefix[k] + rerun[m])
                 )
                 if spent >= threshold:
                     dead = True
@@ -408,7 +409,7 @@ def expand_fifo(
             fork = state + ctx_prefix[b + 1] - ctx_prefix[k]  # with the ctx-kept bytes (kernels.segment_children)
             if fork > 0 and limit - held_b - 2 * snaps - trans_b[b] - r < fork:
                 continue  # (a longer segment's row B_b has another fork: it may still fit)
-            recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
+            recompute_s = rerun_fwd_prefix[b] - rerun_fwd_prefix[k] + rerun[b]
             child_ret = r + ckpt + snaps
             c_f = stf - fwd_prefix[b + 1]
             c_r = stream + recompute_s - bwd_prefix[b + 1]

@@ -175,8 +175,8 @@ def future_table(
     Rows m in [k, k + window] are all considered, farther ones every `stride` layers and the last one (any
     subset of rows gives a valid bound; the subset keeps the table's cost near n * (window + n / stride)).
     Only the `boundaries` listed are computed; the others stay 0 (always a valid bound).
-    Recomputing layer j frees s_j for at least rerun[j] <= fwd[j] seconds (what it costs as a segment's last
-    layer; inside a segment it costs fwd[j]), so rerun[j] / s_j is the rate that keeps the bound valid.
+    Recomputing layer j frees s_j for at least rerun[j] seconds (DpProblem.rerun_least: the least it costs as a
+    segment's last layer or inside one), so rerun[j] / s_j is the rate that keeps the bound valid.
 
     `pending` (concurrent copies only): also tables[PENDING_F, k, g] and tables[PENDING_B, k, g], the forward rows
     alone and the backward rows alone with no row out of reach. A label whose copies still hold p_f bytes in the

@@ -38,7 +38,7 @@ def segment_children(
     saved: np.ndarray,
     saved_prefix: np.ndarray,
     fwd: np.ndarray,
-    fwd_prefix: np.ndarray,
+    rerun_fwd_prefix: np.ndarray,
     rerun: np.ndarray,
     bwd: np.ndarray,
     trans_f: np.ndarray,
@@ -156,8 +156,8 @@ def segment_children(
                         h = float(cap_b)
                     d = max(d - d2h_bw * fwd[m], 0.0)
                     h = max(h - h2d_bw * bwd[m], 0.0)
-                # Least re-run of any segment [k..b], b >= m (rerun[m] <= fwd[m]: Trace.segment_rerun_s).
-                if c + (fwd_prefix[m] - fwd_prefix[k] + rerun[m]) >= threshold:
+                # Least re-run of any segment [k..b], b >= m (DpProblem.rerun: what m costs as its last).
+                if c + (rerun_fwd_prefix[m] - rerun_fwd_prefix[k] + rerun[m]) >= threshold:
                     dead = True
                     break
             if dead or snap_room < snaps:
@@ -170,7 +170,7 @@ def segment_children(
             fork = state + ctx_prefix[b + 1] - ctx_prefix[k]
             if fork > 0 and limit - held_b - 2 * snaps - trans_b[b] - r - charge < fork:
                 continue  # (a longer segment's row B_b has another fork: it may still fit)
-            recompute_s = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
+            recompute_s = rerun_fwd_prefix[b] - rerun_fwd_prefix[k] + rerun[b]
             child_cost = c + recompute_s
             child_ret = r + ckpt + snaps
             if child_cost >= threshold:

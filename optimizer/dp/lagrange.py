@@ -50,7 +50,9 @@ class LagrangeArrays:
     bwd_prefix: np.ndarray
     """float64 prefix sums of backward seconds (length n + 1)."""
     rerun: np.ndarray
-    """float64 re-run seconds of a layer as a segment's last (Layer.rerun_s)."""
+    """float64 re-run seconds of a layer as a segment's last, with the segment's machinery (DpProblem.rerun)."""
+    rerun_fwd_prefix: np.ndarray
+    """float64 prefix sums of a segment's other layers' re-run seconds (DpProblem.rerun_fwd_prefix)."""
     seg_last: np.ndarray
     """int64 per layer k: the last layer a segment from k may end at (DpProblem.seg_last; empty: any)."""
     ext_prefix: np.ndarray
@@ -125,6 +127,7 @@ def lagrange_arrays(p: DpProblem, trace: Trace) -> LagrangeArrays:
         fwd_prefix=p.fwd_prefix,
         bwd_prefix=p.bwd_prefix,
         rerun=p.rerun,
+        rerun_fwd_prefix=p.rerun_fwd_prefix,
         seg_last=p.seg_last,
         ext_prefix=np.concatenate([[0], np.cumsum(p.external)]).astype(np.int64),
         first_ptr=first_ptr,
@@ -301,7 +304,7 @@ def _segment_costs(
     sums: np.ndarray,
     run_credit: np.ndarray,
     overlap: np.ndarray,
-    fwd_prefix: np.ndarray,
+    rerun_fwd_prefix: np.ndarray,
     rerun: np.ndarray,
     ext_prefix: np.ndarray,
     first_ptr: np.ndarray,
@@ -339,7 +342,7 @@ def _segment_costs(
                 ckpt += ckpt_bytes[j]
         ext = ext_prefix[b + 1] - ext_prefix[k]
         remat = (sums[0, b + 1] - sums[0, k]) - P[two_n - b] * (sums[1, b + 1] - sums[1, k])
-        run = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
+        run = rerun_fwd_prefix[b] - rerun_fwd_prefix[k] + rerun[b]
         v = run * (1.0 - run_credit[b]) + (sums[2, b + 1] - sums[2, k]) + remat + (ckpt + ext) * hold
         if b > k:
             v -= overlap[k] * (P[two_n - k] - P[two_n - b])  # rows 2n-b .. 2n-k-1
@@ -374,7 +377,7 @@ def _path(
     off_best: np.ndarray,
     run_credit: np.ndarray,
     overlap: np.ndarray,
-    fwd_prefix: np.ndarray,
+    rerun_fwd_prefix: np.ndarray,
     rerun: np.ndarray,
     seg_last: np.ndarray,
     ext_prefix: np.ndarray,
@@ -421,7 +424,7 @@ def _path(
             sums,
             run_credit,
             overlap,
-            fwd_prefix,
+            rerun_fwd_prefix,
             rerun,
             ext_prefix,
             first_ptr,
@@ -480,7 +483,7 @@ def _plan_rows(
     saved: np.ndarray,
     cut: np.ndarray,
     overlap: np.ndarray,
-    fwd_prefix: np.ndarray,
+    rerun_fwd_prefix: np.ndarray,
     rerun: np.ndarray,
     ext_prefix: np.ndarray,
     first_ptr: np.ndarray,
@@ -550,7 +553,7 @@ def _plan_rows(
                     diff[b + 2] -= spanned - ended
                     diff[two_n - b - 1] += spanned - ended
                 diff[two_n - k] -= spanned
-            reruns[b] = fwd_prefix[b] - fwd_prefix[k] + rerun[b]
+            reruns[b] = rerun_fwd_prefix[b] - rerun_fwd_prefix[k] + rerun[b]
         node = k
     total = 0.0
     for u in range(two_n + 1):
@@ -567,6 +570,7 @@ def _lagrangian(
     fwd_prefix: np.ndarray,
     bwd_prefix: np.ndarray,
     rerun: np.ndarray,
+    rerun_fwd_prefix: np.ndarray,
     seg_last: np.ndarray,
     ext_prefix: np.ndarray,
     first_ptr: np.ndarray,
@@ -608,7 +612,7 @@ def _lagrangian(
     sums = _layer_sums(P, mu, saved, cut)
     no_credit = np.zeros(n)
     dist, arc_kind, arc_from = _path(
-        P, mu, sums, saved, off_best, no_credit, overlap, fwd_prefix, rerun, seg_last, ext_prefix, first_ptr,
+        P, mu, sums, saved, off_best, no_credit, overlap, rerun_fwd_prefix, rerun, seg_last, ext_prefix, first_ptr,
         first_prod, ckpt_bytes, span_ptr, span_at, span_bytes, span_last, recompute, suffix,
     )  # fmt: skip
     value = dist[n]
@@ -618,7 +622,7 @@ def _lagrangian(
         _plan_out(arc_kind, arc_from, off_choice, plan_out)
         P_out[:] = P
     _plan_rows(
-        arc_kind, arc_from, off_choice, saved, cut, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
+        arc_kind, arc_from, off_choice, saved, cut, overlap, rerun_fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
         ckpt_bytes, span_ptr, span_at, span_bytes, span_last, opt_free, opt_copy, trans, limit, grad, np.zeros(n),
         np.zeros(n),
     )  # fmt: skip
@@ -671,6 +675,7 @@ def _evaluate(
             a.fwd_prefix,
             a.bwd_prefix,
             a.rerun,
+            a.rerun_fwd_prefix,
             a.seg_last,
             a.ext_prefix,
             *head,
@@ -848,6 +853,7 @@ def _link_lagrangian(
     fwd_prefix: np.ndarray,
     bwd_prefix: np.ndarray,
     rerun: np.ndarray,
+    rerun_fwd_prefix: np.ndarray,
     seg_last: np.ndarray,
     ext_prefix: np.ndarray,
     first_ptr: np.ndarray,
@@ -917,7 +923,7 @@ def _link_lagrangian(
                 off_choice[i, 0] = o
     sums = _layer_sums(P, mu, saved, cut)
     dist, arc_kind, arc_from = _path(
-        P, mu, sums, saved, off_best, h2d_bw * cover_b, overlap, fwd_prefix, rerun, seg_last, ext_prefix,
+        P, mu, sums, saved, off_best, h2d_bw * cover_b, overlap, rerun_fwd_prefix, rerun, seg_last, ext_prefix,
         first_ptr, first_prod, ckpt_bytes, span_ptr, span_at, span_bytes, span_last, recompute, np.zeros(0),
     )  # fmt: skip
     value = dist[n]
@@ -938,7 +944,7 @@ def _link_lagrangian(
     copies = np.zeros(n)
     reruns = np.zeros(n)
     _plan_rows(
-        arc_kind, arc_from, off_choice, saved, cut, overlap, fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
+        arc_kind, arc_from, off_choice, saved, cut, overlap, rerun_fwd_prefix, rerun, ext_prefix, first_ptr, first_prod,
         ckpt_bytes, span_ptr, span_at, span_bytes, span_last, opt_free, opt_copy, trans, limit, g_row, copies, reruns,
     )  # fmt: skip
     copy_prefix = np.zeros(n + 1)
@@ -1182,7 +1188,8 @@ class LinkLagrangian:
             value = float(
                 _link_lagrangian(
                     x[0], x[1], self.unit, self.widths, self.cols, float(x[2][0, 0]) / self.unit, self.upper_s,
-                    a.saved, a.cut, a.overlap, a.fwd_prefix, a.bwd_prefix, a.rerun, a.seg_last, a.ext_prefix,
+                    a.saved, a.cut, a.overlap, a.fwd_prefix, a.bwd_prefix, a.rerun, a.rerun_fwd_prefix, a.seg_last,
+                    a.ext_prefix,
                     a.first_ptr, a.first_prod, self.head, a.span_ptr, a.span_at, self.span, a.span_last,
                     a.opt_ptr, a.opt_free, a.opt_copy, a.trans, float(a.limit), a.d2h_bw, a.h2d_bw, a.recompute,
                     self.g_row, self.g_f, self.g_b, self.lam_f, self.lam_b, self.plan, self.P,

@@ -102,8 +102,15 @@ class DpProblem:
     fwd: np.ndarray
     """float64 forward seconds f_i."""
     rerun: np.ndarray
-    """float64 re-run seconds of layer i as a recompute segment's last layer (Layer.rerun_s, <= f_i): a segment
-    [k..b] costs fwd_prefix[b] - fwd_prefix[k] + rerun[b] (Trace.segment_rerun_s)."""
+    """float64 re-run seconds of layer i as a recompute segment's last layer (Layer.rerun_s, <= f_i), with the
+    recompute machinery's share of the layer and of the whole segment (Trace.rerun_layer_s, rerun_segment_s): a
+    segment [k..b] costs rerun_fwd_prefix[b] - rerun_fwd_prefix[k] + rerun[b] (Trace.segment_rerun_s)."""
+    rerun_fwd_prefix: np.ndarray
+    """float64 prefix sums (length n + 1) of what each layer costs as a segment's other layer: f_i and the
+    machinery's share of a layer. fwd_prefix where the trace measured no machinery."""
+    rerun_least: np.ndarray
+    """float64 the least re-running layer i costs in any segment: min(f_i, rerun_s_i + the segment's share) +
+    the layer's share. The bounds price a recomputed layer at this (the future table)."""
     bwd: np.ndarray
     """float64 backward seconds."""
     trans_f: np.ndarray
@@ -515,7 +522,11 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
     layers = trace.layers
     saved = np.array([x.saved_bytes for x in layers], dtype=np.int64)
     fwd = np.array([x.forward_s for x in layers], dtype=np.float64)
-    rerun = np.array([x.rerun_s for x in layers], dtype=np.float64)
+    # A re-run layer's share of the recompute machinery, and the segment's, on its last layer: Trace.segment_rerun_s.
+    machinery, per_segment = trace.rerun_layer_s, trace.rerun_segment_s
+    rerun_s = np.array([x.rerun_s for x in layers], dtype=np.float64)
+    rerun = rerun_s + machinery + per_segment
+    rerun_least = np.minimum(fwd, rerun_s + per_segment) + machinery
     bwd = np.array([x.backward_s for x in layers], dtype=np.float64)
     trans_f = np.array([forward_transient(trace, i) for i in range(n)], dtype=np.int64)
     trans_b = np.array([backward_transient(trace, i) for i in range(n)], dtype=np.int64)
@@ -578,7 +589,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         return future_table(
             saved,
             fwd,
-            rerun,
+            rerun_least,
             bwd,
             trans_f_rec,
             trans_b,
@@ -649,6 +660,8 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         fluid_h2d_bw=fluid_h2d_bw,
         saved_prefix=np.concatenate([[0], np.cumsum(saved)]).astype(np.int64),
         fwd_prefix=np.concatenate([[0.0], np.cumsum(fwd)]),
+        rerun_fwd_prefix=np.concatenate([[0.0], np.cumsum(fwd + machinery)]),
+        rerun_least=rerun_least,
         bwd_prefix=np.concatenate([[0.0], np.cumsum(bwd)]),
         row_floor=row_floor,
         future=future,

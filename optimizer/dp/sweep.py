@@ -377,7 +377,7 @@ class _Sweep:
                 p.saved,
                 p.saved_prefix,
                 p.fwd,
-                p.fwd_prefix,
+                p.rerun_fwd_prefix,
                 p.rerun,
                 p.bwd,
                 p.trans_f_rec,  # rows F_m of a recomputed layer: its forward under the checkpoint

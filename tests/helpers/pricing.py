@@ -251,11 +251,15 @@ def every_action_plan(trace: Trace) -> list[list[Decision]]:
 def every_rule_trace(tr: Trace, seed: int) -> Trace:
     """`tr` with the fields that change stage memory set at random: saved inputs (the re-run overlap, which lowers
     B stages), self-saved outputs, saved-twice storages, side inputs, changed buffers, the code holding a skip,
-    early-stopping re-runs, measured forward cuts (which lower F stages) and bytes kept on a ctx (a second random
-    stream, so that the others are drawn as before it)."""
+    early-stopping re-runs, measured forward cuts (which lower F stages), bytes kept on a ctx and the recompute
+    machinery's time (streams of their own, so that the others are drawn as before them)."""
     rng = random.Random(seed)
     ctx_rng = random.Random(seed + 7919)
     doc = tr.model_dump(mode="json")
+    mean_f = sum(x["forward_s"] for x in doc["layers"]) / len(doc["layers"])
+    doc["rerun_overhead"] = random.Random(seed + 104729).choice(
+        [None, {"per_segment_s": 0.7 * mean_f, "per_layer_s": 0.2 * mean_f}, {"per_segment_s": 0.3 * mean_f}]
+    )
     for j, layer in enumerate(doc["layers"]):
         saved, out, inp = layer["saved_bytes"], layer["output_bytes"], layer["input_bytes"]
         layer["input_saved_bytes"] = rng.choice([None, min(inp, saved), min(inp, saved) // 2])

@@ -14,7 +14,7 @@ from memsched.optimizer.decisions import KEEP, Decision, offload_subset, recompu
 from memsched.optimizer.fastsim import KIND_CONTINUE, KIND_KEEP, KIND_OFFLOAD, KIND_START, FastSim
 from memsched.optimizer.simulate import default_timing, simulate
 from memsched.optimizer.synthetic import make_trace
-from memsched.schema import Trace
+from memsched.schema import RerunOverhead, Trace
 
 
 def _random_plan(trace: Trace, rng: random.Random) -> tuple[np.ndarray, np.ndarray, list[Decision]]:
@@ -62,6 +62,8 @@ def test_fastsim_equals_the_simulator(dag: bool, serial: bool) -> None:
                 layer.shared_input_bytes = rng.choice([None, 0, 2**16])
                 layer.changed_buffer_bytes = rng.choice([None, 0, 144, 2**12])
                 layer.ctx_held_bytes = rng.choice([None, 0, 2**16])  # kept on a ctx: made again in B_b
+            # the recompute machinery's measured time, per segment and per re-run layer
+            trace.rerun_overhead = RerunOverhead(per_segment_s=rng.uniform(0, 1e-3), per_layer_s=rng.uniform(0, 5e-4))
         if seed % 3 == 1:  # layers whose own saved tensors hold all or part of their output (ResNet's last ReLU)
             for layer in trace.layers:
                 cover = min(layer.output_bytes, layer.saved_bytes)
