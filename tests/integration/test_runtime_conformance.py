@@ -29,8 +29,8 @@ from torch import nn
 from helpers.ctx_models import CtxBlock, KeepsOnCtx
 from memsched.errors import InfeasibleBudgetError
 from memsched.optimizer.budget import budget_between
-from memsched.optimizer.decisions import KEEP, Decision, offload_all, recompute
-from memsched.optimizer.simulate import simulate
+from memsched.optimizer.decisions import KEEP, Decision, decisions_from_schedule, offload_all, recompute, segment_ends
+from memsched.optimizer.simulate import rerun_fork_bytes, simulate
 from memsched.options import SolveOptions
 from memsched.runtime import Workload, apply_schedule, measure, trace
 from memsched.schema import Action, Schedule, Trace
@@ -656,5 +656,10 @@ def test_solved_recompute_plan_fits_its_budget_and_its_prediction(name, frac):
         f"{name} at {frac}: {sched.action_counts()} measured {m.peak_bytes} B, predicted {predicted} B, budget "
         f"{sched.budget_bytes} B; departs most at {worst}"
     )
-    assert abs(m.peak_bytes / predicted - 1) <= PEAK_WITHIN, detail
+    assert m.peak_bytes / predicted - 1 <= PEAK_WITHIN, detail
+    # Below it by no more than that, and what a re-run's row holds for all of its B_b though it lives only while
+    # the re-run runs: its RNG state's fork and its layers' ctx tensors (docs/cost-model.md, 'Tensors kept on a
+    # ctx'; the ctx model at 75% with blocks 0-1 one segment: 32 KiB of 496 KB).
+    forks = [rerun_fork_bytes(tr, a, b) for a, b in segment_ends(decisions_from_schedule(sched)).items()]
+    assert predicted - m.peak_bytes <= PEAK_WITHIN * predicted + max(forks, default=0), detail
     assert m.peak_bytes <= sched.budget_bytes, detail

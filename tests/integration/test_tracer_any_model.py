@@ -19,6 +19,7 @@ from memsched.runtime.tracer import (
     TraceCheckError,
     TraceReport,
     _check_times,
+    _long_segments,
     trace_with_report,
 )
 from memsched.schema import Layer
@@ -455,3 +456,31 @@ def test_tensors_kept_on_a_ctx_are_traced_and_a_recompute_plan_keeps_its_budget(
         assert got.scheduled is not None
         assert got.scheduled.peak_bytes <= sched.prediction.peak_bytes <= budget
     assert recomputed > 0
+
+
+def test_the_long_segments_stop_at_the_cap_and_at_gaps_where_code_saves():
+    assert _long_segments(10, set(), 4) == [0, 0, 0, 0, 4, 4, 4, 4, 8, 8]
+    assert _long_segments(10, {3}, 4) == [0, 0, 0, 3, 3, 3, 3, 7, 7, 7]
+    assert _long_segments(4, {1, 2, 3}, 8) == [0, 1, 2, 3]
+
+
+def test_the_recompute_machinery_is_measured_and_priced():
+    """Blocks of a few microseconds: checkpoint's frame and unpack hooks cost more than their re-runs, so the
+    tracer finds a machinery cost above 0, and the trace prices a segment with it (Trace.segment_rerun_s)."""
+    w = stack_workload()
+    tr = trace(w.model, w.step, steps=2, warmup=1, optimizer=w.optimizer, measure_bandwidth=False)
+    assert tr.rerun_overhead is not None
+    assert tr.rerun_segment_s + tr.rerun_layer_s > 0
+    bare = sum(x.forward_s for x in tr.layers[:-1]) + tr.layers[-1].rerun_s
+    assert tr.segment_rerun_s(0, tr.n - 1) == pytest.approx(bare + tr.rerun_segment_s + tr.n * tr.rerun_layer_s)
+
+
+def test_where_every_gap_saves_the_machinery_is_all_per_segment():
+    """Sub-module layers with a norm between each two: no segment spans two layers, so the one segmentation
+    measured (each layer alone) cannot tell the parts apart, and every plan's segments are single layers."""
+    w = stack_workload()
+    tr = trace(
+        w.model, w.step, layers=[r"blocks\.\d+\.(attn|mlp)"], steps=1, warmup=0, optimizer=w.optimizer,
+        measure_bandwidth=False,
+    )  # fmt: skip
+    assert tr.rerun_overhead is not None and tr.rerun_layer_s == 0.0
