@@ -887,9 +887,9 @@ def _time_reruns(
 
 
 MACHINERY_SECONDS = 1.5
-"""About how long the machinery steps take (`_time_machinery`), between MACHINERY_PAIRS steps of each schedule."""
-MACHINERY_PAIRS = (6, 30)
-"""The fewest and most steps of each schedule in the machinery's measurement."""
+"""About how long the machinery's steps take (`_time_machinery`), within MACHINERY_ROUNDS rounds."""
+MACHINERY_ROUNDS = (6, 30)
+"""The fewest and most rounds (one step of each schedule) of the machinery's measurement."""
 MACHINERY_LONGEST = 8
 """The longest segment of the long-segment steps: long enough to tell the per-layer part of the machinery from
 the per-segment part, short enough that its re-run holds little more than keep-all's activations."""
@@ -954,7 +954,7 @@ def _time_machinery(
         )
         for starts in configs
     ]
-    low, high = MACHINERY_PAIRS
+    low, high = MACHINERY_ROUNDS
     rounds = max(low, min(high, math.ceil(MACHINERY_SECONDS / (len(schedules) * max(step_s, 1e-9)))))
     # One step of each schedule in turn, keep-all through the same replay hooks first (what the hooks cost every
     # plan alike is not the recompute's, and `memsched measure` compares with it so): a slow spell of the machine
@@ -972,8 +972,9 @@ def _time_machinery(
                     sm.remove()
             for c in range(len(configs)):
                 ratios[c].append(times[c + 1] / times[0] - 1.0 if times[0] > 0 else 0.0)
-    except MemschedError as e:
-        report.warn(f"recompute machinery not measured (re-runs priced by their layers alone): {e}")
+    except (MemschedError, torch.OutOfMemoryError) as e:
+        # The long segments' re-run holds up to MACHINERY_LONGEST layers' saved tensors at once, beside keep-all's.
+        report.warn(f"recompute machinery not measured (re-runs priced by their layers alone): {one_line(e)}")
         return None
     # What each schedule adds to the trace's step, against what the trace's layer times price for it.
     unpriced = [statistics.median(r) * step_s - priced(starts) for r, starts in zip(ratios, configs, strict=True)]

@@ -1,0 +1,116 @@
+"""What pricing the recompute machinery changes (Trace.rerun_overhead): recompute plans predicted with and without
+it, against `measure`'s side-by-side steps, on models the tracer traces on this CPU.
+
+Run: .venv/bin/python bench/rerun_machinery.py [--models gpt2,bert-base,resnet50,vit-base] [--steps 12]
+
+Per model: one trace (one torch thread, built-in `small` configs), then three plans of recompute only, each
+measured side by side with keep-all through the same hooks (`measure_side_by_side`, paired ratio):
+  each      every layer a segment of its own (checkpoint-all)
+  pairs     segments of two layers (where the trace allows; Trace.segment_last)
+  one       the longest segments the trace allows
+Predicted: the simulator's step over its keep-all step on that trace, and on the same trace with
+`rerun_overhead` None (what was priced before). Writes bench/results/rerun_machinery.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from memsched.optimizer.decisions import KEEP, Decision, recompute
+from memsched.optimizer.simulate import make_schedule, simulate
+from memsched.runtime import builtin_workload, trace_workload
+from memsched.runtime.measure import measure_side_by_side
+from memsched.schema import SolverRecord, SolverStatus, Trace
+from solver_bench import _meta, results_header  # run by path (bench/ on sys.path)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def plans(trace: Trace) -> dict[str, list[Decision]]:
+    """Recompute-only plans of 1, 2 and the most layers a segment (none across Trace.segment_last)."""
+    last = trace.segment_last()
+    out: dict[str, list[Decision]] = {}
+    for name, longest in (("each", 1), ("pairs", 2), ("one", trace.n)):
+        ds: list[Decision] = []
+        a = 0
+        for k in range(trace.n):
+            if k > a and (k - a >= longest or k > last[a]):
+                a = k
+            ds.append(recompute(group=a))
+        out[name] = ds
+    assert all(len(p) == trace.n and KEEP not in p for p in out.values())
+    return out
+
+
+def predicted_ratio(trace: Trace, plan: list[Decision]) -> float:
+    sim = simulate(trace, plan, None, with_events=False)
+    return sim.step_s / sim.keepall_step_s
+
+
+def run_model(name: str, steps: int) -> list[dict[str, object]]:
+    w = builtin_workload(name, small=True)
+    tr, _ = trace_workload(w)
+    bare = tr.model_copy(update={"rerun_overhead": None})
+    rows = []
+    for plan_name, plan in plans(tr).items():
+        record = SolverRecord(backend="heuristic", status=SolverStatus.FEASIBLE, wall_s=0.0)
+        sched = make_schedule(tr, plan, 10**15, plan_name, record)
+        side = measure_side_by_side(w.model, w.step, sched, trace=tr, optimizer=w.optimizer, steps=steps)
+        assert side.keep_all is not None and side.scheduled is not None
+        rows.append(
+            {
+                "model": name,
+                "layers": tr.n,
+                "plan": plan_name,
+                "segments": len({d.group for d in plan}),
+                "per_segment_s": tr.rerun_segment_s,
+                "per_layer_s": tr.rerun_layer_s,
+                "predicted_before": predicted_ratio(bare, plan),
+                "predicted_now": predicted_ratio(tr, plan),
+                "measured": side.ratio,
+                "measured_paired": side.paired_ratio,
+                "keep_all_step_s": statistics.median(side.keep_all.step_times_s),
+            }
+        )
+        print(json.dumps(rows[-1]))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="gpt2,bert-base,resnet50,vit-base")
+    ap.add_argument("--steps", type=int, default=12)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    meta = _meta(("memsched", "torch", "transformers"))
+    rows = [row for name in args.models.split(",") for row in run_model(name, args.steps)]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "rerun_machinery.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    lines = results_header("Recompute plans: the machinery priced or not, against measured steps", meta)
+    lines += [
+        "",
+        "One torch thread; built-in `small` configs; steps over keep-all (through the same hooks). Predicted before:",
+        "the same trace with `rerun_overhead` None. Error: predicted / measured (paired) - 1.",
+        "",
+        "| model (layers) | machinery: a segment / a layer | plan (segments) | predicted before | predicted now | "
+        "measured (paired) | error before | error now |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        paired = float(r["measured_paired"])  # type: ignore[arg-type]
+        before, now = float(r["predicted_before"]), float(r["predicted_now"])  # type: ignore[arg-type]
+        lines.append(
+            f"| {r['model']} ({r['layers']}) | {float(r['per_segment_s']) * 1e3:.3f} / "  # type: ignore[arg-type]
+            f"{float(r['per_layer_s']) * 1e3:.3f} ms | {r['plan']} ({r['segments']}) | {before:.3f} | {now:.3f} | "  # type: ignore[arg-type]
+            f"{float(r['measured']):.3f} ({paired:.3f}) | {before / paired - 1:+.1%} | {now / paired - 1:+.1%} |"  # type: ignore[arg-type]
+        )
+    (RESULTS / "rerun_machinery.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
