@@ -9,7 +9,8 @@ measured side by side with keep-all through the same hooks (`measure_side_by_sid
   pairs     segments of two layers (where the trace allows; Trace.segment_last)
   one       the longest segments the trace allows
 Predicted: the simulator's step over its keep-all step on that trace, and on the same trace with
-`rerun_overhead` None (what was priced before). Writes bench/results/rerun_machinery.{md,json}.
+`rerun_overhead` None (what was priced before). Writes bench/results/rerun_machinery.{md,json} (the .md's
+hand-written notes, from its first '## ' heading, are kept).
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import statistics
 from pathlib import Path
 
 import torch
+from solver_bench import _meta, kept_notes, results_header  # run by path (bench/ on sys.path)
 
 from memsched.optimizer.decisions import KEEP, Decision, recompute
 from memsched.optimizer.simulate import make_schedule, simulate
 from memsched.runtime import builtin_workload, trace_workload
 from memsched.runtime.measure import measure_side_by_side
 from memsched.schema import SolverRecord, SolverStatus, Trace
-from solver_bench import _meta, results_header  # run by path (bench/ on sys.path)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -109,7 +110,8 @@ def main() -> None:
             f"{float(r['per_layer_s']) * 1e3:.3f} ms | {r['plan']} ({r['segments']}) | {before:.3f} | {now:.3f} | "  # type: ignore[arg-type]
             f"{float(r['measured']):.3f} ({paired:.3f}) | {before / paired - 1:+.1%} | {now / paired - 1:+.1%} |"  # type: ignore[arg-type]
         )
-    (RESULTS / "rerun_machinery.md").write_text("\n".join(lines) + "\n")
+    md = RESULTS / "rerun_machinery.md"
+    md.write_text("\n".join(lines) + "\n" + kept_notes(md))
 
 
 if __name__ == "__main__":
