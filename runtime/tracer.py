@@ -53,6 +53,7 @@ from memsched.schema import (
     DeviceInfo,
     Layer,
     RerunOverhead,
+    Schedule,
     StaticBytes,
     Trace,
 )
@@ -908,6 +909,39 @@ def _long_segments(n: int, saves_after: set[int] | frozenset[int], longest: int)
     return starts
 
 
+def _over_keep_all(
+    model: nn.Module,
+    step_fn: StepFn,
+    device: torch.device,
+    keep: Schedule,
+    schedules: Sequence[Schedule],
+    step_s: float,
+) -> list[list[float]]:
+    """Per schedule, its steps' times over keep-all's, one step of each in turn per round (MACHINERY_ROUNDS rounds
+    in about MACHINERY_SECONDS), keep-all through the same replay hooks first: what the hooks cost every plan
+    alike is no plan's own, and `memsched measure` compares with it so. A slow spell of the machine (this CPU ran
+    steps 1.6x slower for seconds at a time) falls on all of a round, and a ratio within a round does not change.
+    One host buffer pool for every schedule, as `memsched measure` keeps one: a step does not pay its allocation."""
+    from memsched.runtime.pool import HostBufferPool
+    from memsched.runtime.replay import ScheduledModel
+
+    low, high = MACHINERY_ROUNDS
+    rounds = max(low, min(high, math.ceil(MACHINERY_SECONDS / ((len(schedules) + 1) * max(step_s, 1e-9)))))
+    pool = HostBufferPool(pin_memory=device.type == "cuda")
+    ratios: list[list[float]] = [[] for _ in schedules]
+    for _ in range(rounds):
+        times = []
+        for schedule in (keep, *schedules):
+            sm = ScheduledModel(model, schedule, pool=pool, host_budget=None)
+            try:
+                times += time_steps(step_fn, device, 1)
+            finally:
+                sm.remove()
+        for c in range(len(schedules)):
+            ratios[c].append(times[c + 1] / times[0] - 1.0 if times[0] > 0 else 0.0)
+    return ratios
+
+
 def _time_machinery(
     model: nn.Module,
     step_fn: StepFn,
@@ -926,7 +960,6 @@ def _time_machinery(
     machinery's host work often hides behind queued kernels). `names` and `stats` in forward order; None where
     the steps could not run (the trace then prices re-runs by their layers alone)."""
     from memsched.runtime.measure import keep_all_schedule
-    from memsched.runtime.replay import ScheduledModel
     from memsched.schema import Action, LayerAction
 
     n = len(names)
@@ -942,7 +975,7 @@ def _time_machinery(
     longer = _long_segments(n, saves_after, MACHINERY_LONGEST)
     if len(set(longer)) < n:
         configs.append(longer)
-    schedules = [keep] + [
+    schedules = [
         keep.model_copy(
             update={
                 "policy": "machinery",
@@ -954,24 +987,8 @@ def _time_machinery(
         )
         for starts in configs
     ]
-    low, high = MACHINERY_ROUNDS
-    rounds = max(low, min(high, math.ceil(MACHINERY_SECONDS / (len(schedules) * max(step_s, 1e-9)))))
-    # One step of each schedule in turn, keep-all through the same replay hooks first (what the hooks cost every
-    # plan alike is not the recompute's, and `memsched measure` compares with it so): a slow spell of the machine
-    # (this CPU's steps ran 1.6x slower for seconds at a time) then falls on all of a round, and each schedule's
-    # time over keep-all's in the same round is a ratio it does not change.
-    ratios: list[list[float]] = [[] for _ in configs]
     try:
-        for _ in range(rounds):
-            times = []
-            for schedule in schedules:
-                sm = ScheduledModel(model, schedule)
-                try:
-                    times += time_steps(step_fn, device, 1)
-                finally:
-                    sm.remove()
-            for c in range(len(configs)):
-                ratios[c].append(times[c + 1] / times[0] - 1.0 if times[0] > 0 else 0.0)
+        ratios = _over_keep_all(model, step_fn, device, keep, schedules, step_s)
     except (MemschedError, torch.OutOfMemoryError) as e:
         # The long segments' re-run holds up to MACHINERY_LONGEST layers' saved tensors at once, beside keep-all's.
         report.warn(f"recompute machinery not measured (re-runs priced by their layers alone): {one_line(e)}")
@@ -979,8 +996,7 @@ def _time_machinery(
     # What each schedule adds to the trace's step, against what the trace's layer times price for it.
     unpriced = [statistics.median(r) * step_s - priced(starts) for r, starts in zip(ratios, configs, strict=True)]
     log.info(
-        "recompute machinery: %d rounds, step over keep-all %s, unpriced %s ms",
-        rounds,
+        "recompute machinery: step over keep-all %s, unpriced %s ms",
         [round(statistics.median(r), 4) for r in ratios],
         [round(u * 1e3, 3) for u in unpriced],
     )
@@ -990,6 +1006,60 @@ def _time_machinery(
     per_segment = max((unpriced[0] - unpriced[1]) / (n - segments), 0.0)
     per_layer = max((unpriced[1] - segments * per_segment) / n, 0.0)
     return RerunOverhead(per_segment_s=per_segment, per_layer_s=per_layer)
+
+
+def _calibrated_serial_copies(
+    model: nn.Module,
+    step_fn: StepFn,
+    names: Sequence[str],
+    stats: Sequence[_LayerStats],
+    device: torch.device,
+    step_s: float,
+    info: DeviceInfo,
+    report: TraceReport,
+) -> DeviceInfo:
+    """`info` with its copy latency calibrated where copies run on the compute thread (the CPU): steps offloading
+    every layer but the last, synchronously (done and prefetched at the layer's own stages), over keep-all steps
+    (`_over_keep_all`), times the trace's step, less what `info` prices for those copies (each `latency + bytes /
+    bandwidth`, both ways), spread over the copies. The runtime's copy probe (measure_runtime_copy_speed) times
+    the copies and the pool, not the saved-tensor hooks around them nor what the step does with them; on this CPU
+    GPT-2's offload-all plan measured +14.6% against +8.2% predicted. Devices whose copies run beside compute are
+    returned as they are: there the hooks' host work is not on the link."""
+    from memsched.runtime.measure import keep_all_schedule
+    from memsched.schema import Action, LayerAction, OffloadPlan
+
+    if info.concurrent_copies:
+        return info
+    keep = keep_all_schedule(list(names))
+    actions, moved = [], []
+    for k, (name, st) in enumerate(zip(names, stats, strict=True)):
+        tensors = [j for j, nbytes in enumerate(st.saved) if nbytes > 0]
+        if k + 1 == len(names) or not tensors:
+            actions.append(LayerAction(layer=name, action=Action.KEEP))
+            continue
+        nbytes = sum(st.saved[j] for j in tensors)
+        plan = OffloadPlan(tensors=tensors, bytes=nbytes, done_by_layer=k, prefetch_at_layer=k)
+        actions.append(LayerAction(layer=name, action=Action.OFFLOAD, offload=plan))
+        moved.append(nbytes)
+    if not moved:
+        return info
+    offload = keep.model_copy(update={"policy": "copy-calibration", "actions": actions})
+    try:
+        (ratios,) = _over_keep_all(model, step_fn, device, keep, [offload], step_s)
+    except (MemschedError, torch.OutOfMemoryError) as e:
+        report.warn(f"copies not calibrated through the replay (the copy probe's latency is kept): {one_line(e)}")
+        return info
+    priced = sum(2 * info.copy_latency_s + b / info.d2h_bytes_per_s + b / info.h2d_bytes_per_s for b in moved)
+    unpriced = statistics.median(ratios) * step_s - priced
+    latency = max(info.copy_latency_s + unpriced / (2 * len(moved)), 0.0)
+    log.info(
+        "copies on the compute thread: offload-all %.4f over keep-all, %.3f ms unpriced; latency %.1f -> %.1f us",
+        statistics.median(ratios),
+        unpriced * 1e3,
+        info.copy_latency_s * 1e6,
+        latency * 1e6,
+    )
+    return info.model_copy(update={"copy_latency_s": latency})
 
 
 def resident_beyond_static(model: nn.Module, static: StaticBytes, whole: StepMemory) -> int:
@@ -1474,10 +1544,11 @@ def trace_with_report(
         checkpointed = _time_reruns(model, step_fn, names, modules, stats, Clock(device), report)
         held = _code_holds_probe(model, step_fn, modules, stats, device)
         mem, whole = _memory_step(model, step_fn, modules, stats, device, optimizers, held)
-        machinery = _time_machinery(
-            model, step_fn, [names[o] for o in mem.order], [stats[o] for o in mem.order], mem.saves_after, device,
-            step_s, report,
-        )  # fmt: skip
+        in_order = ([names[o] for o in mem.order], [stats[o] for o in mem.order])
+        machinery = _time_machinery(model, step_fn, *in_order, mem.saves_after, device, step_s, report)
+        device_info = _device_info(device, measure_bandwidth, stats)
+        if measure_bandwidth:
+            device_info = _calibrated_serial_copies(model, step_fn, *in_order, device, step_s, device_info, report)
     finally:
         for h in cache_handles:
             h.remove()
@@ -1500,7 +1571,7 @@ def trace_with_report(
         dtype=_dtype_name(model),
         framework=framework_versions(),
         source="tracer",
-        device=_device_info(device, measure_bandwidth, stats),
+        device=device_info,
         static=static,
         baseline=Baseline(step_s=step_s, peak_bytes=int(whole.peak_bytes)),
         layers=traced,
