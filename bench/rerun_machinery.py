@@ -3,14 +3,16 @@ it, against `measure`'s side-by-side steps, on models the tracer traces on this 
 
 Run: .venv/bin/python bench/rerun_machinery.py [--models gpt2,bert-base,resnet50,vit-base] [--steps 12]
 
-Per model: one trace (one torch thread, built-in `small` configs), then three plans of recompute only, each
-measured side by side with keep-all through the same hooks (`measure_side_by_side`, paired ratio):
-  each      every layer a segment of its own (checkpoint-all)
-  pairs     segments of two layers (where the trace allows; Trace.segment_last)
-  one       the longest segments the trace allows
-Predicted: the simulator's step over its keep-all step on that trace, and on the same trace with
-`rerun_overhead` None (what was priced before). Writes bench/results/rerun_machinery.{md,json} (the .md's
-hand-written notes, from its first '## ' heading, are kept).
+Per model: one trace (one torch thread, built-in `small` configs), then five plans, each measured side by side
+with keep-all through the same hooks (`measure_side_by_side`, paired ratio):
+  each           every layer a segment of its own (checkpoint-all)
+  pairs          segments of two layers (where the trace allows; Trace.segment_last)
+  one            the longest segments the trace allows
+  offload-each   every layer but the last offloaded (on the CPU, synchronous copies on the compute thread)
+  offload-first  the first layer alone offloaded
+Predicted: the simulator's step over its keep-all step on that trace, and on the same trace as it was priced
+before: `rerun_overhead` None and the copy probe's latency (TraceReport.probe_copy_latency_s). Writes
+bench/results/rerun_machinery.{md,json} (the .md's hand-written notes, from its first '## ' heading, are kept).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 from solver_bench import _meta, kept_notes, results_header  # run by path (bench/ on sys.path)
 
-from memsched.optimizer.decisions import KEEP, Decision, recompute
+from memsched.optimizer.decisions import KEEP, Decision, offload_all, recompute
 from memsched.optimizer.simulate import make_schedule, simulate
 from memsched.runtime import builtin_workload, trace_workload
 from memsched.runtime.measure import measure_side_by_side
@@ -33,7 +35,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def plans(trace: Trace) -> dict[str, list[Decision]]:
-    """Recompute-only plans of 1, 2 and the most layers a segment (none across Trace.segment_last)."""
+    """Recompute-only plans of 1, 2 and the most layers a segment (none across Trace.segment_last), and two
+    offload plans."""
     last = trace.segment_last()
     out: dict[str, list[Decision]] = {}
     for name, longest in (("each", 1), ("pairs", 2), ("one", trace.n)):
@@ -44,7 +47,10 @@ def plans(trace: Trace) -> dict[str, list[Decision]]:
                 a = k
             ds.append(recompute(group=a))
         out[name] = ds
-    assert all(len(p) == trace.n and KEEP not in p for p in out.values())
+    assert all(len(p) == trace.n and KEEP not in p for p in out.values())  # recompute only so far
+    # Copies: every layer but the last offloaded (synchronous on the CPU), and the first alone.
+    out["offload-each"] = [offload_all(trace, i, i, i) for i in range(trace.n - 1)] + [KEEP]
+    out["offload-first"] = [offload_all(trace, 0, 0, 0)] + [KEEP] * (trace.n - 1)
     return out
 
 
@@ -55,8 +61,12 @@ def predicted_ratio(trace: Trace, plan: list[Decision]) -> float:
 
 def run_model(name: str, steps: int) -> list[dict[str, object]]:
     w = builtin_workload(name, small=True)
-    tr, _ = trace_workload(w)
-    bare = tr.model_copy(update={"rerun_overhead": None})
+    tr, report = trace_workload(w)
+    # Before: re-runs priced by the layers alone, and copies at the copy probe's latency.
+    device = tr.device
+    if report.probe_copy_latency_s is not None:
+        device = device.model_copy(update={"copy_latency_s": report.probe_copy_latency_s})
+    bare = tr.model_copy(update={"rerun_overhead": None, "device": device})
     rows = []
     for plan_name, plan in plans(tr).items():
         record = SolverRecord(backend="heuristic", status=SolverStatus.FEASIBLE, wall_s=0.0)
@@ -68,7 +78,9 @@ def run_model(name: str, steps: int) -> list[dict[str, object]]:
                 "model": name,
                 "layers": tr.n,
                 "plan": plan_name,
-                "segments": len({d.group for d in plan}),
+                "segments": len({d.group for d in plan if d.group >= 0}),
+                "copy_latency_s": tr.device.copy_latency_s,
+                "probe_copy_latency_s": report.probe_copy_latency_s,
                 "per_segment_s": tr.rerun_segment_s,
                 "per_layer_s": tr.rerun_layer_s,
                 "predicted_before": predicted_ratio(bare, plan),
@@ -82,6 +94,12 @@ def run_model(name: str, steps: int) -> list[dict[str, object]]:
     return rows
 
 
+def _latency(row: dict[str, object]) -> str:
+    now = float(row["copy_latency_s"]) * 1e6  # type: ignore[arg-type]
+    probe = row["probe_copy_latency_s"]
+    return f"{now:.0f} us" if probe is None else f"{float(probe) * 1e6:.0f} -> {now:.0f} us"  # type: ignore[arg-type]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="gpt2,bert-base,resnet50,vit-base")
@@ -92,13 +110,15 @@ def main() -> None:
     rows = [row for name in args.models.split(",") for row in run_model(name, args.steps)]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "rerun_machinery.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
-    lines = results_header("Recompute plans: the machinery priced or not, against measured steps", meta)
+    lines = results_header("Recompute and offload plans: the machinery and the copies through the replay priced or not, against measured steps", meta)
     lines += [
         "",
         "One torch thread; built-in `small` configs; steps over keep-all (through the same hooks). Predicted before:",
-        "the same trace with `rerun_overhead` None. Error: predicted / measured (paired) - 1.",
+        "the same trace with `rerun_overhead` None and the copy probe's latency (before -> after the calibration).",
+        "Error: predicted / measured (paired) - 1.",
         "",
-        "| model (layers) | machinery: a segment / a layer | plan (segments) | predicted before | predicted now | "
+        "| model (layers) | machinery: a segment / a layer; copy latency | plan (segments) | predicted before | "
+        "predicted now | "
         "measured (paired) | error before | error now |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -107,7 +127,8 @@ def main() -> None:
         before, now = float(r["predicted_before"]), float(r["predicted_now"])  # type: ignore[arg-type]
         lines.append(
             f"| {r['model']} ({r['layers']}) | {float(r['per_segment_s']) * 1e3:.3f} / "  # type: ignore[arg-type]
-            f"{float(r['per_layer_s']) * 1e3:.3f} ms | {r['plan']} ({r['segments']}) | {before:.3f} | {now:.3f} | "  # type: ignore[arg-type]
+            f"{float(r['per_layer_s']) * 1e3:.3f} ms; {_latency(r)} | {r['plan']} ({r['segments']}) | "  # type: ignore[arg-type]
+            f"{before:.3f} | {now:.3f} | "
             f"{float(r['measured']):.3f} ({paired:.3f}) | {before / paired - 1:+.1%} | {now / paired - 1:+.1%} |"  # type: ignore[arg-type]
         )
     md = RESULTS / "rerun_machinery.md"

@@ -1059,6 +1059,7 @@ def _calibrated_serial_copies(
         info.copy_latency_s * 1e6,
         latency * 1e6,
     )
+    report.probe_copy_latency_s = info.copy_latency_s
     return info.model_copy(update={"copy_latency_s": latency})
 
 
@@ -1272,6 +1273,9 @@ class TraceReport:
     """Class names of the optimizers whose state the trace counts."""
     warnings: list[str] = field(default_factory=list)
     """Every warning the tracer logged, one line each."""
+    probe_copy_latency_s: float | None = None
+    """The copy probe's latency (measure_runtime_copy_speed) where the trace's was then calibrated through the
+    replay (`_calibrated_serial_copies`); None where it was not."""
 
     @property
     def unowned_bytes(self) -> int:
