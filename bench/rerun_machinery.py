@@ -110,7 +110,8 @@ def main() -> None:
     rows = [row for name in args.models.split(",") for row in run_model(name, args.steps)]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "rerun_machinery.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
-    lines = results_header("Recompute and offload plans: the machinery and the copies through the replay priced or not, against measured steps", meta)
+    title = "Recompute and offload plans, priced with and without the machinery and the calibrated copies"
+    lines = results_header(title, meta)
     lines += [
         "",
         "One torch thread; built-in `small` configs; steps over keep-all (through the same hooks). Predicted before:",
