@@ -32,6 +32,8 @@ def test_trace_writes_a_valid_trace(tmp_path, capsys):
     assert tr.layer_names == ["transformer.h.0", "transformer.h.1"] and tr.batch_size == 1 and tr.seq_len == 16
     code, out, _ = run([*args, "-o", path], capsys)
     assert code == 0 and "transformer.h.1" in out and "wrote" in out
+    # What the recompute machinery costs, measured by the tracer and written into the trace, is said.
+    assert load_trace(path).rerun_overhead is not None and "recompute machinery" in " ".join(out.split())
 
 
 def test_trace_with_layer_patterns(tmp_path, capsys):
