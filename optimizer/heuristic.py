@@ -113,7 +113,7 @@ def greedy_decisions(
             heapq.heappush(heap, (-sizes[i] / (offload_cost(i) + _EPS_S), i, "offload", i))
     seg_last = trace.segment_last()
     for a in range(n - 1 if Action.RECOMPUTE in allowed else 0):
-        freed, before = 0, 0.0  # before: the whole forwards of a..b-1
+        freed, before = 0, 0.0  # before: the whole re-runs of a..b-1 (forwards and their machinery share)
         for b in range(a, min(a + seg_max, n - 1, seg_last[a] + 1)):
             freed += sizes[b]
             cost = before + trace.layers[b].rerun_s + trace.rerun_segment_s  # Trace.segment_rerun_s, incrementally
