@@ -29,7 +29,7 @@ from memsched.optimizer.decisions import KEEP, Decision, recompute
 from memsched.optimizer.simulate import simulate
 from memsched.optimizer.stage_bound import stage_bound
 from memsched.optimizer.synthetic import make_trace
-from memsched.schema import RerunOverhead, Trace
+from memsched.schema import Trace
 
 
 def _with_overhead(trace: Trace, per_segment_s: float, per_layer_s: float) -> Trace:
@@ -133,8 +133,3 @@ def test_the_stage_bound_stays_below_the_best_plan() -> None:
             assert bound <= best * (1 + 1e-9) + 1e-12
             proved.append(bound > 0)
     assert sum(proved) >= 3
-
-
-def test_the_schema_names_both_parts() -> None:
-    o = RerunOverhead(per_segment_s=1e-4, per_layer_s=2e-5)
-    assert o.per_segment_s == 1e-4 and o.per_layer_s == 2e-5
