@@ -473,6 +473,13 @@ class Trace(_Strict):
         """Seconds each re-run layer costs beyond its own time (RerunOverhead.per_layer_s)."""
         return self.rerun_overhead.per_layer_s if self.rerun_overhead is not None else 0.0
 
+    def least_rerun_s(self, i: int) -> float:
+        """The least re-running layer i costs in any recompute segment (Trace.segment_rerun_s): whole inside one, or
+        to the checkpoint's early stop with the segment's share as its last, and its own share either way. The
+        bounds that price a recomputed layer alone use it, so they stay bounds."""
+        layer = self.layers[i]
+        return min(layer.forward_s, layer.rerun_s + self.rerun_segment_s) + self.rerun_layer_s
+
     def segment_rerun_s(self, a: int, b: int) -> float:
         """Seconds a recompute segment [a..b] re-runs in B_b: the whole forwards of layers a..b-1, the last
         layer's re-run up to the checkpoint's early stop (Layer.rerun_s), and the recompute machinery's measured

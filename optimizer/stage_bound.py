@@ -118,10 +118,7 @@ def stage_bound(
         weight.append(math.ceil(layer.saved_bytes / step))
         weight_on.append(max(0, math.ceil(on / step)))
         weight_first.append(max(0, math.ceil((on - alone) / step)))
-    # The least a recomputed layer costs in any segment: whole inside one, to the early stop as its last with the
-    # segment's share of the machinery (Trace.segment_rerun_s).
-    seg_s, layer_s = trace.rerun_segment_s, trace.rerun_layer_s
-    cost = [min(layer.forward_s, layer.rerun_s + seg_s) + layer_s for layer in trace.layers]
+    cost = [trace.least_rerun_s(i) for i in range(n)]
     # Offload items: what a copy of layer i can move (the last layer is never offloaded).
     movable = [
         sum(layer.tensors) if Action.OFFLOAD in allowed and i < n - 1 else 0 for i, layer in enumerate(trace.layers)

@@ -109,8 +109,8 @@ class DpProblem:
     """float64 prefix sums (length n + 1) of what each layer costs as a segment's other layer: f_i and the
     machinery's share of a layer. fwd_prefix where the trace measured no machinery."""
     rerun_least: np.ndarray
-    """float64 the least re-running layer i costs in any segment: min(f_i, rerun_s_i + the segment's share) +
-    the layer's share. The bounds price a recomputed layer at this (the future table)."""
+    """float64 the least re-running layer i costs in any segment (Trace.least_rerun_s). The bounds price a
+    recomputed layer at this (the future table)."""
     bwd: np.ndarray
     """float64 backward seconds."""
     trans_f: np.ndarray
@@ -524,9 +524,8 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
     fwd = np.array([x.forward_s for x in layers], dtype=np.float64)
     # A re-run layer's share of the recompute machinery, and the segment's, on its last layer: Trace.segment_rerun_s.
     machinery, per_segment = trace.rerun_layer_s, trace.rerun_segment_s
-    rerun_s = np.array([x.rerun_s for x in layers], dtype=np.float64)
-    rerun = rerun_s + machinery + per_segment
-    rerun_least = np.minimum(fwd, rerun_s + per_segment) + machinery
+    rerun = np.array([x.rerun_s for x in layers], dtype=np.float64) + machinery + per_segment
+    rerun_least = np.array([trace.least_rerun_s(i) for i in range(n)], dtype=np.float64)
     bwd = np.array([x.backward_s for x in layers], dtype=np.float64)
     trans_f = np.array([forward_transient(trace, i) for i in range(n)], dtype=np.int64)
     trans_b = np.array([backward_transient(trace, i) for i in range(n)], dtype=np.int64)
