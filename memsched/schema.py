@@ -185,6 +185,14 @@ class Layer(_Strict):
     through B_i (docs/cost-model.md, 'Saved twice'). None means 0 (traces written before this field price as
     before). The tracer also adds them to this layer's workspace, for F_i and B_i."""
 
+    resaved_from: list[int] | None = None
+    """Forward indices of the earlier layers that first saved a storage this layer saves too, whatever its bytes
+    (the one in shared_input_bytes, or a static one such as a mask the model's code made, saved by every block).
+    The replay numbers a layer's saved storages in the order it claims them, so where one of two such layers
+    offloads, both run with the replay's saved-tensor hooks; a kept layer that shares with none runs without
+    them (memsched.runtime.replay). None: not recorded (traces written before this field): every kept layer of a
+    plan that offloads runs with the hooks."""
+
     side_input_bytes: Bytes | None = None
     """Bytes of the tensors this layer reads that need no gradient and that neither a traced layer nor the
     process before the step made: the step's own masks, rotary tables and position ids, created before the
@@ -410,6 +418,12 @@ class Trace(_Strict):
                         f"layers[{i}].output_saved_readers[{k}] = {r} is not a later layer; list indices of the "
                         f"layers that read its outputs ({i + 1}..{len(layers) - 1}), or leave it null"
                     )
+            for k, j in enumerate(layer.resaved_from or []):
+                if not 0 <= j < i:
+                    raise ValueError(
+                        f"layers[{i}].resaved_from[{k}] = {j} is not an earlier layer; list indices of the layers "
+                        f"that first saved a storage it saves too (0..{i - 1}), or leave it null"
+                    )
         return layers
 
     @model_validator(mode="after")
@@ -504,6 +518,7 @@ class Trace(_Strict):
                 "recompute_s",
                 "forward_workspace_bytes",
                 "shared_input_bytes",
+                "resaved_from",
                 "side_input_bytes",
                 "changed_buffer_bytes",
                 "output_saved_bytes",

@@ -45,7 +45,7 @@ from memsched.runtime.hostalloc import steady_host_allocator
 from memsched.runtime.kv_cache import CacheOff, cache_message, hook_caches
 from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
-from memsched.runtime.storage import StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
+from memsched.runtime.storage import ModuleTensors, StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
 from memsched.runtime.wrapping import CopySafeHook, check_compiled, wrapped
 from memsched.schema import (
     STEP_BELOW_LAYERS_FACTOR,
@@ -119,6 +119,9 @@ class _LayerStats:
     """Forward time (outside the backward) in the re-run steps, rerun_s's pair step by step."""
     shared: int = 0
     """Bytes of storages it saved that an earlier layer saved first (attributed there)."""
+    resaved_from: set[int] = field(default_factory=set)
+    """Registration indices of the earlier layers that first saved a storage it saved too, static ones included
+    (Layer.resaved_from)."""
     changed_buffer_bytes: int = 0
     """Bytes of the buffers its forward changes, learned by the re-run steps (Layer.changed_buffer_bytes)."""
     side_input_bytes: int = 0
@@ -193,6 +196,7 @@ class _MemoryStep:
         self.watch: list[tuple[int, int, weakref.ref[torch.UntypedStorage]]] = []
         self.found: dict[int, set[int]] = {}
         self.modules = modules
+        self.module_tensors = [ModuleTensors(m) for m in modules]
         self.stats = stats
         self.meter = meter
         self.stack: list[int] = []
@@ -268,12 +272,15 @@ class _MemoryStep:
         pinned = self._pinned(x)
         ref = self.claims.get(id(s))
         if ref is not None and ref() is s:
+            first, me = self.owner[id(s)], self.stack[-1]
+            if first != me and first not in self.stack:
+                # The replay runs the two with their claims where either offloads (Layer.resaved_from).
+                self.stats[me].resaved_from.add(first)
             if pinned or self._code_held(s):
                 return  # static (below): no layer holds it alone
             # Counted once, for the layer that saved it first. A later layer saving it too (ResNet: a block's
             # last ReLU output is the next block's input) needs it back at its own backward, before the first
             # layer's: if that layer offloads it, it returns early. Noted for the workspace (`fit_workspace`).
-            first, me = self.owner[id(s)], self.stack[-1]
             if first != me and first not in self.stack and (id(s), me) not in self.shared_seen:
                 self.shared_seen.add((id(s), me))
                 self.stats[me].shared += storage_nbytes(x)
@@ -346,7 +353,7 @@ class _MemoryStep:
         self.calls[i] = self.calls.get(i, 0) + 1
         self.meter.mark(f"F{i}")
         self._note_held(i)
-        self.static.add_module(self.modules[i])  # parameters gathered just in time (FSDP)
+        self.static.add_module(self.module_tensors[i])  # parameters gathered just in time (FSDP)
         inputs = _input_tensors(args, kwargs)
         if self.probe:
             self._note_code_holds(i, inputs)
@@ -1198,6 +1205,7 @@ def _layers(
                 forward_workspace_bytes=forward_workspace[k] if forward_workspace[k] < workspace[k] else None,
                 deps=sorted(pos[d] for d in st.deps if pos[d] < pos[orig]),
                 shared_input_bytes=st.shared or None,
+                resaved_from=sorted(pos[j] for j in st.resaved_from if pos[j] < pos[orig]),
                 side_input_bytes=st.side_input_bytes or None,
                 ctx_held_bytes=st.ctx_held_bytes or None,
                 changed_buffer_bytes=st.changed_buffer_bytes or None,

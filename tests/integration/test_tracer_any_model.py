@@ -484,3 +484,67 @@ def test_where_every_gap_saves_the_machinery_is_all_per_segment():
         measure_bandwidth=False,
     )  # fmt: skip
     assert tr.rerun_overhead is not None and tr.rerun_layer_s == 0.0
+
+
+class MaskFirstBlock(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x * mask))  # the product saves the mask first, then the Linear its input
+
+
+class MaskFirstNet(nn.Module):
+    """Three blocks that save one mask the forward makes, each before anything of its own: block 0 saves it first,
+    so the others' save orders do not list it."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(MaskFirstBlock(d) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = (torch.arange(x.shape[-1]) % 2).to(x.dtype)  # (d,): fewer bytes than what the blocks save
+        for b in self.blocks:
+            x = b(x, mask)
+        return x.sum()
+
+
+def test_kept_layers_that_share_a_saved_storage_with_an_offload_layer_keep_their_claims(caplog):
+    """Layer.resaved_from names who saved a storage first. A kept layer runs without the replay's saved-tensor
+    hooks only where it shares none with an offload layer: block 0 here must claim the mask, or block 2 would
+    number it as its own first saved storage and offload the mask in place of its Linear's input."""
+    from memsched.optimizer.decisions import KEEP, offload_all
+    from memsched.optimizer.simulate import make_schedule, simulate
+    from memsched.runtime import apply_schedule
+    from memsched.runtime.measure import measure_side_by_side
+    from memsched.runtime.replay import bare_kept_layers
+    from memsched.schema import SolverRecord, SolverStatus
+
+    torch.manual_seed(0)
+    model = MaskFirstNet().train()
+    x = torch.randn(4, 16, requires_grad=True)  # so that block 0's product saves the mask too
+    tr = trace(model, lambda: model(x).backward(), layers=[r"blocks\.\d+"], steps=1, warmup=1)
+    assert [layer.resaved_from for layer in tr.layers] == [[], [0], [0]]
+    plan = [KEEP, KEEP, offload_all(tr, 2, done_by=2, prefetch_at=2)]
+    sched = make_schedule(tr, plan, 10**12, "test", SolverRecord(backend="test", status=SolverStatus.HEURISTIC))
+    with caplog.at_level(logging.WARNING):
+        got = measure_side_by_side(model, lambda s: s(x).backward(), sched, baseline=False, trace=tr, steps=1, warmup=1)
+    assert got.scheduled is not None
+    assert got.scheduled.peak_bytes <= simulate(tr, sched).peak_bytes
+
+    model.zero_grad()
+    model(x).backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    with caplog.at_level(logging.WARNING), apply_schedule(model, sched, trace=tr) as sm:
+        assert bare_kept_layers(sm.plan, tr, counting=False) == [False, True, False]
+        sm(x).backward()
+    # With block 0 run bare, block 2 would move the mask (64 B) and its Linear's input, not its two 256 B tensors.
+    assert not [r.getMessage() for r in caplog.records if "offloads" in r.getMessage()]
+    for n, p in model.named_parameters():
+        assert torch.equal(p.grad, ref[n]), n
+    # Without the trace's word on who shares, every kept layer of a plan that offloads keeps its claims.
+    old = tr.model_copy(update={"layers": [layer.model_copy(update={"resaved_from": None}) for layer in tr.layers]})
+    assert bare_kept_layers(sm.plan, old, counting=False) == [False, False, False]
+    assert bare_kept_layers(sm.plan, None, counting=False) == [False, False, False]
