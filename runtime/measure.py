@@ -123,7 +123,7 @@ class Measurement:
 
 
 def keep_all_schedule(names: Sequence[str], budget_bytes: int = 1) -> Schedule:
-    """A schedule that keeps everything (the unscheduled step, measured through the same hooks)."""
+    """A schedule that keeps everything (the unscheduled step, run under the replay, its layers bare)."""
     zero = Prediction(peak_bytes=0, step_s=0, keepall_step_s=0, overhead_s=0, overhead_pct=0, stall_s=0, recompute_s=0)
     return Schedule(
         trace_hash="unscheduled",
@@ -153,7 +153,7 @@ class SideBySide:
     """Keep-all and the schedule measured in one process, their timed steps interleaved (ABAB...)."""
 
     keep_all: Measurement | None
-    """The in-core step through the same hooks (a keep-all schedule), or None when not measured."""
+    """The in-core step under the replay (a keep-all schedule: its layers bare), or None when not measured."""
     scheduled: Measurement | None
     """The scheduled step, or None when only keep-all was measured."""
     order: list[str] = field(default_factory=list)

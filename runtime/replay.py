@@ -83,8 +83,9 @@ class _Observer(torch.autograd.graph.saved_tensors_hooks):
 class _Pass:
     """Bookkeeping of one forward pass (one training step) and its backward."""
 
-    def __init__(self, n: int, static: StaticStorages) -> None:
-        self.static = static
+    def __init__(self, n: int, model_tensors: ModuleTensors) -> None:
+        self._model_tensors = model_tensors
+        self._static: StaticStorages | None = None
         self.claims: dict[int, tuple[int, weakref.ref[torch.UntypedStorage]]] = {}
         self.next_index = [0] * n
         self.offloaded: dict[int, tuple[weakref.ref[torch.UntypedStorage], OffloadRecord]] = {}
@@ -132,6 +133,14 @@ class _Pass:
         if hit is not None and hit[0]() is s and not hit[1].finished:
             return hit[1]
         return None
+
+    @property
+    def static(self) -> StaticStorages:
+        """The storages of the model's parameters and buffers, read when first needed in the pass (a pass whose
+        layers all run bare never needs them: reading them all costs a small CPU step 2-3%)."""
+        if self._static is None:
+            self._static = StaticStorages().add_module(self._model_tensors)
+        return self._static
 
     def is_static(self, x: torch.Tensor) -> bool:
         return x in self.static
@@ -325,8 +334,9 @@ class ScheduledModel:
         if i == self.plan.n - 1 and self._priced_holds is not None:
             self._check_code_holds(p, args, kwargs)
         # Parameters a sharding wrapper (FSDP) gathers just before this layer runs are new storages: still
-        # static memory, never activations to offload or count.
-        p.static.add_module(self._layer_tensors[i])
+        # static memory, never activations to offload or count (a bare layer saves nothing through the hooks).
+        if not self._bare[i]:
+            p.static.add_module(self._layer_tensors[i])
         if self.ledger is not None:
             self.ledger.mark(f"F{i}")
         seg = self._segment
@@ -415,7 +425,7 @@ class ScheduledModel:
         if self._segment is not None:  # the previous forward stopped inside a segment
             self._segment.abort()
             self._segment = None
-        self._pass = _Pass(self.plan.n, StaticStorages().add_module(self._model_tensors))
+        self._pass = _Pass(self.plan.n, self._model_tensors)
         return self._pass
 
     def _check_shapes(self, i: int, out: Any) -> None:
@@ -562,7 +572,7 @@ class ScheduledModel:
         for _, t in flatten(out):
             if t.requires_grad:
                 t.register_hook(on_grad)
-                if note_outputs and not p.is_static(t):
+                if note_outputs and t.grad_fn is not None:  # not a parameter handed through
                     p.outputs.append(weakref.ref(t.untyped_storage()))
 
     def _check_code_holds(self, p: _Pass, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

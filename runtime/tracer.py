@@ -925,8 +925,10 @@ def _over_keep_all(
     step_s: float,
 ) -> list[list[float]]:
     """Per schedule, its steps' times over keep-all's, one step of each in turn per round (MACHINERY_ROUNDS rounds
-    in about MACHINERY_SECONDS), keep-all through the same replay hooks first: what the hooks cost every plan
-    alike is no plan's own, and `memsched measure` compares with it so. A slow spell of the machine (this CPU ran
+    in about MACHINERY_SECONDS), keep-all under the replay first (its kept layers bare, `replay.bare_kept_layers`:
+    the plain step and the replay's per-layer bookkeeping), as `memsched measure` compares. What a schedule's own
+    saved-tensor hooks cost (its offload layers', and the kept layers' that share a storage with them) is in its
+    ratio. A slow spell of the machine (this CPU ran
     steps 1.6x slower for seconds at a time) falls on all of a round, and a ratio within a round does not change.
     One host buffer pool for every schedule, as `memsched measure` keeps one: a step does not pay its allocation."""
     from memsched.runtime.pool import HostBufferPool
@@ -961,7 +963,7 @@ def _time_machinery(
 ) -> RerunOverhead | None:
     """What the recompute machinery costs beyond the layers' re-runs (RerunOverhead): steps with every layer a
     segment of its own and with the longest segments (`_long_segments`), each as a ratio to a keep-all step
-    through the same replay hooks in the same round, times the trace's step `step_s`, less what the trace's layer
+    under the replay in the same round, times the trace's step `step_s`, less what the trace's layer
     times price for them (Trace.segment_rerun_s without the machinery). With n layers in s segments a step pays
     s x per_segment + n x per_layer more than priced; two segmentations give both, each clamped at 0 (on a GPU the
     machinery's host work often hides behind queued kernels). `names` and `stats` in forward order; None where
