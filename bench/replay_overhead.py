@@ -28,10 +28,9 @@ from pathlib import Path
 import torch
 from solver_bench import _meta, kept_notes, results_header  # run by path (bench/ on sys.path)
 
-import memsched.runtime.replay as replay
 from memsched.optimizer.decisions import KEEP, Decision, offload_all, recompute
 from memsched.optimizer.simulate import make_schedule, simulate
-from memsched.runtime import builtin_workload, trace_workload
+from memsched.runtime import builtin_workload, replay, trace_workload
 from memsched.schema import Schedule, SolverRecord, SolverStatus, Trace
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -70,10 +69,12 @@ def run_model(name: str, rounds: int, steps: int) -> list[dict[str, object]]:
     for _ in range(steps):
         w.step()  # warm-up
     for k in range(rounds):
-        plain = _block(lambda: w.step(), steps)
+        plain = _block(w.step, steps)
         for p, sched in scheds.items():
             for rule in RULES if k % 2 == 0 else RULES[::-1]:  # neither rule always runs first
-                replay.bare_kept_layers = bare_rule if rule == "bare" else (lambda plan, trace, counting: [False] * plan.n)
+                replay.bare_kept_layers = (
+                    bare_rule if rule == "bare" else (lambda plan, trace, counting: [False] * plan.n)
+                )
                 try:
                     with replay.apply_schedule(w.model, sched, trace=tr) as sm:
                         bare_layers[p] = sum(bare_rule(sm.plan, tr, counting=False))
@@ -114,12 +115,14 @@ def main() -> None:
     lines = results_header("The replay's own cost: a step under a schedule over the plain step", meta)
     lines += [
         "",
-        "One torch thread; built-in `small` configs. Median over rounds of (median step of a block under the schedule) /",
-        "(median step of the plain model's block in the same round). hooked: every kept layer enters the replay's",
-        "saved-tensor hooks (the rule before 2026-12-07); bare: only those `replay.bare_kept_layers` leaves hooked.",
+        "One torch thread; built-in `small` configs. Median over rounds of (median step of a block under the",
+        "schedule) / (median step of the plain model's block in the same round). hooked: every kept layer enters",
+        "the replay's saved-tensor hooks (the rule before 2026-12-07); bare: only those `replay.bare_kept_layers`",
+        "leaves hooked.",
         "Predicted: the simulator's step over its keep-all step on the trace (what the plan adds to keep-all).",
         "",
-        "| model (layers) | plan | kept layers (bare) | predicted over keep-all | hooked over plain | bare over plain |",
+        "| model (layers) | plan | kept layers (bare) | predicted over keep-all | hooked over plain | "
+        "bare over plain |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:

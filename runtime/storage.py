@@ -39,13 +39,13 @@ class ModuleTensors:
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         for m in self._modules:
-            for t in m._parameters.values():
-                if t is not None:
-                    yield t
+            for p in m._parameters.values():
+                if p is not None:
+                    yield p
         for m in self._modules:
-            for t in m._buffers.values():
-                if t is not None:
-                    yield t
+            for b in m._buffers.values():
+                if b is not None:
+                    yield b
 
 
 class StaticStorages:

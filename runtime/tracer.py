@@ -45,7 +45,14 @@ from memsched.runtime.hostalloc import steady_host_allocator
 from memsched.runtime.kv_cache import CacheOff, cache_message, hook_caches
 from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
-from memsched.runtime.storage import ModuleTensors, StaticStorages, local_tensor, storage_key, storage_nbytes, tensor_nbytes
+from memsched.runtime.storage import (
+    ModuleTensors,
+    StaticStorages,
+    local_tensor,
+    storage_key,
+    storage_nbytes,
+    tensor_nbytes,
+)
 from memsched.runtime.wrapping import CopySafeHook, check_compiled, wrapped
 from memsched.schema import (
     STEP_BELOW_LAYERS_FACTOR,
