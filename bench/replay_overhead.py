@@ -9,10 +9,12 @@ Per model: one trace (one torch thread, built-in `small` configs), then four pla
   each           every layer a segment of its own (checkpoint-all)
   offload-first  the first layer offloaded, the rest kept
   offload-each   every layer but the last offloaded
-Each plan runs under both rules. A round times a block of steps of the plain model, then a block of each plan
-under each rule (the schedule applied once per block, as a training loop applies it once), and takes each
-block's median step over the plain block's: the ratio. The table gives the median ratio over the rounds, and the
-simulator's predicted ratio over keep-all for reference. Writes bench/results/replay_overhead.{md,json} (the .md's
+Each plan runs under both rules, and where the model has its own gradient checkpointing (transformers'
+`gradient_checkpointing_enable()`), that too: the user's alternative to the plan `each`. A round times a block
+of steps of the plain model, then a block of each plan under each rule (the schedule applied once per block, as
+a training loop applies it once), and takes each block's median step over the plain block's: the ratio. The
+table gives the median ratio over the rounds, and the simulator's predicted ratio over keep-all for reference.
+Writes bench/results/replay_overhead.{md,json} (the .md's
 hand-written notes, from its first '## ' heading, are kept).
 """
 
@@ -68,8 +70,17 @@ def run_model(name: str, rounds: int, steps: int) -> list[dict[str, object]]:
     bare_layers: dict[str, int] = {}
     for _ in range(steps):
         w.step()  # warm-up
+    framework: list[float] = []  # the model's own gradient checkpointing (torch.utils.checkpoint per block)
+    can_checkpoint = bool(getattr(w.model, "supports_gradient_checkpointing", False))
     for k in range(rounds):
         plain = _block(w.step, steps)
+        if can_checkpoint:
+            w.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            try:
+                w.step()
+                framework.append(_block(w.step, steps) / plain)
+            finally:
+                w.model.gradient_checkpointing_disable()
         for p, sched in scheds.items():
             for rule in RULES if k % 2 == 0 else RULES[::-1]:  # neither rule always runs first
                 replay.bare_kept_layers = (
@@ -96,9 +107,17 @@ def run_model(name: str, rounds: int, steps: int) -> list[dict[str, object]]:
         for rule in RULES:
             row[f"{rule}_over_plain"] = statistics.median(ratios[p, rule])
             row[f"{rule}_rounds"] = ratios[p, rule]
+        if p == "each" and framework:
+            row["framework_checkpointing_over_plain"] = statistics.median(framework)
+            row["framework_checkpointing_rounds"] = framework
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_rounds")}))
     return rows
+
+
+def _framework(row: dict[str, object]) -> str:
+    got = row.get("framework_checkpointing_over_plain")
+    return "" if got is None else f"{float(got):.3f}"  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -120,16 +139,18 @@ def main() -> None:
         "the replay's saved-tensor hooks (the rule before 2026-12-07); bare: only those `replay.bare_kept_layers`",
         "leaves hooked.",
         "Predicted: the simulator's step over its keep-all step on the trace (what the plan adds to keep-all).",
+        "Framework: the model's own `gradient_checkpointing_enable()` (non-reentrant torch.utils.checkpoint around",
+        "each block: the plan `each` without memsched), timed in the same rounds; blank where the model has none.",
         "",
         "| model (layers) | plan | kept layers (bare) | predicted over keep-all | hooked over plain | "
-        "bare over plain |",
-        "|---|---|---|---|---|---|",
+        "bare over plain | framework over plain |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} ({r['layers']}) | {r['plan']} | {r['kept_layers']} ({r['bare_kept_layers']}) | "
             f"{float(r['predicted_over_keep_all']):.3f} | {float(r['hooked_over_plain']):.3f} | "  # type: ignore[arg-type]
-            f"{float(r['bare_over_plain']):.3f} |"  # type: ignore[arg-type]
+            f"{float(r['bare_over_plain']):.3f} | {_framework(r)} |"  # type: ignore[arg-type]
         )
     md = RESULTS / "replay_overhead.md"
     md.write_text("\n".join(lines) + "\n" + kept_notes(md))

@@ -218,6 +218,7 @@ class ScheduledModel:
         # The modules' parameters and buffers, read each step (they are static memory: `_Pass.static`).
         self._model_tensors = ModuleTensors(model)
         self._layer_tensors = [ModuleTensors(m) for m in self.plan.modules]
+        self._claims = claiming_layers(self.plan, trace, counting=ledger is not None)
         self._bare = bare_kept_layers(self.plan, trace, counting=ledger is not None)
         self._hooks: LayerHooks | None = None
         self._cache_handles: list[RemovableHandle] = []
@@ -334,8 +335,8 @@ class ScheduledModel:
         if i == self.plan.n - 1 and self._priced_holds is not None:
             self._check_code_holds(p, args, kwargs)
         # Parameters a sharding wrapper (FSDP) gathers just before this layer runs are new storages: still
-        # static memory, never activations to offload or count (a bare layer saves nothing through the hooks).
-        if not self._bare[i]:
+        # static memory, never activations to offload or count (a layer that claims nothing never asks).
+        if self._claims[i]:
             p.static.add_module(self._layer_tensors[i])
         if self.ledger is not None:
             self.ledger.mark(f"F{i}")
@@ -509,12 +510,16 @@ class ScheduledModel:
         seg = Segment(start, end, self.plan.modules[start : end + 1], buffers=buffers)
         ledger = self.ledger
         stack = self._stack()
+        claiming = any(self._claims[start : end + 1])
 
         def on_forward_save(x: torch.Tensor) -> None:
-            if not isinstance(x, torch.Tensor) or p.is_static(x):
+            if not isinstance(x, torch.Tensor):
                 return
             if not stack or not start <= stack[-1] <= end:
-                seg.glue_saves = True
+                if not p.is_static(x):
+                    seg.glue_saves = True
+                return
+            if not claiming or p.is_static(x):
                 return
             s = x.untyped_storage()
             owner, _ = p.claim(s, stack[-1], self._static_places[stack[-1]])
@@ -542,16 +547,20 @@ class ScheduledModel:
                 ledger.note(x, start)
 
         def context_fn() -> tuple[Any, Any]:
-            return _Observer(on_forward_save), _Observer(on_recompute_save)
+            # The re-run's saves matter to the ledger alone: without one it runs under the checkpoint's hooks only.
+            return _Observer(on_forward_save), (
+                _Observer(on_recompute_save) if ledger is not None else contextlib.nullcontext()
+            )
 
         # The checkpoint saves its inputs through whatever hooks are active: observe them for the ledger. The
         # observer stays entered until the segment closes. Saved-tensor hooks are a stack and `open` leaves the
         # checkpoint's hooks and the forward observer pushed above it: leaving the observer here would pop the
         # forward observer instead, and the segment's saves would go unseen (unclaimed, so the next layer's
         # save indices would shift off the trace's and its offload would move other tensors).
-        inputs = _Observer(on_input_save)
-        inputs.__enter__()
-        seg.on_finish = lambda: inputs.__exit__(None, None, None)
+        if ledger is not None:
+            inputs = _Observer(on_input_save)
+            inputs.__enter__()
+            seg.on_finish = lambda: inputs.__exit__(None, None, None)
         try:
             seg.open(args, kwargs, self._recompute_scope, context_fn)
         except BaseException:
@@ -626,27 +635,35 @@ class ScheduledModel:
                 rec.prefetch()
 
 
-def bare_kept_layers(plan: RuntimePlan, trace: Trace | None, counting: bool) -> list[bool]:
-    """Per layer, whether it runs without the replay's saved-tensor hooks: a kept layer whose claims nothing needs.
-    Entering the hooks costs every saved tensor a Python pack and unpack (+10% on a small CPU ResNet-50 step with
-    hooks that do nothing, +17% with the claims). A claim keeps a later offload layer's save order the traced one,
-    and sends a storage an offload layer moved through its copy, so a kept layer needs its claims where it shares a
-    saved storage with an offload layer (Layer.resaved_from, either way round; all of them where the trace does
-    not say), and where a ledger counts saves (`counting`)."""
-    keep = [lp.action == Action.KEEP for lp in plan.layers]
+def claiming_layers(plan: RuntimePlan, trace: Trace | None, counting: bool) -> list[bool]:
+    """Per layer, whether the replay claims what it saves (attributes each storage to the first layer that saves
+    it). A claim keeps a later offload layer's save order the traced one, and sends a storage an offload layer
+    moved through its copy, so an offload layer claims, and so does a layer that shares a saved storage with one
+    (Layer.resaved_from, either way round; every layer of a plan that offloads where the trace does not say);
+    every layer claims where a ledger counts saves (`counting`). The rest need none: a kept one runs without the
+    replay's saved-tensor hooks (`bare_kept_layers`), a recomputed one's checkpoint only watches for saves between
+    its layers."""
     offload = [lp.action == Action.OFFLOAD for lp in plan.layers]
     if counting:
-        return [False] * plan.n
+        return [True] * plan.n
     if not any(offload):
-        return keep
+        return offload
     if trace is None or any(x.resaved_from is None for x in trace.layers):
-        return [False] * plan.n
-    bare = list(keep)
+        return [True] * plan.n
+    claims = list(offload)
     for f, x in enumerate(trace.layers):
         for j in x.resaved_from or ():
             if offload[f] or offload[j]:
-                bare[f] = bare[j] = False
-    return bare
+                claims[f] = claims[j] = True
+    return claims
+
+
+def bare_kept_layers(plan: RuntimePlan, trace: Trace | None, counting: bool) -> list[bool]:
+    """Per layer, whether it runs without the replay's saved-tensor hooks: a kept layer that claims nothing
+    (`claiming_layers`). Entering the hooks costs every saved tensor a Python pack and unpack (+10% on a small CPU
+    ResNet-50 step with hooks that do nothing, +17% with the claims)."""
+    claims = claiming_layers(plan, trace, counting)
+    return [lp.action == Action.KEEP and not c for lp, c in zip(plan.layers, claims, strict=True)]
 
 
 def _priced_holds(trace: Trace) -> list[bool]:
