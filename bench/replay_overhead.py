@@ -10,12 +10,12 @@ Per model: one trace (one torch thread, built-in `small` configs), then four pla
   offload-first  the first layer offloaded, the rest kept
   offload-each   every layer but the last offloaded
 Each plan runs under both rules, and where the model has its own gradient checkpointing (transformers'
-`gradient_checkpointing_enable()`), that too: the user's alternative to the plan `each`. A round times a block
-of steps of the plain model, then a block of each plan under each rule (the schedule applied once per block, as
-a training loop applies it once), and takes each block's median step over the plain block's: the ratio. The
+`gradient_checkpointing_enable()`), that too: the user's alternative to the plan `each`. A round times, for
+each plan under each rule, a block of steps of the plain model and then a block under the schedule (applied once
+per block, as a training loop applies it once), and takes the second block's median step over the first's. The
 table gives the median ratio over the rounds, and the simulator's predicted ratio over keep-all for reference.
-Writes bench/results/replay_overhead.{md,json} (the .md's
-hand-written notes, from its first '## ' heading, are kept).
+Writes bench/results/replay_overhead.{md,json} (the .md's hand-written notes, from its first '## ' heading, are
+kept).
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def run_model(name: str, rounds: int, steps: int) -> list[dict[str, object]]:
     framework: list[float] = []  # the model's own gradient checkpointing (torch.utils.checkpoint per block)
     can_checkpoint = bool(getattr(w.model, "supports_gradient_checkpointing", False))
     for k in range(rounds):
-        plain = _block(w.step, steps)
         if can_checkpoint:
+            plain = _block(w.step, steps)
             w.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             try:
                 w.step()
@@ -83,6 +83,8 @@ def run_model(name: str, rounds: int, steps: int) -> list[dict[str, object]]:
                 w.model.gradient_checkpointing_disable()
         for p, sched in scheds.items():
             for rule in RULES if k % 2 == 0 else RULES[::-1]:  # neither rule always runs first
+                # The plain block right before each block: this CPU runs whole seconds of steps slower at times.
+                plain = _block(w.step, steps)
                 replay.bare_kept_layers = (
                     bare_rule if rule == "bare" else (lambda plan, trace, counting: [False] * plan.n)
                 )
