@@ -97,8 +97,8 @@ class _Pass:
         self.static_saves: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.last_forward = -1
         self.backward_started: set[int] = set()
-        # The storages of the outputs (with grad) of the layers run without saved-tensor hooks (bare_kept_layers):
-        # alive while this forward's graph is, so they stand in for the claims those layers do not make.
+        # The storages of the outputs (with grad) of the layers that claim nothing (claiming_layers): alive while
+        # this forward's graph is (a later layer or checkpoint keeps them), so they stand in for the claims.
         self.outputs: list[weakref.ref[torch.UntypedStorage]] = []
 
     def owner(self, s: torch.UntypedStorage) -> int | None:
@@ -396,7 +396,7 @@ class ScheduledModel:
                 if glue:
                     raise glue_error(seg.start, seg.end, [self.plan.layers[seg.start].name, plan.name])
         self._check_shapes(i, out)
-        self._hook_backward(p, i, out, note_outputs=self._bare[i])
+        self._hook_backward(p, i, out, note_outputs=not self._claims[i])
         for j in self.plan.release_at.get(i, ()):
             for rec in p.records.get(j, ()):
                 rec.release_device()

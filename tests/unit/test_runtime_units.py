@@ -167,10 +167,13 @@ def test_custom_model_replays_with_identical_gradients():
 
 
 def _plan(kind: str) -> Schedule:
-    """keep-all; blocks.1 recomputed (every kept layer runs bare); blocks.1 offloaded (kept layers claim)."""
+    """keep-all; blocks.1 recomputed (every kept layer runs bare); every block recomputed, in a segment of its own
+    (no layer claims); blocks.1 offloaded (kept layers claim: no trace says who shares)."""
     sched = keep_all_schedule(BLOCKS)
     if kind == "recompute":
         sched.actions[1] = LayerAction(layer="blocks.1", action=Action.RECOMPUTE)
+    elif kind == "recompute-all":
+        sched.actions = [LayerAction(layer=b, action=Action.RECOMPUTE, recompute_group=i) for i, b in enumerate(BLOCKS)]
     elif kind == "offload":
         sched.actions[1] = LayerAction(
             layer="blocks.1",
@@ -180,7 +183,7 @@ def _plan(kind: str) -> Schedule:
     return sched
 
 
-@pytest.mark.parametrize("kind", ["keep-all", "recompute", "offload"])
+@pytest.mark.parametrize("kind", ["keep-all", "recompute", "recompute-all", "offload"])
 def test_two_forwards_before_one_backward_warn_once_and_a_dropped_forward_does_not(caplog, kind):
     # Each forward holds its own activations: the plan's budget is for one forward and its backward at a time.
     torch.manual_seed(0)
