@@ -60,8 +60,8 @@ class StaticStorages:
 
     def add_module(self, module: torch.nn.Module | ModuleTensors) -> StaticStorages:
         """The storages of a module's parameters and buffers as they are now. Pass a ModuleTensors where this runs
-        every step: walking the module tree is most of what it costs (2.7 ms of a 12.6 ms CPU step of a small
-        ResNet-50, once per layer)."""
+        every step: walking the module tree is most of what it costs (a small ResNet-50, once for the model and once
+        per layer each step: 0.55 ms of a 12.6 ms CPU step, 0.20 ms with ModuleTensors)."""
         for t in module if isinstance(module, ModuleTensors) else ModuleTensors(module):
             s = local_tensor(t).untyped_storage()
             self._refs[id(s)] = weakref.ref(s)
