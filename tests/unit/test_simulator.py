@@ -331,6 +331,7 @@ def test_new_default_fields_keep_old_hashes():
         del layer["recompute_s"]
         del layer["forward_workspace_bytes"]
         del layer["shared_input_bytes"]
+        del layer["resaved_from"]
         del layer["side_input_bytes"]
         del layer["changed_buffer_bytes"]
         del layer["output_saved_bytes"]
