@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -100,6 +101,10 @@ class _Pass:
         # The storages of the outputs (with grad) of the layers that claim nothing (claiming_layers): alive while
         # this forward's graph is (a later layer or checkpoint keeps them), so they stand in for the claims.
         self.outputs: list[weakref.ref[torch.UntypedStorage]] = []
+        # Whether a layer of this pass returned fewer / more output bytes than traced (`_check_shapes`): a step at
+        # another batch size or sequence length, which explains offloaded bytes other than the planned ones.
+        self.smaller = False
+        self.larger = False
 
     def owner(self, s: torch.UntypedStorage) -> int | None:
         hit = self.claims.get(id(s))
@@ -204,6 +209,8 @@ class ScheduledModel:
         self._pass: _Pass | None = None
         self._segment: Segment | None = None
         self._warned: set[str] = set()
+        # The largest output-bytes ratio over the trace warned of so far (`_check_shapes`).
+        self._warned_ratio = 1.0
         self._priced_holds = None if trace is None else _priced_holds(trace)
         # Per layer, the places in its save order that the trace counts with 0 bytes (Pass.static_saves).
         self._static_places: list[frozenset[int]] = (
@@ -395,7 +402,7 @@ class ScheduledModel:
                 seg.close()
                 if glue:
                     raise glue_error(seg.start, seg.end, [self.plan.layers[seg.start].name, plan.name])
-        self._check_shapes(i, out)
+        self._check_shapes(p, i, out)
         self._hook_backward(p, i, out, note_outputs=not self._claims[i])
         for j in self.plan.release_at.get(i, ()):
             for rec in p.records.get(j, ()):
@@ -429,37 +436,75 @@ class ScheduledModel:
         self._pass = _Pass(self.plan.n, self._model_tensors)
         return self._pass
 
-    def _check_shapes(self, i: int, out: Any) -> None:
-        """With a trace: a layer's output bytes are the traced ones, whatever the plan (a step at another
-        batch size or sequence length has other memory than the schedule predicts)."""
-        if self.trace is None or "shapes" in self._warned:
+    def _check_shapes(self, p: _Pass, i: int, out: Any) -> None:
+        """With a trace: a layer's output bytes against the traced ones. A larger step (a longer sequence, a bigger
+        batch) holds more than the schedule was solved for and can break its budget: a warning, and again each
+        time a step outgrows the last one warned of by a tenth, so a later, longer batch is not hidden behind the
+        first. A smaller one (dynamic padding's short batches) holds smaller tensors: said once, at INFO."""
+        if self.trace is None:
             return
         traced = self.trace.layers[i].output_bytes
         got = _output_bytes(out)
-        if got != traced:
-            self._warned.add("shapes")
+        if got == traced:
+            return
+        shapes = f"batch_size={self.trace.batch_size}" + (
+            "" if self.trace.seq_len is None else f", seq_len={self.trace.seq_len}"
+        )
+        name = self.plan.layers[i].name
+        if got > traced:
+            p.larger = True
+            ratio = got / traced if traced else math.inf
+            if ratio <= self._warned_ratio * 1.1:
+                return
+            self._warned_ratio = ratio
             log.warning(
-                "layer %s returned %d bytes of output but %d when traced (batch_size=%d, seq_len=%s): this step "
-                "runs at other shapes than the trace, so the schedule's memory prediction does not hold for it; "
-                "trace and solve at the batch size and sequence length you train with",
-                self.plan.layers[i].name,
+                "layer %s returned %d bytes of output, more than the %d traced (%s): this step is larger than the "
+                "one the schedule was solved for, and can peak above its budget. Trace and solve at the largest "
+                "batch size and sequence length you train with (with dynamic padding: the longest batch)",
+                name,
                 got,
                 traced,
-                self.trace.batch_size,
-                self.trace.seq_len,
+                shapes,
+            )
+            return
+        p.smaller = True
+        if "shapes:smaller" not in self._warned:
+            self._warned.add("shapes:smaller")
+            log.info(
+                "layer %s returned %d bytes of output, fewer than the %d traced (%s): this step is smaller than the "
+                "one the schedule was solved for, so its tensors are too; the schedule's prediction (peak, step "
+                "time) is the traced step's",
+                name,
+                got,
+                traced,
+                shapes,
             )
 
     def _check_offloaded(self, p: _Pass, j: int) -> None:
         plan = self.plan.layers[j]
-        got = p.offloaded_bytes[j]
-        if got != plan.offload_bytes and plan.name not in self._warned:
-            self._warned.add(plan.name)
+        got, planned = p.offloaded_bytes[j], plan.offload_bytes
+        if got == planned or (p.smaller and got < planned) or (p.larger and got > planned):
+            return  # the traced bytes, or a step at other shapes, which _check_shapes has told of
+        key = f"{plan.name}:{'more' if got > planned else 'less'}"
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        if got > planned:
+            log.warning(
+                "layer %s: the schedule offloads %d bytes but this step offloaded %d: its saved tensors are larger "
+                "than the schedule's (a longer sequence or a bigger batch than traced), so this step can peak above "
+                "the budget; trace and solve at the largest shapes you train with",
+                plan.name,
+                planned,
+                got,
+            )
+        else:
             log.warning(
                 "layer %s: the schedule offloads %d bytes but this step offloaded %d (shapes differ from the "
                 "trace, or scheduled tensors were not offloadable); the measured peak will differ from the "
                 "prediction",
                 plan.name,
-                plan.offload_bytes,
+                planned,
                 got,
             )
 

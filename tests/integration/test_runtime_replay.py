@@ -261,19 +261,59 @@ def test_framework_gradient_checkpointing_must_be_off(gpt2):
         w.model.gradient_checkpointing_disable()
 
 
-def test_a_recompute_plan_at_another_sequence_length_warns(gpt2, caplog):
-    w, tr = gpt2  # traced at batch 2, sequence 32
+def test_shorter_steps_are_told_once_and_a_larger_one_warns_after_them(gpt2, caplog):
+    """Dynamic padding: batches shorter than the traced one hold smaller tensors (said once, at INFO); a batch
+    larger than the traced one can break the budget, so it warns even after the short ones (it once was hidden
+    behind their warning), and again only when a step outgrows the last one warned of by a tenth."""
+    w, tr = gpt2  # traced at batch 2, sequence 32 (the model's longest)
     sched = schedule_of(tr, BASELINES["checkpoint-all"](tr))
     short = {k: v[:, :16] for k, v in w.batch.items()}
-    with caplog.at_level(logging.WARNING, logger="memsched"), apply_schedule(w.model, sched, trace=tr) as sm:
+    wide = {k: torch.cat([v, v[:1]]) for k, v in w.batch.items()}  # batch 3
+    wider = {k: torch.cat([v, v]) for k, v in w.batch.items()}  # batch 4
+    with (
+        caplog.at_level(logging.INFO, logger="memsched.runtime.replay"),
+        apply_schedule(w.model, sched, trace=tr) as sm,
+    ):
         sm(**w.batch).loss.backward()
         assert not caplog.records  # the traced shapes: nothing to say
-        sm(**short).loss.backward()
-        sm(**short).loss.backward()
-    [record] = caplog.records  # once
-    msg = record.getMessage()
-    assert msg.startswith("layer transformer.h.0 returned 8192 bytes of output but 16384 when traced")
-    assert "batch_size=2, seq_len=32" in msg and "trace and solve at the batch size and sequence length" in msg
+        for batch in (short, short):
+            sm(**batch).loss.backward()
+        [info] = caplog.records  # once
+        assert info.levelno == logging.INFO
+        assert info.getMessage().startswith(
+            "layer transformer.h.0 returned 8192 bytes of output, fewer than the 16384 traced "
+            "(batch_size=2, seq_len=32): this step is smaller"
+        )
+        caplog.clear()
+        for batch in (wide, wide, short, wider, wider):
+            sm(**batch).loss.backward()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert all(r.levelno == logging.WARNING for r in caplog.records), warnings
+    assert [m.split(" traced")[0] for m in warnings] == [
+        "layer transformer.h.0 returned 24576 bytes of output, more than the 16384",
+        "layer transformer.h.0 returned 32768 bytes of output, more than the 16384",
+    ]
+    assert all("can peak above its budget" in m and "the longest batch" in m for m in warnings)
+
+
+def test_an_offload_plan_at_other_shapes_names_the_step_not_the_tensors(gpt2, caplog):
+    """The offloaded-bytes check tells of tensors a plan could not move. A shorter step moves fewer bytes by its
+    shapes, which is no such case; a larger one moves more, and without a trace that is all that shows it."""
+    w, tr = gpt2
+    sched = schedule_of(tr, BASELINES["offload-all-overlapped"](tr))
+    short = {k: v[:, :16] for k, v in w.batch.items()}
+    wide = {k: torch.cat([v, v]) for k, v in w.batch.items()}
+    with caplog.at_level(logging.WARNING, logger="memsched.runtime.replay"):
+        with apply_schedule(w.model, sched, trace=tr) as sm:
+            for batch in (w.batch, short):
+                sm(**batch).loss.backward()
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
+        with apply_schedule(w.model, sched) as sm:  # no trace: the offloaded bytes are the only sign
+            sm(**wide).loss.backward()
+            sm(**wide).loss.backward()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == tr.n, messages  # once per layer
+    assert all("its saved tensors are larger than the schedule's" in m for m in messages), messages
 
 
 def _cached(name: str) -> Workload:
