@@ -5,7 +5,13 @@ torch.distributed._composable.checkpoint does it for one module), so the user's 
 The checkpoint keeps only the segment's inputs. For its recomputation it re-runs layers a..b in order,
 feeding each layer the recomputed outputs of the earlier ones: the tensors a layer received that were
 outputs of an earlier layer of the segment are recorded as links (by identity), everything else by value.
-RNG state (CPU and device) is stashed at entry and restored for the recomputation, so dropout matches.
+RNG state (CPU and device) is stashed at entry and restored for the recomputation, so dropout matches; and
+before each later layer of the segment too, as its forward found it: code between the layers that draws random
+numbers (LayerDrop's draw per layer) is not re-run, and would otherwise shift every later layer's dropout masks.
+
+Layers that a forward skips (LayerDrop, stochastic depth skipping whole blocks) are skipped by the recomputation
+too: it re-runs the layers that ran, in order, and a skipped first layer moves the segment's start to the first
+that ran (runtime/replay.py).
 
 Buffers: a forward may change its module's buffers (BatchNorm's running statistics and
 `num_batches_tracked`). A recomputation must neither apply that change a second time nor read the changed
@@ -201,7 +207,13 @@ class Segment:
     inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=dict)
     """Layer -> its (args, kwargs) with links in place of segment outputs (layers after start only)."""
     glue_saves: bool = False
-    """Whether code between the segment's layers saved tensors (the recomputation would not re-run it)."""
+    """Whether code since the segment's last layer to run saved tensors (kept as plain saves, out of the
+    checkpoint; where another layer of the segment follows, the recomputation would not re-run that code)."""
+    rng: dict[int, _RngState] = field(default_factory=dict)
+    """Layer -> the RNG state its forward found, where the code since the segment's previous layer drew random
+    numbers (layers after start only; elsewhere the re-run of the layers before leaves the state it found)."""
+    rng_left: bytes = b""
+    """The RNG state as the segment's latest layer to run left it (`_RngState.key`)."""
     buffers: list[LayerBuffers] = field(default_factory=list)
     """Per segment layer (start..end): its buffer slots; empty when no layer has buffers."""
     snapshots: dict[int, BufferSnapshot] = field(default_factory=dict)
@@ -233,10 +245,15 @@ class Segment:
             return _Link(hit[0], hit[1]) if hit is not None and hit[2]() is t else t
 
         self.inputs[layer] = (map_tensors(args, link), map_tensors(kwargs, link))
+        state = _RngState.now((args, kwargs))
+        # Kept only where it moved since the last layer (a CPU state is 5 KiB, unpriced): LayerDrop's draws.
+        if state.key() != self.rng_left:
+            self.rng[layer] = state
 
     def record_outputs(self, layer: int, out: Any) -> None:
         for path, t in flatten(out):
             self.outputs[id(t)] = (layer, path, weakref.ref(t))
+        self.rng_left = _RngState.now(out).key()
 
     def forget_outputs(self) -> None:
         self.outputs.clear()
@@ -250,8 +267,10 @@ class Segment:
             with enter_recompute():
                 with self._isolated(self.start):
                     outs: dict[int, Any] = {self.start: self.modules[0](*args, **kwargs)}
-                for k in range(self.start + 1, self.end + 1):
+                for k in sorted(self.inputs):  # the layers that ran after start, in order
                     a, kw = self.inputs[k]
+                    if k in self.rng:  # within the checkpoint's fork of the RNG: put back after the re-run
+                        self.rng[k].restore()
 
                     def resolve(x: Any) -> Any:
                         return get_path(outs[x.layer], x.path) if isinstance(x, _Link) else x
@@ -305,6 +324,41 @@ class Segment:
         done, self.on_finish = self.on_finish, None
         if done is not None:
             done()
+
+
+@dataclass(frozen=True)
+class _RngState:
+    """The CPU RNG state and that of each accelerator holding one of a layer's inputs, as the checkpoint stashes
+    them for its first layer."""
+
+    cpu: torch.Tensor
+    """torch.get_rng_state()."""
+    device_ids: list[int]
+    """Accelerator indices, one per device."""
+    device_states: list[torch.Tensor]
+    """Their RNG states, in that order."""
+    device_type: str | None
+    """Their device type (cuda, ...); None without one."""
+
+    @staticmethod
+    def now(inputs: Any) -> _RngState:
+        one_per_device: dict[torch.device, torch.Tensor] = {}
+        for _, t in flatten(inputs):
+            if t.device.type not in ("cpu", "meta"):
+                one_per_device.setdefault(t.device, t)
+        tensors = list(one_per_device.values())
+        ids, states = _cp.get_device_states(*tensors) if tensors else ([], [])
+        device_type = _cp._infer_device_type(*tensors) if tensors else None
+        return _RngState(torch.get_rng_state(), ids, states, device_type)
+
+    def key(self) -> bytes:
+        """The states' bytes: equal keys, equal states (held as bytes, not as tensors a measured peak counts)."""
+        return b"".join(t.numpy().tobytes() for t in (self.cpu, *self.device_states)) + bytes(self.device_ids)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.device_ids:
+            _cp.set_device_states(self.device_ids, self.device_states, device_type=self.device_type)
 
 
 def _map_links(obj: Any, fn: Callable[[Any], Any]) -> Any:

@@ -57,9 +57,10 @@ def _top_hooks() -> tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.T
 
 class _Observer(torch.autograd.graph.saved_tensors_hooks):
     """Sees every tensor saved in its scope, then hands it to the hooks it was entered over (checkpoint's),
-    so the ledger can count what a checkpointed region saves and recomputes without changing it."""
+    so the ledger can count what a checkpointed region saves and recomputes without changing it. A save that
+    `on_pack` answers True for is kept as a plain save instead, out of those hooks."""
 
-    def __init__(self, on_pack: Callable[[torch.Tensor], None]) -> None:
+    def __init__(self, on_pack: Callable[[torch.Tensor], bool | None]) -> None:
         self._on_pack = on_pack
 
         def identity(x: Any) -> Any:
@@ -73,12 +74,24 @@ class _Observer(torch.autograd.graph.saved_tensors_hooks):
         on_pack = self._on_pack
 
         def pack(x: torch.Tensor) -> Any:
-            on_pack(x)
+            if on_pack(x):
+                return _Plain(_keep(x))
             return inner_pack(x)
 
+        def unpack(packed: Any) -> Any:
+            return packed.tensor if isinstance(packed, _Plain) else inner_unpack(packed)
+
         self.pack_hook = pack
-        self.unpack_hook = inner_unpack
+        self.unpack_hook = unpack
         super().__enter__()
+
+
+@dataclass(frozen=True)
+class _Plain:
+    """A save an `_Observer` kept out of the hooks beneath it."""
+
+    tensor: torch.Tensor
+    """The saved tensor, detached (`_keep`)."""
 
 
 class _Pass:
@@ -105,6 +118,10 @@ class _Pass:
         # another batch size or sequence length, which explains offloaded bytes other than the planned ones.
         self.smaller = False
         self.larger = False
+        # The layers that ran in this forward (a model may skip some: LayerDrop), and the last done-by stage whose
+        # releases were made (those of skipped stages are made at the next layer that runs).
+        self.ran: set[int] = set()
+        self.released_through = -1
 
     def owner(self, s: torch.UntypedStorage) -> int | None:
         hit = self.claims.get(id(s))
@@ -339,6 +356,11 @@ class ScheduledModel:
                 self._check_overlap(p, plan.name)
             p = self._new_pass()
         p.last_forward = i
+        p.ran.add(i)
+        if self._segment is not None and i > self._segment.end:
+            # The open segment's last layers did not run in this forward (LayerDrop): it ends where its last layer
+            # to run did. The code since then saved outside it (`_open_segment`'s observer).
+            self._close_segment()
         if i == self.plan.n - 1 and self._priced_holds is not None:
             self._check_code_holds(p, args, kwargs)
         # Parameters a sharding wrapper (FSDP) gathers just before this layer runs are new storages: still
@@ -350,15 +372,17 @@ class ScheduledModel:
         seg = self._segment
         if plan.action == Action.RECOMPUTE:
             assert plan.segment is not None
-            start, end = plan.segment
-            if i == start:
-                seg = self._open_segment(p, start, end, args, kwargs)
-            elif seg is None or seg.start != start:
-                raise ScheduleMismatchError(
-                    f"layer {plan.name!r} is in recompute segment {start}..{end} but layer {start} did not run "
-                    "before it in this forward; the model does not call its layers in the traced order"
-                )
+            end = plan.segment[1]
+            if seg is None:
+                # At the segment's first layer; or past it, where this forward skipped the layers before (LayerDrop):
+                # the segment starts at the first of its layers to run.
+                seg = self._open_segment(p, i, end, args, kwargs)
             else:
+                assert seg.end == end and seg.start < i, (seg.start, seg.end, i)
+                if seg.glue_saves:
+                    self._segment = None
+                    seg.abort()
+                    raise glue_error(seg.start, end, [self.plan.layers[seg.start].name, self.plan.layers[end].name])
                 seg.record_inputs(i, args, kwargs)
             seg.buffers_before(i)
         call = _Call(plan, segment=seg if plan.action == Action.RECOMPUTE else None)
@@ -397,17 +421,23 @@ class ScheduledModel:
             if i < seg.end:
                 seg.record_outputs(i, out)
             else:
-                self._segment = None
-                glue = seg.glue_saves
-                seg.close()
-                if glue:
-                    raise glue_error(seg.start, seg.end, [self.plan.layers[seg.start].name, plan.name])
+                self._close_segment()
         self._check_shapes(p, i, out)
         self._hook_backward(p, i, out, note_outputs=not self._claims[i])
-        for j in self.plan.release_at.get(i, ()):
-            for rec in p.records.get(j, ()):
-                rec.release_device()
-            self._check_offloaded(p, j)
+        # The done-by stages up to this layer, those of layers this forward skipped (LayerDrop) included.
+        for k in range(p.released_through + 1, i + 1):
+            for j in self.plan.release_at.get(k, ()):
+                for rec in p.records.get(j, ()):
+                    rec.release_device()
+                self._check_offloaded(p, j)
+        p.released_through = max(p.released_through, i)
+
+    def _close_segment(self) -> None:
+        """Close the open segment: after its last layer, or where this forward skipped its last layers (at the next
+        layer to run, or as the backward begins)."""
+        seg, self._segment = self._segment, None
+        assert seg is not None
+        seg.close()
 
     def _check_overlap(self, p: _Pass, name: str) -> None:
         """Warn (once) where a forward begins while the previous one's saved tensors are alive and its backward has
@@ -483,7 +513,7 @@ class ScheduledModel:
     def _check_offloaded(self, p: _Pass, j: int) -> None:
         plan = self.plan.layers[j]
         got, planned = p.offloaded_bytes[j], plan.offload_bytes
-        if got == planned or (p.smaller and got < planned) or (p.larger and got > planned):
+        if j not in p.ran or got == planned or (p.smaller and got < planned) or (p.larger and got > planned):
             return  # the traced bytes, or a step at other shapes, which _check_shapes has told of
         key = f"{plan.name}:{'more' if got > planned else 'less'}"
         if key in self._warned:
@@ -557,21 +587,26 @@ class ScheduledModel:
         stack = self._stack()
         claiming = any(self._claims[start : end + 1])
 
-        def on_forward_save(x: torch.Tensor) -> None:
+        def on_forward_save(x: torch.Tensor) -> bool:
             if not isinstance(x, torch.Tensor):
-                return
+                return False
             if not stack or not start <= stack[-1] <= end:
+                # Code between the layers, which the recomputation does not re-run: a plain save, out of the
+                # checkpoint (whose recomputation would not save it again). Where a layer of the segment follows,
+                # the segment is refused there (`enter`); where none does (this forward skipped the segment's last
+                # layers: LayerDrop), it is code after the segment, and its saves are the model's own.
                 if not p.is_static(x):
                     seg.glue_saves = True
-                return
+                return True
             if not claiming or p.is_static(x):
-                return
+                return False
             s = x.untyped_storage()
             owner, _ = p.claim(s, stack[-1], self._static_places[stack[-1]])
             if ledger is not None and p.is_static_save(s):
                 ledger.forget(x)  # the checkpoint may have saved it first, as its input (on_input_save)
             elif ledger is not None:
                 ledger.note(x, owner)
+            return False
 
         def on_recompute_save(x: torch.Tensor) -> None:
             if (
@@ -667,8 +702,10 @@ class ScheduledModel:
         if i in p.backward_started:
             return
         if not p.backward_started:
-            # Backward has begun: whatever a done-by stage did not release (a forward that skipped layers)
-            # is released now, as the forward is over.
+            # Backward has begun: a segment still open (this forward skipped its last layers) ends, and whatever a
+            # done-by stage did not release (no layer ran after it) is released now, as the forward is over.
+            if self._segment is not None:
+                self._close_segment()
             for recs in p.records.values():
                 for rec in recs:
                     rec.release_device()

@@ -742,11 +742,31 @@ def _time_layers(
                 timing.collect()
     finally:
         timing.remove()
+    skipped = [st for st in stats if len(st.forward_s) < steps]  # one time per step that ran the layer
+    if skipped:
+        raise _not_every_step(skipped, f"{steps} timing steps")
     if not timing.steps_with_backward:
         raise TraceCheckError(
             "step: no backward ran through the traced layers; the step function must compute the loss and "
             "call loss.backward() (not under torch.no_grad()), as Workload.step does"
         )
+
+
+def _not_every_step(layers: list[_LayerStats], where: str) -> MemschedError:
+    """The error for layers that did not run in every step: a layer pattern matching modules the step does not
+    call, or a model that skips layers at random, which the trace cannot describe."""
+    names = [st.name for st in layers[:3]]
+    skips = (
+        "a model that skips layers at random (LayerDrop: a transformers config's layerdrop, encoder_layerdrop or "
+        "decoder_layerdrop; stochastic depth that skips whole blocks) must be traced with that off (0 while "
+        "tracing): the trace then describes the step that runs every layer, and the replay runs steps that skip "
+        "some (runtime/README.md, 'Layers a step skips')"
+    )
+    if any(st.forward_s for st in layers):  # it ran in some step: skipped in others
+        return MemschedError(f"layers: {names} ran in some steps and not in others ({where}): {skips}")
+    return MemschedError(
+        f"layers: {names} never ran ({where}); check the layer patterns or the step function. Or: {skips}"
+    )
 
 
 TIMING_RUNS = 2
@@ -1151,11 +1171,9 @@ def _memory_step(
         mem.forget_graph()
         for h in handles:
             h.remove()
-    missing = [stats[i].name for i in range(len(stats)) if i not in mem.order]
+    missing = [stats[i] for i in range(len(stats)) if i not in mem.order]
     if missing:
-        raise MemschedError(
-            f"layers: {missing[:3]} never ran during the step; check the layer patterns or the step function"
-        )
+        raise _not_every_step(missing, "the memory step")
     _check_one_call_each(mem.calls, stats)
     return mem, whole
 
