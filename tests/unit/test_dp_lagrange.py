@@ -405,7 +405,9 @@ def test_weighing_the_rules_per_producer_raises_the_link_bound_on_a_dense_dag(
 
     tr = _dense_dag(n, seed)
     budget = budget_between(tr, 0.2)
-    answer = solve_report(tr, budget, SolveOptions(time_limit_s=20, gap=0.0)).schedule.solver.objective_s
+    # Any plan's overhead is at least the optimum; the bounds here hardly depend on which (1.139x at the 1 s,
+    # 2 s and 20 s answers of n=30), so the solve need not run long.
+    answer = solve_report(tr, budget, SolveOptions(time_limit_s=5, gap=0.0)).schedule.solver.objective_s
     assert answer is not None and answer > 0.0
     arrays = lagrange_arrays(relaxed_problem(build_problem(tr, budget), tr, 32), tr)
     weighed = LinkLagrangian(arrays, answer)
