@@ -24,6 +24,7 @@ traced layers, which no layer owns, are named with what they cost the smallest f
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -43,6 +44,7 @@ from memsched.runtime.clock import Clock, time_steps
 from memsched.runtime.device import device_memory, device_name, framework_versions, measure_runtime_copy_speed
 from memsched.runtime.hostalloc import steady_host_allocator
 from memsched.runtime.kv_cache import CacheOff, cache_message, hook_caches
+from memsched.runtime.layerdrop import layerdrop_off
 from memsched.runtime.layers import find_layers
 from memsched.runtime.memory import PRE, MemoryMeter, StepMemory
 from memsched.runtime.storage import (
@@ -1567,6 +1569,14 @@ def trace_with_report(
 
     # The forwards are traced as a schedule replays them: without a KV cache (memsched.runtime.kv_cache).
     cache_handles = hook_caches(model, CacheOff(cache_switched))
+    # Every layer runs in every traced step: LayerDrop off (memsched.runtime.layerdrop).
+    no_layerdrop = contextlib.ExitStack()
+    dropped = no_layerdrop.enter_context(layerdrop_off(model))
+    if dropped:
+        report.warn(
+            f"LayerDrop ({', '.join(dropped)}) is off while tracing: the trace is the step that runs every layer, "
+            "the most a step holds and the longest it takes; the replay runs the steps that skip layers"
+        )
     try:
         hook = register_optimizer_step_post_hook(on_step)
         try:
@@ -1591,6 +1601,7 @@ def trace_with_report(
     finally:
         for h in cache_handles:
             h.remove()
+        no_layerdrop.close()
     static = static_bytes(model, optimizers[0] if optimizers else None)
     for extra in optimizers[1:]:
         static.optimizer_state += static_bytes(model, extra).optimizer_state

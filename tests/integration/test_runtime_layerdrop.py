@@ -1,8 +1,9 @@
 """Models that skip layers at random in training (LayerDrop: BART's encoder_layerdrop / decoder_layerdrop,
 Wav2Vec2's layerdrop, on by default there; stochastic depth that skips whole blocks).
 
-The tracer cannot describe such a step and says so, with the fix: trace with the skipping off. The replay then
-runs the steps that skip layers, and leaves the training state of keep-all under the same skipping, bitwise:
+A trace describes the step that runs every layer: the tracer turns a `transformers` model's LayerDrop off while
+it traces (and says so), and refuses other skipping with the cause named. The replay then runs the steps that
+skip layers, and leaves the training state of keep-all under the same skipping, bitwise:
 a recompute segment whose first layers are skipped starts at the first that runs, one whose middle layer is
 skipped re-runs the others, one whose last layers are skipped ends where its last layer to run did (the code
 after it, which saves, stays out of the checkpoint), and each re-run layer finds the RNG state its forward found
@@ -12,11 +13,13 @@ skipped is released by the next layer that runs."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import pytest
 import torch
 from test_runtime_support import schedule_of
+from torch import nn
 
 from memsched.errors import MemschedError
 from memsched.optimizer.decisions import KEEP, offload_all, recompute
@@ -62,13 +65,16 @@ def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 @pytest.fixture(scope="module")
 def traced() -> Trace:
-    model, batch = _bart(0.0), _batch()
+    """The model as it is trained, LayerDrop on: the tracer turns it off for its steps, and back on."""
+    model, batch = _bart(LAYERDROP), _batch()
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
         model(**batch).loss.backward()
 
-    return trace(model, step, steps=1, warmup=0, batch_size=2, measure_bandwidth=False)
+    tr = trace(model, step, steps=2, warmup=1, batch_size=2, measure_bandwidth=False)
+    assert model.model.encoder.layerdrop == model.config.decoder_layerdrop == LAYERDROP  # put back
+    return tr
 
 
 def _train(schedule: Schedule | None, probe: Any = None) -> tuple[dict[str, torch.Tensor], list[set[int]]]:
@@ -93,17 +99,55 @@ def _train(schedule: Schedule | None, probe: Any = None) -> tuple[dict[str, torc
     return {n: p.detach().clone() for n, p in model.named_parameters()}, ran
 
 
-def test_the_tracer_names_layer_skipping_and_its_fix():
+def test_the_tracer_turns_layerdrop_off_and_says_so(traced: Trace, caplog: pytest.LogCaptureFixture):
+    assert traced.n == 6 and all(x.saved_bytes > 0 for x in traced.layers)  # every layer ran in the memory step
     model, batch = _bart(LAYERDROP), _batch()
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
         model(**batch).loss.backward()
 
-    torch.manual_seed(1)
-    with pytest.raises(MemschedError, match=r"ran in some steps and not in others \(2 timing steps\)") as err:
-        trace(model, step, steps=2, warmup=1, batch_size=2, measure_bandwidth=False)
+    with caplog.at_level(logging.WARNING, logger="memsched.runtime.tracer"):
+        trace(model, step, steps=1, warmup=0, batch_size=2, measure_bandwidth=False)
+    said = [r.getMessage() for r in caplog.records if "LayerDrop" in r.getMessage()]
+    assert said == [
+        "LayerDrop (decoder_layerdrop=0.3, encoder_layerdrop=0.3, layerdrop=0.3) is off while tracing: the trace is "
+        "the step that runs every layer, the most a step holds and the longest it takes; the replay runs the steps "
+        "that skip layers"
+    ]
+
+
+class SkipsBlocks(nn.Module):
+    """Stochastic depth of its own: each block is skipped with probability `skip` in training."""
+
+    def __init__(self, skip: float) -> None:
+        super().__init__()
+        self.skip = skip
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16)) for _ in range(4)
+        )
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            if not (self.training and torch.rand(()) < self.skip):
+                x = x + block(x)
+        return self.head(x).square().mean()
+
+
+def test_other_skipping_is_refused_with_the_cause_and_the_fix():
+    torch.manual_seed(0)
+    model, x = SkipsBlocks(0.4).train(), torch.randn(8, 16)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).backward()
+
+    with pytest.raises(MemschedError, match=r"ran in some steps and not in others \(3 timing steps\)") as err:
+        trace(model, step, steps=3, warmup=1, batch_size=8, measure_bandwidth=False)
     assert "LayerDrop" in str(err.value) and "traced with that off" in str(err.value)
+    model.skip = 0.0  # as the message says
+    assert trace(model, step, steps=1, warmup=0, batch_size=8, measure_bandwidth=False).n == 4
 
 
 def test_segments_and_offloads_under_layerdrop_leave_keep_alls_weights(traced: Trace):
@@ -147,3 +191,16 @@ def test_an_offload_whose_done_by_layer_is_skipped_is_released_by_the_next(trace
     assert [2 in r for r in ran].count(True) == len(released_at_2)
     assert any(2 in r and 1 not in r and 0 in r for r in ran)  # a step that skipped the done-by layer
     assert all(released_at_2), list(zip([r for r in ran if 2 in r], released_at_2, strict=True))
+
+
+def test_layerdrop_off_puts_every_value_back_even_on_an_error():
+    from memsched.runtime.layerdrop import layerdrop_off
+
+    model = _bart(LAYERDROP)
+    with pytest.raises(KeyError), layerdrop_off(model) as dropped:
+        assert dropped == ["decoder_layerdrop=0.3", "encoder_layerdrop=0.3", "layerdrop=0.3"]
+        assert model.config.encoder_layerdrop == model.model.decoder.layerdrop == 0.0
+        raise KeyError("the step failed")
+    assert model.config.encoder_layerdrop == model.model.decoder.layerdrop == LAYERDROP
+    with layerdrop_off(_bart(0.0)) as dropped:
+        assert dropped == []
