@@ -2,7 +2,9 @@
 
 The models of tests/integration/test_runtime_conformance.py (a `transformers` Llama, GPT-2, BERT and ViT with
 their default configs but for the widths; a BatchNorm CNN with in-place ops; a UNet with skip concatenations;
-a model with a shared BatchNorm; one with tied weights), each wider and fed a larger batch than in the tests.
+a model with a shared BatchNorm; one with tied weights), each wider and fed a larger batch than in the tests;
+and architectures found by tracing users' models (2026-12-07): T5 and BART (encoder-decoders; BART with
+LayerDrop on), DeBERTa-v2 (relative attention), Wav2Vec2 (a speech encoder, LayerDrop at its default).
 For each: trace one AdamW step on the CPU (one torch thread), solve at 75 / 50 / 25% (the CPU default:
 keep+recompute; a budget below the smallest feasible one is solved at that smallest one, labelled so), and
 replay each plan with `memsched measure`'s code (memsched.service.measure.run_measure): the whole-step peak
@@ -36,6 +38,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))  # the zoo's own models live with the conformance tests
+sys.path.insert(0, str(ROOT / "tests"))  # and import the tests' helpers package
 
 from test_runtime_conformance import BatchNormCNN, SharedNet, TiedNet, UNet  # noqa: E402
 
@@ -174,6 +177,67 @@ def tied(batch_size: int = 8, seq_len: int = 256, **given: Any) -> Workload:
     return _workload(TiedNet(256, vocab), "zoo-tied", _ids(vocab, batch_size, seq_len), batch_size, seq_len, False)
 
 
+def t5(batch_size: int = 4, seq_len: int = 256, **given: Any) -> Workload:
+    """An encoder-decoder: the encoder's output feeds every decoder block; relative position bias passed on."""
+    _check(given)
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.T5Config(
+        vocab_size=VOCAB, d_model=256, d_kv=32, d_ff=1024, num_layers=3, num_decoder_layers=3, num_heads=8,
+        decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    batch = {"input_ids": torch.randint(0, VOCAB, (batch_size, seq_len))}
+    batch["labels"] = torch.randint(0, VOCAB, (batch_size, seq_len // 2))
+    return _workload(tf.T5ForConditionalGeneration(cfg), "zoo-t5", batch, batch_size, seq_len, True)
+
+
+def bart(batch_size: int = 4, seq_len: int = 256, **given: Any) -> Workload:
+    """An encoder-decoder with LayerDrop on (0.1): traced without it, replayed with it (runtime/layerdrop.py)."""
+    _check(given)
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.BartConfig(
+        vocab_size=VOCAB, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
+        decoder_attention_heads=8, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
+        max_position_embeddings=max(512, seq_len), encoder_layerdrop=0.1, decoder_layerdrop=0.1,
+    )  # fmt: skip
+    batch = {"input_ids": torch.randint(0, VOCAB, (batch_size, seq_len))}
+    batch["labels"] = torch.randint(0, VOCAB, (batch_size, seq_len // 2))
+    return _workload(tf.BartForConditionalGeneration(cfg), "zoo-bart", batch, batch_size, seq_len, True)
+
+
+def deberta(batch_size: int = 4, seq_len: int = 256, **given: Any) -> Workload:
+    """Disentangled relative attention: every layer reads the shared relative position embeddings."""
+    _check(given)
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.DebertaV2Config(
+        vocab_size=VOCAB, hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=1024,
+        max_position_embeddings=max(512, seq_len), relative_attention=True, pos_att_type=["p2c", "c2p"],
+    )  # fmt: skip
+    return _workload(
+        tf.DebertaV2ForMaskedLM(cfg), "zoo-deberta", _ids(VOCAB, batch_size, seq_len), batch_size, seq_len, True
+    )
+
+
+def wav2vec2(batch_size: int = 4, **given: Any) -> Workload:
+    """A speech encoder behind a convolutional feature extractor, CTC loss, LayerDrop at its default 0.1."""
+    _check(given)
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.Wav2Vec2Config(
+        vocab_size=32, hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=1024,
+        conv_dim=(64, 64, 64), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=32,
+        num_conv_pos_embedding_groups=8, mask_time_prob=0.0,
+    )  # fmt: skip
+    batch = {"input_values": torch.randn(batch_size, 16000), "labels": torch.randint(1, 32, (batch_size, 40))}
+    return _workload(tf.Wav2Vec2ForCTC(cfg), "zoo-wav2vec2", batch, batch_size, None, True)
+
+
 ZOO: dict[str, Callable[..., Workload]] = {
     "llama": llama,
     "gpt2": gpt2,
@@ -183,6 +247,10 @@ ZOO: dict[str, Callable[..., Workload]] = {
     "unet": unet,
     "shared": shared,
     "tied": tied,
+    "t5": t5,
+    "bart": bart,
+    "deberta": deberta,
+    "wav2vec2": wav2vec2,
 }
 
 
