@@ -433,8 +433,8 @@ class ScheduledModel:
         p.released_through = max(p.released_through, i)
 
     def _close_segment(self) -> None:
-        """Close the open segment: after its last layer, or where this forward skipped its last layers (at the next
-        layer to run, or as the backward begins)."""
+        """Close the open segment: after its last layer, or where this forward skipped its last layers, at the next
+        layer to run (with none, the next forward aborts it: `_new_pass`)."""
         seg, self._segment = self._segment, None
         assert seg is not None
         seg.close()
@@ -702,10 +702,12 @@ class ScheduledModel:
         if i in p.backward_started:
             return
         if not p.backward_started:
-            # Backward has begun: a segment still open (this forward skipped its last layers) ends, and whatever a
-            # done-by stage did not release (no layer ran after it) is released now, as the forward is over.
-            if self._segment is not None:
-                self._close_segment()
+            # Backward has begun: whatever a done-by stage did not release (no layer ran after it: this forward
+            # skipped its last layers) is released now, as the forward is over. A segment still open for that
+            # reason stays open until the next forward (`_new_pass`) or `remove`: this hook may run on the autograd
+            # engine's device thread, whose saved-tensor hooks are a copy of the forward thread's, so it cannot
+            # take the checkpoint's hooks off; above them, the forward observer keeps every save made meanwhile
+            # out of the checkpoint (`_open_segment`).
             for recs in p.records.values():
                 for rec in recs:
                     rec.release_device()

@@ -3,6 +3,8 @@ gradients match. Skipped without CUDA; written for one H100 (any GPU with >= 16 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -131,3 +133,68 @@ def test_gradients_match_under_offload_on_cuda(traced):
     for k, v in ref.items():
         # The embedding backward uses atomics on CUDA: equal up to summation order, not bitwise.
         torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-6)
+
+
+def test_layerdrop_under_segments_and_offloads_on_cuda():
+    """tests/integration/test_runtime_layerdrop.py on CUDA, where a tensor hook of the backward runs on the autograd
+    engine's device thread: a segment whose last layers a step skipped stays open through that backward and is
+    closed by the next forward, on the forward's thread. The weights after ten steps match keep-all's under the
+    same LayerDrop draws, and after the loop the thread's saved-tensor hooks are the ones it had before."""
+    import transformers as tf
+
+    from memsched.optimizer.decisions import KEEP, offload_all, recompute
+    from memsched.optimizer.simulate import make_schedule, simulate
+    from memsched.runtime import apply_schedule, trace
+    from memsched.schema import SolverRecord, SolverStatus
+
+    def build():
+        torch.manual_seed(0)
+        cfg = tf.BartConfig(
+            vocab_size=1024, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
+            decoder_attention_heads=8, encoder_ffn_dim=1024, decoder_ffn_dim=1024, encoder_layerdrop=0.3,
+            decoder_layerdrop=0.3,
+        )  # fmt: skip
+        return tf.BartForConditionalGeneration(cfg).cuda().train()
+
+    g = torch.Generator().manual_seed(1)
+    batch = {
+        "input_ids": torch.randint(0, 1024, (4, 128), generator=g).cuda(),
+        "labels": torch.randint(0, 1024, (4, 64), generator=g).cuda(),
+        "use_cache": False,
+    }
+    model = build()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+
+    tr = trace(model, step, steps=2, warmup=1, batch_size=4, seq_len=128)
+
+    def train(decisions):
+        m = build()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        torch.manual_seed(3)
+        sched = None
+        if decisions is not None:
+            sim = simulate(tr, decisions)
+            sched = make_schedule(
+                tr, sim.decisions, 10**12, "t", SolverRecord(backend="t", status=SolverStatus.HEURISTIC)
+            )
+        hooks_before = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        with apply_schedule(m, sched, trace=tr) if sched is not None else contextlib.nullcontext():
+            for _ in range(10):
+                opt.zero_grad(set_to_none=True)
+                m(**batch).loss.backward()
+                opt.step()
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False) == hooks_before
+        return {n: p.detach().clone() for n, p in m.named_parameters()}
+
+    ref = train(None)
+    segments = [recompute(), recompute(group=0), recompute(group=0), recompute(), recompute(group=3)]
+    for decisions in (
+        [*segments, recompute(group=3)],
+        [offload_all(tr, 0, 1, 2), KEEP, KEEP, *segments[3:], offload_all(tr, 5, 5, 5)],
+    ):
+        got = train(decisions)
+        for k, v in ref.items():
+            torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5)
