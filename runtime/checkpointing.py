@@ -329,14 +329,15 @@ class Segment:
 @dataclass(frozen=True)
 class _RngState:
     """The CPU RNG state and that of each accelerator holding one of a layer's inputs, as the checkpoint stashes
-    them for its first layer."""
+    them for its first layer. Held as bytes: host bookkeeping like the replay's other records, not tensors on the
+    device's allocator (a CPU generator's state is 5 KiB, a CUDA one's 16 bytes)."""
 
-    cpu: torch.Tensor
-    """torch.get_rng_state()."""
+    cpu: bytes
+    """torch.get_rng_state()'s bytes."""
     device_ids: list[int]
     """Accelerator indices, one per device."""
-    device_states: list[torch.Tensor]
-    """Their RNG states, in that order."""
+    device_states: list[bytes]
+    """Their RNG states' bytes, in that order."""
     device_type: str | None
     """Their device type (cuda, ...); None without one."""
 
@@ -349,16 +350,25 @@ class _RngState:
         tensors = list(one_per_device.values())
         ids, states = _cp.get_device_states(*tensors) if tensors else ([], [])
         device_type = _cp._infer_device_type(*tensors) if tensors else None
-        return _RngState(torch.get_rng_state(), ids, states, device_type)
+        return _RngState(_bytes(torch.get_rng_state()), ids, [_bytes(x) for x in states], device_type)
 
     def key(self) -> bytes:
-        """The states' bytes: equal keys, equal states (held as bytes, not as tensors a measured peak counts)."""
-        return b"".join(t.numpy().tobytes() for t in (self.cpu, *self.device_states)) + bytes(self.device_ids)
+        """Equal keys, equal states."""
+        return b"".join((self.cpu, *self.device_states, bytes(self.device_ids)))
 
     def restore(self) -> None:
-        torch.set_rng_state(self.cpu)
+        torch.set_rng_state(_tensor(self.cpu))
         if self.device_ids:
-            _cp.set_device_states(self.device_ids, self.device_states, device_type=self.device_type)
+            states = [_tensor(x) for x in self.device_states]
+            _cp.set_device_states(self.device_ids, states, device_type=self.device_type)
+
+
+def _bytes(state: torch.Tensor) -> bytes:
+    return state.numpy().tobytes()
+
+
+def _tensor(state: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(state), dtype=torch.uint8)
 
 
 def _map_links(obj: Any, fn: Callable[[Any], Any]) -> Any:

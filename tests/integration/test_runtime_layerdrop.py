@@ -204,3 +204,52 @@ def test_layerdrop_off_puts_every_value_back_even_on_an_error():
     assert model.config.encoder_layerdrop == model.model.decoder.layerdrop == LAYERDROP
     with layerdrop_off(_bart(0.0)) as dropped:
         assert dropped == []
+
+
+def test_a_solved_recompute_plan_under_layerdrop_holds_no_more_than_without_it():
+    # A step that skips layers holds no more than one that runs them all, within the budget, on the plan solved at
+    # the smallest budget. (bench/zoo.py's BART, LayerDrop 0.1, measured its recompute plans 5-10 KiB over their
+    # budgets on the CPU while the RNG states kept for the re-run were tensors, 5 KiB each; host bytes now. This
+    # model's peak is not where they were alive, so this test does not see them: test_rng_states_are_host_bytes.)
+    import gc
+
+    from memsched.errors import InfeasibleBudgetError
+    from memsched.optimizer.budget import budget_between
+    from memsched.options import SolveOptions
+    from memsched.runtime import Workload, measure
+    from memsched.schema import Action
+    from memsched.service import solve_trace
+
+    def workload(layerdrop: float) -> Workload:
+        model = _bart(layerdrop)
+        return Workload(model, "bart", _batch(), 2, 12, torch.optim.AdamW(model.parameters(), lr=1e-2))
+
+    gc.collect()  # the CPU peak counts every live tensor of the process
+    w = workload(LAYERDROP)
+    tr = trace(w.model, w.step, steps=1, warmup=1, batch_size=2, optimizer=w.optimizer, measure_bandwidth=False)
+    options = SolveOptions(actions=[Action.KEEP, Action.RECOMPUTE], time_limit_s=5)
+    with pytest.raises(InfeasibleBudgetError) as smallest:  # below what keep and recompute can reach
+        solve_trace(tr, budget_between(tr, 0.0), options)
+    sched = solve_trace(tr, smallest.value.min_feasible_bytes, options)
+    assert any(a.recompute_group is not None for a in sched.actions), sched.actions  # a segment of 2+ layers
+    peaks = {}
+    for layerdrop in (0.0, LAYERDROP):
+        del w
+        gc.collect()
+        w = workload(layerdrop)
+        torch.manual_seed(3)
+        peaks[layerdrop] = measure(
+            w.model, w.step, sched, trace=tr, optimizer=w.optimizer, steps=2, warmup=1
+        ).peak_bytes
+    assert peaks[LAYERDROP] <= peaks[0.0] <= sched.budget_bytes, (peaks, sched.budget_bytes)
+
+
+def test_rng_states_are_host_bytes():
+    from memsched.runtime.checkpointing import _RngState
+
+    state = _RngState.now((torch.ones(2),))
+    assert isinstance(state.cpu, bytes) and len(state.cpu) == torch.get_rng_state().numel()
+    before = torch.get_rng_state()
+    torch.rand(3)
+    state.restore()
+    assert torch.equal(torch.get_rng_state(), before)
