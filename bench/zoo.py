@@ -94,6 +94,11 @@ def _ids(vocab: int, b: int, s: int) -> dict[str, torch.Tensor]:
 VOCAB = 8192
 
 
+def _seq2seq(b: int, s: int) -> dict[str, torch.Tensor]:
+    """An encoder-decoder's batch: source ids, and target labels half as long."""
+    return {"input_ids": torch.randint(0, VOCAB, (b, s)), "labels": torch.randint(0, VOCAB, (b, s // 2))}
+
+
 def llama(batch_size: int = 4, seq_len: int = 256, **given: Any) -> Workload:
     _check(given)
     import transformers as tf
@@ -187,9 +192,9 @@ def t5(batch_size: int = 4, seq_len: int = 256, **given: Any) -> Workload:
         vocab_size=VOCAB, d_model=256, d_kv=32, d_ff=1024, num_layers=3, num_decoder_layers=3, num_heads=8,
         decoder_start_token_id=0, pad_token_id=0,
     )  # fmt: skip
-    batch = {"input_ids": torch.randint(0, VOCAB, (batch_size, seq_len))}
-    batch["labels"] = torch.randint(0, VOCAB, (batch_size, seq_len // 2))
-    return _workload(tf.T5ForConditionalGeneration(cfg), "zoo-t5", batch, batch_size, seq_len, True)
+    return _workload(
+        tf.T5ForConditionalGeneration(cfg), "zoo-t5", _seq2seq(batch_size, seq_len), batch_size, seq_len, True
+    )
 
 
 def bart(batch_size: int = 4, seq_len: int = 256, **given: Any) -> Workload:
@@ -203,9 +208,8 @@ def bart(batch_size: int = 4, seq_len: int = 256, **given: Any) -> Workload:
         decoder_attention_heads=8, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
         max_position_embeddings=max(512, seq_len), encoder_layerdrop=0.1, decoder_layerdrop=0.1,
     )  # fmt: skip
-    batch = {"input_ids": torch.randint(0, VOCAB, (batch_size, seq_len))}
-    batch["labels"] = torch.randint(0, VOCAB, (batch_size, seq_len // 2))
-    return _workload(tf.BartForConditionalGeneration(cfg), "zoo-bart", batch, batch_size, seq_len, True)
+    model = tf.BartForConditionalGeneration(cfg)
+    return _workload(model, "zoo-bart", _seq2seq(batch_size, seq_len), batch_size, seq_len, True)
 
 
 def deberta(batch_size: int = 4, seq_len: int = 256, **given: Any) -> Workload:
