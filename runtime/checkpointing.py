@@ -246,7 +246,7 @@ class Segment:
 
         self.inputs[layer] = (map_tensors(args, link), map_tensors(kwargs, link))
         state = _RngState.now((args, kwargs))
-        # Kept only where it moved since the last layer (a CPU state is 5 KiB, unpriced): LayerDrop's draws.
+        # Kept only where it moved since the last layer (LayerDrop draws before each layer).
         if state.key() != self.rng_left:
             self.rng[layer] = state
 
