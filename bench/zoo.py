@@ -473,7 +473,10 @@ def write(rows: list[Row], meta: dict[str, Any], out: Path) -> None:
         lines += ["Peaks outside 5% of the prediction:", ""]
         lines += [f"- {r.model} {r.budget}: measured / predicted {r.peak_ratio:.3f}" for r in off]
         lines.append("")
-    (out / "zoo.md").write_text("\n".join(lines))
+    md = out / "zoo.md"
+    old = md.read_text() if md.exists() else ""
+    notes = old[old.index("\n## Notes") :] if "\n## Notes" in old else ""  # hand-written, kept under a new run
+    md.write_text("\n".join(lines) + notes)
 
 
 def main(argv: list[str] | None = None) -> None:
