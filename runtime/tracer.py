@@ -759,10 +759,10 @@ def _not_every_step(layers: list[_LayerStats], where: str) -> MemschedError:
     call, or a model that skips layers at random, which the trace cannot describe."""
     names = [st.name for st in layers[:3]]
     skips = (
-        "a model that skips layers at random (LayerDrop: a transformers config's layerdrop, encoder_layerdrop or "
-        "decoder_layerdrop; stochastic depth that skips whole blocks) must be traced with that off (0 while "
-        "tracing): the trace then describes the step that runs every layer, and the replay runs steps that skip "
-        "some (runtime/README.md, 'Layers a step skips')"
+        "a model that skips layers at random (stochastic depth that skips whole blocks; the LayerDrop of a "
+        "transformers config or module, layerdrop / encoder_layerdrop / decoder_layerdrop, the tracer turns off "
+        "itself) must be traced with that off: the trace then describes the step that runs every layer, and the "
+        "replay runs steps that skip some (runtime/README.md, 'Layers a step skips')"
     )
     if any(st.forward_s for st in layers):  # it ran in some step: skipped in others
         return MemschedError(f"layers: {names} ran in some steps and not in others ({where}): {skips}")
