@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -59,6 +60,17 @@ def _batch() -> dict[str, Any]:
     }
 
 
+def _backward_step(model: torch.nn.Module) -> Callable[[], None]:
+    """One forward and backward of `model` on the batch, gradients zeroed first (no optimizer: the tracer's step)."""
+    batch = _batch()
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+
+    return step
+
+
 def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [*model.model.encoder.layers, *model.model.decoder.layers]
 
@@ -66,13 +78,8 @@ def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 @pytest.fixture(scope="module")
 def traced() -> Trace:
     """The model as it is trained, LayerDrop on: the tracer turns it off for its steps, and back on."""
-    model, batch = _bart(LAYERDROP), _batch()
-
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        model(**batch).loss.backward()
-
-    tr = trace(model, step, steps=2, warmup=1, batch_size=2, measure_bandwidth=False)
+    model = _bart(LAYERDROP)
+    tr = trace(model, _backward_step(model), steps=2, warmup=1, batch_size=2, measure_bandwidth=False)
     assert model.model.encoder.layerdrop == model.config.decoder_layerdrop == LAYERDROP  # put back
     return tr
 
@@ -101,14 +108,9 @@ def _train(schedule: Schedule | None, probe: Any = None) -> tuple[dict[str, torc
 
 def test_the_tracer_turns_layerdrop_off_and_says_so(traced: Trace, caplog: pytest.LogCaptureFixture):
     assert traced.n == 6 and all(x.saved_bytes > 0 for x in traced.layers)  # every layer ran in the memory step
-    model, batch = _bart(LAYERDROP), _batch()
-
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        model(**batch).loss.backward()
-
+    model = _bart(LAYERDROP)
     with caplog.at_level(logging.WARNING, logger="memsched.runtime.tracer"):
-        trace(model, step, steps=1, warmup=0, batch_size=2, measure_bandwidth=False)
+        trace(model, _backward_step(model), steps=1, warmup=0, batch_size=2, measure_bandwidth=False)
     said = [r.getMessage() for r in caplog.records if "LayerDrop" in r.getMessage()]
     assert said == [
         "LayerDrop (decoder_layerdrop=0.3, encoder_layerdrop=0.3, layerdrop=0.3) is off while tracing: the trace is "
