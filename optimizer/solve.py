@@ -188,9 +188,10 @@ def plan_for(
     LATE_BEAM_MIN_LAYERS to LATE_BEAM_MAX_LAYERS a late, wider beam comes before the last local search, whose
     plan's own search that one races (`Flow.late_beam`).
 
-    With some actions left out (`allowed`): the FIFO sweep only matters where copies and recompute meet (with
-    no offload there are no copies, and the fluid sweep is exact); the MILP always models recompute, so
-    without it the local search takes its place (a MILP asked for by name is refused up front)."""
+    With some actions left out (`allowed`): the FIFO sweep only matters where there are copies (with no offload
+    the fluid sweep is exact; with offload alone it prices the stalls that the fluid sweep drains as it goes); the
+    MILP always models recompute, so without it the local search takes its place (a MILP asked for by name is
+    refused up front)."""
     if solver == SolverName.HEURISTIC:
         return []
     long_trace = n_layers > shares.LONG_TRACE
@@ -234,7 +235,7 @@ def plan_for(
     # Elsewhere after this local search: a finer pass then only runs where the gap is still open, and it does not
     # take the time the search needs (Flow.stage_refine).
     searches.append(Phase(Step.STAGE_REFINE, shares.STAGE_REFINE_SHARE))
-    if allowed == ALL_ACTIONS:
+    if Action.OFFLOAD in allowed:
         searches.append(Phase(Step.FIFO_PROBE))
     if solver in BACKENDS:
         if Action.RECOMPUTE not in allowed:
@@ -271,7 +272,7 @@ def plan_for(
     searches = [dataclasses.replace(p, last_until=first_until) if p.step == Step.DP_FIRST else p for p in searches]
     # The FIFO climb, where the fluid sweep finished with the gap open, has up to where the DP would have stopped.
     fifo_until = None if solver == SolverName.DP else dp_until
-    fifo_again = [Phase(Step.FIFO_AGAIN, fifo_until, from_start=True)] if allowed == ALL_ACTIONS else []
+    fifo_again = [Phase(Step.FIFO_AGAIN, fifo_until, from_start=True)] if Action.OFFLOAD in allowed else []
     # The memory rows' bound again with the mixed rule for checkpoint inputs, where the DP left the gap open.
     mixed = [Phase(Step.LAGRANGE_MIXED, shares.LAGRANGE_MIXED_SHARE)] if lagrange == LagrangeKind.ROWS else []
     return [*searches, dp, *mixed, *fifo_again, *last]

@@ -304,7 +304,10 @@ class DpProblem:
         )
 
     def segment_last(self, k: int) -> int:
-        """The last layer a recompute segment starting at k may end at (`seg_last`)."""
+        """The last layer a recompute segment starting at k may end at (`seg_last`); k - 1 (no segment) where plans
+        may not recompute (`recompute`)."""
+        if not self.recompute:
+            return k - 1
         return int(self.seg_last[k]) if len(self.seg_last) else self.n - 1
 
     def after_segment(self, held: np.ndarray, dst: int) -> np.ndarray:

@@ -9,7 +9,6 @@ import time
 from typing import TYPE_CHECKING
 
 from memsched.errors import SolverError
-from memsched.optimizer.decisions import ALL_ACTIONS
 from memsched.optimizer.flow import backends, shares
 from memsched.optimizer.flow.state import FlowState, LagrangeKind, SweepKey, lagrange_kind, near_exact_ranges
 from memsched.optimizer.host import MAX_PRICES, fits_host, next_price, priced_sweep
@@ -238,7 +237,7 @@ class BoundPhases(FlowState):
         if fluid.schedules and fluid.bound_s and not (fluid.timed_out or fluid.cap_hit):
             ratio = fluid.schedules[0].overhead_s / fluid.bound_s
         log.info("prove from the start: exact DP, bound %s, %.2f s, its plan x%s", fluid.bound_s, fluid.wall_s, ratio)
-        fifo = self.fifo_applies() and self.allowed == ALL_ACTIONS and not self.host_binds
+        fifo = self.fifo_applies() and Action.OFFLOAD in self.allowed and not self.host_binds
         if self.proven() or not fifo or ratio is None or ratio <= 1.0 + shares.MISPRICED:
             return
         now = time.perf_counter()

@@ -227,6 +227,11 @@ class FlowState:
         return self.until_at(self.t0 + share * self.options.time_limit_s)
 
     def add(self, name: str, sim: SimResult) -> None:
+        # Every search is built to keep to the allowed actions; one that did not is a bug, and its plan is not the
+        # user's (a FIFO sweep once emitted recompute segments under --actions keep,offload).
+        if not uses_only(sim.decisions, self.allowed):
+            log.warning("%s: a plan with actions outside %s dropped (a bug; please report it)", name, self.allowed)
+            return
         # A plan over the host budget is never a candidate (the DP's relaxation and its priced sweeps decode them).
         if sim.feasible and fits_host(sim, self.host):
             if not self.cands or sim.overhead_s < self.best.sim.overhead_s:

@@ -18,10 +18,13 @@ from pathlib import Path
 import pytest
 
 from memsched.optimizer.budget import resolve_budget
+from memsched.optimizer.decisions import KEEP
 from memsched.optimizer.dp import build_problem, exact_search, fifo_search
 from memsched.optimizer.flow.phases import Flow
 from memsched.optimizer.jit import prepare_kernels
 from memsched.optimizer.simulate import simulate
+from memsched.optimizer.solve import solve
+from memsched.options import SolveOptions
 from memsched.schema import Schedule, SolverStatus, Trace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
@@ -213,3 +216,73 @@ def test_the_fifo_sweeps_run_again_with_under_a_second_left(monkeypatch: pytest.
         flow.fluid_cells = 128
         flow.fifo_again(flow.deadline)
     assert climbs == [32]
+
+
+def test_a_budget_just_under_keep_all_with_large_tensors_keeps_a_short_limit() -> None:
+    """A budget one byte under keep-all's peak, over tensors of hundreds of MiB and copies of 0.1 s: the stage
+    bound's sums of whole tensors were bitsets of 10^9 bits there, and a 0.2 s solve took 6-10 s (80 s on an
+    8-layer trace with a 1 s limit)."""
+    prepare_kernels()
+    mib = 2**20
+    trace = Trace.model_validate(
+        {
+            "model": "few-bytes-over",
+            "batch_size": 1,
+            "device": {
+                "name": "gpu",
+                "memory_bytes": 10**11,
+                "h2d_bytes_per_s": 1.76e11,
+                "d2h_bytes_per_s": 5.29e11,
+                "copy_latency_s": 0.1,
+            },
+            "baseline": {"step_s": 0.0254, "peak_bytes": 0},
+            "layers": [
+                {
+                    "name": "L0",
+                    "forward_s": 3.1e-5,
+                    "backward_s": 2.0e-5,
+                    "saved_bytes": 720 * mib,
+                    "input_bytes": 256 * mib,
+                    "output_bytes": 256 * mib,
+                    "recompute_s": 3.5e-6,
+                },
+                {
+                    "name": "L1",
+                    "forward_s": 4.5e-3,
+                    "backward_s": 1.29e-2,
+                    "saved_bytes": 0,
+                    "input_bytes": 256 * mib,
+                    "output_bytes": 336 * mib,
+                    "workspace_bytes": 64 * mib,
+                    "deps": [0],
+                    "recompute_s": 3.5e-3,
+                },
+                {
+                    "name": "L2",
+                    "forward_s": 2.4e-5,
+                    "backward_s": 6.1e-5,
+                    "saved_bytes": 384 * mib,
+                    "input_bytes": 336 * mib,
+                    "output_bytes": 192 * mib,
+                    "deps": [1],
+                },
+                {
+                    "name": "L3",
+                    "forward_s": 1.75e-4,
+                    "backward_s": 4.5e-4,
+                    "saved_bytes": 288 * mib,
+                    "input_bytes": 528 * mib,
+                    "output_bytes": 496 * mib,
+                    "workspace_bytes": 1984 * mib,
+                    "deps": [1, 2],
+                    "recompute_s": 1.34e-4,
+                    "forward_workspace_bytes": 1357191403,
+                },
+            ],
+        }
+    )
+    keep_all = simulate(trace, [KEEP] * trace.n, with_events=False)
+    began = time.perf_counter()
+    schedule = solve(trace, keep_all.peak_bytes - 1, SolveOptions(time_limit_s=0.2))
+    assert _within(time.perf_counter() - began, 0.2)
+    assert simulate(trace, schedule).feasible
