@@ -99,6 +99,33 @@ def load_schedule(path: str | Path) -> Schedule:
     return parse_model(Schedule, _read_json(path, "schedule"), f"schedule {Path(path).name}")
 
 
+def check_outputs_spare_inputs(outputs: dict[str, str | Path | None], inputs: dict[str, str | Path | None]) -> None:
+    """Refuse, before any work, an output path that is one of the command's input files (`solve t.json -o t.json`
+    would replace the trace with the schedule). Keys name the flags or arguments; None values are left out, as are
+    '-' and devices or pipes, which are written through and replace nothing."""
+    files = {}
+    for name, path in inputs.items():
+        if path is None or str(path) == "-":
+            continue
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode):
+                files[(st.st_dev, st.st_ino)] = name
+    for flag, path in outputs.items():
+        if path is None or str(path) == "-":
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # not there yet: no input can be it
+        same = files.get((st.st_dev, st.st_ino))
+        if same is not None:
+            raise MemschedError(
+                f"{flag} {str(path)!r} is the {same} this command reads: writing it would replace that file; "
+                f"give another path for {flag}"
+            )
+
+
 def save_model(obj: BaseModel, path: str | Path) -> None:
     """Write a Trace / Schedule as indented JSON to `path` (see write_text for how each kind of path is written)."""
     write_text(path, obj.model_dump_json(indent=2) + "\n")

@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from memsched.errors import MemschedError
-from memsched.io import load_schedule, load_trace, save_model, write_text
+from memsched.io import check_outputs_spare_inputs, load_schedule, load_trace, save_model, write_text
 from memsched.options import SolveOptions, SolveResources, cli_flag, option_help
 from memsched.schema import json_schema
 from memsched.units import format_bytes, format_seconds, parse_budget
@@ -220,11 +220,7 @@ def import_pipedream_cmd(
     from memsched.service.importers import import_pipedream
     from memsched.units import parse_bytes
 
-    for name, v in (("--h2d-bandwidth", h2d_bandwidth), ("--d2h-bandwidth", d2h_bandwidth)):
-        if not v > 0:
-            raise MemschedError(f"{name} must be > 0 bytes/s, got {v}")
-    if copy_latency < 0 or optimizer_state_factor < 0:
-        raise MemschedError("--copy-latency and --optimizer-state-factor must be >= 0")
+    check_outputs_spare_inputs({"--output": output}, {"profile": graph})
     tr = import_pipedream(
         graph,
         batch_size,
@@ -251,6 +247,7 @@ def plot(
     from memsched.schema import check_schedule
     from memsched.service.plot import plot_timeline
 
+    check_outputs_spare_inputs({"--output": output}, {"trace": trace, "schedule": schedule})
     tr, sc = load_trace(trace), load_schedule(schedule)
     check_schedule(sc, tr)
     # A device or a pipe (-o /dev/stdout, a FIFO) takes the PNG whatever its name.
@@ -290,6 +287,7 @@ def solve(
     as_json: JsonOpt = False,
 ) -> None:
     """Find the fastest schedule that fits the budget, and write it."""
+    check_outputs_spare_inputs({"--output": output, "--export-model": export_model}, {"trace": trace})
     # SolveOptions checks the options itself (the same rules as the API's).
     options = SolveOptions.from_user(
         solver=solver,

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from memsched.io import load_schedule, load_trace, write_text
+from memsched.io import check_outputs_spare_inputs, load_schedule, load_trace, write_text
 
 err = Console(stderr=True)
 
@@ -34,6 +34,7 @@ def export_cmd(
     its predicted cost, and in the output's memsched.lost."""
     from memsched.service.export import export_schedule
 
+    check_outputs_spare_inputs({"--output": output}, {"schedule": schedule, "--trace": trace})
     sc = load_schedule(schedule)
     tr = load_trace(trace) if trace is not None else None
     toml = output is None or output.suffix.lower() != ".json"

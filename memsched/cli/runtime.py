@@ -304,7 +304,7 @@ def measure_cmd(
     the torch thread count fixed (--threads, else the trace's) and reported; keep-all and scheduled steps
     alternate in one process, so the overhead is a ratio measured side by side.
     """
-    from memsched.io import load_schedule, load_trace
+    from memsched.io import check_outputs_spare_inputs, load_schedule, load_trace, write_text
     from memsched.service.measure import run_measure, workload_args
 
     _quiet_transformers()
@@ -312,6 +312,7 @@ def measure_cmd(
         raise MemschedError(f"--keep-all measures without a schedule; drop either --keep-all or {schedule}")
     if not keep_all and schedule is None:
         raise MemschedError("give a SCHEDULE to replay, or --keep-all to measure the in-core baseline")
+    check_outputs_spare_inputs({"--output": output}, {"schedule": schedule, "--trace": trace_path})
     sched = load_schedule(schedule) if schedule is not None else None
     tr = load_trace(trace_path) if trace_path is not None else None
     # What the trace records (batch, sequence, dtype, the layers) is taken from it; a flag overrides, noted.
@@ -344,8 +345,7 @@ def measure_cmd(
     )
     doc = rep.to_json()
     if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(doc, indent=2) + "\n")
+        write_text(output, json.dumps(doc, indent=2) + "\n")
     if as_json:
         _print_json(doc)
         return

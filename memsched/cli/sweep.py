@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from memsched.io import load_trace, write_text
+from memsched.io import check_outputs_spare_inputs, load_trace, write_text
 from memsched.options import SolveOptions, cli_flag, option_help
 from memsched.units import format_bytes, format_seconds, parse_budget
 
@@ -62,6 +62,7 @@ def sweep_cmd(
     overhead, true lower bound and status, and the knees below which the cost rises steeply."""
     from memsched.service.sweep import default_workers, sweep_trace
 
+    check_outputs_spare_inputs({"--output": output, "--png": png, "--html": html}, {"trace": trace})
     options = SolveOptions.from_user(
         solver=solver,
         time_limit_s=time_limit,

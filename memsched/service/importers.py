@@ -16,6 +16,11 @@ from pathlib import Path
 from memsched.errors import TraceFormatError
 from memsched.schema import Baseline, DeviceInfo, Layer, StaticBytes, Trace
 
+MAX_COPY_LATENCY_S = 1.0
+"""The longest per-copy latency an import accepts: no host link takes a second to start a copy."""
+MAX_OPTIMIZER_STATE_FACTOR = 64.0
+"""The most optimizer-state bytes per parameter byte an import accepts (Adam keeps 2; 64 is no optimizer)."""
+
 _NODE_RE = re.compile(
     r"^(?P<id>node\d+) -- (?P<desc>.*) -- forward_compute_time=(?P<f>[^,]+), backward_compute_time=(?P<b>[^,]+), "
     r"activation_size=(?P<act>\[[^\]]*\]|[^,]+), parameter_size=(?P<p>\S+)\s*$"
@@ -143,6 +148,18 @@ def import_pipedream(
     p = Path(path)
     if batch_size < 1:
         raise TraceFormatError(f"--batch-size must be >= 1, got {batch_size}")
+    for flag, rate in (("--h2d-bandwidth", h2d_bytes_per_s), ("--d2h-bandwidth", d2h_bytes_per_s)):
+        if not (math.isfinite(rate) and rate > 0):
+            raise TraceFormatError(f"{flag} must be a finite rate above 0 bytes/s (such as 12e9), got {rate}")
+    if not (math.isfinite(copy_latency_s) and 0 <= copy_latency_s <= MAX_COPY_LATENCY_S):
+        raise TraceFormatError(
+            f"--copy-latency must be seconds from 0 to {MAX_COPY_LATENCY_S:g} (such as 10e-6), got {copy_latency_s}"
+        )
+    if not (math.isfinite(optimizer_state_factor) and 0 <= optimizer_state_factor <= MAX_OPTIMIZER_STATE_FACTOR):
+        raise TraceFormatError(
+            f"--optimizer-state-factor must be optimizer bytes per parameter byte from 0 to "
+            f"{MAX_OPTIMIZER_STATE_FACTOR:g} (1 = SGD momentum, 2 = Adam), got {optimizer_state_factor}"
+        )
     if not p.is_file():
         raise TraceFormatError(f"profile file {str(p)!r} does not exist; check the path")
     nodes, _ = parse_pipedream(p.read_text(errors="replace"), str(p))

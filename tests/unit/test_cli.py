@@ -235,3 +235,49 @@ def test_trace_prints_every_static_part(tmp_path, capsys):
     )
     assert parts in text
     assert s.params + s.grads + s.optimizer_state + s.other + s.saved_before_layers + s.saved_held_by_code == s.total
+
+
+def test_an_output_that_is_an_input_is_refused_before_any_work(trace_file, tmp_path, capsys):
+    """`solve t.json -o t.json` replaced the trace with the schedule (exit 0); so did sweep and export on their
+    inputs. Each command refuses, naming the flag, and the input is left as it was, through a link too."""
+    before = trace_file.read_bytes()
+    link = tmp_path / "link.json"
+    link.symlink_to(trace_file)
+    for argv, flag in (
+        (["solve", trace_file, "--budget", "80%", "-o", trace_file], "--output"),
+        (["solve", trace_file, "--budget", "80%", "-o", link], "--output"),
+        (["sweep", trace_file, "--points", "2", "--html", trace_file], "--html"),
+    ):
+        code, _, err = run(argv, capsys)
+        assert code == 2 and f"{flag} " in err and "is the trace this command reads" in err, err
+    assert trace_file.read_bytes() == before
+    sched = tmp_path / "s.json"
+    assert run(["solve", trace_file, "--budget", "80%", "-o", sched], capsys)[0] == 0
+    kept = sched.read_bytes()
+    for argv, what in (
+        (["export", sched, "--format", "sac", "-o", sched], "schedule"),
+        (["plot", trace_file, sched, "-o", sched], "schedule"),
+    ):
+        code, _, err = run(argv, capsys)
+        assert code == 2 and f"is the {what} this command reads" in err, err
+    assert sched.read_bytes() == kept
+    # A new path, and a device, are written as before.
+    assert run(["export", sched, "--format", "sac", "--trace", trace_file, "-o", tmp_path / "sac.json"], capsys)[0] == 0
+    assert run(["solve", trace_file, "--budget", "80%", "-o", "/dev/null"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--copy-latency", "nan", "--copy-latency must be seconds from 0 to 1"),
+        ("--d2h-bandwidth", "inf", "--d2h-bandwidth must be a finite rate above 0"),
+        ("--h2d-bandwidth", "0", "--h2d-bandwidth must be a finite rate above 0"),
+        ("--optimizer-state-factor", "nan", "--optimizer-state-factor must be"),
+        ("--optimizer-state-factor", "1e300", "--optimizer-state-factor must be"),
+    ],
+)
+def test_import_rates_and_factors_that_are_no_numbers_exit_2(tmp_path, capsys, flag, value, needle):
+    graph = require_pipedream() / "alexnet.graph.txt"
+    out = tmp_path / "a.json"
+    code, _, err = run(["import", "pipedream", graph, "--batch-size", "64", flag, value, "-o", out], capsys)
+    assert code == 2 and needle in err and not out.exists(), err
