@@ -152,6 +152,25 @@ def test_infeasible_budget_names_the_smallest_feasible(server: Server) -> None:
         assert "smallest feasible budget" in e["detail"]
 
 
+def test_a_cpu_traces_smallest_budget_is_the_one_its_job_fits(server: Server) -> None:
+    """A CPU trace plans keep and recompute by default, whose smallest budget lies above offload's. The submission
+    quoted offload's (24.49 MiB on a CPU GPT-2) and the job then failed at it, naming 25.77 MiB; now the number
+    given is the solve's, and a job at it is solved."""
+    tr = synthetic_trace(6, scale=11)
+    tr = tr.model_copy(update={"device": tr.device.model_copy(update={"name": "cpu (x86_64, 2 cores)"})})
+    with pytest.raises(InfeasibleBudgetError) as local:
+        solve_trace(tr, "1%", SolveOptions(**HEUR))
+    assert local.value.min_feasible_bytes > min_feasible_budget(tr)  # above offload's: the case at hand
+    with server.client() as c:
+        body = {"trace": tr.model_dump(mode="json"), **HEUR}
+        r = c.post("/v1/schedules", params={"wait": 30}, json={**body, "budget": "1%"})
+        assert r.status_code in (200, 202, 422), r.text
+        least = r.json()["min_feasible_bytes"]
+        assert least == local.value.min_feasible_bytes, r.json()
+        r = c.post("/v1/schedules", params={"wait": 30}, json={**body, "budget": least})
+        assert r.status_code == 200 and r.json()["status"] == "done", r.text
+
+
 @pytest.mark.parametrize(
     ("body", "params", "status", "field"),
     [

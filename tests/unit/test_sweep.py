@@ -255,6 +255,19 @@ def test_bad_ranges(trace: Trace) -> None:
     assert c.points[0].budget_bytes == floor and any("start raised" in n for n in c.notes)
 
 
+def test_a_range_below_a_keep_recompute_trace_names_the_solves_smallest_budget() -> None:
+    """Where the actions leave offload out, the smallest feasible budget lies above offload's: a range wholly below
+    it names the one a solve gives (the REST sweep quoted offload's for a CPU trace)."""
+    trace = make_trace(6, 3)
+    keep_recompute = OPTS.model_copy(update={"actions": [Action.KEEP, Action.RECOMPUTE]})
+    with pytest.raises(InfeasibleBudgetError) as solved:
+        solve(trace, min_feasible_budget(trace) - 1, keep_recompute)
+    assert solved.value.min_feasible_bytes > min_feasible_budget(trace)
+    with pytest.raises(InfeasibleBudgetError) as swept:
+        sweep_trace(trace, keep_recompute, points=3, lo=1, hi=min_feasible_budget(trace) - 1)
+    assert swept.value.min_feasible_bytes == solved.value.min_feasible_bytes
+
+
 def test_workers_give_the_same_curve(trace: Trace) -> None:
     """Two solver processes solve two budgets at a time; each point is what one solve in this process gives."""
     par = sweep_trace(trace, OPTS, points=5, workers=2)
