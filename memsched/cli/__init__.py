@@ -300,7 +300,7 @@ def solve(
         ranks_per_link=ranks_per_link,
         host_budget=host_budget,
     )
-    resources = SolveResources(export_model=export_model, started_at=_PROCESS.get("started"))
+    resources = SolveResources(export_model=export_model, started_at=process_started())
     tr = load_trace(trace)
     spec = parse_budget(budget)
     if server:
@@ -412,16 +412,22 @@ def _process_started_at() -> float:
     """perf_counter() at this process's start, so that `solve`'s limit covers the interpreter's start and the
     imports too (0.6 s of a 3 s limit on a loaded 2-core machine, which the slack of limit x 1.1 + 0.5 s does not
     hold with the interpreter's exit on top). Linux gives the start in /proc, in clock ticks since boot, against
-    /proc/uptime's seconds since boot; elsewhere, or for a process that is not a fresh command, it is when this
-    module had loaded."""
+    /proc/uptime's seconds since boot; elsewhere it is when this module had loaded. A process that is not a fresh
+    command (it started, or loaded this module, over _FRESH_PROCESS_S before this call: a program that calls `main`
+    after other work, or again) counts from now: its limit must not be spent before the command began."""
+    now = time.perf_counter()
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
         uptime = float(Path("/proc/uptime").read_text().split()[0])
-        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+        started = now - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
-        return _IMPORTED_AT
-    started = time.perf_counter() - max(0.0, age)
-    return started if _IMPORTED_AT - _FRESH_PROCESS_S <= started <= _IMPORTED_AT else _IMPORTED_AT
+        started = _IMPORTED_AT
+    return started if now - started <= _FRESH_PROCESS_S else now
+
+
+def process_started() -> float | None:
+    """When this command's process started (perf_counter), where `main` ran; what its limits count from."""
+    return _PROCESS.get("started")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -60,6 +60,7 @@ def sweep_cmd(
 ) -> None:
     """Solve budgets from the smallest feasible one to keep-all, placed where the curve bends: each point's
     overhead, true lower bound and status, and the knees below which the cost rises steeply."""
+    from memsched.cli import process_started
     from memsched.service.sweep import default_workers, sweep_trace
 
     check_outputs_spare_inputs({"--output": output, "--png": png, "--html": html}, {"trace": trace})
@@ -81,6 +82,7 @@ def sweep_cmd(
         hi=parse_budget(hi) if hi is not None else None,
         workers=workers if workers is not None else default_workers(),
         refine=refine,
+        started_at=process_started(),
     )
     doc = res.model_dump(mode="json")
     if output is not None:

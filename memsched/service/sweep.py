@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -99,7 +100,7 @@ class SweepResult(BaseModel):
     zero_overhead_bytes: int | None
     """The smallest swept budget with no overhead (null: every swept budget costs time)."""
     wall_s: float
-    """Wall seconds of the sweep."""
+    """Wall seconds of the sweep, from the caller's start (`sweep_trace`'s started_at: the CLI's process start)."""
     workers: int
     """Solver processes the sweep used."""
     notes: list[str] = Field(default_factory=list)
@@ -125,14 +126,20 @@ def sweep_trace(
     hi: BudgetSpec | str | int | None = None,
     workers: int = 1,
     refine: bool = True,
+    started_at: float | None = None,
 ) -> SweepResult:
     """Solve `points` budgets from `lo` (default: the smallest feasible) to `hi` (default: keep-all's peak),
     placed where the curve bends, each with `options` (its time limit per point), on `workers` processes.
     `refine`: then solve the points left outside the gap again with the time the sweep has left of its budget,
     points x the time limit over the workers (optimizer/sweep_curve.py, `_refine`).
 
+    `started_at`: the caller's start (perf_counter; the CLI: its process's), from which the result's `wall_s`
+    counts, so that it is what the caller waited, the start and the kernels' load included (None: this call's).
+
     Raises MemschedError for an empty range or a bad count, InfeasibleBudgetError (with the smallest feasible
     budget) for a range wholly below it."""
+    now = time.perf_counter()
+    began = now if started_at is None else min(started_at, now)
     options = options or SolveOptions(time_limit_s=DEFAULT_POINT_TIME_LIMIT_S)
     if not MIN_POINTS <= points <= MAX_POINTS:
         raise MemschedError(f"points: {points} is out of range; give {MIN_POINTS} to {MAX_POINTS}")
@@ -182,6 +189,7 @@ def sweep_trace(
                 trace, in_pool, points, lo_b, hi_b, options.gap, parallel=workers, refine=in_pool, point_limit_s=limit_s
             )
     res = _result(trace, options, curve, workers)
+    res.wall_s = round(time.perf_counter() - began, 3)
     if compile_s >= COMPILE_NOTE_S:
         res.notes.insert(
             0,
