@@ -49,6 +49,9 @@ LINKS: dict[LinkPreset, LinkFigures] = {
 
 MAX_LINK_BYTES_PER_S = 1e15
 """The largest copy rate accepted (a petabyte a second: far beyond any link; a bigger number is a unit slip)."""
+MIN_LINK_BYTES_PER_S = 1e6
+"""The smallest copy rate accepted (a megabyte a second: below any host link; a smaller number is a unit slip, such
+as GB/s given for bytes/s)."""
 
 _LINK_HELP = "pcie3, pcie4, pcie5, gh200, or a copy rate in bytes/s such as 25e9"
 
@@ -73,6 +76,8 @@ def parse_link(value: object) -> LinkPreset | float:
         raise ValueError(f"a link's copy rate must be > 0 bytes/s; give {_LINK_HELP}")
     if rate > MAX_LINK_BYTES_PER_S:
         raise ValueError("that copy rate is beyond any link; give bytes per second, e.g. 25e9")
+    if rate < MIN_LINK_BYTES_PER_S:
+        raise ValueError(f"a copy rate of {rate:g} bytes/s is below any link; give bytes per second, e.g. 25e9")
     return rate
 
 

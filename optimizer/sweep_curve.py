@@ -179,7 +179,7 @@ def sweep(
     if not MIN_POINTS <= n_points <= MAX_POINTS:
         raise MemschedError(f"points: {n_points} is out of range; give {MIN_POINTS} to {MAX_POINTS}")
     t0 = time.perf_counter()
-    if hi is not None and hi < min_feasible_budget(trace):
+    if hi is not None and hi < min_feasible_budget(trace) and (lo is None or lo < hi):
         # Wholly below the least budget any plan reaches. With some actions left out (keep and recompute: a CPU
         # trace's default) the smallest feasible budget lies above that one, so the solver of these options says
         # which it is: the number is the one a solve of `hi` gives, not a bound passed off as it.

@@ -11,29 +11,16 @@ from memsched.api.settings import Settings
 from memsched.api.tables import JobRow, TraceRow
 from memsched.errors import MemschedError
 from memsched.schema import Action, JobStatus, Schedule, Trace
-from memsched.service import resolve_budget
-
-MAX_STEP_S = 1e15
+from memsched.service import IncomputableTraceError, check_computable, resolve_budget
 
 
 def check_trace_limits(trace: Trace, settings: Settings, field: str) -> None:
     """The server's limits, and numbers the cost model can compute with (finite step and copy times)."""
     prefix = "" if field == "body" else f"{field}."
-    compute_s = sum(layer.forward_s + layer.backward_s for layer in trace.layers) + trace.baseline.step_s
-    bandwidth = min(trace.device.h2d_bytes_per_s, trace.device.d2h_bytes_per_s)
-    copy_s = sum(layer.saved_bytes for layer in trace.layers) / bandwidth + 2 * trace.n * trace.device.copy_latency_s
-    # A step of more than ~30 million years is a unit mistake, and the solvers' arithmetic overflows on it.
-    for what, total, where in (
-        ("layer times", compute_s, "layers"),
-        ("copy times (saved bytes / bandwidth)", copy_s, "device"),
-    ):
-        if not total < MAX_STEP_S:
-            raise ApiError(
-                422,
-                f"the trace's {what} add up to {total:.3g} s, more than {MAX_STEP_S:.0e} s; check the units "
-                "(seconds, bytes, bytes per second)",
-                f"{prefix}{where}",
-            )
+    try:
+        check_computable(trace)
+    except IncomputableTraceError as e:
+        raise ApiError(422, str(e), f"{prefix}{e.where}") from None
     if trace.n > settings.max_layers:
         raise ApiError(
             422,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 
@@ -12,7 +10,7 @@ from memsched.api.errors import ApiError
 from memsched.api.routes.common import request_budget, resolve_trace
 from memsched.api.schemas import CompareOut, CompareRequest, CompareRow, error_responses
 from memsched.errors import MemschedError
-from memsched.service import compare_policies
+from memsched.service import IncomputableTraceError, compare_policies
 
 router = APIRouter(prefix="/v1", tags=["compare"])
 
@@ -32,14 +30,12 @@ async def compare(req: CompareRequest, db: DatabaseDep, owner: OwnerDep, setting
         budget = request_budget(req.budget, trace, check_feasible=False)
         try:
             c = compare_policies(trace, budget, req.link, req.ranks_per_link, req.host_budget)
+        except IncomputableTraceError as e:
+            raise ApiError(422, str(e), "link" if req.link is not None and e.where == "device" else "trace") from None
         except MemschedError as e:
             raise ApiError(422, str(e), "budget") from None
         except ArithmeticError as e:
             raise ApiError(422, f"cannot compute with this trace ({e}); check the trace's numbers", "trace") from None
-        if not all(math.isfinite(r.step_s) and math.isfinite(r.overhead_pct) for r in c.rows):
-            raise ApiError(
-                422, "the predicted step times overflow for this trace; check its units (seconds, bytes)", "trace"
-            )
         return CompareOut(
             trace_id=row.id,
             budget_bytes=c.budget_bytes,

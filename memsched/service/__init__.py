@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from memsched.errors import MemschedError
+from memsched.errors import MemschedError, TraceFormatError
 from memsched.hardware import LinkPreset, for_planned_trace, planned_trace, what_if_device
 from memsched.optimizer.baselines import evaluate_baselines
 from memsched.optimizer.budget import check_budget_feasible, keepall_step_activations
@@ -64,6 +65,42 @@ class Comparison:
         }
 
 
+MAX_STEP_S = 1e15
+"""The longest step the cost model computes with: more (~30 million years) is a unit mistake, and the solvers'
+arithmetic overflows on it."""
+
+
+class IncomputableTraceError(TraceFormatError):
+    """A trace (on the link a plan is made for) whose step or copy times add up past MAX_STEP_S."""
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.where = where
+        """The trace's field at fault: 'layers' or 'device'."""
+
+
+def check_computable(trace: Trace, link: LinkPreset | float | None = None, ranks_per_link: int | None = None) -> None:
+    """Raise IncomputableTraceError where the trace's layer times, or its copy times on the link a plan is made
+    for (`link`, `ranks_per_link`: what-if hardware), add up to more than MAX_STEP_S: the CLI, the API and the
+    workers refuse them alike, naming the units (`compare --link 1e-300` printed Infinity as JSON)."""
+    compute_s = sum(layer.forward_s + layer.backward_s for layer in trace.layers) + trace.baseline.step_s
+    planned = what_if_device(trace, link, ranks_per_link)
+    bandwidth = min(planned.h2d_bytes_per_s, planned.d2h_bytes_per_s)
+    copy_s = sum(layer.saved_bytes for layer in trace.layers) / bandwidth + 2 * trace.n * trace.device.copy_latency_s
+    what_if = link is not None or ranks_per_link is not None
+    on = f" on the link planned for ({planned.link}, 1/{planned.ranks_per_link} of it)" if what_if else ""
+    for what, total, where in (
+        ("layer times", compute_s, "layers"),
+        (f"copy times (saved bytes / bandwidth{on})", copy_s, "device"),
+    ):
+        if not total < MAX_STEP_S:
+            raise IncomputableTraceError(
+                f"the trace's {what} add up to {total:.3g} s, more than {MAX_STEP_S:.0e} s; check the units "
+                "(seconds, bytes, bytes per second)" + (" and the link's rate" if on and where == "device" else ""),
+                where,
+            )
+
+
 MAX_BUDGET_BYTES = 2**62
 """The largest budget accepted: far beyond any device, and what a 64-bit database column (BIGINT) holds."""
 
@@ -108,6 +145,7 @@ def compare_policies(
 ) -> Comparison:
     """Every baseline under one budget, judged by the simulator (on another link, or a share of one, if asked;
     within a host budget, if given)."""
+    check_computable(trace, link, ranks_per_link)
     b = resolve_budget(budget, trace)
     trace = planned_trace(trace, what_if_device(trace, link, ranks_per_link))
     rows = [
@@ -121,6 +159,10 @@ def compare_policies(
         )
         for r in evaluate_baselines(trace, b)
     ]
+    if not all(math.isfinite(r.step_s) and math.isfinite(r.overhead_pct) for r in rows):
+        raise IncomputableTraceError(
+            "the predicted step times overflow for this trace; check its units (seconds, bytes)", "layers"
+        )
     return Comparison(b, trace.static.resident, keepall_step_activations(trace), rows)
 
 
@@ -136,6 +178,7 @@ def solve_trace(
     `start`: an earlier answer of the same solve to start from (a sweep's point solved again).
     Raises InfeasibleBudgetError with the smallest feasible budget."""
     options = options or SolveOptions()
+    check_computable(trace, options.link, options.ranks_per_link)
     planned = what_if_device(trace, options.link, options.ranks_per_link)
     sched = solve(planned_trace(trace, planned), resolve_budget(budget, trace), options, resources, start)
     return sched.model_copy(update={"trace_hash": trace.content_hash(), "planned_for": planned})

@@ -140,7 +140,10 @@ def sweep_trace(
     budget) for a range wholly below it."""
     now = time.perf_counter()
     began = now if started_at is None else min(started_at, now)
+    from memsched.service import check_computable
+
     options = options or SolveOptions(time_limit_s=DEFAULT_POINT_TIME_LIMIT_S)
+    check_computable(trace, options.link, options.ranks_per_link)
     if not MIN_POINTS <= points <= MAX_POINTS:
         raise MemschedError(f"points: {points} is out of range; give {MIN_POINTS} to {MAX_POINTS}")
     if workers < 1:

@@ -281,3 +281,22 @@ def test_import_rates_and_factors_that_are_no_numbers_exit_2(tmp_path, capsys, f
     out = tmp_path / "a.json"
     code, _, err = run(["import", "pipedream", graph, "--batch-size", "64", flag, value, "-o", out], capsys)
     assert code == 2 and needle in err and not out.exists(), err
+
+
+def test_a_trace_or_link_whose_copy_times_overflow_exits_2_as_the_api_answers_422(trace_file, tmp_path, capsys):
+    """`compare --link 1e-300 --json` printed `Infinity` (not JSON) and `solve` ran on; the REST service refused the
+    same input. The rule has one home (service.check_computable): every front end refuses, naming the units."""
+    code, _, err = run(["compare", trace_file, "--budget", "80%", "--link", "1e-300"], capsys)
+    assert code == 2 and "below any link" in err
+    doc = json.loads(trace_file.read_text())
+    doc["device"]["h2d_bytes_per_s"] = 1e-300
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(doc))
+    for argv in (
+        ["compare", slow, "--budget", "80%", "--json"],
+        ["solve", slow, "--budget", "80%", "-o", tmp_path / "s"],
+    ):
+        code, out, err = run(argv, capsys)
+        assert code == 2 and "copy times (saved bytes / bandwidth) add up to" in out + err, out + err
+        if "--json" in argv:
+            assert "Infinity" not in out and json.loads(out)["error"]["exit_code"] == 2
