@@ -89,6 +89,14 @@ def _read_json(path: str | Path, what: str) -> Any:
         ) from None
     except UnicodeDecodeError:
         raise TraceFormatError(f"{what} file {str(p)!r} is not UTF-8 text JSON; give a JSON file") from None
+    except RecursionError:
+        raise TraceFormatError(
+            f"{what} file {str(p)!r} nests its JSON too deeply to read; a {what} is a few levels deep: fix the file"
+        ) from None
+    except ValueError:  # Python's limit on the digits of an integer (4,300), which no real size reaches
+        raise TraceFormatError(
+            f"{what} file {str(p)!r} holds an integer of thousands of digits, which no size or count has; fix the file"
+        ) from None
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -176,6 +184,10 @@ def write_bytes(path: str | Path, data: bytes) -> None:
     except PermissionError as e:
         raise MemschedError(
             f"cannot write {str(path)!r}: permission denied ({e.filename}); give a path in a folder you may write"
+        ) from None
+    except OSError as e:  # a folder that takes no new files (/proc, a full or read-only disk), a name too long
+        raise MemschedError(
+            f"cannot write {str(path)!r}: {e.strerror or e}; give a path in a folder you may write"
         ) from None
 
 

@@ -430,6 +430,8 @@ def builtin_workload(
         raise MemschedError(f"batch size and sequence length must be >= 1 (got {batch_size}, {seq_len})")
     if num_layers is not None and num_layers < 1:
         raise MemschedError(f"--layers must be >= 1, got {num_layers}")
+    if dropout is not None and not 0.0 <= dropout < 1.0:  # NaN fails too
+        raise MemschedError(f"--dropout must be a probability from 0 up to (not including) 1, got {dropout}")
     dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype)
     dev = torch.device(device)
     amp = parse_autocast(autocast, dev) if autocast is not None else None
@@ -550,9 +552,26 @@ def load_factory(spec: str, *, strict: bool = False, **kwargs: Any) -> Workload:
     return out
 
 
+_UNUSED_BY = {
+    "vit-base": ("seq_len",),
+    "vit-large": ("seq_len",),
+    "resnet50": ("seq_len", "dropout"),
+}
+"""The flags each built-in model has no use for (`workload`)."""
+
+
 def workload(name: str, *, strict: bool = False, **kwargs: Any) -> Workload:
     """A built-in model by name, or a `package.module:factory` (`load_factory`). Arguments that are None
     take the built-in's defaults, or the factory's own."""
     if ":" in name:
         return load_factory(name, strict=strict, **kwargs)
-    return builtin_workload(name, **{k: v for k, v in kwargs.items() if v is not None})
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    unused = [k for k in _UNUSED_BY.get(name, ()) if k in given]
+    if unused and strict:
+        # As a factory's flags (load_factory): a flag the user gave that the model cannot use is refused, not
+        # dropped in silence. (Not strict: the caller passes what a trace records, such as a ViT's patch count.)
+        flags = ", ".join(f"{FACTORY_FLAGS.get(k, k)} {given[k]}" for k in unused)
+        raise MemschedError(
+            f"model {name!r} does not use {flags} (an image model has no sequence; ResNet-50 no dropout); drop it"
+        )
+    return builtin_workload(name, **{k: v for k, v in given.items() if k not in unused})

@@ -1027,7 +1027,9 @@ def _time_machinery(
     ]
     try:
         ratios = _over_keep_all(model, step_fn, device, keep, schedules, step_s)
-    except (MemschedError, torch.OutOfMemoryError) as e:
+    except (MemschedError, RuntimeError, MemoryError) as e:
+        if not (isinstance(e, MemschedError) or out_of_memory(e)):
+            raise
         # The long segments' re-run holds up to MACHINERY_LONGEST layers' saved tensors at once, beside keep-all's.
         report.warn(f"recompute machinery not measured (re-runs priced by their layers alone): {one_line(e)}")
         return None
@@ -1084,7 +1086,9 @@ def _calibrated_serial_copies(
     offload = keep.model_copy(update={"policy": "copy-calibration", "actions": actions})
     try:
         (ratios,) = _over_keep_all(model, step_fn, device, keep, [offload], step_s)
-    except (MemschedError, torch.OutOfMemoryError) as e:
+    except (MemschedError, RuntimeError, MemoryError) as e:
+        if not (isinstance(e, MemschedError) or out_of_memory(e)):
+            raise
         report.warn(f"copies not calibrated through the replay (the copy probe's latency is kept): {one_line(e)}")
         return info
     priced = sum(2 * info.copy_latency_s + b / info.d2h_bytes_per_s + b / info.h2d_bytes_per_s for b in moved)
@@ -1509,10 +1513,18 @@ def _first_step(step_fn: StepFn, cache_handles: Sequence[RemovableHandle]) -> No
         raise
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """An allocation that failed: CUDA's OutOfMemoryError, the CPU allocator's RuntimeError ("DefaultCPUAllocator:
+    can't allocate memory"), or Python's MemoryError."""
+    if isinstance(e, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+
+
 def _step_failed(e: Exception) -> str:
     """The one-line error for a training step that fails on its own (`_first_step`)."""
     what = f"{type(e).__name__}: {one_line(e)}"
-    if isinstance(e, torch.OutOfMemoryError):
+    if out_of_memory(e):
         return (
             f"step: the model's training step ran out of device memory on its own, before memsched traced "
             f"anything ({what}). The tracer times and measures plain keep-all steps, so one must fit: trace "

@@ -98,7 +98,7 @@ def validate(
 
     try:
         head = json.loads(file.read_text()) if file.is_file() else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a giant number: load_trace says which
         head = None
     if isinstance(head, dict) and "actions" in head:
         sched = load_schedule(file)
@@ -109,6 +109,11 @@ def validate(
         )
     else:
         tr = load_trace(file)
+        if trace is not None:
+            raise MemschedError(
+                f"--trace checks a schedule against its trace, and {str(file)!r} is a trace; give a schedule file "
+                "first, or drop --trace"
+            )
         out.print(
             f"[green]ok[/]: trace of {tr.model}, {tr.n} layers, batch {tr.batch_size}, hash {tr.content_hash()[:12]}"
         )
@@ -458,6 +463,17 @@ def main(argv: list[str] | None = None) -> None:
             2,
             "missing_extra",
             f"this command needs {e.name}, which is in the {extra} extra: pip install 'memsched[{extra}]'",
+            as_json,
+            min_feasible_bytes=None,
+            budget_bytes=None,
+            min_host_bytes=None,
+        )
+    except MemoryError:
+        _fail(
+            2,
+            "out_of_memory",
+            "this machine ran out of memory for the command; give it a smaller model, batch or sequence, or run "
+            "it where more memory is free",
             as_json,
             min_feasible_bytes=None,
             budget_bytes=None,

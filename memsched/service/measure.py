@@ -545,11 +545,9 @@ def _measure(
     keep_all_memory: bool,
 ) -> SideBySide:
     """Keep-all and the schedule, their steps interleaved in one process (memsched.runtime.measure)."""
-    import torch
-
     from memsched.runtime.measure import measure_side_by_side
+    from memsched.runtime.tracer import out_of_memory
 
-    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5 has only the latter
     dev = next(w.model.parameters()).device
     try:
         return measure_side_by_side(
@@ -566,10 +564,13 @@ def _measure(
             keep_all_predicted_saved_peak_bytes=pred.keep_saved,
             keep_all_memory=keep_all_memory,
         )
-    except oom as e:
+    except (RuntimeError, MemoryError) as e:
+        if not out_of_memory(e):
+            raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+        where = "CUDA" if dev.type == "cuda" else "host"
         raise MemschedError(
-            f"CUDA out of memory at batch {args.batch_size} ({first[:160]}); lower --batch-size"
+            f"{where} out of memory at batch {args.batch_size} ({first[:160]}); lower --batch-size or --seq-len"
         ) from None
     finally:
         _release(dev)

@@ -300,3 +300,38 @@ def test_a_trace_or_link_whose_copy_times_overflow_exits_2_as_the_api_answers_42
         assert code == 2 and "copy times (saved bytes / bandwidth) add up to" in out + err, out + err
         if "--json" in argv:
             assert "Infinity" not in out and json.loads(out)["error"]["exit_code"] == 2
+
+
+def test_files_no_reader_can_take_and_paths_no_file_can_take_exit_2(trace_file, tmp_path, capsys):
+    """A 5,000-digit integer, JSON nested 100,000 deep, and an output in /proc ended in `internal error` (exit 1):
+    each is the user's to fix, in one line; `validate TRACE --trace X` ignored --trace."""
+    doc = trace_file.read_text()
+    bigint = tmp_path / "bigint.json"
+    bigint.write_text(doc.replace('"batch_size": 1', '"batch_size": ' + "9" * 5000, 1))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for path, needle in ((bigint, "thousands of digits"), (deep, "nests its JSON too deeply")):
+        for argv in (["validate", path], ["solve", path, "--budget", "80%", "-o", tmp_path / "s.json"]):
+            code, _, err = run(argv, capsys)
+            assert code == 2 and needle in err, err
+    code, _, err = run(["solve", trace_file, "--budget", "80%", "-o", "/proc/self/x.json"], capsys)
+    assert code == 2 and "cannot write '/proc/self/x.json'" in err
+    code, _, err = run(["validate", trace_file, "--trace", trace_file], capsys)
+    assert code == 2 and "drop --trace" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["gpt2", "--dropout", "2"], "--dropout must be a probability"),
+        (["gpt2", "--dropout", "nan"], "--dropout must be a probability"),
+        (["resnet50", "--seq-len", "16"], "does not use --seq-len 16"),
+        (["resnet50", "--dropout", "0.1"], "does not use --dropout 0.1"),
+        (["vit-base", "--seq-len", "16"], "does not use --seq-len 16"),
+    ],
+)
+def test_built_in_model_flags_it_cannot_use_exit_2(tmp_path, capsys, argv, needle):
+    """`--dropout 2` was an internal error (transformers' ValueError); an image model dropped --seq-len in silence."""
+    out = tmp_path / "t.json"
+    code, _, err = run(["trace", *argv, "--small", "--layers", "4", "--batch-size", "1", "-o", out], capsys)
+    assert code == 2 and needle in err and not out.exists(), err

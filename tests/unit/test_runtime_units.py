@@ -542,3 +542,19 @@ def mock_graph_task(inside_backward: bool):
         yield
     finally:
         torch._C._current_graph_task_id = real
+
+
+def test_a_failed_host_allocation_is_out_of_memory_with_its_fix() -> None:
+    """The CPU allocator's RuntimeError ("can't allocate memory") is out of memory as CUDA's is: the tracer's
+    refusal names the batch and sequence to lower, not 'the model fails on its own'."""
+    import torch
+
+    from memsched.runtime.tracer import _step_failed, out_of_memory
+
+    host = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+        "allocate 10000000000 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    assert out_of_memory(host) and out_of_memory(MemoryError()) and out_of_memory(torch.OutOfMemoryError("x"))
+    assert not out_of_memory(RuntimeError("shape mismatch")) and not out_of_memory(ValueError("no"))
+    assert "ran out of device memory" in _step_failed(host) and "--seq-len" in _step_failed(host)
