@@ -27,6 +27,10 @@ BROKER_SCHEMES = {"redis": "redis", "rediss": "redis", "amqp": "amqp", "amqps": 
 """The Celery brokers memsched supports, by URL scheme."""
 
 
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+"""The log levels the service and uvicorn share."""
+
+
 class Settings(BaseSettings):
     """Environment: MEMSCHED_<FIELD>, e.g. MEMSCHED_DATABASE_URL, MEMSCHED_API_KEYS=key1,key2."""
 
@@ -62,7 +66,7 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=2, ge=1)
     """A job interrupted (restart, worker crash) this many times is failed instead of re-queued."""
     log_level: str = "info"
-    """Log level of the service and of uvicorn."""
+    """Log level of the service and of uvicorn: debug | info | warning | error | critical."""
     broker_url: str | None = None
     """Celery broker: redis://host:6379/0 (default kind) or amqp://user:pw@host:5672//. Set, `memsched serve`
     queues solves to `memsched worker` processes instead of its own pool, and any number of replicas may share
@@ -76,6 +80,13 @@ class Settings(BaseSettings):
     """Redis: a job whose worker vanished (kill -9, lost machine) is delivered again after this long. It must
     exceed the largest hard time limit, or a job still running would be delivered twice. Default: the
     largest hard time limit + 10 s."""
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, v: str) -> str:
+        if v.lower() not in _LOG_LEVELS:
+            raise ValueError(f"give one of {', '.join(_LOG_LEVELS)}, got {v!r}")
+        return v.lower()
 
     @field_validator("api_keys", mode="before")
     @classmethod

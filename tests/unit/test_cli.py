@@ -335,3 +335,23 @@ def test_built_in_model_flags_it_cannot_use_exit_2(tmp_path, capsys, argv, needl
     out = tmp_path / "t.json"
     code, _, err = run(["trace", *argv, "--small", "--layers", "4", "--batch-size", "1", "-o", out], capsys)
     assert code == 2 and needle in err and not out.exists(), err
+
+
+def test_serve_refuses_what_would_fail_its_start_in_one_line(tmp_path, capsys):
+    """A database that cannot be reached, a port in use, an unknown host or log level: a traceback from the app's
+    startup and exit 3 (uvicorn's), or `internal error: KeyError`; now one line and exit 2, before uvicorn starts."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        db = f"sqlite:///{tmp_path / 'm.db'}"
+        for argv, needle in (
+            (["--database-url", "bogus"], "is not a database URL"),
+            (["--database-url", "postgresql+psycopg://u:secret@127.0.0.1:1/db"], "cannot reach the database"),
+            (["--database-url", db, "--log-level", "bogus"], "log_level: give one of debug"),
+            (["--database-url", db, "--host", "127.0.0.1", "--port", str(port)], "cannot listen on 127.0.0.1"),
+        ):
+            code, _, err = run(["serve", *argv], capsys)
+            assert code == 2 and needle in err and "secret" not in err and "Traceback" not in err, err
