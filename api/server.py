@@ -42,7 +42,8 @@ def preflight(settings: Settings) -> None:
         with engine.connect():
             pass
     except SQLAlchemyError as e:
-        first = str(e.orig if getattr(e, "orig", None) is not None else e).strip().splitlines()[0][:200]
+        cause = getattr(e, "orig", None) or e  # the driver's own message, where SQLAlchemy wraps one
+        first = (str(cause).strip().splitlines() or [type(e).__name__])[0][:200]
         raise MemschedError(
             f"cannot reach the database {shown} ({first}); start it, or fix --database-url / MEMSCHED_DATABASE_URL"
         ) from None
