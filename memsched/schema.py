@@ -679,6 +679,24 @@ class SolverRecord(_Strict):
     where a sweep stopped), for reproduction and bug reports."""
 
 
+class TracedWorkload(_Strict):
+    """The workload a trace was recorded at, as a schedule made from it records it: what a replay must build for
+    the schedule's predictions to hold (`memsched measure` checks it where no trace is given)."""
+
+    model: str
+    """Trace.model: the model id (a built-in's name and size, or the factory's)."""
+    batch_size: int = Field(ge=1)
+    """Trace.batch_size."""
+    seq_len: int | None = Field(default=None, ge=1)
+    """Trace.seq_len (None: no sequence)."""
+    dtype: str
+    """Trace.dtype."""
+
+    @classmethod
+    def of(cls, trace: Trace) -> TracedWorkload:
+        return cls(model=trace.model, batch_size=trace.batch_size, seq_len=trace.seq_len, dtype=trace.dtype)
+
+
 class Schedule(_Strict):
     """A keep / offload / recompute plan for every layer of one trace under one budget."""
 
@@ -704,6 +722,9 @@ class Schedule(_Strict):
     planned_for: PlannedDevice | None = None
     """The device and link the plan assumed (None: the trace's device as measured, in schedules written before
     this field existed or outside the service)."""
+    traced: TracedWorkload | None = None
+    """The workload the trace was recorded at (None in schedules written before this field): a replay at another
+    batch or sequence does not get the predicted peak."""
 
     @field_validator("schema_version")
     @classmethod

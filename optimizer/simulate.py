@@ -25,7 +25,16 @@ from memsched.optimizer.decisions import (
     split_at_breaks,
     to_actions,
 )
-from memsched.schema import Action, Prediction, Schedule, SolverRecord, Trace, check_schedule, validate_actions
+from memsched.schema import (
+    Action,
+    Prediction,
+    Schedule,
+    SolverRecord,
+    Trace,
+    TracedWorkload,
+    check_schedule,
+    validate_actions,
+)
 
 COMPUTE, D2H, H2D = "compute", "d2h", "h2d"
 
@@ -808,4 +817,5 @@ def make_schedule(
         actions=to_actions(trace, sim.decisions),
         prediction=sim.prediction(),
         solver=solver,
+        traced=TracedWorkload.of(trace),
     )

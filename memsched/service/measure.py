@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memsched.errors import MemschedError, ScheduleMismatchError
-from memsched.schema import Schedule, Trace
+from memsched.schema import Schedule, Trace, TracedWorkload
 
 if TYPE_CHECKING:  # torch stays out of `memsched --help`
     from memsched.runtime import Measurement, Workload
@@ -83,9 +83,11 @@ def workload_args(trace: Trace | None, schedule: Schedule | None, **given: Any) 
     fields = {k: v for k, v in given.items() if v is not None}
     notes: list[str] = []
     overridden: set[str] = set()
-    if trace is not None:
+    # Without the trace, the schedule's record of it (Schedule.traced), where the schedule has one.
+    source = trace if trace is not None else schedule.traced if schedule is not None else None
+    if source is not None:
         for name, flag in _FROM_TRACE.items():
-            recorded = getattr(trace, name)
+            recorded = getattr(source, name)
             if recorded is None:
                 continue
             if name not in fields:
@@ -361,18 +363,27 @@ class MeasureReport:
 
 
 def check_trace_matches(
-    trace: Trace, w: Workload, dtype: str, device_type: str, overridden: frozenset[str] = frozenset()
+    trace: Trace | TracedWorkload,
+    w: Workload,
+    dtype: str,
+    device_type: str | None,
+    overridden: frozenset[str] = frozenset(),
 ) -> None:
-    """The trace must describe the workload being built: same model id, batch, sequence, dtype, device kind
-    (except what a flag deliberately `overridden`, which the caller has noted)."""
+    """The trace (or a schedule's record of it, Schedule.traced) must describe the workload being built: same
+    model id, batch, sequence, dtype, device kind (except what a flag deliberately `overridden`, which the caller
+    has noted). `device_type` None: not checked (a schedule's record has no device)."""
+    whose = "--trace: the trace's" if isinstance(trace, Trace) else "the schedule's trace's"
     mine = {"model": w.model_id, "batch_size": w.batch_size, "seq_len": w.seq_len, "dtype": dtype}
     theirs = {"model": trace.model, "batch_size": trace.batch_size, "seq_len": trace.seq_len, "dtype": trace.dtype}
     for key, value in mine.items():
         if theirs[key] != value and key not in overridden:
             raise ScheduleMismatchError(
-                f"--trace: the trace's {key} is {theirs[key]!r} but this run builds {value!r}; pass the flags the "
-                "trace was recorded with (--batch-size, --seq-len, --layers, --small, --dtype, --compile, --autocast)"
+                f"{whose} {key} is {theirs[key]!r} but this run builds {value!r}: its predictions are for the "
+                "other; pass the flags the trace was recorded with (--batch-size, --seq-len, --layers, --small, "
+                "--dtype, --compile, --autocast)"
             )
+    if not isinstance(trace, Trace) or device_type is None:
+        return
     traced_on_cpu = trace.device.name.lower().startswith("cpu")
     if traced_on_cpu != (device_type == "cpu"):
         raise ScheduleMismatchError(
@@ -524,6 +535,8 @@ def _check_inputs(
 
     if trace is not None:
         check_trace_matches(trace, w, dtype, dev.type, overridden)
+    elif schedule is not None and schedule.traced is not None:
+        check_trace_matches(schedule.traced, w, dtype, None, overridden)
     if schedule is not None:
         check_schedule_matches(schedule, [n for n, _ in find_layers(w.model, args.layer_pattern)])
         if trace is not None:

@@ -379,3 +379,23 @@ def test_the_factory_doc_example_traces(tmp_path, capsys, monkeypatch):
     assert tr.dtype == "float32" and all(layer.backward_s > 0 for layer in tr.layers)
     code, _, err = run(["trace", "mypkg.models:make_model", "--optimizer", "sgd", *QUICK, "-o", path], capsys)
     assert code == 2 and "make_model() takes no `optimizer` argument" in " ".join(err.split())
+
+
+def test_measure_without_the_trace_builds_what_the_schedule_was_traced_at(tmp_path, capsys):
+    """A schedule records the workload its trace was recorded at (Schedule.traced): measure without --trace
+    rebuilds it (it built the default batch 2 and compared the batch-4 prediction with it, 'within budget'), and
+    a flag that departs from it is noted as with --trace; a model that is not it is refused."""
+    trace, sched = tmp_path / "t.json", tmp_path / "s.json"
+    quick = ["--small", "--layers", 2, "--steps", 1, "--warmup", 0]
+    assert run(["trace", "gpt2", *quick, "--batch-size", 4, "--seq-len", 16, "-o", trace], capsys)[0] == 0
+    assert run(["solve", trace, "--budget", "60%", "-o", sched], capsys)[0] == 0
+    traced = load_schedule(sched).traced
+    assert traced is not None and (traced.batch_size, traced.seq_len) == (4, 16)
+    code, out, err = run(["measure", "gpt2", sched, *quick, "--no-baseline", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["batch_size"], doc["seq_len"]) == (4, 16) and doc["notes"] == [], doc["notes"]
+    code, out, err = run(["measure", "gpt2", sched, *quick, "--batch-size", 2, "--no-baseline", "--json"], capsys)
+    assert code == 0 and any("--batch-size 2 overrides the trace's 4" in n for n in json.loads(out)["notes"])
+    code, _, err = run(["measure", "gpt2", sched, "--small", "--layers", 3, "--no-baseline"], capsys)
+    assert code == 2 and "the schedule's trace's model is 'gpt2-small2'" in err, err
