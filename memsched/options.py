@@ -99,6 +99,12 @@ class SolveOptions(BaseModel):
             raise ValueError("must include keep (every plan keeps some layers), e.g. keep,recompute")
         return [a for a in Action if a in v]  # one order and no repeats: equal sets are equal options
 
+    def least_budget_is_offloads(self, trace: Trace) -> bool:
+        """Whether the smallest budget these options' plans reach is offload-all's, synchronously (one simulation:
+        optimizer.budget.min_feasible_budget): offload allowed, with no host budget. Elsewhere it lies above that
+        one, and only a solve finds it (the exact DP; with a host budget, the least host each budget needs)."""
+        return Action.OFFLOAD in self.allowed_actions(trace) and self.host_budget is None
+
     def allowed_actions(self, trace: Trace) -> frozenset[Action]:
         """The actions a plan for `trace` may use (see `actions`)."""
         if self.host_budget == 0:

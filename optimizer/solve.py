@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError
-from memsched.optimizer.actions import check_feasible
+from memsched.optimizer.actions import check_feasible, smallest_budget
 from memsched.optimizer.baselines import evaluate_baselines
-from memsched.optimizer.budget import min_feasible_budget, min_feasible_decisions
+from memsched.optimizer.budget import keepall_activation_peak, min_feasible_budget, min_feasible_decisions
 from memsched.optimizer.decisions import ALL_ACTIONS, KEEP, decisions_from_schedule, uses_only
 from memsched.optimizer.flow import shares
 from memsched.optimizer.flow.backends import AUTO_BACKEND, BACKENDS
@@ -42,6 +42,7 @@ from memsched.optimizer.host import HostNeed, fits_host, min_host_bytes
 from memsched.optimizer.simulate import SimResult, make_schedule, simulate, stage_memory
 from memsched.options import SolveOptions, SolveResources, SolverName
 from memsched.schema import Action, Schedule, SolverStatus, Trace, check_schedule
+from memsched.units import format_bytes
 
 __all__ = [
     "BACKENDS",
@@ -363,6 +364,7 @@ def _solve_report(
         found = check_feasible(trace, budget_bytes, allowed, feasibility_deadline, t0 + options.time_limit_s)
     except InfeasibleBudgetError as e:
         _host_zero_answer(trace, budget_bytes, options, e, feasibility_deadline)
+        _least_budget_under_host(trace, budget_bytes, options, e, t0 + options.time_limit_s)
         raise
     if max(stage_memory(trace, [KEEP] * trace.n)) + trace.static.total <= budget_bytes:
         rec = record(
@@ -493,6 +495,60 @@ def _host_zero_answer(
         need.proven,
         f"{_need_detail(need)}; keep and recompute alone need a budget of at least "
         f"{e.min_feasible_bytes} bytes" + ("" if e.proven else f" (or a little less: {e.unproven_why})"),
+    )
+
+
+def _least_budget_under_host(
+    trace: Trace, budget_bytes: int, options: SolveOptions, e: InfeasibleBudgetError, end: float
+) -> None:
+    """Under a host budget above 0, the smallest device budget may lie above offload-all's (`e`'s, which holds
+    every offloaded byte on the host): what the host budget refuses to hold, the device must. Found by bisection
+    between that one and a budget that needs no host at all (keep and recompute's smallest; keep-all without
+    recompute), each budget settled by the least host bytes any plan that fits it offloads (host.min_host_bytes:
+    more device memory never needs more host). Raises InfeasibleBudgetError with it, proven where every step was
+    (the caller re-raises `e` where offload-all's holds under the host budget too). Before, the error named
+    offload-all's, and a solve at it was refused for the host budget (gpt2-medium at 20%, --host-budget 1MB: 14.32
+    GiB named, where about 15.25 GiB is the least)."""
+    host = options.host_budget
+    allowed = options.allowed_actions(trace)
+    if not host or Action.OFFLOAD not in allowed:
+        return
+    deadline = max(end - 0.1, time.perf_counter() + 0.5)
+
+    def need(budget: int) -> HostNeed:
+        known = [simulate(trace, min_feasible_decisions(trace), budget, with_events=False)]
+        return min_host_bytes(trace, budget, allowed, deadline, known)
+
+    floor = e.min_feasible_bytes  # nothing fits below it, at any host budget
+    at_floor = need(floor)
+    if at_floor.upper <= host:
+        return
+    proven, why = at_floor.lower > host, "the least host bytes at some budget were not proven in time"
+    if Action.RECOMPUTE in allowed:
+        hi, hi_proven, hi_why = smallest_budget(trace, allowed - {Action.OFFLOAD}, deadline, budget_bytes)
+        if not hi_proven:  # a budget that fits; the least host-free one may lie below
+            proven, why = False, hi_why
+    else:
+        hi = trace.static.total + keepall_activation_peak(trace)  # keep-all: no host bytes at all
+    lo = floor
+    while hi - lo > 1:
+        if time.perf_counter() >= deadline:
+            proven, why = False, "the search for it ran out of time"
+            break
+        mid = (lo + hi) // 2
+        n = need(mid)
+        if n.upper <= host:
+            hi = mid
+        else:
+            proven = proven and n.lower > host
+            lo = mid
+    raise InfeasibleBudgetError(
+        budget_bytes,
+        hi,
+        f"under the host budget of {format_bytes(host)}, which holds what offload would free; raise --host-budget "
+        "to need less",
+        proven=proven,
+        unproven_why=why,
     )
 
 

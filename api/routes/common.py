@@ -10,7 +10,7 @@ from memsched.api.schemas import JobOut
 from memsched.api.settings import Settings
 from memsched.api.tables import JobRow, TraceRow
 from memsched.errors import MemschedError
-from memsched.schema import Action, JobStatus, Schedule, Trace
+from memsched.schema import JobStatus, Schedule, Trace
 from memsched.service import IncomputableTraceError, check_computable, resolve_budget
 
 
@@ -47,13 +47,11 @@ def resolve_trace(
     return stored, Trace.model_validate_json(stored.body)
 
 
-def request_budget(
-    budget: int | str, trace: Trace, check_feasible: bool, allowed: frozenset[Action] | None = None
-) -> int:
+def request_budget(budget: int | str, trace: Trace, check_feasible: bool) -> int:
     """A request's budget in bytes (the service's resolve_budget, the CLI's too), or a 422 naming the problem or
-    the smallest feasible budget (where `allowed`, the request's actions, include offload)."""
+    the smallest feasible budget."""
     try:
-        return resolve_budget(budget, trace, check_feasible, allowed)
+        return resolve_budget(budget, trace, check_feasible)
     except MemschedError as e:
         raise from_memsched_error(e, "budget") from None
 

@@ -79,7 +79,9 @@ async def create_schedule(
     def submit() -> tuple[JobRow, bool]:
         with db.session() as s:
             trace_row, trace = resolve_trace(s, owner, settings, req.trace_id, req.trace)
-            budget_bytes = request_budget(req.budget, trace, True, params.allowed_actions(trace))
+            # The quick check (one simulation) only where its number is the smallest these options reach; elsewhere
+            # the job's solve finds that number.
+            budget_bytes = request_budget(req.budget, trace, params.least_budget_is_offloads(trace))
             spec = str(req.budget)
             key = crud.cache_key(trace_row.id, budget_bytes, params)
             if not crud.has_job(s, owner, key) and crud.count_queued(s) >= settings.max_queued_jobs:

@@ -16,7 +16,7 @@ from memsched.optimizer.budget import resolve_budget as budget_bytes
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.optimizer.solve import solve
 from memsched.options import SolveOptions, SolveResources
-from memsched.schema import Action, Schedule, Trace
+from memsched.schema import Schedule, Trace
 from memsched.units import BudgetSpec
 
 
@@ -105,20 +105,14 @@ MAX_BUDGET_BYTES = 2**62
 """The largest budget accepted: far beyond any device, and what a 64-bit database column (BIGINT) holds."""
 
 
-def resolve_budget(
-    budget: BudgetSpec | str | int,
-    trace: Trace,
-    check_feasible: bool = False,
-    allowed: frozenset[Action] | None = None,
-) -> int:
+def resolve_budget(budget: BudgetSpec | str | int, trace: Trace, check_feasible: bool = False) -> int:
     """The one budget resolver of the CLI, the API and the workers: a budget as the user wrote it ('8GiB',
     '500MB', bytes, 'N%': static + N% of the keep-all activation peak) in bytes for this trace.
 
     Raises MemschedError naming the problem (unreadable, not positive, beyond any device) and, with
-    `check_feasible`, InfeasibleBudgetError carrying the smallest feasible budget (one simulation). That check
-    is offload's: where `allowed` leaves offload out, the smallest budget lies above it and only the solve's exact
-    DP finds it, so there it is left to the solve (a 422 quoted offload's 24.49 MiB for a CPU trace whose job then
-    failed at it, naming 25.77 MiB)."""
+    `check_feasible`, InfeasibleBudgetError carrying the smallest feasible budget (one simulation). That budget
+    is offload-all's: ask for the check only where the options' plans reach it (SolveOptions.least_budget_is_
+    offloads; a 422 quoted offload's 24.49 MiB for a CPU trace whose job then failed at it, naming 25.77 MiB)."""
     try:
         b = budget_bytes(budget, trace)
     except (ArithmeticError, ValueError) as e:
@@ -131,7 +125,7 @@ def resolve_budget(
             f"budget: {b} bytes is larger than any device ({MAX_BUDGET_BYTES} bytes at most); give a real "
             "device-memory budget such as 8GiB"
         )
-    if check_feasible and (allowed is None or Action.OFFLOAD in allowed):
+    if check_feasible:
         check_budget_feasible(trace, b)
     return b
 

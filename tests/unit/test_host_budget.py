@@ -109,6 +109,30 @@ def test_host_budget_zero_below_what_recompute_reaches_names_the_host_budget_nee
     assert "keep and recompute alone need a budget of at least" in str(e.value)
 
 
+@pytest.mark.parametrize("actions", [["keep", "offload"], None])
+@pytest.mark.parametrize("seed", [3, 11])
+def test_below_offload_alls_budget_the_host_budget_sets_the_smallest_device_budget(seed: int, actions) -> None:
+    """Under a small host budget, the smallest device budget lies above offload-all's: the error named offload-all's,
+    and a solve at it was then refused for the host budget. The number named now fits under the host budget and,
+    proven, nothing below it does."""
+    from memsched.errors import InfeasibleBudgetError
+    from memsched.optimizer.budget import min_feasible_budget
+
+    trace = make_trace(6, seed)
+    floor = min_feasible_budget(trace)
+    host = sum(layer.saved_bytes for layer in trace.layers) // 8
+    options = SolveOptions(time_limit_s=10, actions=actions, host_budget=host)
+    with pytest.raises(InfeasibleBudgetError) as e:
+        solve_report(trace, floor - 1, options)
+    least = e.value.min_feasible_bytes
+    assert least > floor and "under the host budget" in str(e.value)
+    fits = solve_report(trace, least, options).schedule
+    assert simulate(trace, fits).feasible and fits.prediction.host_peak_bytes <= host
+    if e.value.proven:
+        with pytest.raises((InfeasibleBudgetError, InfeasibleHostBudgetError)):
+            solve_report(trace, least - 1, options)
+
+
 @pytest.mark.parametrize("frac", [0.0, 0.1, 0.3, 0.6])
 def test_heuristic_and_local_search_never_offload_past_the_host_budget(frac: float) -> None:
     tr = make_trace(30, 7)
