@@ -10,7 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidat
 from memsched.api.examples import EXAMPLE_TRACE
 from memsched.hardware import LinkPreset, parse_link
 from memsched.options import SolveOptions, option_help, parse_host_budget
-from memsched.schema import JobStatus, Schedule, Trace
+from memsched.schema import JobStatus, Schedule, Trace, validate_trace
 from memsched.service import CompareRow
 from memsched.service.sweep import SweepResult
 from memsched.units import MAX_BYTES
@@ -23,10 +23,9 @@ JobId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="a schedule 
 
 
 def _strict_trace(v: object) -> object:
-    # Validate traces strictly: the schema promises integers for byte counts, and lax mode would quietly
-    # accept `true` or `1.5e9` (floats) as bytes. Strictness set on the field does not reach nested models,
-    # so the whole trace is validated here with strict=True (ints are still accepted where floats are due).
-    return Trace.model_validate(v, strict=True) if isinstance(v, dict) else v
+    # Strictness set on the field does not reach nested models, so the whole trace is validated here
+    # (validate_trace: strictly, as the CLI reads a trace file).
+    return validate_trace(v) if isinstance(v, dict) else v
 
 
 StrictTrace = Annotated[Trace, BeforeValidator(_strict_trace)]

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from memsched.errors import MemschedError, TraceFormatError
-from memsched.schema import Schedule, Trace
+from memsched.schema import Schedule, Trace, validate_trace
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -100,7 +100,11 @@ def _read_json(path: str | Path, what: str) -> Any:
 
 
 def load_trace(path: str | Path) -> Trace:
-    return parse_model(Trace, _read_json(path, "trace"), f"trace {Path(path).name}")
+    data, what = _read_json(path, "trace"), f"trace {Path(path).name}"
+    try:
+        return validate_trace(data)
+    except ValidationError as err:
+        raise TraceFormatError(describe_validation_error(err, what)) from None
 
 
 def load_schedule(path: str | Path) -> Schedule:

@@ -120,6 +120,10 @@ class StaticBytes(_Strict):
 # Trace._baseline_step). The traces recorded so far have step / layers between 1.02 and 2.3.
 STEP_BELOW_LAYERS_FACTOR = 2.0
 
+MAX_DEVICE_BYTES = 2**62
+"""The most bytes any budget or trace may add up to: far beyond any device, and what a 64-bit database column
+(BIGINT) holds. More is a unit mistake, and the cost model's sums would overflow."""
+
 
 class Baseline(_Strict):
     """The unscheduled (keep-all) training step as measured."""
@@ -425,6 +429,19 @@ class Trace(_Strict):
                         f"that first saved a storage it saves too (0..{i - 1}), or leave it null"
                     )
         return layers
+
+    @model_validator(mode="after")
+    def _bytes_fit_a_device(self) -> Trace:
+        # Sizes each within range can still add up past any device (2**62 per layer's saved bytes, say): refused
+        # here, naming the units, rather than later as a budget "larger than any device".
+        total = self.static.total + sum(x.saved_bytes + x.output_bytes + x.workspace_bytes for x in self.layers)
+        if total > MAX_DEVICE_BYTES:
+            raise ValueError(
+                f"the trace's bytes (static, and each layer's saved, output and workspace bytes) add up to "
+                f"{float(total):.3g}, beyond any device ({MAX_DEVICE_BYTES} at most); fix: give sizes in bytes, or "
+                "re-trace"
+            )
+        return self
 
     @model_validator(mode="after")
     def _baseline_step(self) -> Trace:
@@ -759,6 +776,13 @@ def recompute_segment_ends(starts: Iterable[tuple[int, int]]) -> dict[int, int]:
     for i, a in starts:
         ends[a] = max(ends.get(a, a), i)
     return ends
+
+
+def validate_trace(data: object) -> Trace:
+    """A trace from parsed JSON, as every reader takes it (files, the REST service): strictly, since the schema
+    promises integers for byte counts and lax mode would quietly take `true`, `"14172160"` or `1.5e9` as bytes
+    (ints are still accepted where floats are due). Raises pydantic's ValidationError."""
+    return Trace.model_validate(data, strict=True)
 
 
 def check_schedule(schedule: Schedule, trace: Trace) -> None:

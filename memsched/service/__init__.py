@@ -16,7 +16,7 @@ from memsched.optimizer.budget import resolve_budget as budget_bytes
 from memsched.optimizer.simulate import SimResult, simulate
 from memsched.optimizer.solve import solve
 from memsched.options import SolveOptions, SolveResources
-from memsched.schema import Schedule, Trace
+from memsched.schema import MAX_DEVICE_BYTES, Schedule, Trace
 from memsched.units import BudgetSpec
 
 
@@ -101,7 +101,7 @@ def check_computable(trace: Trace, link: LinkPreset | float | None = None, ranks
             )
 
 
-MAX_BUDGET_BYTES = 2**62
+MAX_BUDGET_BYTES = MAX_DEVICE_BYTES
 """The largest budget accepted: far beyond any device, and what a 64-bit database column (BIGINT) holds."""
 
 

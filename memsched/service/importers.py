@@ -13,7 +13,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from memsched.errors import TraceFormatError
+from memsched.io import describe_validation_error
 from memsched.schema import Baseline, DeviceInfo, Layer, StaticBytes, Trace
 
 MAX_COPY_LATENCY_S = 1.0
@@ -144,8 +147,34 @@ def import_pipedream(
     copy_latency_s: float = 10e-6,
     optimizer_state_factor: float = 1.0,
 ) -> Trace:
-    """Read a PipeDream graph.txt into a Trace (defaults: a 16 GiB V100 on PCIe 3, SGD with momentum)."""
-    p = Path(path)
+    """Read a PipeDream graph.txt into a Trace (defaults: a 16 GiB V100 on PCIe 3, SGD with momentum). A profile
+    whose numbers make no trace (sizes past any device, say: activation_size=1e300) is a TraceFormatError naming
+    what the trace's rules refuse."""
+    try:
+        return _import_pipedream(
+            Path(path),
+            batch_size,
+            device_name,
+            device_memory_bytes,
+            h2d_bytes_per_s,
+            d2h_bytes_per_s,
+            copy_latency_s,
+            optimizer_state_factor,
+        )
+    except ValidationError as err:
+        raise TraceFormatError(describe_validation_error(err, f"profile {Path(path).name}")) from None
+
+
+def _import_pipedream(
+    p: Path,
+    batch_size: int,
+    device_name: str,
+    device_memory_bytes: int,
+    h2d_bytes_per_s: float,
+    d2h_bytes_per_s: float,
+    copy_latency_s: float,
+    optimizer_state_factor: float,
+) -> Trace:
     if batch_size < 1:
         raise TraceFormatError(f"--batch-size must be >= 1, got {batch_size}")
     for flag, rate in (("--h2d-bandwidth", h2d_bytes_per_s), ("--d2h-bandwidth", d2h_bytes_per_s)):

@@ -355,3 +355,30 @@ def test_serve_refuses_what_would_fail_its_start_in_one_line(tmp_path, capsys):
         ):
             code, _, err = run(["serve", *argv], capsys)
             assert code == 2 and needle in err and "secret" not in err and "Traceback" not in err, err
+
+
+def test_a_trace_the_api_refuses_the_cli_refuses_too(trace_file, tmp_path, capsys):
+    """Byte counts given as strings or booleans were read (lax) by the CLI and refused by the REST service; sizes
+    each in range that add up past any device passed `validate` and were then blamed on the budget; a PipeDream
+    profile with activation_size=1e300 was an internal error."""
+    doc = json.loads(trace_file.read_text())
+    cases = []
+    for value, needle in (("1000", "valid integer"), (True, "valid integer"), (2**62, "beyond any device")):
+        bad = json.loads(json.dumps(doc))
+        bad["layers"][0]["saved_bytes"] = value
+        bad["layers"][0]["saved_tensor_bytes"] = []
+        cases.append((bad, needle))
+    for i, (bad, needle) in enumerate(cases):
+        path = tmp_path / f"bad{i}.json"
+        path.write_text(json.dumps(bad))
+        code, _, err = run(["validate", path], capsys)
+        assert code == 2 and needle in err, err
+    graph = tmp_path / "g.txt"
+    graph.write_text(
+        "node1 -- Input -- forward_compute_time=0.0, backward_compute_time=0.0, activation_size=1e300, "
+        "parameter_size=0.0\n"
+        "node2 -- Conv2d(3, 64) -- forward_compute_time=1.0, backward_compute_time=1.0, activation_size=1e300, "
+        "parameter_size=100.0\n\tnode1 -- node2\n"
+    )
+    code, _, err = run(["import", "pipedream", graph, "--batch-size", "1", "-o", tmp_path / "g.json"], capsys)
+    assert code == 2 and "beyond any device" in err, err
