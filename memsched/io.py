@@ -78,7 +78,9 @@ def parse_model(model: type[M], data: Any, what: str) -> M:
 
 def _read_json(path: str | Path, what: str) -> Any:
     p = Path(path)
-    if not p.is_file():
+    if p.is_dir():
+        raise TraceFormatError(f"{what} file {str(p)!r} is a directory; give the JSON file inside it")
+    if not p.exists():
         raise TraceFormatError(f"{what} file {str(p)!r} does not exist; check the path")
     try:
         return json.loads(p.read_text())
@@ -101,6 +103,7 @@ def _read_json(path: str | Path, what: str) -> Any:
 
 def load_trace(path: str | Path) -> Trace:
     data, what = _read_json(path, "trace"), f"trace {Path(path).name}"
+    _not_the_other(data, path, "trace", "schedule", ("actions", "trace_hash"))
     try:
         return validate_trace(data)
     except ValidationError as err:
@@ -108,7 +111,18 @@ def load_trace(path: str | Path) -> Trace:
 
 
 def load_schedule(path: str | Path) -> Schedule:
-    return parse_model(Schedule, _read_json(path, "schedule"), f"schedule {Path(path).name}")
+    data = _read_json(path, "schedule")
+    _not_the_other(data, path, "schedule", "trace", ("layers", "baseline"))
+    return parse_model(Schedule, data, f"schedule {Path(path).name}")
+
+
+def _not_the_other(data: Any, path: str | Path, wanted: str, other: str, keys: tuple[str, ...]) -> None:
+    """A schedule given where a trace is due (or the other way round: arguments swapped) is said in one line,
+    not as every field the other format lacks."""
+    if isinstance(data, dict) and all(k in data for k in keys):
+        raise TraceFormatError(
+            f"{str(path)!r} is a {other} file, where a {wanted} file is due; check the order of the arguments"
+        )
 
 
 def check_outputs_spare_inputs(outputs: dict[str, str | Path | None], inputs: dict[str, str | Path | None]) -> None:

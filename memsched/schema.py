@@ -409,10 +409,10 @@ class Trace(_Strict):
             seen[layer.name] = i
             for k, d in enumerate(layer.deps):
                 if not 0 <= d < i:
+                    earlier = f"indices of earlier layers (0..{i - 1})" if i else "empty: layer 0 has no earlier layer"
                     raise ValueError(
                         f"layers[{i}].deps[{k}] = {d} points "
-                        f"{'forward or at itself' if d >= i else 'out of range'}; deps must be indices of "
-                        f"earlier layers (0..{i - 1})"
+                        f"{'forward or at itself' if d >= i else 'out of range'}; deps must be {earlier}"
                     )
             if len(set(layer.deps)) != len(layer.deps):
                 raise ValueError(f"layers[{i}].deps {layer.deps} repeats an index; list each producer once")

@@ -255,10 +255,7 @@ def plot(
     check_outputs_spare_inputs({"--output": output}, {"trace": trace, "schedule": schedule})
     tr, sc = load_trace(trace), load_schedule(schedule)
     check_schedule(sc, tr)
-    # A device or a pipe (-o /dev/stdout, a FIFO) takes the PNG whatever its name.
-    piped = _to_stdout(output) or (output.exists() and not output.is_file() and not output.is_dir())
-    if output.suffix.lower() != ".png" and not piped:
-        raise MemschedError(f"--output {str(output)!r}: the plot is a PNG; give a path ending in .png")
+    check_png(output, "--output")
     path = plot_timeline(tr, sc, output)
     (err if _to_stdout(output) else out).print(f"wrote {path}")
 
@@ -428,6 +425,13 @@ def _process_started_at() -> float:
     except (OSError, ValueError, IndexError):
         started = _IMPORTED_AT
     return started if now - started <= _FRESH_PROCESS_S else now
+
+
+def check_png(output: Path, flag: str) -> None:
+    """A PNG goes to a path ending in .png, or to a device or a pipe (-o /dev/stdout, a FIFO), whatever its name."""
+    piped = _to_stdout(output) or (output.exists() and not output.is_file() and not output.is_dir())
+    if output.suffix.lower() != ".png" and not piped:
+        raise MemschedError(f"{flag} {str(output)!r}: the picture is a PNG; give a path ending in .png")
 
 
 def process_started() -> float | None:

@@ -60,9 +60,11 @@ def sweep_cmd(
 ) -> None:
     """Solve budgets from the smallest feasible one to keep-all, placed where the curve bends: each point's
     overhead, true lower bound and status, and the knees below which the cost rises steeply."""
-    from memsched.cli import process_started
+    from memsched.cli import check_png, process_started
     from memsched.service.sweep import default_workers, sweep_trace
 
+    if png is not None:
+        check_png(png, "--png")
     check_outputs_spare_inputs({"--output": output, "--png": png, "--html": html}, {"trace": trace})
     options = SolveOptions.from_user(
         solver=solver,

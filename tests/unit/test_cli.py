@@ -382,3 +382,22 @@ def test_a_trace_the_api_refuses_the_cli_refuses_too(trace_file, tmp_path, capsy
     )
     code, _, err = run(["import", "pipedream", graph, "--batch-size", "1", "-o", tmp_path / "g.json"], capsys)
     assert code == 2 and "beyond any device" in err, err
+
+
+def test_inputs_in_the_wrong_place_are_named_for_what_they_are(trace_file, tmp_path, capsys):
+    """A folder given as a trace was 'does not exist'; a schedule where the trace is due, ten 'Field required'
+    lines; a sweep's --png x.jpg wrote a PNG into x.jpg; layer 0's dep was told to be in '0..-1'."""
+    code, _, err = run(["validate", tmp_path], capsys)
+    assert code == 2 and "is a directory" in err
+    sched = tmp_path / "s.json"
+    assert run(["solve", trace_file, "--budget", "80%", "-o", sched], capsys)[0] == 0
+    code, _, err = run(["simulate", sched, trace_file], capsys)
+    assert code == 2 and "is a schedule file, where a trace file is due" in err and err.count("\n") <= 2, err
+    code, _, err = run(["sweep", trace_file, "--points", "2", "--png", tmp_path / "x.jpg"], capsys)
+    assert code == 2 and "--png" in err and ".png" in err and not (tmp_path / "x.jpg").exists()
+    doc = json.loads(trace_file.read_text())
+    doc["layers"][0]["deps"] = [0]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    code, _, err = run(["validate", bad], capsys)
+    assert code == 2 and "layer 0 has no earlier layer" in err and "0..-1" not in err, err
