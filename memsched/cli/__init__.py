@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from memsched.errors import MemschedError
+from memsched.errors import MemschedError, SolverError
 from memsched.io import check_outputs_spare_inputs, load_schedule, load_trace, save_model, write_text
 from memsched.options import SolveOptions, SolveResources, cli_flag, option_help
 from memsched.schema import json_schema
@@ -472,6 +472,12 @@ def main(argv: list[str] | None = None) -> None:
             budget_bytes=None,
             min_host_bytes=None,
         )
+    except SolverError as e:
+        # A solve that failed where it ran (a server's job failed or was cancelled, a backend crashed): exit 1 as
+        # documented, said as what it is, not as an internal error of this command.
+        if os.environ.get("MEMSCHED_DEBUG"):
+            raise
+        _fail(1, "solve_failed", str(e), as_json, min_feasible_bytes=None, budget_bytes=None, min_host_bytes=None)
     except MemoryError:
         _fail(
             2,
