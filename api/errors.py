@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError
+from memsched.errors import CLI_TO_API_FIXES, InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError
 from memsched.io import describe_validation_error
 
 log = logging.getLogger(__name__)
@@ -51,18 +51,10 @@ class BrokerUnavailable(Exception):
 
 
 # The core's messages name the CLI's flags; over HTTP the same fix is a request field.
-_CLI_FIXES = {
-    "Raise --budget to at least that": "Raise the request's `budget` field to at least that",
-    "Raise --host-budget to at least that, or raise --budget": (
-        "Raise the request's `host_budget` field to at least that, or its `budget`"
-    ),
-}
-
-
 def api_message(err: MemschedError) -> str:
     """The error's message as an API client should read it: the request field to change, not a CLI flag."""
     msg = str(err)
-    for cli, api in _CLI_FIXES.items():
+    for cli, api in CLI_TO_API_FIXES.items():
         msg = msg.replace(cli, api)
     return msg
 

@@ -5,6 +5,15 @@ The CLI maps them to exit code 2 and the API to a 4xx; anything else is an inter
 
 from __future__ import annotations
 
+CLI_TO_API_FIXES = {
+    "Raise --budget to at least that": "Raise the request's `budget` field to at least that",
+    "Raise --host-budget to at least that, or raise --budget": (
+        "Raise the request's `host_budget` field to at least that, or its `budget`"
+    ),
+}
+"""A fix as the CLI words it, and as the REST service does (the request field, not the flag): the service says
+the one (api.errors.api_message), and the CLI's client of a server turns it back (service.client)."""
+
 
 class MemschedError(ValueError):
     """A problem with the user's input (file, budget, options) that the user can fix."""

@@ -15,7 +15,13 @@ from typing import Any
 
 import httpx
 
-from memsched.errors import InfeasibleBudgetError, InfeasibleHostBudgetError, MemschedError, SolverError
+from memsched.errors import (
+    CLI_TO_API_FIXES,
+    InfeasibleBudgetError,
+    InfeasibleHostBudgetError,
+    MemschedError,
+    SolverError,
+)
 from memsched.options import SolveOptions
 from memsched.schema import JobStatus, Schedule, Trace, check_schedule
 from memsched.units import BudgetSpec
@@ -76,7 +82,7 @@ class MemschedClient:
         except ValueError:
             body = {}
         detail = body.get("detail") if isinstance(body, dict) else None
-        detail = detail or resp.text[:500] or resp.reason_phrase
+        detail = _as_cli(str(detail or resp.text[:500] or resp.reason_phrase))
         if resp.status_code >= 500:
             raise SolverError(f"server {self.base_url} failed ({resp.status_code}): {detail}")
         if isinstance(body, dict) and isinstance(body.get("min_feasible_bytes"), int):
@@ -226,3 +232,16 @@ def solve_via_server(
     # The server's schedule must belong to this trace: catches a misbehaving proxy or server version skew.
     check_schedule(schedule, trace)
     return schedule
+
+
+_API_KEY_FIX = "send 'Authorization: Bearer <key>' with a key from MEMSCHED_API_KEYS"
+
+
+def _as_cli(detail: str) -> str:
+    """A server's error as this command's user fixes it: the flag to change, not the request field (the service's
+    wording, errors.CLI_TO_API_FIXES turned back), and --api-key for the Authorization header."""
+    for cli, api in CLI_TO_API_FIXES.items():
+        detail = detail.replace(api, cli)
+    return detail.replace(
+        _API_KEY_FIX, "give --api-key KEY (or MEMSCHED_API_KEY), a key from the server's MEMSCHED_API_KEYS"
+    )

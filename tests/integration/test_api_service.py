@@ -341,6 +341,11 @@ def test_solve_via_server_round_trip(server: Server) -> None:
     with pytest.raises(InfeasibleBudgetError) as e:
         solve_via_server(server.url, tr, "1%", opts, KEY_A)
     assert e.value.min_feasible_bytes == min_feasible_budget(tr)
+    # Said as this command's user fixes it: the flag, not the request field; the key as --api-key.
+    assert "Raise --budget to at least that" in str(e.value) and "request's" not in str(e.value)
+    with pytest.raises(MemschedError) as no_key:
+        solve_via_server(server.url, tr, "55%", opts, None)
+    assert "--api-key" in str(no_key.value) and "Bearer" not in str(no_key.value)
     with pytest.raises(MemschedError, match="unknown API key"):
         solve_via_server(server.url, tr, "55%", opts, "wrong-key-123")
 
