@@ -535,10 +535,10 @@ def _check_inputs(
 
     if trace is not None:
         check_trace_matches(trace, w, dtype, dev.type, overridden)
-    elif schedule is not None and schedule.traced is not None:
-        check_trace_matches(schedule.traced, w, dtype, None, overridden)
     if schedule is not None:
         check_schedule_matches(schedule, [n for n, _ in find_layers(w.model, args.layer_pattern)])
+        if trace is None and schedule.traced is not None:  # the layers match: the batch, sequence and dtype?
+            check_trace_matches(schedule.traced, w, dtype, None, overridden)
         if trace is not None:
             from memsched.schema import check_schedule
 

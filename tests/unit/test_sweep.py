@@ -274,7 +274,7 @@ def test_the_wall_time_counts_from_the_callers_start(trace: Trace) -> None:
     range included (a 2-point CLI sweep of 1 s points printed 1.8 s and took 3.4 s)."""
     began = time.perf_counter()
     c = sweep_trace(trace, OPTS, points=2, started_at=began - 5.0)
-    assert 5.0 + (time.perf_counter() - began) >= c.wall_s >= 5.0
+    assert 5.0 + (time.perf_counter() - began) + 0.001 >= c.wall_s >= 5.0  # wall_s is rounded to ms
 
 
 def test_workers_give_the_same_curve(trace: Trace) -> None:
