@@ -3,6 +3,7 @@ the exact DP, the MILP and the FIFO sweep. Each cost-model rule's tests run them
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import time
@@ -276,3 +277,22 @@ def every_rule_trace(tr: Trace, seed: int) -> Trace:
     for layer, charged in zip(out_tr.layers, uncut, strict=True):
         layer.checkpointed_forward_bytes = rng.choice([None, charged - layer.saved_bytes // 2, charged])
     return out_tr
+
+
+def best_timing_overhead(trace: Trace, decisions: list[Decision], budget: int) -> float | None:
+    """The least overhead of these actions over every done-by and prefetch-at of their offloaded layers (brute
+    force; None where no timing fits the budget)."""
+    offloaded = [i for i, d in enumerate(decisions) if d.action == Action.OFFLOAD]
+    n = trace.n
+    best = None
+    for combo in itertools.product(*[[(d, p) for d in range(i, n) for p in range(i, n)] for i in offloaded]):
+        timed = list(decisions)
+        for i, (done, pref) in zip(offloaded, combo, strict=True):
+            timed[i] = dataclasses.replace(timed[i], done_by=done, prefetch_at=pref)
+        try:
+            sim = simulate(trace, timed, budget, with_events=False)
+        except ValueError:  # prefetch order violated: not a valid timing
+            continue
+        if sim.feasible and (best is None or sim.overhead_s < best):
+            best = sim.overhead_s
+    return best

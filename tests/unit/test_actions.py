@@ -4,12 +4,12 @@ the smallest budget it reports; the CPU default plans keep and recompute only, a
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.pricing import best_timing_overhead
 from memsched.errors import InfeasibleBudgetError, MemschedError
 from memsched.optimizer.budget import budget_between
 from memsched.optimizer.decisions import KEEP, Decision, offload_all, recompute
@@ -113,21 +113,11 @@ def test_actions_are_validated_and_keep_old_cache_keys() -> None:
 def keep_offload_optimum(trace: Trace, budget: int) -> float | None:
     """The least overhead of any keep / offload plan of a trace whose layers save one tensor each, over every
     done-by and prefetch-at of every offloaded layer (brute force); None where none fits."""
-    best = None
-    for offloaded in itertools.product((False, True), repeat=trace.n):
-        idx = [i for i, o in enumerate(offloaded) if o and trace.layers[i].saved_bytes]
-        base = [offload_all(trace, i) if i in idx else KEEP for i in range(trace.n)]
-        for combo in itertools.product(*[[(d, p) for d in range(i, trace.n) for p in range(i, trace.n)] for i in idx]):
-            timed = list(base)
-            for i, (done, pref) in zip(idx, combo, strict=True):
-                timed[i] = replace(timed[i], done_by=done, prefetch_at=pref)
-            try:
-                sim = simulate(trace, timed, budget, with_events=False)
-            except ValueError:  # prefetch order violated: not a valid timing
-                continue
-            if sim.feasible and (best is None or sim.overhead_s < best):
-                best = sim.overhead_s
-    return best
+    found = [
+        best_timing_overhead(trace, [offload_all(trace, i) if o else KEEP for i, o in enumerate(offloaded)], budget)
+        for offloaded in itertools.product((False, True), repeat=trace.n)
+    ]
+    return min((x for x in found if x is not None), default=None)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

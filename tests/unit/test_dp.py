@@ -4,7 +4,6 @@ solve()'s reported bound is true on every path."""
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
 from dataclasses import replace
@@ -14,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from helpers.pricing import best_timing_overhead
 from memsched.optimizer.budget import budget_between, keepall_activation_peak, resolve_budget
 from memsched.optimizer.decisions import KEEP, offload_all, recompute
 from memsched.optimizer.dp import build_problem, exact_search
@@ -167,17 +167,7 @@ def test_default_timing_is_optimal_for_fixed_actions(seed: int) -> None:
             KEEP if a == "K" else offload_all(trace, i) if a == "O" else recompute() for i, a in enumerate(acts)
         ]
         offloaded = [i for i, d in enumerate(decisions) if d.action == Action.OFFLOAD]
-    best = None
-    for combo in itertools.product(*[[(d, p) for d in range(i, n) for p in range(i, n)] for i in offloaded]):
-        timed = list(decisions)
-        for i, (done, pref) in zip(offloaded, combo, strict=True):
-            timed[i] = replace(timed[i], done_by=done, prefetch_at=pref)
-        try:
-            sim = simulate(trace, timed, budget, with_events=False)
-        except ValueError:  # prefetch order violated: not a valid timing
-            continue
-        if sim.feasible and (best is None or sim.overhead_s < best):
-            best = sim.overhead_s
+    best = best_timing_overhead(trace, decisions, budget)
     default = simulate(trace, decisions, budget, with_events=False)
     if best is None:
         assert not default.feasible
