@@ -129,6 +129,8 @@ def simulate_cmd(
     """Simulate a schedule on its trace: peak, step time, overhead, stall and recompute parts."""
     from memsched.service import simulate_schedule
 
+    if timeline and not as_json:
+        raise MemschedError("--timeline adds the events to --json's output; give --json too (or drop --timeline)")
     tr, sc = load_trace(trace), load_schedule(schedule)
     sim = simulate_schedule(tr, sc)
     if as_json:

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from memsched.errors import MemschedError
 from memsched.io import check_outputs_spare_inputs, load_schedule, load_trace, write_text
 
 err = Console(stderr=True)
@@ -35,6 +36,8 @@ def export_cmd(
     from memsched.service.export import export_schedule
 
     check_outputs_spare_inputs({"--output": output}, {"schedule": schedule, "--trace": trace})
+    if output is not None and output.suffix.lower() == ".toml" and fmt.lower() != "torchtitan":
+        raise MemschedError(f"--output {str(output)!r}: --format {fmt} is JSON (only torchtitan has TOML); give .json")
     sc = load_schedule(schedule)
     tr = load_trace(trace) if trace is not None else None
     toml = output is None or output.suffix.lower() != ".json"

@@ -401,3 +401,13 @@ def test_inputs_in_the_wrong_place_are_named_for_what_they_are(trace_file, tmp_p
     bad.write_text(json.dumps(doc))
     code, _, err = run(["validate", bad], capsys)
     assert code == 2 and "layer 0 has no earlier layer" in err and "0..-1" not in err, err
+
+
+def test_flags_that_would_do_nothing_are_refused(trace_file, tmp_path, capsys):
+    """`simulate --timeline` without --json was ignored; `export --format checkpoint -o x.toml` wrote JSON."""
+    sched = tmp_path / "s.json"
+    assert run(["solve", trace_file, "--budget", "80%", "-o", sched], capsys)[0] == 0
+    code, _, err = run(["simulate", trace_file, sched, "--timeline"], capsys)
+    assert code == 2 and "give --json too" in err
+    code, _, err = run(["export", sched, "--format", "checkpoint", "-o", tmp_path / "x.toml"], capsys)
+    assert code == 2 and "only torchtitan has TOML" in err and not (tmp_path / "x.toml").exists()
