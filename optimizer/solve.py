@@ -505,10 +505,10 @@ def _least_budget_under_host(
     every offloaded byte on the host): what the host budget refuses to hold, the device must. Found by bisection
     between that one and a budget that needs no host at all (keep and recompute's smallest; keep-all without
     recompute), each budget settled by the least host bytes any plan that fits it offloads (host.min_host_bytes:
-    more device memory never needs more host). Raises InfeasibleBudgetError with it, proven where every step was
-    (the caller re-raises `e` where offload-all's holds under the host budget too). Before, the error named
-    offload-all's, and a solve at it was refused for the host budget (gpt2-medium at 20%, --host-budget 1MB: 14.32
-    GiB named, where about 15.25 GiB is the least)."""
+    more device memory never needs more host). Raises InfeasibleBudgetError with it, proven where the budget just
+    below it was proven not to fit (the caller re-raises `e` where offload-all's holds under the host budget too).
+    Before, the error named offload-all's, and a solve at it was refused for the host budget (gpt2-medium on an
+    H100 at 20%, --host-budget 1MB: 14.32 GiB named; 14.43 GiB fits, one byte less does not)."""
     host = options.host_budget
     allowed = options.allowed_actions(trace)
     if not host or Action.OFFLOAD not in allowed:
@@ -523,31 +523,31 @@ def _least_budget_under_host(
     at_floor = need(floor)
     if at_floor.upper <= host:
         return
-    proven, why = at_floor.lower > host, "the least host bytes at some budget were not proven in time"
+    # A budget that fits with no host bytes (whether or not it is the least such: the bisection looks below it).
     if Action.RECOMPUTE in allowed:
-        hi, hi_proven, hi_why = smallest_budget(trace, allowed - {Action.OFFLOAD}, deadline, budget_bytes)
-        if not hi_proven:  # a budget that fits; the least host-free one may lie below
-            proven, why = False, hi_why
+        hi = smallest_budget(trace, allowed - {Action.OFFLOAD}, deadline, budget_bytes)[0]
     else:
-        hi = trace.static.total + keepall_activation_peak(trace)  # keep-all: no host bytes at all
-    lo = floor
+        hi = trace.static.total + keepall_activation_peak(trace)  # keep-all
+    # `lo` does not fit under the host budget; `lo_proven`: the DP proved it (its least host bytes' lower bound is
+    # above the host budget), and then no smaller budget fits either.
+    lo, lo_proven = floor, at_floor.lower > host
+    why = "the least host bytes a budget needs were not proven in time"
     while hi - lo > 1:
         if time.perf_counter() >= deadline:
-            proven, why = False, "the search for it ran out of time"
+            lo_proven, why = False, "the search for it ran out of time"
             break
         mid = (lo + hi) // 2
         n = need(mid)
         if n.upper <= host:
             hi = mid
         else:
-            proven = proven and n.lower > host
-            lo = mid
+            lo, lo_proven = mid, n.lower > host
     raise InfeasibleBudgetError(
         budget_bytes,
         hi,
-        f"under the host budget of {format_bytes(host)}, which holds what offload would free; raise --host-budget "
-        "to need less",
-        proven=proven,
+        f"under the host budget of {format_bytes(host)}: what the host cannot hold stays on the device; raise "
+        "--host-budget to need less",
+        proven=lo_proven and hi - lo <= 1,
         unproven_why=why,
     )
 
