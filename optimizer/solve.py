@@ -96,6 +96,11 @@ def _heuristic_only(trace: Trace, budget_bytes: int, flow: Flow) -> SolveReport:
 
 _FEASIBILITY_SHARE = 0.5
 """Without offload, the DP that settles a budget below the best baseline gets up to this share of the limit."""
+_ANSWER_RESERVE_S = 0.1
+"""Of the limit, what the searches for the number an infeasible budget's error names leave for the answer."""
+_MIN_SEARCH_S = 0.05
+"""The least those searches get where the limit has passed: a DP step or two, whose number may then be unproven
+(said so). They had a second, which a 0.2 s solve (wall at most 0.72 s) could not pay."""
 _HOST_NOTE = (
     "planned keep and recompute only: this trace was measured on the CPU, where host memory is the "
     "device's memory and an offload lowers no peak (--actions keep,offload,recompute emulates offload)"
@@ -363,8 +368,10 @@ def _solve_report(
     try:
         found = check_feasible(trace, budget_bytes, allowed, feasibility_deadline, t0 + options.time_limit_s)
     except InfeasibleBudgetError as e:
-        _host_zero_answer(trace, budget_bytes, options, e, feasibility_deadline)
-        _least_budget_under_host(trace, budget_bytes, options, e, t0 + options.time_limit_s)
+        # What a budget needs under a host budget, within the solve's own limit (it bounds the whole call).
+        end = t0 + options.time_limit_s
+        _host_zero_answer(trace, budget_bytes, options, e, max(feasibility_deadline, end - _ANSWER_RESERVE_S))
+        _least_budget_under_host(trace, budget_bytes, options, e, end - _ANSWER_RESERVE_S)
         raise
     if max(stage_memory(trace, [KEEP] * trace.n)) + trace.static.total <= budget_bytes:
         rec = record(
@@ -487,7 +494,7 @@ def _host_zero_answer(
     if Action.OFFLOAD not in base or budget_bytes < min_feasible_budget(trace):
         return
     known = [simulate(trace, min_feasible_decisions(trace), budget_bytes, with_events=False)]
-    need = min_host_bytes(trace, budget_bytes, base, max(deadline, time.perf_counter() + 1.0), known)
+    need = min_host_bytes(trace, budget_bytes, base, max(deadline, time.perf_counter() + _MIN_SEARCH_S), known)
     raise InfeasibleHostBudgetError(
         0,
         budget_bytes,
@@ -513,7 +520,7 @@ def _least_budget_under_host(
     allowed = options.allowed_actions(trace)
     if not host or Action.OFFLOAD not in allowed:
         return
-    deadline = max(end - 0.1, time.perf_counter() + 0.5)
+    deadline = max(end, time.perf_counter() + _MIN_SEARCH_S)
 
     def need(budget: int) -> HostNeed:
         known = [simulate(trace, min_feasible_decisions(trace), budget, with_events=False)]
