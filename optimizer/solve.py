@@ -483,6 +483,13 @@ def _need_detail(need: HostNeed) -> str:
     )
 
 
+def _least_host(trace: Trace, budget_bytes: int, allowed: frozenset[Action], deadline: float) -> HostNeed:
+    """The least host bytes a plan of `allowed` that fits `budget_bytes` offloads (host.min_host_bytes), with
+    offload-all synchronously (it fits any budget from the smallest on) as the plan that bounds it from above."""
+    known = [simulate(trace, min_feasible_decisions(trace), budget_bytes, with_events=False)]
+    return min_host_bytes(trace, budget_bytes, allowed, deadline, known)
+
+
 def _host_zero_answer(
     trace: Trace, budget_bytes: int, options: SolveOptions, e: InfeasibleBudgetError, deadline: float
 ) -> None:
@@ -493,8 +500,7 @@ def _host_zero_answer(
     base = options.model_copy(update={"host_budget": None}).allowed_actions(trace)
     if Action.OFFLOAD not in base or budget_bytes < min_feasible_budget(trace):
         return
-    known = [simulate(trace, min_feasible_decisions(trace), budget_bytes, with_events=False)]
-    need = min_host_bytes(trace, budget_bytes, base, max(deadline, time.perf_counter() + _MIN_SEARCH_S), known)
+    need = _least_host(trace, budget_bytes, base, max(deadline, time.perf_counter() + _MIN_SEARCH_S))
     raise InfeasibleHostBudgetError(
         0,
         budget_bytes,
@@ -522,12 +528,8 @@ def _least_budget_under_host(
         return
     deadline = max(end, time.perf_counter() + _MIN_SEARCH_S)
 
-    def need(budget: int) -> HostNeed:
-        known = [simulate(trace, min_feasible_decisions(trace), budget, with_events=False)]
-        return min_host_bytes(trace, budget, allowed, deadline, known)
-
     floor = e.min_feasible_bytes  # nothing fits below it, at any host budget
-    at_floor = need(floor)
+    at_floor = _least_host(trace, floor, allowed, deadline)
     if at_floor.upper <= host:
         return
     # A budget that fits with no host bytes (whether or not it is the least such: the bisection looks below it).
@@ -544,7 +546,7 @@ def _least_budget_under_host(
             lo_proven, why = False, "the search for it ran out of time"
             break
         mid = (lo + hi) // 2
-        n = need(mid)
+        n = _least_host(trace, mid, allowed, deadline)
         if n.upper <= host:
             hi = mid
         else:
