@@ -71,7 +71,7 @@ class BoundPhases(FlowState):
         while (
             not self.proven()
             and complete
-            and 0 < cells < shares.STAGE_BOUND_MAX_CELLS
+            and 0 < 4 * cells <= shares.STAGE_BOUND_MAX_CELLS  # (a first pass of 14,285 steps went on to 914,240)
             and time.perf_counter() + shares.STAGE_BOUND_REFINE_GROWTH * spent <= until
         ):
             cells *= 4
@@ -312,8 +312,13 @@ class BoundPhases(FlowState):
     def fifo_probe(self) -> None:
         """The FIFO sweep first, for a share of the limit (see FIFO_SHARE), unless the fluid beams priced their
         plans exactly (`priced_exactly`): the FIFO sweep stops at its label cap far below the fluid bound there,
-        and the climb it would start finds nothing (ResNet-50 at 6.7 GiB: 3 s)."""
-        if self.priced_exactly:
+        and the climb it would start finds nothing (ResNet-50 at 6.7 GiB: 3 s). Not where the exact DP found the
+        fluid optimum and the gap is still open: no fluid sweep can prove more, and the beams' verdict may rest on
+        the narrow rounds alone, whose plans do not stall (PipeDream ResNet-18 at 75%, 2 s, or 10 s on a busy
+        host: the widest round, whose plans cost 7.8x their fluid price, did not run, and a 23.6% gap stayed open
+        that a 0.01 s FIFO sweep closes)."""
+        fluid_done = self.dp is not None and self.dp.fluid_optimum
+        if self.priced_exactly and not fluid_done:
             log.info("fifo probe skipped: every fluid beam's plan cost what the fluid sweep said")
             return
         share = max(shares.FIFO_SHARE * self.options.time_limit_s, shares.FIFO_MIN_S)
