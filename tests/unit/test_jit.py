@@ -45,40 +45,6 @@ def signatures():
 """
 
 
-@pytest.mark.slow
-def test_prepare_kernels_compiles_every_signature_the_solver_uses(tmp_path: Path) -> None:
-    # From an empty cache, as `make install`'s jit step runs: there every kernel compiles inside prepare_kernels(),
-    # and a warm-up that gives a search too little time to reach some kernel leaves it to the first solve, inside
-    # its limit (fastsim.descend: 6-7 s of the first 10 s solve after the install, 2026-11-30).
-    out = _run(
-        SIGNATURES
-        + textwrap.dedent("""
-        from memsched.optimizer.budget import budget_between
-        from memsched.optimizer.jit import prepare_kernels
-        from memsched.options import SolveOptions
-        from memsched.optimizer.solve import solve
-        from memsched.optimizer.synthetic import make_trace
-
-        prepare_kernels()
-        before = signatures()
-        for n, seed, dag, serial in ((14, 1, False, False), (16, 2, True, False), (16, 5, True, True)):
-            trace = make_trace(n, seed, dag=dag)
-            trace.device.concurrent_copies = not serial
-            for frac in (0.1, 0.5):
-                for solver in ("dp", "auto"):
-                    solve(trace, budget_between(trace, frac), SolveOptions(solver=solver, time_limit_s=1))
-        after = signatures()
-        print(sorted(k for k in after if after[k] - before[k]))
-        print(sum(1 for k in before if before[k]))
-    """),
-        env={"NUMBA_CACHE_DIR": str(tmp_path)},
-    )
-    new, compiled = out.split("\n")[:2]
-    assert new == "[]", f"the solver compiled kernels that prepare_kernels() does not: {new}"
-    # segment_children, _pareto_sorted, future_table and fastsim's _evaluate (the others are inlined)
-    assert int(compiled) >= 4
-
-
 @pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="no SIGALRM on this platform")
 def test_deferred_signals_deliver_after_the_block() -> None:
     calls: list[str] = []
@@ -97,60 +63,82 @@ def test_deferred_signals_deliver_after_the_block() -> None:
         signal.signal(signal.SIGALRM, old)
 
 
-def test_time_limit_signals_mid_compile_wait_for_the_kernels_and_leave_every_process_sound(tmp_path: Path) -> None:
-    # What broke CI: forked pool processes compiling on an empty cache at once, some stopped by their time
-    # limit mid-compile; later solves in those processes raised "no compiled object yet" (without the lock and
-    # the deferral this script failed in 2 of 6 runs). One process compiles (seconds, on an empty cache) while
-    # the others wait for its lock and then load: every alarm that fires in that time must wait until that
-    # process's kernels are whole, and every process must solve afterwards. (One compile from an empty cache
-    # serves both checks: it is 40 s of the suite on 2 cores.)
+@pytest.mark.slow
+def test_from_an_empty_cache_prepare_kernels_compiles_every_kernel_and_signals_wait_for_it(tmp_path: Path) -> None:
+    # One compile from an empty cache (40 s of the suite on 2 cores) serves both checks.
+    # 1. As `make install`'s jit step runs, every kernel compiles inside prepare_kernels(): a warm-up that gives a
+    #    search too little time to reach some kernel leaves it to the first solve, inside its limit
+    #    (fastsim.descend: 6-7 s of the first 10 s solve after the install, 2026-11-30). The process that
+    #    compiled solves traces of each kind after it, and no new signature may compile.
+    # 2. What broke CI: forked pool processes compiling on an empty cache at once, some stopped by their time
+    #    limit mid-compile; later solves in those processes raised "no compiled object yet" (without the lock and
+    #    the deferral this script failed in 2 of 6 runs). One process compiles (seconds, on an empty cache) while
+    #    the others wait for its lock and then load: every alarm that fires in that time must wait until that
+    #    process's kernels are whole, and every process must solve afterwards.
     out = _run(
-        """
-        import json, multiprocessing as mp, signal, time
+        SIGNATURES
+        + """
+import json, multiprocessing as mp, signal, time
 
-        def job(alarm_s):
-            from memsched.optimizer.jit import kernels_ready, prepare_kernels
+def job(alarm_s):
+    from memsched.optimizer.jit import cache_missed, kernels_ready, prepare_kernels
 
-            class Stop(Exception):
-                pass
+    class Stop(Exception):
+        pass
 
-            def stop(signum, frame):
-                raise Stop
+    def stop(signum, frame):
+        raise Stop
 
-            signal.signal(signal.SIGALRM, stop)
-            signal.setitimer(signal.ITIMER_REAL, alarm_s)
-            t0 = time.perf_counter()
-            stopped = None
-            try:
-                prepare_kernels()
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            except Stop:
-                stopped = (round(time.perf_counter() - t0, 3), kernels_ready())
-            from memsched.optimizer.budget import budget_between
-            from memsched.options import SolveOptions
-            from memsched.optimizer.solve import solve
-            from memsched.optimizer.synthetic import make_trace
+    signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, alarm_s)
+    t0 = time.perf_counter()
+    stopped = None
+    try:
+        prepare_kernels()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    except Stop:
+        stopped = (round(time.perf_counter() - t0, 3), kernels_ready())
+    from memsched.optimizer.budget import budget_between
+    from memsched.options import SolveOptions
+    from memsched.optimizer.solve import solve
+    from memsched.optimizer.synthetic import make_trace
 
-            statuses = set()
-            for seed in range(3):
-                trace = make_trace(14, seed, dag=True)
-                res = solve(trace, budget_between(trace, 0.3), SolveOptions(solver="dp", time_limit_s=2))
-                statuses.add(res.solver.status.value)
-            return stopped, sorted(statuses)
+    before = signatures()
+    statuses = set()
+    compiled_here = cache_missed()  # this process compiled, the others loaded what it wrote
+    kinds = [(14, 1, False, False), (16, 2, True, False), (16, 5, True, True)] if compiled_here else []
+    for n, seed, dag, serial in kinds:
+        trace = make_trace(n, seed, dag=dag)
+        trace.device.concurrent_copies = not serial
+        for frac in (0.1, 0.5):
+            for solver in ("dp", "auto"):
+                solve(trace, budget_between(trace, frac), SolveOptions(solver=solver, time_limit_s=1))
+    new = sorted(k for k, sigs in signatures().items() if sigs - before[k])
+    for seed in range(3):
+        trace = make_trace(14, seed, dag=True)
+        res = solve(trace, budget_between(trace, 0.3), SolveOptions(solver="dp", time_limit_s=2))
+        statuses.add(res.solver.status.value)
+    return stopped, sorted(statuses), compiled_here, new, sum(1 for k in before if before[k])
 
-        if __name__ == "__main__":
-            with mp.get_context("fork").Pool(4) as pool:
-                print(json.dumps(pool.map(job, [0.3, 1.0, 2.0, 3.0])))
-    """,
+if __name__ == "__main__":
+    with mp.get_context("fork").Pool(4) as pool:
+        print(json.dumps(pool.map(job, [0.3, 1.0, 2.0, 3.0])))
+""",
         env={"NUMBA_CACHE_DIR": str(tmp_path)},
     )
     results = json.loads(out.strip())
-    first_stop, _ = results[0]
+    compilers = [r for r in results if r[2]]
+    assert compilers, "no process compiled: the cache was not empty"
+    for _, _, _, new, compiled in compilers:
+        assert new == [], f"the solver compiled kernels that prepare_kernels() does not: {new}"
+        # segment_children, _pareto_sorted, future_table and fastsim's _evaluate (the others are inlined)
+        assert compiled >= 4
+    first_stop = results[0][0]
     # The 0.3 s alarm fires while the kernels compile or load (both take longer): it is delivered only once
     # they are whole.
     assert first_stop is not None, "the 0.3 s alarm should have fired inside prepare_kernels()"
     assert first_stop[0] > 0.3 and first_stop[1] is True, first_stop
-    for stopped, statuses in results:
+    for stopped, statuses, *_ in results:
         assert stopped is None or stopped[1] is True, stopped
         assert set(statuses) <= {"optimal", "feasible"}, statuses
 
