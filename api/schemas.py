@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator
 
 from memsched.api.examples import EXAMPLE_TRACE
 from memsched.hardware import LinkPreset, parse_link
@@ -192,6 +192,13 @@ class SweepRequest(SolveOptions):
     def options(self) -> SolveOptions:
         """The request's solve options alone."""
         return SolveOptions.model_validate({name: getattr(self, name) for name in SolveOptions.model_fields})
+
+    @field_validator("points", mode="before")
+    @classmethod
+    def _points_a_number(cls, v: object) -> object:
+        if isinstance(v, bool):  # pydantic reads true as 1
+            raise ValueError(f"is a number of budgets (2-200), not {str(v).lower()}")
+        return v
 
 
 class SweepOut(SweepResult):

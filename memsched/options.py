@@ -80,6 +80,15 @@ class SolveOptions(BaseModel):
     copies may hold at once; the replay's pinned pool refuses to grow past it. 0 allows no offload (keep and
     recompute only). None: no limit."""
 
+    @field_validator("time_limit_s", "gap", "window", "max_segment", "ranks_per_link", mode="before")
+    @classmethod
+    def _a_number(cls, v: object) -> object:
+        # pydantic reads true / false as 1 / 0: `"gap": false` would ask for a proof of gap 0, `"time_limit_s":
+        # true` for one second, with no word said.
+        if isinstance(v, bool):
+            raise ValueError(f"is a number, not {str(v).lower()}")
+        return v
+
     @field_validator("link", mode="before")
     @classmethod
     def _link(cls, v: object) -> LinkPreset | float | None:

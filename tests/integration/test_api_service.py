@@ -185,6 +185,11 @@ def test_a_cpu_traces_smallest_budget_is_the_one_its_job_fits(server: Server) ->
         ({"budget": "50%", "time_limit_s": 0}, None, 422, "time_limit_s"),
         ({"budget": "50%", "gap": 1}, None, 422, "gap"),
         ({"budget": "50%", "window": 0}, None, 422, "window"),
+        # JSON's true / false are not the numbers 1 / 0 (pydantic reads them so): refused, not solved at 1 s or gap 0.
+        ({"budget": "50%", "time_limit_s": True}, None, 422, "time_limit_s"),
+        ({"budget": "50%", "gap": False}, None, 422, "gap"),
+        ({"budget": "50%", "max_segment": True}, None, 422, "max_segment"),
+        ({"budget": True}, None, 422, "budget"),
         ({"budget": "50%", "colour": "red"}, None, 422, "colour"),
         ({"budget": "50%"}, {"wait": -1}, 422, "wait"),
         ({"budget": "50%"}, {"wait": "soon"}, 422, "wait"),

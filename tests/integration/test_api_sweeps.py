@@ -50,6 +50,8 @@ def test_sweep_answers_the_curve(server: Server, trace_id: str) -> None:
         ({"ranks_per_link": 0}, "ranks_per_link", "greater than or equal to 1"),
         ({"points": 1}, "points", "greater than or equal to 2"),
         ({"points": 201}, "points", "less than or equal to 200"),
+        ({"points": True}, "points", "not true"),
+        ({"time_limit_s": True}, "time_limit_s", "not true"),
         ({"points": 200, "time_limit_s": 60}, "points", "ceiling"),
         ({"time_limit_s": 0}, "time_limit_s", "greater than 0"),
         ({"budget_to": "lots"}, "budget_to", ""),
