@@ -42,6 +42,11 @@ class SolverName(StrEnum):
 MILP_SOLVERS = (SolverName.CBC, SolverName.HIGHS, SolverName.CPSAT)
 """The solvers that name a MILP backend."""
 
+SERVER_QUEUE_SLACK_S = 120.0
+"""`solve --server` waits this long past the solve's time limit for the job's turn in the server's queue and
+for the transfers (the server's limit counts from when a worker starts the job); then it names the job to fetch
+later. No local process stops the solve there: it goes on, and its answer is kept."""
+
 MAX_WINDOW = 100_000
 """The largest window / segment length accepted (a bound on request size, far beyond any real trace)."""
 

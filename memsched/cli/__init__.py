@@ -23,7 +23,7 @@ from rich.table import Table
 
 from memsched.errors import MemschedError, SolverError
 from memsched.io import check_outputs_spare_inputs, load_schedule, load_trace, save_model, write_text
-from memsched.options import SolveOptions, SolveResources, cli_flag, option_help
+from memsched.options import SERVER_QUEUE_SLACK_S, SolveOptions, SolveResources, cli_flag, option_help
 from memsched.schema import json_schema
 from memsched.units import format_bytes, format_seconds, parse_budget
 
@@ -284,7 +284,16 @@ def solve(
     export_model: Annotated[
         Path | None, typer.Option("--export-model", help="Write the MILP model here (LP, MPS or CP-SAT text).")
     ] = None,
-    server: Annotated[str | None, typer.Option("--server", help="Solve on a memsched service at this URL.")] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            help="Solve on a memsched service at this URL. There --time-limit bounds the solve from when a worker "
+            "starts it; this command waits up to "
+            f"{SERVER_QUEUE_SLACK_S:g} s more for the queue and the transfers, then names the job to fetch later "
+            "(memsched jobs wait).",
+        ),
+    ] = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="MEMSCHED_API_KEY", help="Bearer key for --server.")
     ] = None,

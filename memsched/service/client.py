@@ -22,7 +22,7 @@ from memsched.errors import (
     MemschedError,
     SolverError,
 )
-from memsched.options import SolveOptions
+from memsched.options import SERVER_QUEUE_SLACK_S, SolveOptions
 from memsched.schema import JobStatus, Schedule, Trace, check_schedule
 from memsched.units import BudgetSpec
 
@@ -149,8 +149,9 @@ class MemschedClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SolverError(
-                    f"server: job {job['id']} is still {job['status']} after {timeout_s:g} s; fetch it later "
-                    f"with GET {self.base_url}/v1/schedules/{job['id']}"
+                    f"server: job {job['id']} is still {job['status']} after {timeout_s:g} s of waiting; it goes "
+                    f"on there and keeps its answer: fetch it later with `memsched jobs wait {job['id']} --server "
+                    f"{self.base_url}` (or GET {self.base_url}/v1/schedules/{job['id']})"
                 )
             job = self.job(job["id"], wait_s=min(_POLL_WAIT_S, max(left, 0.1)))
         if job["status"] == JobStatus.CANCELLED:
@@ -223,8 +224,7 @@ def solve_via_server(
 ) -> Schedule:
     """Solve on a memsched service instead of locally: same inputs, same Schedule, same errors."""
     options = options or SolveOptions()
-    # Wait for the solver's own time limit plus slack for the queue and the transfer.
-    timeout_s = options.time_limit_s + 120.0
+    timeout_s = options.time_limit_s + SERVER_QUEUE_SLACK_S
     with MemschedClient(url, api_key) as client:
         job = client.submit(trace, budget, options, wait_s=min(_POLL_WAIT_S, timeout_s))
         log.info("server job %s: %s", job["id"], job["status"])
