@@ -441,3 +441,23 @@ def test_pending_bytes_count_what_the_link_cannot_have_moved() -> None:
     assert pending_bytes(qt, qb, 4, 0.0, 1000.0) == pytest.approx(900.0)
     assert pending_bytes(qt, qb, 4, 6.0, 100.0) == 0.0
     assert pending_bytes(qt, qb, 2, 0.0, 100.0) == pytest.approx(100.0 + 100.0)
+
+
+def test_a_dp_probe_outlasting_its_share_runs_on_where_its_pace_says_it_finishes() -> None:
+    """The DP probe bets that the fluid optimum is the answer (the beams priced their plans exactly). Cut at its
+    share, its sweep's work was lost and the exact DP phase began again later: PipeDream ResNet-50 (batch 256) at
+    25% ended a 10 s solve `feasible`, 5.1% short, where the sweep needs 2.7 s (30 s: proven at 4.4 s). Its sweeps
+    now stop at their pace towards the exact DP phase's own end instead: here, given no share at all, it proves."""
+    from helpers import require_pipedream
+    from memsched.optimizer.decisions import ALL_ACTIONS
+    from memsched.options import SolveResources
+    from memsched.service.importers import import_pipedream
+
+    trace = import_pipedream(require_pipedream() / "resnet50.graph.txt", 256)
+    budget = max(trace.static.total + round(keepall_activation_peak(trace) * 0.25), min_feasible_budget(trace))
+    flow = Flow(trace, budget, SolveOptions(time_limit_s=60), SolveResources(), time.perf_counter(), ALL_ACTIONS)
+    flow.prepare_kernels()
+    flow.beam(time.perf_counter() + 3.0)
+    assert flow.priced_exactly
+    flow.dp_probe(time.perf_counter())  # its share: none
+    assert flow.proven(), (flow.bound, flow.best.sim.overhead_s)
