@@ -387,8 +387,8 @@ in the side-by-side --stalls, --issue22 and --conventions runs has a largest rat
 DP_PROBE_SHARE = 0.15
 """Where the fluid beams priced their plans exactly, the exact DP runs right after the beam for this share of the
 limit, and on where its pace says its sweep finishes before the exact DP phase would end (`Flow.dp_probe`): the
-fluid optimum is then the answer, and the sweep often finishes in a fraction of the time that the link windows' Lagrangian and the local search before it took. PipeDream ResNet-50 at 7.46 GiB,
-12 s, one core (2026-11-28): the DP's sweep 0.5 s, proven at 7.4 s of the solve, after 6.5 s of beam, Lagrangian
+fluid optimum is then the answer, and the sweep often finishes in a fraction of the time that the link windows'
+Lagrangian and the local search before it took. PipeDream ResNet-50 at 7.46 GiB, 12 s, one core (2026-11-28): the DP's sweep 0.5 s, proven at 7.4 s of the solve, after 6.5 s of beam, Lagrangian
 and local search."""
 PROBE_PACE = 1.0
 """The probe climbs (each sweep's threshold sized by the last one's time, as on long traces) and its sweeps stop as
