@@ -385,11 +385,11 @@ and a FIFO probe, each a share of the limit, before the fluid sweep that proves 
 limits: proven at 7.2 / 13.2 / 23.2 / 37.6 s, now 7.9 / 6.8 / 8.2 / 6.8 s (2026-11-28; every other row that moved
 in the side-by-side --stalls, --issue22 and --conventions runs has a largest ratio of 1 or above 1.02: timing)."""
 DP_PROBE_SHARE = 0.15
-"""Where the fluid beams priced their plans exactly, the exact DP runs right after the beam for this share of the
-limit, and on where its pace says its sweep finishes before the exact DP phase would end (`Flow.dp_probe`): the
-fluid optimum is then the answer, and the sweep often finishes in a fraction of the time that the link windows'
-Lagrangian and the local search before it took. PipeDream ResNet-50 at 7.46 GiB, 12 s, one core (2026-11-28): the DP's sweep 0.5 s, proven at 7.4 s of the solve, after 6.5 s of beam, Lagrangian
-and local search."""
+"""Where the fluid beams priced their plans exactly, the exact DP runs right after the beam for this share of the limit,
+and on where its pace says its sweep finishes before the exact DP phase would end (`Flow.dp_probe`): the fluid
+optimum is then the answer, and the sweep often finishes in a fraction of the time that the link windows' Lagrangian
+and the local search before it took. PipeDream ResNet-50 at 7.46 GiB, 12 s, one core (2026-11-28): the DP's sweep 0.5
+s, proven at 7.4 s of the solve, after 6.5 s of beam, Lagrangian and local search."""
 PROBE_PACE = 1.0
 """The probe climbs (each sweep's threshold sized by the last one's time, as on long traces) and its sweeps stop as
 soon as their pace says they cannot finish within its share (SweepConfig.pace): the probe is a bet on the beam's
