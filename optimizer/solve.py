@@ -121,6 +121,7 @@ class Step(StrEnum):
     LINK_PLAN = "link_plan"
     LAGRANGE_MIXED = "lagrange_mixed"
     POLISH = "polish"
+    FIFO_EARLY = "fifo_early"
     FIFO_PROBE = "fifo_probe"
     EXACT_DP = "exact_dp"
     FIFO_AGAIN = "fifo_again"
@@ -208,6 +209,9 @@ def plan_for(
         # traces and often beats them (bert-large on an H100 at 75%: 0.006772 -> 0.006715 s, of 0.006707 s).
         Phase(Step.RATIO, shares.RATIO_SHARE, only_if_open=False),
     ]
+    if Action.OFFLOAD in allowed and n_layers <= shares.FIFO_MAX_LAYERS:
+        # The FIFO sweep at once where the beams say stalls decide the plans (Flow.fifo_early).
+        searches.append(Phase(Step.FIFO_EARLY, shares.FIFO_EARLY_SHARE))
     if not long_trace and lagrange != LagrangeKind.ROWS:
         searches.append(Phase(Step.DP_PROBE, shares.DP_PROBE_SHARE))
     if lagrange == LagrangeKind.ROWS:
@@ -312,6 +316,8 @@ def _run_phase(flow: Flow, phase: Phase) -> None:
         flow.lagrange_mixed(until)
     elif phase.step == Step.POLISH:
         flow.polish(until)
+    elif phase.step == Step.FIFO_EARLY:
+        flow.fifo_early(until)
     elif phase.step == Step.FIFO_PROBE:
         flow.fifo_probe()
     elif phase.step == Step.EXACT_DP:

@@ -222,6 +222,7 @@ class AnswerPhases(FlowState):
         log.info("fluid beams' mispricing (simulated / swept, narrowest first): %s", [round(r, 3) for r in ratios])
         self.stalls_decide = self.fifo_beam_ok() and bool(ratios) and min(ratios) > 1.0 + shares.STALLS_DECIDE
         self.priced_exactly = bool(ratios) and max(ratios) <= 1.0 + shares.PRICED_EXACTLY
+        self.some_mispriced = self.fifo_beam_ok() and bool(ratios) and max(ratios) > 1.0 + shares.MISPRICED
 
     def late_fifo_beam(self, until: float) -> None:
         """The relaxed FIFO beam's round that `beam`'s share cut or left out (`relaxed_beam_left`), and the wider

@@ -179,6 +179,13 @@ FIFO_SHARE = 0.1
 it finishes in well under a second and is exact (PipeDream ResNet-18, VGG-16, AlexNet: 0.1 s); where they do
 not (ResNet-50) its labels multiply and the fluid sweep, which is exact there, gets the rest of the time."""
 FIFO_MIN_S = 0.3
+FIFO_EARLY_SHARE = 0.03
+"""Where some fluid beam mispriced its plans (`Flow.some_mispriced`), the FIFO sweep runs right after the beams for
+this share of the limit (`Flow.fifo_early`), before the local search and the stage bound's finer passes, whose
+shares grow with the limit: where stalls decide it often finishes in hundredths of a second and proves (PipeDream
+ResNet-18 at 25-75%, 10 s: 0.01-0.04 s, proven at 2.6-4.1 s of the solve after 1.2 s of local search and 1 s of
+finer stage passes that proved nothing; at 2 s, where their shares are small, at 0.8 s). Cut, it has cost this share,
+and the FIFO probe after the local search runs as before."""
 FIFO_LABELS_PER_S = 200_000
 """The FIFO sweep's label cap per second of its time: its dominance filter handles about 150,000 labels a second
 on one core (more where few labels dominate others), so a sweep that holds more than its time can filter would

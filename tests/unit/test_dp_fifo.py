@@ -382,6 +382,8 @@ def test_a_probe_out_of_time_gets_the_time_the_fluid_sweep_leaves(monkeypatch: p
         self.fifo_timed_out = True
 
     monkeypatch.setattr(Flow, "fifo_probe", probe_out_of_time)
+    # (The FIFO sweep after the beams, which would prove this one first, left out: cut too.)
+    monkeypatch.setattr(Flow, "fifo_early", lambda self, until: None)
     report = solve_report(trace, budget, SolveOptions(solver="dp", time_limit_s=10, gap=0.0))
     rec = report.schedule.solver
     assert probe_ran and report.dp is not None
@@ -461,3 +463,24 @@ def test_a_dp_probe_outlasting_its_share_runs_on_where_its_pace_says_it_finishes
     assert flow.priced_exactly
     flow.dp_probe(time.perf_counter())  # its share: none
     assert flow.proven(), (flow.bound, flow.best.sim.overhead_s)
+
+
+@pytest.mark.parametrize("pct", [75, 50])
+def test_where_a_beam_misprices_its_plans_the_fifo_sweep_runs_before_the_local_search(
+    pct: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PipeDream ResNet-18: some fluid beam's plans cost 1.25-7.8x their fluid price, and the FIFO sweep that
+    proves the answer takes 0.01-0.04 s. It came after the local search and the stage bound's finer passes, whose
+    shares grow with the limit: proven at 2.6-4.1 s of a 10 s solve, 0.8 s of a 2 s one. It now runs right after
+    the beams (Flow.fifo_early): the local search never runs."""
+    from helpers import require_pipedream
+
+    from memsched.service.importers import import_pipedream
+
+    trace = import_pipedream(require_pipedream() / "resnet18.graph.txt", 256)
+    budget = max(trace.static.total + round(keepall_activation_peak(trace) * pct / 100), min_feasible_budget(trace))
+    polished: list[float] = []
+    monkeypatch.setattr(Flow, "polish", lambda self, until: polished.append(until))
+    rec = solve_report(trace, budget, SolveOptions(time_limit_s=30)).schedule.solver
+    assert rec.status == SolverStatus.OPTIMAL, rec.message
+    assert not polished
