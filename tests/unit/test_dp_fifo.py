@@ -474,7 +474,6 @@ def test_where_a_beam_misprices_its_plans_the_fifo_sweep_runs_before_the_local_s
     shares grow with the limit: proven at 2.6-4.1 s of a 10 s solve, 0.8 s of a 2 s one. It now runs right after
     the beams (Flow.fifo_early): the local search never runs."""
     from helpers import require_pipedream
-
     from memsched.service.importers import import_pipedream
 
     trace = import_pipedream(require_pipedream() / "resnet18.graph.txt", 256)
