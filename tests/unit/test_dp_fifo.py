@@ -483,3 +483,31 @@ def test_where_a_beam_misprices_its_plans_the_fifo_sweep_runs_before_the_local_s
     rec = solve_report(trace, budget, SolveOptions(time_limit_s=30)).schedule.solver
     assert rec.status == SolverStatus.OPTIMAL, rec.message
     assert not polished
+
+
+def test_where_the_fifo_probe_was_skipped_and_the_fluid_optimum_leaves_the_gap_open_the_fifo_sweep_climbs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The FIFO probe is skipped where the beams priced their plans exactly and no fluid optimum is known yet (the
+    DP probe cut). The exact DP phase then finds the fluid optimum with the gap open: the FIFO climb after it ran
+    only where the probe had stopped, so no FIFO sweep ran at all (PipeDream ResNet-18 at 75%, the widest beam
+    round and the DP probe left out here: 23.6% short after the whole limit)."""
+    from helpers import require_pipedream
+
+    from memsched.optimizer.flow import answers
+    from memsched.service.importers import import_pipedream
+
+    seen: list[float | None] = []
+    real = answers._mispricing
+
+    def narrow_rounds_only(out: object) -> float | None:
+        seen.append(real(out))  # type: ignore[arg-type]
+        return seen[-1] if len(seen) <= 2 else None
+
+    monkeypatch.setattr(answers, "_mispricing", narrow_rounds_only)
+    monkeypatch.setattr(Flow, "dp_probe", lambda self, until: None)
+    trace = import_pipedream(require_pipedream() / "resnet18.graph.txt", 256)
+    budget = max(trace.static.total + round(keepall_activation_peak(trace) * 0.75), min_feasible_budget(trace))
+    rec = solve_report(trace, budget, SolveOptions(time_limit_s=30)).schedule.solver
+    assert rec.status == SolverStatus.OPTIMAL, rec.message
+    assert "dp-fifo" in " ".join(rec.details)
