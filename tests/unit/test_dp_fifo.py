@@ -493,7 +493,6 @@ def test_where_the_fifo_probe_was_skipped_and_the_fluid_optimum_leaves_the_gap_o
     only where the probe had stopped, so no FIFO sweep ran at all (PipeDream ResNet-18 at 75%, the widest beam
     round and the DP probe left out here: 23.6% short after the whole limit)."""
     from helpers import require_pipedream
-
     from memsched.optimizer.flow import answers
     from memsched.service.importers import import_pipedream
 
