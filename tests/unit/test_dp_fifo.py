@@ -121,11 +121,7 @@ def test_fifo_search_reports_a_stop_and_a_bound() -> None:
 def test_solve_proves_resnet18_where_the_fluid_bound_is_loose(pct: int) -> None:
     """PipeDream ResNet-18 (batch 256): the optimum stalls, so the fluid bound stays 17-24% below it; the FIFO
     sweep proves the answer within 1% in a few seconds."""
-    from helpers import require_pipedream
-    from memsched.service.importers import import_pipedream
-
-    trace = import_pipedream(require_pipedream() / "resnet18.graph.txt", 256)
-    budget = max(trace.static.total + round(keepall_activation_peak(trace) * pct / 100), min_feasible_budget(trace))
+    trace, budget = _resnet18_at(pct)
     fluid = build_problem(trace, budget)
     rec = solve_report(trace, budget, SolveOptions(time_limit_s=10)).schedule.solver
     assert rec.status == SolverStatus.OPTIMAL, rec.message
@@ -134,14 +130,21 @@ def test_solve_proves_resnet18_where_the_fluid_bound_is_loose(pct: int) -> None:
     assert fluid.future[0, 0] <= rec.best_bound_s
 
 
-def test_fifo_probe_runs_where_the_fluid_optimum_leaves_the_gap_open(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The beams' verdict that plans are priced exactly rests on the rounds that ran. On PipeDream ResNet-18 at 75%
-    the widest round's plans cost 7.8x their fluid price; where that round does not run (a 2 s limit, or 10 s on
-    a busy CI host) the narrow rounds' plans, priced exactly, skipped the FIFO probe, and the solve ended 23.6%
-    short of a proof that one 0.01 s FIFO sweep gives. Here the widest round is left out on purpose."""
+def _resnet18_at(pct: int) -> tuple[Trace, int]:
+    """PipeDream ResNet-18 (batch 256) and the budget at `pct`% of keep-all's activations."""
     from helpers import require_pipedream
-    from memsched.optimizer.flow import answers
     from memsched.service.importers import import_pipedream
+
+    trace = import_pipedream(require_pipedream() / "resnet18.graph.txt", 256)
+    return trace, max(
+        trace.static.total + round(keepall_activation_peak(trace) * pct / 100), min_feasible_budget(trace)
+    )
+
+
+def _without_the_widest_beam_rounds(monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
+    """The fluid beams' mispricing as if only their two narrowest rounds had run (a busy host, a short limit); the
+    list gets every round's real value."""
+    from memsched.optimizer.flow import answers
 
     seen: list[float | None] = []
     real = answers._mispricing
@@ -151,8 +154,16 @@ def test_fifo_probe_runs_where_the_fluid_optimum_leaves_the_gap_open(monkeypatch
         return seen[-1] if len(seen) <= 2 else None
 
     monkeypatch.setattr(answers, "_mispricing", narrow_rounds_only)
-    trace = import_pipedream(require_pipedream() / "resnet18.graph.txt", 256)
-    budget = max(trace.static.total + round(keepall_activation_peak(trace) * 0.75), min_feasible_budget(trace))
+    return seen
+
+
+def test_fifo_probe_runs_where_the_fluid_optimum_leaves_the_gap_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The beams' verdict that plans are priced exactly rests on the rounds that ran. On PipeDream ResNet-18 at 75%
+    the widest round's plans cost 7.8x their fluid price; where that round does not run (a 2 s limit, or 10 s on
+    a busy CI host) the narrow rounds' plans, priced exactly, skipped the FIFO probe, and the solve ended 23.6%
+    short of a proof that one 0.01 s FIFO sweep gives. Here the widest round is left out on purpose."""
+    seen = _without_the_widest_beam_rounds(monkeypatch)
+    trace, budget = _resnet18_at(75)
     rec = solve_report(trace, budget, SolveOptions(time_limit_s=30)).schedule.solver
     assert seen and all(r is None or r <= 1.0 + 5e-3 for r in seen[:2])  # the verdict the probe read: exact
     assert rec.status == SolverStatus.OPTIMAL, rec.message
@@ -473,11 +484,7 @@ def test_where_a_beam_misprices_its_plans_the_fifo_sweep_runs_before_the_local_s
     proves the answer takes 0.01-0.04 s. It came after the local search and the stage bound's finer passes, whose
     shares grow with the limit: proven at 2.6-4.1 s of a 10 s solve, 0.8 s of a 2 s one. It now runs right after
     the beams (Flow.fifo_early): the local search never runs."""
-    from helpers import require_pipedream
-    from memsched.service.importers import import_pipedream
-
-    trace = import_pipedream(require_pipedream() / "resnet18.graph.txt", 256)
-    budget = max(trace.static.total + round(keepall_activation_peak(trace) * pct / 100), min_feasible_budget(trace))
+    trace, budget = _resnet18_at(pct)
     polished: list[float] = []
     monkeypatch.setattr(Flow, "polish", lambda self, until: polished.append(until))
     rec = solve_report(trace, budget, SolveOptions(time_limit_s=30)).schedule.solver
@@ -492,21 +499,9 @@ def test_where_the_fifo_probe_was_skipped_and_the_fluid_optimum_leaves_the_gap_o
     DP probe cut). The exact DP phase then finds the fluid optimum with the gap open: the FIFO climb after it ran
     only where the probe had stopped, so no FIFO sweep ran at all (PipeDream ResNet-18 at 75%, the widest beam
     round and the DP probe left out here: 23.6% short after the whole limit)."""
-    from helpers import require_pipedream
-    from memsched.optimizer.flow import answers
-    from memsched.service.importers import import_pipedream
-
-    seen: list[float | None] = []
-    real = answers._mispricing
-
-    def narrow_rounds_only(out: object) -> float | None:
-        seen.append(real(out))  # type: ignore[arg-type]
-        return seen[-1] if len(seen) <= 2 else None
-
-    monkeypatch.setattr(answers, "_mispricing", narrow_rounds_only)
+    _without_the_widest_beam_rounds(monkeypatch)
     monkeypatch.setattr(Flow, "dp_probe", lambda self, until: None)
-    trace = import_pipedream(require_pipedream() / "resnet18.graph.txt", 256)
-    budget = max(trace.static.total + round(keepall_activation_peak(trace) * 0.75), min_feasible_budget(trace))
+    trace, budget = _resnet18_at(75)
     rec = solve_report(trace, budget, SolveOptions(time_limit_s=30)).schedule.solver
     assert rec.status == SolverStatus.OPTIMAL, rec.message
     assert "dp-fifo" in " ".join(rec.details)
