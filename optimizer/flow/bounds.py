@@ -260,7 +260,8 @@ class BoundPhases(FlowState):
         the exact DP phase runs again later, pruned by a better incumbent."""
         if not self.priced_exactly or self.host_binds or not self.problem().offload_complete:
             return
-        until = max(until, self.until_from_start(shares.DP_UNTIL))
+        if not self.options.is_milp:  # (a MILP asked for by name gets the time after its DP's share)
+            until = max(until, self.until_from_start(shares.DP_UNTIL))
         out = self._fluid_sweep(until, shares.RELAXED_LADDER[0], climb=True, pace=shares.PROBE_PACE)
         log.info("exact DP probe: bound %s, %.2f s%s", out.bound_s, out.wall_s, " (cut)" * out.timed_out)
 
