@@ -9,7 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidat
 
 from memsched.api.examples import EXAMPLE_TRACE
 from memsched.hardware import LinkPreset, parse_link
-from memsched.options import SolveOptions, option_help, parse_host_budget
+from memsched.options import SolveOptions, not_a_bool, option_help, parse_host_budget
 from memsched.schema import JobStatus, Schedule, Trace, validate_trace
 from memsched.service import CompareRow
 from memsched.service.sweep import SweepResult
@@ -196,9 +196,7 @@ class SweepRequest(SolveOptions):
     @field_validator("points", mode="before")
     @classmethod
     def _points_a_number(cls, v: object) -> object:
-        if isinstance(v, bool):  # pydantic reads true as 1
-            raise ValueError(f"is a number of budgets (2-200), not {str(v).lower()}")
-        return v
+        return not_a_bool(v, "a number of budgets (2-200)")
 
 
 class SweepOut(SweepResult):

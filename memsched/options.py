@@ -47,6 +47,16 @@ SERVER_QUEUE_SLACK_S = 120.0
 for the transfers (the server's limit counts from when a worker starts the job); then it names the job to fetch
 later. No local process stops the solve there: it goes on, and its answer is kept."""
 
+
+def not_a_bool(value: object, what: str) -> object:
+    """`value` unchanged, unless it is true / false where `what` (a number) is asked: pydantic reads those as 1 / 0,
+    so `"gap": false` would ask for a proof of gap 0 and `"time_limit_s": true` for one second, with no word said.
+    For a field validator in `before` mode."""
+    if isinstance(value, bool):
+        raise ValueError(f"is {what}, not {str(value).lower()}")
+    return value
+
+
 MAX_WINDOW = 100_000
 """The largest window / segment length accepted (a bound on request size, far beyond any real trace)."""
 
@@ -88,11 +98,7 @@ class SolveOptions(BaseModel):
     @field_validator("time_limit_s", "gap", "window", "max_segment", "ranks_per_link", mode="before")
     @classmethod
     def _a_number(cls, v: object) -> object:
-        # pydantic reads true / false as 1 / 0: `"gap": false` would ask for a proof of gap 0, `"time_limit_s":
-        # true` for one second, with no word said.
-        if isinstance(v, bool):
-            raise ValueError(f"is a number, not {str(v).lower()}")
-        return v
+        return not_a_bool(v, "a number")
 
     @field_validator("link", mode="before")
     @classmethod

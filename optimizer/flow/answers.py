@@ -505,7 +505,7 @@ class AnswerPhases(FlowState):
         # the gap. Where it is a relaxation, its plan may simulate far dearer (ResNet-50 with every output saved and
         # 100 us copies at 50%: 0.0250 s against its sweep's 0.0215 s; from there the search ends at 0.0220 s, from
         # the late beam's plan at 0.02183 s), and the late beam runs as well.
-        if (self.dp_seed is not None and self.problem().exact_plans) or (self.dp is not None and self.dp.fluid_optimum):
+        if (self.dp_seed is not None and self.problem().exact_plans) or self.fluid_optimum_known():
             # The exact DP found the fluid optimum: the local search from its plan (`polish`) is what closes the
             # gap, and needs the time (DenseNet-121 at 75%, 10 s: proven at 9.9 s, not proven with a late beam).
             log.info("late beam skipped: the exact DP found the fluid optimum")

@@ -99,7 +99,7 @@ class BoundPhases(FlowState):
             # the FIFO climb after it is what proves, and it gets this time.
             log.info("link windows' Lagrangian skipped: the fluid beam mispriced its plans (stalls decide them)")
             return
-        if kind == LagrangeKind.LINK and self.dp is not None and self.dp.fluid_optimum:
+        if kind == LagrangeKind.LINK and self.fluid_optimum_known():
             # The DP probe found the fluid optimum, which the LP of the same fluid model cannot pass.
             log.info("link windows' Lagrangian skipped: the exact DP found the fluid optimum")
             return
@@ -323,8 +323,7 @@ class BoundPhases(FlowState):
         the narrow rounds alone, whose plans do not stall (PipeDream ResNet-18 at 75%, 2 s, or 10 s on a busy
         host: the widest round, whose plans cost 7.8x their fluid price, did not run, and a 23.6% gap stayed open
         that a 0.01 s FIFO sweep closes)."""
-        fluid_done = self.dp is not None and self.dp.fluid_optimum
-        if self.priced_exactly and not fluid_done:
+        if self.priced_exactly and not self.fluid_optimum_known():
             log.info("fifo probe skipped: every fluid beam's plan cost what the fluid sweep said")
             return
         share = max(shares.FIFO_SHARE * self.options.time_limit_s, shares.FIFO_MIN_S)
@@ -359,8 +358,7 @@ class BoundPhases(FlowState):
         ):
             return
         cells = min(self.fluid_cells, shares.FIFO_RELAXED_CELLS)
-        fluid_done = self.dp is not None and self.dp.fluid_optimum
-        if self.fifo_capped or self.fifo_timed_out or fluid_done or cells > shares.RELAXED_LADDER[0]:
+        if self.fifo_capped or self.fifo_timed_out or self.fluid_optimum_known() or cells > shares.RELAXED_LADDER[0]:
             end = min(until, time.perf_counter() + shares.FIFO_CLIMB_SHARE * self.left())
             if not self.problem().offload_complete:
                 self.short_queue_sweep(end, cells)
@@ -474,7 +472,7 @@ class BoundPhases(FlowState):
         """The exact DP's sweeps. Where layers have too many saved tensors to enumerate, they run on relaxed byte
         ranges, coarse first (they finish fast and prove a bound), then finer while the gap is open and time
         remains; `last_until`: there the finest step may run to this time instead of `until` (`dp_first`)."""
-        if self.dp is not None and self.dp.fluid_optimum:
+        if self.fluid_optimum_known():
             return  # an earlier run found the fluid optimum: another would prove no more
         relaxed = not self.problem().offload_complete
         # Where the memory rows' prices do not prune the DP: from PACED_MIN_LAYERS its sweeps stop at their pace.

@@ -251,6 +251,10 @@ class FlowState:
         local search's target; None where no bound or gap makes one)."""
         return self.bound / (1.0 - self.options.gap) if self.bound > 0.0 and self.options.gap < 1.0 else None
 
+    def fluid_optimum_known(self) -> bool:
+        """Whether an exact DP sweep found the fluid relaxation's optimum: no fluid sweep can prove more."""
+        return self.dp is not None and self.dp.fluid_optimum
+
     def proven(self) -> bool:
         obj = self.best.sim.overhead_s
         # 1e-6 relative: backends round (CP-SAT scales times to integer nanoseconds).
