@@ -122,6 +122,7 @@ class Step(StrEnum):
     LAGRANGE_MIXED = "lagrange_mixed"
     POLISH = "polish"
     FIFO_EARLY = "fifo_early"
+    LINK_WORK_EARLY = "link_work_early"
     FIFO_PROBE = "fifo_probe"
     EXACT_DP = "exact_dp"
     FIFO_AGAIN = "fifo_again"
@@ -212,6 +213,9 @@ def plan_for(
     if Action.OFFLOAD in allowed and n_layers <= shares.FIFO_MAX_LAYERS:
         # The FIFO sweep at once where the beams say stalls decide the plans (Flow.fifo_early).
         searches.append(Phase(Step.FIFO_EARLY, shares.FIFO_EARLY_SHARE))
+    if Action.OFFLOAD in allowed and not long_trace:
+        # The link-work sweep where copy latency decides the stalls (Flow.link_work_early): a tenth of a second.
+        searches.append(Phase(Step.LINK_WORK_EARLY, shares.LINK_WORK_EARLY_SHARE))
     if not long_trace and lagrange != LagrangeKind.ROWS:
         searches.append(Phase(Step.DP_PROBE, shares.DP_PROBE_SHARE))
     if lagrange == LagrangeKind.ROWS:
@@ -318,6 +322,8 @@ def _run_phase(flow: Flow, phase: Phase) -> None:
         flow.polish(until)
     elif phase.step == Step.FIFO_EARLY:
         flow.fifo_early(until)
+    elif phase.step == Step.LINK_WORK_EARLY:
+        flow.link_work_early(until)
     elif phase.step == Step.FIFO_PROBE:
         flow.fifo_probe()
     elif phase.step == Step.EXACT_DP:

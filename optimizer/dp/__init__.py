@@ -324,7 +324,7 @@ def exact_search(
             break
         if res.finals and res.finals[0][0] < threshold:
             # Nothing below the threshold was pruned, so the cheapest plan found is the fluid optimum.
-            out.fluid_optimum = out.quantum_bytes == 1 and not p.relaxed and not p.output_relaxed
+            out.fluid_optimum = out.quantum_bytes == 1 and not p.relaxed and not p.output_relaxed and not p.link_work
             out.found_plans = True
             out.schedules = _decode_finals(trace, p, res, budget_bytes)
             break

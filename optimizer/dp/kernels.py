@@ -32,6 +32,7 @@ def segment_children(
     last: int,
     limit: int,
     serial: bool,
+    backlogs_hold: bool,
     d2h_bw: float,
     h2d_bw: float,
     threshold: float,
@@ -88,6 +89,8 @@ def segment_children(
     `side` (DpProblem.side): bytes of side inputs held from the loss point through B_k by a segment [k, b] where a
     layer of it reads them (`side_layer`), or by every later segment of a label with `side_bit` (SIDE_HELD_BIT):
     rows B_k..B_b and the loss point hold them; the child gets `side_bit`.
+    `backlogs_hold`: the backlogs hold memory, so a row caps them (False: the link-work relaxation,
+    DpProblem.link_work).
     Stops before a label whose children might not fit in `capacity`; the caller resumes from there."""
     n = len(saved)
     o_dst = np.empty(capacity, np.int64)
@@ -148,10 +151,10 @@ def segment_children(
                     dead = True  # and for every longer segment: the checkpoint and the snapshots only grow
                     break
                 if not serial:
-                    if d > cap_f:
+                    if backlogs_hold and d > cap_f:
                         c += (d - cap_f) / d2h_bw
                         d = float(cap_f)
-                    if h > cap_b:
+                    if backlogs_hold and h > cap_b:
                         c += (h - cap_b) / h2d_bw
                         h = float(cap_b)
                     d = max(d - d2h_bw * fwd[m], 0.0)

@@ -239,6 +239,12 @@ class DpProblem:
     """Some layer's offload options are relaxed ranges (OffloadOption.copied; relaxed_problem): a problem for
     bounds. Its sweeps' bounds hold for every schedule, but a plan they decode is rounded to real subsets
     (the simulator judges it), so its optimum is not claimed as the fluid optimum."""
+    link_work: bool = False
+    """The link-work relaxation (`link_work_problem`): an offload frees its bytes at once, and its copies owe
+    their links `latency + bytes / bw` seconds of work each, carried in the backlogs as bytes at the links' own
+    bandwidth (`latency_bytes`). Backlogs then hold no memory (no row caps them), and the links' work is
+    priced per copy, exactly, instead of spread over the largest copy's bytes (fluid_d2h_bw). A bound only:
+    docs/formulation.md, 'The link-work sweep'."""
     beam_future: np.ndarray = field(default_factory=lambda: np.zeros((3, 0, 0)))
     """float64 (3, n + 1, GRID_POINTS + 1): `future` and `future_pending` without the loss point's row
     (future_table's FUTURE, PENDING_F, PENDING_B), which the beams rank and prune by (`for_beams`). A beam keeps a
@@ -397,6 +403,13 @@ class DpProblem:
             beam_future=np.zeros((3, 0, 0)),
             _remaps={},
         )
+
+    def latency_bytes(self) -> tuple[float, float]:
+        """What one copy's latency adds to the D2H / H2D backlogs: bytes at the link's bandwidth in the link-work
+        relaxation, 0 otherwise (the fluid sweep spreads latency through fluid_d2h_bw)."""
+        if not self.link_work:
+            return 0.0, 0.0
+        return self.latency * self.d2h_bw, self.latency * self.h2d_bw
 
     def future_bound(self, k: int, retained: np.ndarray) -> np.ndarray:
         """The future-cost bound of labels at boundary k (grid point at or below their retained bytes)."""
@@ -825,3 +838,20 @@ def relaxed_problem(p: DpProblem, trace: Trace, cells: int = RELAXED_CELLS) -> D
         complete = not opts or _offload_options(tuple(trace.layers[i].tensors))[1]
         offload.append(opts if complete else list(relaxed_options(tuple(trace.layers[i].tensors), cells)))
     return dataclasses.replace(p, offload=offload, offload_complete=True, relaxed=True, _remaps={})
+
+
+def link_work_problem(p: DpProblem) -> DpProblem:
+    """`p` under the link-work relaxation (DpProblem.link_work): links drained at their own bandwidth, each copy's
+    latency in its backlog, backlogs that hold no memory, and no future rows by pending bytes (`future_pending`
+    zero: pending backlogs are link work, not bytes). `p` itself on a device whose copies are serial (priced
+    exactly there already)."""
+    if p.serial:
+        return p
+    return dataclasses.replace(
+        p,
+        link_work=True,
+        fluid_d2h_bw=p.d2h_bw,
+        fluid_h2d_bw=p.h2d_bw,
+        future_pending=np.zeros_like(p.future_pending),
+        _remaps={},
+    )

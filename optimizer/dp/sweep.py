@@ -298,10 +298,11 @@ class _Sweep:
         cap_f = (p.limit - p.saved[k] - trans_f - retained).astype(np.float64)
         cap_b = (p.limit - p.saved[k] - p.trans_b[k] - retained - self._side(held)).astype(np.float64)
         alive = (cap_f >= 0) & (cap_b >= 0)
-        if not p.serial:
+        if not p.serial and not p.link_work:  # (link work: backlogs hold no memory)
             cost += np.maximum(d2h - cap_f, 0.0) / p.fluid_d2h_bw + np.maximum(h2d - cap_b, 0.0) / p.fluid_h2d_bw
             d2h = np.minimum(d2h, cap_f)
             h2d = np.minimum(h2d, cap_b)
+        if not p.serial:
             # F_k's compute drains the D2H backlog; B_k's (in reverse time) the H2D backlog.
             d2h = np.maximum(d2h - p.fluid_d2h_bw * p.fwd[k], 0.0)
             h2d = np.maximum(h2d - p.fluid_h2d_bw * p.bwd[k], 0.0)
@@ -338,7 +339,9 @@ class _Sweep:
             raise _Stop("deadline")
         # keep
         self._emit(k + 1, retained + p.saved[k], held_next | p.keep_bit(k), cost, d2h, h2d, idx, k, ACTION_KEEP)
-        # offload option o: x bytes leave; the fluid backlogs of both links grow by what its copies carry
+        # offload option o: x bytes leave; the fluid backlogs of both links grow by what its copies carry (and,
+        # under link work, by each copy's latency)
+        lat_d, lat_h = p.latency_bytes()
         for o, opt in enumerate(p.offload[k]):
             if self.clock.expired():
                 raise _Stop("deadline")
@@ -350,7 +353,17 @@ class _Sweep:
                 extra = 2 * p.latency + c / p.d2h_bw + c / p.h2d_bw
                 self._emit(k + 1, retained + (p.saved[k] - x), held_next, priced + extra, d2h, h2d, idx, k, o + 1)
             else:
-                self._emit(k + 1, retained + (p.saved[k] - x), held_next, priced, d2h + c, h2d + c, idx, k, o + 1)
+                self._emit(
+                    k + 1,
+                    retained + (p.saved[k] - x),
+                    held_next,
+                    priced,
+                    d2h + (c + lat_d),
+                    h2d + (c + lat_h),
+                    idx,
+                    k,
+                    o + 1,
+                )
 
     def _segments(self, k: int, rows: _Rows) -> None:
         """Every recompute segment [k, b] (optimizer/dp/kernels.py): rows F_m / B_m of its layers m in
@@ -371,6 +384,7 @@ class _Sweep:
                 p.segment_last(k),
                 p.limit,
                 p.serial,
+                not p.link_work,
                 p.fluid_d2h_bw,
                 p.fluid_h2d_bw,
                 cfg.threshold,

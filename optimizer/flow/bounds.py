@@ -471,9 +471,12 @@ class BoundPhases(FlowState):
     def exact_dp(self, until: float, last_until: float | None = None) -> None:
         """The exact DP's sweeps. Where layers have too many saved tensors to enumerate, they run on relaxed byte
         ranges, coarse first (they finish fast and prove a bound), then finer while the gap is open and time
-        remains; `last_until`: there the finest step may run to this time instead of `until` (`dp_first`)."""
+        remains; `last_until`: there the finest step may run to this time instead of `until` (`dp_first`). Then,
+        where copy latency slows the fluid sweep's links, the link-work sweep (`link_work_dp`)."""
         if self.fluid_optimum_known():
-            return  # an earlier run found the fluid optimum: another would prove no more
+            # An earlier run found the fluid optimum: another would prove no more, the link-work sweep may.
+            self.link_work_dp(until)
+            return
         relaxed = not self.problem().offload_complete
         # Where the memory rows' prices do not prune the DP: from PACED_MIN_LAYERS its sweeps stop at their pace.
         rows = lagrange_kind(self.trace, self.allowed) == LagrangeKind.ROWS
@@ -521,6 +524,63 @@ class BoundPhases(FlowState):
             self.notes.append(self.dp.message)
         if self.host_binds and not self.proven() and self.dp is not None and not self.dp.timed_out:
             self.lagrangian(until, cells)
+        self.link_work_dp(until)
+
+    def link_work_early(self, until: float) -> None:
+        """The link-work sweep (`link_work_dp`) before the bounds and the local search, on the ranges at which the
+        relaxation is near exact (near_exact_ranges; the problem's own options where every subset is tried), for
+        LINK_WORK_EARLY_SHARE of the limit (LINK_WORK_EARLY_MIN_S at least): where latency decides the stalls it
+        proves in a tenth of a second what the fluid sweeps cannot (bert-large on an H100 at 25%: 0.1 s), and the
+        beams and finer passes before the exact DP's phase took all of a 2 s limit. Not on long traces
+        (LONG_TRACE), whose sweeps do not finish."""
+        if self.trace.n > shares.LONG_TRACE:
+            return
+        cells = self.near_exact_cells if not self.problem().offload_complete else shares.RELAXED_LADDER[0]
+        if cells is not None:
+            # At least LINK_WORK_EARLY_MIN_S: a share of a short limit is shorter than the sweep (its pace stops it
+            # where it would not finish).
+            self.link_work_dp(max(until, time.perf_counter() + shares.LINK_WORK_EARLY_MIN_S), cells)
+
+    def link_work_dp(self, until: float, cells: int | None = None) -> None:
+        """The exact DP on the link-work relaxation (DpProblem.link_work: each copy holds its link for its latency
+        and its bytes, and frees its memory at once) where copies run beside compute and latency slows the fluid
+        sweep's links by at least 1% (fluid_bandwidth), the gap open: the fluid sweep spreads latency over the
+        largest copy's bytes, so a plan of a few partial copies stalls for latency that it prices at nothing
+        (bert-large on an H100 at 25%: 0.9 ms of the answer's 23.5 ms, all of the gap). The two relaxations leave
+        out different things, so the larger bound holds. On `cells` byte ranges per relaxed layer (None: those of
+        the finest fluid sweep that finished, none where none did), for up to LINK_WORK_SHARE of the time left,
+        at most to `until`, stopped at its pace; once per number of ranges (`link_work_cells`)."""
+        from memsched.optimizer.dp import exact_search
+        from memsched.optimizer.dp.problem import link_work_problem
+
+        cells = self.fluid_cells if cells is None else cells
+        if self.proven() or cells is None or cells in self.link_work_cells or Action.OFFLOAD not in self.allowed:
+            return
+        fluid = self.bound_problem(cells)
+        if fluid.serial or fluid.fluid_d2h_bw == fluid.d2h_bw:
+            return  # (serial copies: priced exactly already; no slowdown: latency is small against the copies)
+        now = time.perf_counter()
+        end = min(self.until_at(until), now + shares.LINK_WORK_SHARE * (self.deadline - self.reserve - now))
+        if end - now < 0.05:
+            return
+        out = exact_search(
+            self.trace,
+            self.budget,
+            end,
+            self.best.sim.overhead_s,
+            self.options.gap,
+            problem=link_work_problem(fluid),
+            proven_s=self.bound,
+            pace=shares.LONG_PACE,
+        )
+        if not out.timed_out and not out.cap_hit:
+            self.link_work_cells.add(cells)
+        for sim in out.schedules[:1]:
+            self.add("dp-link-work", sim)
+        self.prove(out.bound_s, "dp-link-work")
+        log.info(
+            "link-work DP: %d ranges: bound %s, %.2f s%s", cells, out.bound_s, out.wall_s, " (cut)" * out.timed_out
+        )
 
     def _finished(self, key: SweepKey, out: DpOutcome) -> None:
         """Record a finished sweep (finished_sweeps)."""

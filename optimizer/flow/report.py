@@ -70,6 +70,7 @@ def record(
 _BOUND_SOURCES = {
     "dp": "the exact dynamic program",
     "dp-fifo": "the exact dynamic program with FIFO copies",
+    "dp-link-work": "the exact dynamic program with each copy's latency on its link",
     "dp-lagrangian": "the exact dynamic program with the host budget priced (a Lagrangian bound)",
     "lagrangian": "the Lagrangian bound on the memory rows",
     "lagrangian-link": "the Lagrangian bound on the copy links' windows",
