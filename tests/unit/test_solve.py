@@ -159,7 +159,15 @@ def test_every_plan_ends_by_the_deadline_and_backends_are_a_table(solver: Solver
         assert phases == []
         return
     # Long traces: the DP after the local search (climbing).
-    probe = [Step.FIFO_EARLY, Step.DP_PROBE, Step.LATE_FIFO_BEAM, Step.STAGE_REFINE, Step.LOSS_BEAM, Step.DP_FIRST]
+    probe = [
+        Step.FIFO_EARLY,
+        Step.LINK_WORK_EARLY,
+        Step.DP_PROBE,
+        Step.LATE_FIFO_BEAM,
+        Step.STAGE_REFINE,
+        Step.LOSS_BEAM,
+        Step.DP_FIRST,
+    ]
     probe = probe if n_layers <= 300 else []
     first = [Step.STAGE_BOUND, Step.BEAM, Step.RATIO, *probe, Step.POLISH, Step.STAGE_REFINE, Step.FIFO_PROBE]
     assert [p.step for p in phases[: len(first)]] == first
@@ -181,19 +189,20 @@ def test_a_lagrangian_runs_after_the_beam_and_takes_its_time_from_the_local_sear
             continue  # after the exact DP (the next test)
         phases = plan_for(SolverName.AUTO, n_layers, lagrange=kind)
         if kind == LagrangeKind.ROWS and n_layers <= 300:  # the exact DP, pruned by its prices, before the search
-            steps = [Step.STAGE_BOUND, Step.BEAM, Step.RATIO, Step.FIFO_EARLY, Step.LAGRANGE, Step.LATE_FIFO_BEAM]
-            assert [p.step for p in phases[:10]] == [
+            early_steps = [Step.FIFO_EARLY, Step.LINK_WORK_EARLY]
+            steps = [Step.STAGE_BOUND, Step.BEAM, Step.RATIO, *early_steps, Step.LAGRANGE, Step.LATE_FIFO_BEAM]
+            assert [p.step for p in phases[:11]] == [
                 *steps,
                 Step.STAGE_REFINE,
                 Step.LOSS_BEAM,
                 Step.DP_FIRST,
                 Step.POLISH,
             ]
-            assert phases[6].early and phases[10].step == Step.STAGE_REFINE and not phases[10].early
+            assert phases[7].early and phases[11].step == Step.STAGE_REFINE and not phases[11].early
             continue
         # The link windows' steps are rounded into a plan right after them (Flow.link_plan).
         link = [Step.LINK_PLAN] if kind == LagrangeKind.LINK else []
-        early = [Step.FIFO_EARLY] if n_layers <= 300 else []
+        early = [Step.FIFO_EARLY, Step.LINK_WORK_EARLY] if n_layers <= 300 else []
         first = [Step.STAGE_BOUND, Step.BEAM, Step.RATIO, *early, Step.LAGRANGE, *link]
         assert [p.step for p in phases[: len(first) + 2]] == [*first, Step.POLISH, Step.STAGE_REFINE]
         if n_layers > 300 and kind == LagrangeKind.LINK:
