@@ -229,7 +229,8 @@ class BoundPhases(FlowState):
         dearer (by over MISPRICED: stalls decide) and the FIFO sweep applies, the FIFO sweep at the threshold
         with up to PROVE_TOP_SHARE of the time: an answer that a whole solve left is near the optimum, and this
         one sweep proves it or finds the optimum below it. Cut, FIFO sweeps climb from the bound proven so far
-        (`fifo_climb`) with the rest; what they leave open, the rest of the plan takes up as usual."""
+        (`fifo_climb`) with the rest; what they leave open, the rest of the plan takes up as usual. Between the
+        two, the link-work sweep where latency slows the fluid links (`link_work_early`)."""
         until = self.until_at(until)
         fluid = self._fluid_sweep(until, shares.RELAXED_LADDER[0], pace=shares.LONG_PACE)
         # The simulator's cost of the sweep's best plan over its bound (None: cut, or no plan below the threshold).
@@ -237,6 +238,7 @@ class BoundPhases(FlowState):
         if fluid.schedules and fluid.bound_s and not (fluid.timed_out or fluid.cap_hit):
             ratio = fluid.schedules[0].overhead_s / fluid.bound_s
         log.info("prove from the start: exact DP, bound %s, %.2f s, its plan x%s", fluid.bound_s, fluid.wall_s, ratio)
+        self.link_work_early(until, mispriced_only=False)  # (where latency slows the fluid links)
         fifo = self.fifo_applies() and Action.OFFLOAD in self.allowed and not self.host_binds
         if self.proven() or not fifo or ratio is None or ratio <= 1.0 + shares.MISPRICED:
             return
@@ -526,14 +528,17 @@ class BoundPhases(FlowState):
             self.lagrangian(until, cells)
         self.link_work_dp(until)
 
-    def link_work_early(self, until: float) -> None:
-        """The link-work sweep (`link_work_dp`) before the bounds and the local search, on the ranges at which the
-        relaxation is near exact (near_exact_ranges; the problem's own options where every subset is tried), for
-        LINK_WORK_EARLY_SHARE of the limit (LINK_WORK_EARLY_MIN_S at least): where latency decides the stalls it
-        proves in a tenth of a second what the fluid sweeps cannot (bert-large on an H100 at 25%: 0.1 s), and the
-        beams and finer passes before the exact DP's phase took all of a 2 s limit. Not on long traces
-        (LONG_TRACE), whose sweeps do not finish."""
-        if self.trace.n > shares.LONG_TRACE:
+    def link_work_early(self, until: float, mispriced_only: bool = True) -> None:
+        """The link-work sweep (`link_work_dp`) before the bounds and the local search, where some fluid beam
+        mispriced its plans (`some_mispriced`: stalls decide), on the ranges at which the relaxation is near exact
+        (near_exact_ranges; the problem's own options where every subset is tried), for LINK_WORK_EARLY_SHARE of
+        the limit (LINK_WORK_EARLY_MIN_S at least): where latency decides the stalls it proves in a tenth of a
+        second what the fluid sweeps cannot (bert-large on an H100 at 25%: 0.1 s), and the beams and finer passes
+        before the exact DP's phase took all of a 2 s limit. Where the beams priced their plans right it would only
+        take time from them (GPT-2 medium on an H200 at 45%, 2 s: 0.26 s, and the FIFO beam that finds the answer
+        the stage bound proves was cut). Not on long traces (LONG_TRACE), whose sweeps do not finish.
+        `mispriced_only` False: whatever the beams said (a solve from an earlier answer runs no beams first)."""
+        if self.trace.n > shares.LONG_TRACE or (mispriced_only and not self.some_mispriced):
             return
         cells = self.near_exact_cells if not self.problem().offload_complete else shares.RELAXED_LADDER[0]
         if cells is not None:
@@ -549,7 +554,7 @@ class BoundPhases(FlowState):
         (bert-large on an H100 at 25%: 0.9 ms of the answer's 23.5 ms, all of the gap). The two relaxations leave
         out different things, so the larger bound holds. On `cells` byte ranges per relaxed layer (None: those of
         the finest fluid sweep that finished, none where none did), for up to LINK_WORK_SHARE of the time left,
-        at most to `until`, stopped at its pace; once per number of ranges (`link_work_cells`)."""
+        at most to `until`, stopped at its pace (LONG_PACE); once per number of ranges (`link_work_cells`)."""
         from memsched.optimizer.dp import exact_search
         from memsched.optimizer.dp.problem import link_work_problem
 

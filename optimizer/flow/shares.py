@@ -429,10 +429,10 @@ AUTO_MILP_MAX_LAYERS = 100
 covering every schedule (W = L = n: an exact model, so its bound is true) gets the time left, up to this many
 layers (its size grows as n^3)."""
 
-LINK_WORK_SHARE = 0.25
+LINK_WORK_SHARE = 0.5
 """The link-work sweep's share of the solve's time left (Flow.link_work_dp), at most to its phase's end: on the H100
 decoders it finishes in 0.1-0.5 s, where the FIFO sweeps that would price the same latency need minutes."""
-LINK_WORK_EARLY_SHARE = 0.05
+LINK_WORK_EARLY_SHARE = 0.1
 """The early link-work sweep's share of the limit (Flow.link_work_early), right after the beams and the ratio plan."""
-LINK_WORK_EARLY_MIN_S = 0.3
+LINK_WORK_EARLY_MIN_S = 0.6
 """The early link-work sweep's least time (Flow.link_work_early), within LINK_WORK_SHARE of the time left."""
