@@ -120,7 +120,7 @@ class FlowState:
         FIFO sweep, not the fluid model, holds the bound (set by `beam` where the FIFO beam applies)."""
         self.some_mispriced = False
         """Some fluid beam's best plan was mispriced by more than MISPRICED: stalls decide some plans (set by
-        `beam` where the FIFO beam applies; `fifo_early` reads it)."""
+        `beam` where the FIFO beam applies; `fifo_early` and `link_work_early` read it)."""
         self.priced_exactly = False
         """Every fluid beam's best plan cost in the simulator what the sweep said (within PRICED_EXACTLY): the
         fluid model prices the plans that matter, and the FIFO probe is skipped (set by `beam`)."""
