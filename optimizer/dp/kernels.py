@@ -66,6 +66,7 @@ def segment_children(
     cost: np.ndarray,
     d2h: np.ndarray,
     h2d: np.ndarray,
+    young: np.ndarray,
     capacity: int,
 ) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Children of labels (already past rows F_k / B_k and drained by layer k's compute) that recompute
@@ -90,7 +91,8 @@ def segment_children(
     layer of it reads them (`side_layer`), or by every later segment of a label with `side_bit` (SIDE_HELD_BIT):
     rows B_k..B_b and the loss point hold them; the child gets `side_bit`.
     `backlogs_hold`: the backlogs hold memory, so a row caps them (False: the link-work relaxation,
-    DpProblem.link_work).
+    DpProblem.link_work, where instead a row that cannot hold the bytes of a label's latest copy, `young`, while
+    a backlog is left, stalls until that backlog is empty: sweep._in_flight).
     Stops before a label whose children might not fit in `capacity`; the caller resumes from there."""
     n = len(saved)
     o_dst = np.empty(capacity, np.int64)
@@ -157,6 +159,12 @@ def segment_children(
                     if backlogs_hold and h > cap_b:
                         c += (h - cap_b) / h2d_bw
                         h = float(cap_b)
+                    if not backlogs_hold and d > 0.0 and young[i] > cap_f:
+                        c += d / d2h_bw
+                        d = 0.0
+                    if not backlogs_hold and h > 0.0 and young[i] > cap_b:
+                        c += h / h2d_bw
+                        h = 0.0
                     d = max(d - d2h_bw * fwd[m], 0.0)
                     h = max(h - h2d_bw * bwd[m], 0.0)
                 # Least re-run of any segment [k..b], b >= m (DpProblem.rerun: what m costs as its last).

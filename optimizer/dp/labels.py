@@ -55,6 +55,9 @@ class Labels:
     """int32 boundary of the parent label."""
     action: np.ndarray
     """int16 transition taken from the parent (ACTION_SEGMENT, ACTION_KEEP or offload option + 1)."""
+    young: np.ndarray
+    """int64 bytes the plan's latest copy carries at least, while a backlog is left (the link-work relaxation's
+    bytes in flight, DpProblem.young_bytes; 0: none counted, and always 0 in the other sweeps)."""
 
     def __len__(self) -> int:
         return len(self.cost)
@@ -69,6 +72,7 @@ class Labels:
             self.parent[idx],
             self.parent_boundary[idx],
             self.action[idx],
+            self.young[idx],
         )
 
     @staticmethod
@@ -88,10 +92,11 @@ class Labels:
             np.zeros(0, np.int32),
             np.zeros(0, np.int32),
             np.zeros(0, np.int16),
+            np.zeros(0, np.int64),
         )
 
 
-_FIELDS = ("retained", "held", "cost", "d2h", "h2d", "parent", "parent_boundary", "action")
+_FIELDS = ("retained", "held", "cost", "d2h", "h2d", "parent", "parent_boundary", "action", "young")
 
 
 @njit(cache=True)
@@ -240,9 +245,12 @@ def pareto_filter(
     if len(labels) <= 1:
         return labels
     flag = flag if flag_bytes > 0 else 0
-    order = _filter_order(labels, flag)
+    order, young_group = _filter_order(labels, flag)
+    # Labels of one held set whose latest copies differ (Labels.young) do not compare: each (held set, young) pair
+    # is a group of its own, numbered below `flag`'s bit.
+    held = labels.held[order] if young_group is None else young_group[order] | (labels.held[order] & flag)
     keep = _pareto_sorted(
-        labels.held[order],
+        held,
         labels.retained[order],
         labels.cost[order],
         labels.d2h[order],
@@ -257,11 +265,17 @@ def pareto_filter(
     return labels.take(order[keep])
 
 
-def _filter_order(labels: Labels, flag: int = 0) -> np.ndarray:
-    """Order by (held set less `flag`, retained bytes, cost): one stable sort of a packed int64 key where it
-    fits, a lexsort otherwise. Within a tie of the key the order only affects how many dominated labels the
-    Fenwick grid and the ring catch, never which undominated ones survive (see _scramble)."""
+def _filter_order(labels: Labels, flag: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+    """Order by (held set less `flag`, young bytes, retained bytes, cost): one stable sort of a packed int64 key
+    where it fits, a lexsort otherwise. Within a tie of the key the order only affects how many dominated labels
+    the Fenwick grid and the ring catch, never which undominated ones survive (see _scramble). Also each label's
+    group number where some label has young bytes (None: the held sets alone are the groups)."""
     group, groups = _held_groups(labels.held & ~np.int64(flag) if flag else labels.held)
+    young_group = None
+    if labels.young.any():
+        levels, rank = np.unique(labels.young, return_inverse=True)
+        young_group = (group if group is not None else np.zeros(len(labels), np.int64)) * len(levels) + rank
+        group, groups = young_group, groups * len(levels)
     # The key's bits, high to low: the held group (as few bits as the groups need), retained bytes, the cost's
     # rank within [min, max] in what is left of 63 (the key is a signed int64; at most 40), then the tie bits.
     # Where fewer than 16 bits are left for the cost, the tie bits give way first (down to _MIN_TIE_BITS): the
@@ -272,7 +286,8 @@ def _filter_order(labels: Labels, flag: int = 0) -> np.ndarray:
     tie_bits = min(_TIE_BITS, max(_MIN_TIE_BITS, spare - _MIN_COST_BITS))
     cost_bits = min(spare - tie_bits, 40)
     if cost_bits < _MIN_COST_BITS:
-        return np.lexsort((labels.cost, labels.retained, group if group is not None else np.zeros(len(labels))))
+        lex = np.lexsort((labels.cost, labels.retained, group if group is not None else np.zeros(len(labels))))
+        return lex, young_group
     c = labels.cost
     lo, hi = float(c.min()), float(c.max())
     scale = float((1 << cost_bits) - 1) / (hi - lo) if hi > lo else 0.0
@@ -282,7 +297,7 @@ def _filter_order(labels: Labels, flag: int = 0) -> np.ndarray:
         key |= group.astype(np.int64) << (63 - group_bits)
     # Stable (timsort): the parts concatenated (the children of one boundary's labels, emitted in this order)
     # arrive as long sorted runs, which it merges in about half the time of the default quicksort.
-    return np.argsort(key, kind="stable")
+    return np.argsort(key, kind="stable"), young_group
 
 
 _TIE_BITS = 8

@@ -168,6 +168,7 @@ class _Sweep:
         parent: np.ndarray,
         src: int,
         action: int,
+        young: np.ndarray,
     ) -> None:
         p = self.p
         ok = (cost + self._to_come(dst, retained, d2h, h2d) < self.cfg.threshold) & (
@@ -177,20 +178,26 @@ class _Sweep:
             ok &= retained + self._side(held) <= p.limit - p.row_floor[p.n]
         if not ok.all():
             idx = np.flatnonzero(ok)
-            retained, held, cost, d2h, h2d, parent = (a[idx] for a in (retained, held, cost, d2h, h2d, parent))
+            retained, held, cost, d2h, h2d, parent, young = (
+                a[idx] for a in (retained, held, cost, d2h, h2d, parent, young)
+            )
         m = len(cost)
         if m:
+            d2h, h2d = self._quant_backlog(d2h), self._quant_backlog(h2d)
+            if p.in_flight:  # (no copy left in flight: the bytes count no more, and labels merge)
+                young = np.where((d2h > 0) | (h2d > 0), young, 0)
             self._push(
                 dst,
                 Labels(
                     self._quant(retained),
                     held,
                     cost,
-                    self._quant_backlog(d2h),
-                    self._quant_backlog(h2d),
+                    d2h,
+                    h2d,
                     parent.astype(np.int32),
                     np.full(m, src, np.int32),
                     np.full(m, action, np.int16),
+                    young,
                 ),
             )
 
@@ -298,10 +305,13 @@ class _Sweep:
         cap_f = (p.limit - p.saved[k] - trans_f - retained).astype(np.float64)
         cap_b = (p.limit - p.saved[k] - p.trans_b[k] - retained - self._side(held)).astype(np.float64)
         alive = (cap_f >= 0) & (cap_b >= 0)
+        young = lab.young
         if not p.serial and not p.link_work:  # (link work: backlogs hold no memory)
             cost += np.maximum(d2h - cap_f, 0.0) / p.fluid_d2h_bw + np.maximum(h2d - cap_b, 0.0) / p.fluid_h2d_bw
             d2h = np.minimum(d2h, cap_f)
             h2d = np.minimum(h2d, cap_b)
+        elif p.in_flight:
+            cost, d2h, h2d = _in_flight(young, cap_f, cap_b, cost, d2h, h2d, p.d2h_bw, p.h2d_bw)
         if not p.serial:
             # F_k's compute drains the D2H backlog; B_k's (in reverse time) the H2D backlog.
             d2h = np.maximum(d2h - p.fluid_d2h_bw * p.fwd[k], 0.0)
@@ -310,8 +320,10 @@ class _Sweep:
         alive &= cost + self._to_come(k, retained, d2h, h2d, drained=True) < cfg.threshold
         if not alive.all():
             keep = np.flatnonzero(alive)
-            idx, retained, held, cost, d2h, h2d = (a[keep] for a in (idx, retained, held, cost, d2h, h2d))
-        return _Rows(idx, retained, held, cost, d2h, h2d) if len(idx) else None
+            idx, retained, held, cost, d2h, h2d, young = (
+                a[keep] for a in (idx, retained, held, cost, d2h, h2d, young)
+            )
+        return _Rows(idx, retained, held, cost, d2h, h2d, young) if len(idx) else None
 
     def expand(self, k: int, lab: Labels) -> None:
         p = self.p
@@ -328,7 +340,7 @@ class _Sweep:
 
     def _keep_and_offload(self, k: int, rows: _Rows) -> None:
         p = self.p
-        idx, retained, held, cost, d2h, h2d = rows
+        idx, retained, held, cost, d2h, h2d, young = rows
         held_next = self.p.remap_held(held, k, k + 1)
         # Arrived by a segment ending at k - 1: keeping or offloading k holds its shared inputs (shared_hold).
         retained = retained + p.shared_held(held, k) if p.shared_hold[k] else retained
@@ -338,7 +350,9 @@ class _Sweep:
         if self.clock.expired():
             raise _Stop("deadline")
         # keep
-        self._emit(k + 1, retained + p.saved[k], held_next | p.keep_bit(k), cost, d2h, h2d, idx, k, ACTION_KEEP)
+        self._emit(
+            k + 1, retained + p.saved[k], held_next | p.keep_bit(k), cost, d2h, h2d, idx, k, ACTION_KEEP, young
+        )
         # offload option o: x bytes leave; the fluid backlogs of both links grow by what its copies carry (and,
         # under link work, by each copy's latency)
         lat_d, lat_h = p.latency_bytes()
@@ -351,7 +365,9 @@ class _Sweep:
             priced = cost + p.host_price * c if p.host_price else cost
             if p.serial:
                 extra = 2 * p.latency + c / p.d2h_bw + c / p.h2d_bw
-                self._emit(k + 1, retained + (p.saved[k] - x), held_next, priced + extra, d2h, h2d, idx, k, o + 1)
+                self._emit(
+                    k + 1, retained + (p.saved[k] - x), held_next, priced + extra, d2h, h2d, idx, k, o + 1, young
+                )
             else:
                 self._emit(
                     k + 1,
@@ -363,6 +379,8 @@ class _Sweep:
                     idx,
                     k,
                     o + 1,
+                    # Link work: this copy is now the latest, in flight while a backlog is left (`_in_flight`).
+                    np.full(len(idx), p.young_bytes(c), np.int64) if p.in_flight else young,
                 )
 
     def _segments(self, k: int, rows: _Rows) -> None:
@@ -371,7 +389,7 @@ class _Sweep:
         state, which rows F_k / B_k hold too) and, at B_m,
         the layers k..m it has rematerialised; the recomputation (F_k..F_b) costs its forward time at B_b."""
         p, cfg = self.p, self.cfg
-        idx, retained, held, cost, d2h, h2d = rows
+        idx, retained, held, cost, d2h, h2d, young = rows
         bits_at, out_bytes_bit = p.segment_inputs(k)
         capacity = max(4 * (p.n - k), 1 << 20)
         pos = 0
@@ -418,6 +436,7 @@ class _Sweep:
                 cost[sl],
                 d2h[sl],
                 h2d[sl],
+                young[sl],
                 capacity,
             )
             pos += done
@@ -427,6 +446,7 @@ class _Sweep:
             small = dst[:w].astype(np.int16) if p.n < 1 << 15 else dst[:w]  # 16-bit keys: a radix sort
             order = np.argsort(small, kind="stable")
             dst = dst[order]
+            young_o = young[sl][parent[order]]
             parent = idx[sl][parent[order]].astype(np.int32)
             ret, hd = self._quant(ret[order]), hd[order]
             cost_o, d2h_o, h2d_o = cost_o[order], self._quant_backlog(d2h_o[order]), self._quant_backlog(h2d_o[order])
@@ -445,6 +465,7 @@ class _Sweep:
                         parent[lo:hi],
                         src[lo:hi],
                         action[lo:hi],
+                        young_o[lo:hi],
                     ),
                 )
 
@@ -464,10 +485,37 @@ class _Rows(NamedTuple):
     """Device-to-host backlog after F_k's compute."""
     h2d: np.ndarray
     """Host-to-device backlog after B_k's compute."""
+    young: np.ndarray
+    """Bytes the latest copy carries (Labels.young)."""
 
 
 class _Stop(Exception):
     pass
+
+
+def _in_flight(
+    young: np.ndarray,
+    cap_f: np.ndarray,
+    cap_b: np.ndarray,
+    cost: np.ndarray,
+    d2h: np.ndarray,
+    h2d: np.ndarray,
+    d2h_bw: float,
+    h2d_bw: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows F_k / B_k of the link-work relaxation with the latest copy's bytes in flight (docs/formulation.md,
+    'Bytes in flight under link work'; kernels.segment_children does the same for the rows inside a segment):
+    where a backlog is left and the row's room `cap_f` / `cap_b` cannot hold the `young` bytes, the stall
+    that empties that backlog, and the backlog emptied."""
+    over_f = (d2h > 0) & (young > cap_f)
+    if over_f.any():
+        cost = cost + np.where(over_f, d2h / d2h_bw, 0.0)
+        d2h = np.where(over_f, 0.0, d2h)
+    over_b = (h2d > 0) & (young > cap_b)
+    if over_b.any():
+        cost = cost + np.where(over_b, h2d / h2d_bw, 0.0)
+        h2d = np.where(over_b, 0.0, h2d)
+    return cost, d2h, h2d
 
 
 def _behind(cfg: SweepConfig, started: float, now: float, k: int, n: int) -> bool:
@@ -495,6 +543,7 @@ def run_sweep(p: DpProblem, cfg: SweepConfig) -> SweepResult:
         np.zeros(1, np.int32),
         np.zeros(1, np.int32),
         np.zeros(1, np.int16),
+        np.zeros(1, np.int64),
     )
     sw.pending[0].append(root)
     sw.pending_count = sw.pending_sizes[0] = 1

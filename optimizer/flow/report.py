@@ -71,6 +71,7 @@ _BOUND_SOURCES = {
     "dp": "the exact dynamic program",
     "dp-fifo": "the exact dynamic program with FIFO copies",
     "dp-link-work": "the exact dynamic program with each copy's latency on its link",
+    "dp-in-flight": "the exact dynamic program with each copy's latency on its link and the latest copy's bytes held",
     "dp-lagrangian": "the exact dynamic program with the host budget priced (a Lagrangian bound)",
     "lagrangian": "the Lagrangian bound on the memory rows",
     "lagrangian-link": "the Lagrangian bound on the copy links' windows",

@@ -129,9 +129,9 @@ class FlowState:
         self.fluid_cells: int | None = None
         """Byte ranges per relaxed layer of the finest exact DP sweep that finished (its bound is the fluid
         optimum of that relaxation; bound_problem); None: none finished."""
-        self.link_work_cells: set[int] = set()
-        """Byte ranges per relaxed layer of the link-work sweeps that finished (`link_work_dp`): another at the same
-        ranges, pruned by a better incumbent, proves no more."""
+        self.link_work_cells: set[tuple[int, bool]] = set()
+        """(byte ranges per relaxed layer, bytes in flight) of the link-work sweeps that finished (`link_work_dp`):
+        another of the same, pruned by a better incumbent, proves no more."""
         self.finished_sweeps: dict[SweepKey, float] = {}
         """The exact DP's sweeps that finished (none cut by the clock or the label cap), with the bound each
         proved. Another run of one at a lower incumbent proves no more (a finished sweep's bound is the smaller of
@@ -306,7 +306,7 @@ class FlowState:
             details.append(f"lower bound {self.bound:.6g} s from {self.bound_source}")
         if self.host_binds:
             note = f"host budget {self.host} bytes: plans over it discarded"
-            if self.bound_source in ("dp", "dp-fifo", "dp-link-work"):
+            if self.bound_source in ("dp", "dp-fifo", "dp-link-work", "dp-in-flight"):
                 note += "; the bound leaves it out (a relaxation: still a true bound)"
             elif self.bound_source != "none":
                 note += "; the bound accounts for it"

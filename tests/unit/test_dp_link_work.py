@@ -122,9 +122,9 @@ def test_the_link_work_sweep_runs_only_where_latency_slows_the_fluid_links(
     built: list[bool] = []
     real = problem.link_work_problem
 
-    def spy(p: problem.DpProblem) -> problem.DpProblem:
-        built.append(True)
-        return real(p)
+    def spy(p: problem.DpProblem, in_flight: bool = False) -> problem.DpProblem:
+        built.append(in_flight)
+        return real(p, in_flight)
 
     monkeypatch.setattr(problem, "link_work_problem", spy)
     monkeypatch.setattr(Flow, "proven", lambda flow: False)
@@ -138,3 +138,5 @@ def test_the_link_work_sweep_runs_only_where_latency_slows_the_fluid_links(
     flow.some_mispriced = True
     flow.link_work_early(time.perf_counter() + 2.0)
     assert bool(built) == swept
+    # The gap held open: the plain sweep, then the one with bytes in flight, each once (link_work_cells).
+    assert built == ([False, True] if swept else [])
