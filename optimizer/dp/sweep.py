@@ -320,9 +320,7 @@ class _Sweep:
         alive &= cost + self._to_come(k, retained, d2h, h2d, drained=True) < cfg.threshold
         if not alive.all():
             keep = np.flatnonzero(alive)
-            idx, retained, held, cost, d2h, h2d, young = (
-                a[keep] for a in (idx, retained, held, cost, d2h, h2d, young)
-            )
+            idx, retained, held, cost, d2h, h2d, young = (a[keep] for a in (idx, retained, held, cost, d2h, h2d, young))
         return _Rows(idx, retained, held, cost, d2h, h2d, young) if len(idx) else None
 
     def expand(self, k: int, lab: Labels) -> None:
@@ -350,9 +348,7 @@ class _Sweep:
         if self.clock.expired():
             raise _Stop("deadline")
         # keep
-        self._emit(
-            k + 1, retained + p.saved[k], held_next | p.keep_bit(k), cost, d2h, h2d, idx, k, ACTION_KEEP, young
-        )
+        self._emit(k + 1, retained + p.saved[k], held_next | p.keep_bit(k), cost, d2h, h2d, idx, k, ACTION_KEEP, young)
         # offload option o: x bytes leave; the fluid backlogs of both links grow by what its copies carry (and,
         # under link work, by each copy's latency)
         lat_d, lat_h = p.latency_bytes()

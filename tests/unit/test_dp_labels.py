@@ -13,9 +13,7 @@ from memsched.optimizer.dp.problem import AFTER_SEGMENT_BIT
 BW = 12e9
 
 
-def _labels(
-    rng: np.random.Generator, m: int, held_groups: int, unit: int = 1_000_000, young_levels: int = 0
-) -> Labels:
+def _labels(rng: np.random.Generator, m: int, held_groups: int, unit: int = 1_000_000, young_levels: int = 0) -> Labels:
     retained = rng.integers(0, 6, m).astype(np.int64) * unit
     cost = rng.integers(0, 6, m) * 1e-3
     # Few distinct d2h values and many distinct h2d values: the two axes' grids differ in length.
@@ -53,9 +51,7 @@ def test_pareto_filter_drops_only_dominated_labels(seed: int, unit: int, young_l
     kept = pareto_filter(lab, BW, BW)
     kept_keys = {
         (int(r), int(h), float(c), float(d), float(x), int(y))
-        for r, h, c, d, x, y in zip(
-            kept.retained, kept.held, kept.cost, kept.d2h, kept.h2d, kept.young, strict=True
-        )
+        for r, h, c, d, x, y in zip(kept.retained, kept.held, kept.cost, kept.d2h, kept.h2d, kept.young, strict=True)
     }
     for a in range(len(lab)):
         key = (
