@@ -132,6 +132,9 @@ class FlowState:
         self.link_work_cells: set[tuple[int, bool]] = set()
         """(byte ranges per relaxed layer, bytes in flight) of the link-work sweeps that finished (`link_work_dp`):
         another of the same, pruned by a better incumbent, proves no more."""
+        self.in_flight_wanted: set[int] = set()
+        """Byte ranges per relaxed layer whose plain link-work sweep finished with its best plan mispriced (or none
+        that fits): there its optimum stalls on bytes in flight, which the sweep with them prices (`link_work_dp`)."""
         self.finished_sweeps: dict[SweepKey, float] = {}
         """The exact DP's sweeps that finished (none cut by the clock or the label cap), with the bound each
         proved. Another run of one at a lower incumbent proves no more (a finished sweep's bound is the smaller of
