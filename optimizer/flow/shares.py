@@ -436,7 +436,8 @@ LINK_WORK_EARLY_SHARE = 0.1
 """The early link-work sweep's share of the limit (Flow.link_work_early), right after the beams and the ratio plan."""
 LINK_WORK_EARLY_MIN_S = 0.6
 """The early link-work sweep's least time (Flow.link_work_early), within LINK_WORK_SHARE of the time left."""
-IN_FLIGHT_EARLY_SHARE = 0.2
+IN_FLIGHT_EARLY_SHARE = 0.3
 """The early link-work sweep with bytes in flight's share of the limit (Flow.link_work_early; at least
-LINK_WORK_EARLY_MIN_S), where the plain one left the gap open: its labels carry the latest copy's bytes, so it keeps
-more of them (bert-large on an H200 at 35%: 1.8 s to its optimum, which its plan attains)."""
+LINK_WORK_EARLY_MIN_S), where the plain one finished with its plan mispriced (Flow.in_flight_wanted): its labels
+carry the latest copy's bytes, so it keeps more of them (bert-large on an H200 at 35%: 1.8-2.3 s to its optimum,
+which its plan attains; at 20% of a 10 s limit its pace cut it at 1.46 s in one run of two)."""
