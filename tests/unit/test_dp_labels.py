@@ -28,6 +28,18 @@ def _labels(rng: np.random.Generator, m: int, held_groups: int, unit: int = 1_00
     )
 
 
+def _key(lab: Labels, i: int) -> tuple[int, int, float, float, float, int]:
+    """Label i's values on every axis the filter compares (to find it among the kept ones)."""
+    return (
+        int(lab.retained[i]),
+        int(lab.held[i]),
+        float(lab.cost[i]),
+        float(lab.d2h[i]),
+        float(lab.h2d[i]),
+        int(lab.young[i]),
+    )
+
+
 def _dominated_by(a: int, b: int, lab: Labels) -> bool:
     """Label b makes label a redundant: same held set and bytes in flight, no more retained bytes, and no more
     cost even after a stall draining b's larger backlogs down to a's."""
@@ -49,20 +61,9 @@ def test_pareto_filter_drops_only_dominated_labels(seed: int, unit: int, young_l
     rng = np.random.default_rng(seed)
     lab = _labels(rng, 300, held_groups=1 + seed % 3, unit=unit, young_levels=young_levels)
     kept = pareto_filter(lab, BW, BW)
-    kept_keys = {
-        (int(r), int(h), float(c), float(d), float(x), int(y))
-        for r, h, c, d, x, y in zip(kept.retained, kept.held, kept.cost, kept.d2h, kept.h2d, kept.young, strict=True)
-    }
+    kept_keys = {_key(kept, i) for i in range(len(kept))}
     for a in range(len(lab)):
-        key = (
-            int(lab.retained[a]),
-            int(lab.held[a]),
-            float(lab.cost[a]),
-            float(lab.d2h[a]),
-            float(lab.h2d[a]),
-            int(lab.young[a]),
-        )
-        if key in kept_keys:
+        if _key(lab, a) in kept_keys:
             continue
         assert any(_dominated_by(a, b, lab) for b in range(len(lab)) if b != a), f"label {a} dropped undominated"
     # Deterministic: the same input gives the same output (no read of uninitialised memory).
@@ -140,19 +141,8 @@ def test_flagged_labels_are_dropped_only_by_labels_no_worse_in_every_continuatio
     lab.held = np.where(rng.random(len(lab)) < 0.5, lab.held | FLAG, lab.held)
     flag_bytes = 1_000_000 * (1 + seed % 2)
     kept = pareto_filter(lab, BW, BW, FLAG, flag_bytes)
-    keys = {
-        (int(r), int(h), float(c), float(d), float(x), int(y))
-        for r, h, c, d, x, y in zip(kept.retained, kept.held, kept.cost, kept.d2h, kept.h2d, kept.young, strict=True)
-    }
+    keys = {_key(kept, i) for i in range(len(kept))}
     for a in range(len(lab)):
-        key = (
-            int(lab.retained[a]),
-            int(lab.held[a]),
-            float(lab.cost[a]),
-            float(lab.d2h[a]),
-            float(lab.h2d[a]),
-            int(lab.young[a]),
-        )
-        if key not in keys:
+        if _key(lab, a) not in keys:
             assert any(_flag_dominated_by(a, b, lab, flag_bytes) for b in range(len(lab)) if b != a)
     assert len(kept) < len(pareto_filter(lab, BW, BW))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +25,9 @@ from memsched.optimizer.solve import solve_report
 from memsched.optimizer.synthetic import make_trace
 from memsched.options import SolveOptions
 from memsched.schema import SolverStatus, Trace
+
+if TYPE_CHECKING:
+    from memsched.optimizer.flow.phases import Flow
 
 FAR = time.perf_counter() + 10**6  # a deadline that never comes
 TRACES = Path(__file__).resolve().parents[2] / "traces"
@@ -112,33 +116,48 @@ def test_solve_proves_bert_large_on_an_h100_at_25_percent_by_the_link_work_sweep
     assert rec.best_bound_s is not None and rec.best_bound_s <= rec.objective_s
 
 
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The link-work problems the flow builds, in order (True: with bytes in flight), with the gap held open (no
+    phase proves it) so that only the gates decide."""
+    from memsched.optimizer.dp import problem
+    from memsched.optimizer.flow.phases import Flow
+
+    out: list[bool] = []
+    real = problem.link_work_problem
+
+    def spy(p: problem.DpProblem, in_flight: bool = False) -> problem.DpProblem:
+        out.append(in_flight)
+        return real(p, in_flight)
+
+    monkeypatch.setattr(problem, "link_work_problem", spy)
+    monkeypatch.setattr(Flow, "proven", lambda flow: False)
+    return out
+
+
+def _flow(trace: Trace, budget: int) -> Flow:
+    """A 10 s solve's flow, its kernels loaded, before any phase."""
+    from memsched.optimizer.decisions import ALL_ACTIONS
+    from memsched.optimizer.flow.phases import Flow
+    from memsched.options import SolveResources
+
+    flow = Flow(trace, budget, SolveOptions(time_limit_s=10), SolveResources(), time.perf_counter(), ALL_ACTIONS)
+    flow.prepare_kernels()
+    return flow
+
+
 @pytest.mark.parametrize(("latency_s", "swept"), [(10e-6, False), (5e-3, True)])
 def test_the_link_work_sweep_runs_only_where_latency_slows_the_fluid_links(
-    monkeypatch: pytest.MonkeyPatch, latency_s: float, swept: bool
+    built: list[bool], latency_s: float, swept: bool
 ) -> None:
     """At 10 us a copy (PipeDream's profiles, the synthetic traces) latency slows the fluid links by under 1%: the
     link-work sweep would prove no more than the fluid one and take longer (outputs-saved ResNet-50 at 25%: 16 s
     against 8 s), so the flow never builds its problem there; at 5 ms it does. The gap is held open so that only
     the latency decides."""
-    from memsched.optimizer.decisions import ALL_ACTIONS
-    from memsched.optimizer.dp import problem
-    from memsched.optimizer.flow.phases import Flow
-    from memsched.options import SolveResources
-
-    built: list[bool] = []
-    real = problem.link_work_problem
-
-    def spy(p: problem.DpProblem, in_flight: bool = False) -> problem.DpProblem:
-        built.append(in_flight)
-        return real(p, in_flight)
-
-    monkeypatch.setattr(problem, "link_work_problem", spy)
-    monkeypatch.setattr(Flow, "proven", lambda flow: False)
     trace = make_trace(12, 5, copy_latency_s=latency_s)
     budget = budget_between(trace, 0.2)
     assert (build_problem(trace, budget).fluid_d2h_bw < trace.device.d2h_bytes_per_s) == swept
-    flow = Flow(trace, budget, SolveOptions(time_limit_s=10), SolveResources(), time.perf_counter(), ALL_ACTIONS)
-    flow.prepare_kernels()
+    flow = _flow(trace, budget)
     flow.fluid_cells = 4  # as if the exact DP's first sweep had finished
     flow.link_work_dp(time.perf_counter() + 2.0)
     flow.some_mispriced = True
@@ -183,29 +202,11 @@ def test_bytes_in_flight_raise_the_bound_of_resnet50_on_an_h100_at_25_percent() 
     assert held.bound_s is not None and 0.155 < held.bound_s <= 0.158919
 
 
-def test_the_in_flight_sweep_runs_only_where_the_plain_one_finished_with_a_mispriced_plan(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_in_flight_sweep_runs_only_where_the_plain_one_finished_with_a_mispriced_plan(built: list[bool]) -> None:
     """Where the plain link-work sweep is cut, the one with bytes in flight would be too (it keeps more labels):
     it is not built (GPT-2 medium at 2 s on an H100 at 65% and on an H200 at 45% lost their proofs to it)."""
-    from memsched.optimizer.decisions import ALL_ACTIONS
-    from memsched.optimizer.dp import problem
-    from memsched.optimizer.flow.phases import Flow
-    from memsched.options import SolveResources
-
-    built: list[bool] = []
-    real = problem.link_work_problem
-
-    def spy(p: problem.DpProblem, in_flight: bool = False) -> problem.DpProblem:
-        built.append(in_flight)
-        return real(p, in_flight)
-
-    monkeypatch.setattr(problem, "link_work_problem", spy)
-    monkeypatch.setattr(Flow, "proven", lambda flow: False)
     trace = load_trace(TRACES / "bert-large-bf16-b32-s512-h200.json")
-    budget = _share_budget(trace, 0.35)
-    flow = Flow(trace, budget, SolveOptions(time_limit_s=10), SolveResources(), time.perf_counter(), ALL_ACTIONS)
-    flow.prepare_kernels()
+    flow = _flow(trace, _share_budget(trace, 0.35))
     flow.fluid_cells = 64
     flow.link_work_dp(time.perf_counter() + 0.06)  # the plain sweep takes 0.5 s: cut
     assert built == [False] and not flow.in_flight_wanted
