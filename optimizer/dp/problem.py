@@ -734,10 +734,11 @@ def _unpriced_holds_possible(trace: Trace) -> bool:
     return any(until >= 0 for until in code_hold_until(trace))
 
 
-YOUNG_LEVELS = 1
-"""Steps per doubling of DpProblem.young_bytes: powers of two, at most half below the bytes they stand for (4
-steps, at most 16% below, kept 1.5-2.4x as many labels on the recorded decoders, for the same bounds on the
-recorded ResNet-50 and bert-large rows)."""
+YOUNG_LEVELS = 2
+"""Steps per doubling of DpProblem.young_bytes, each at most 29% below the bytes it stands for. Measured (pruned at
+the bench's answers, one core): 1 step (powers of two) leaves ResNet-50 on an H100 at 25% and on an H200 at 50% just
+short of their proofs (0.156820 / 0.014096 s against 0.157330 / 0.014842 s); 2-4 steps prove both, and the sweep
+on bert-large on an H200 at 35% takes 2.6 s at 1 and 2 steps, 3.0-3.3 s at 3 and 4."""
 YOUNG_MIN_SHARE = 1 / 32
 """Copies below this share of the limit count no bytes in flight (DpProblem.young_bytes): fewer distinct values
 (GPT-2 medium on an H100 at 45%: 8.5 s against 13.3 s from 1 / 256), and the copies that decide rows are larger
