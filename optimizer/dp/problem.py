@@ -741,8 +741,8 @@ short of their proofs (0.156820 / 0.014096 s against 0.157330 / 0.014842 s); 2-4
 on bert-large on an H200 at 35% takes 2.6 s at 1 and 2 steps, 3.0-3.3 s at 3 and 4."""
 YOUNG_MIN_SHARE = 1 / 32
 """Copies below this share of the limit count no bytes in flight (DpProblem.young_bytes): fewer distinct values
-(GPT-2 medium on an H100 at 45%: 8.5 s against 13.3 s from 1 / 256), and the copies that decide rows are larger
-(bert-large on an H200 at 35%: its optimum as before)."""
+(GPT-2 medium on an H100 at 45%, the bytes in powers of two: 8.5 s against 13.3 s from 1 / 256), and the copies that
+decide rows are larger (bert-large on an H200 at 35%: its optimum as before)."""
 
 
 FUTURE_MAX_LAYERS = 2000
