@@ -568,17 +568,16 @@ class BoundPhases(FlowState):
         prices what the plain relaxation leaves out where a row is tight: the plain sweep's optimum often stalls
         on the bytes its copies hold (ResNet-50 on an H100 at 25%: 0.0647 s proven, 0.1573 s with them, the answer
         0.1589 s; bert-large on an H200 at 35%: its plan, 0.018289 s in the sweep, is the answer and proven). Its
-        labels carry the copy's bytes, so it keeps more of them (GPT-2 medium on an H100 at 45%, the bytes in powers of
-        two: 8.5 s against 2 s):
-        it runs second, at its own pace, and only where the plain sweep finished with the gap open and its best plan
-        cost over MISPRICED more in the simulator than the sweep said, or none fit (`in_flight_wanted`): where the
-        plain sweep was cut, the other would be too (GPT-2 medium on an H100 at 65% and on an H200 at 45%, 2 s: 0.27
-        s each, and both lost their proofs)."""
+        labels carry the copy's bytes, so it keeps more of them (GPT-2 medium on an H100 at 45%, the bytes in powers
+        of two: 8.5 s against 2 s): it runs second, at its own pace, and only where the plain sweep finished with the
+        gap open and its best plan cost over MISPRICED more in the simulator than the sweep said, or none fit
+        (`in_flight_wanted`): where the plain sweep was cut, the other would be too (GPT-2 medium on an H100 at 65%
+        and on an H200 at 45%, 2 s: 0.27 s each, and both lost their proofs)."""
         from memsched.optimizer.dp import exact_search
         from memsched.optimizer.dp.problem import link_work_problem
 
         cells = self.fluid_cells if cells is None else cells
-        if cells is None or Action.OFFLOAD not in self.allowed:
+        if self.proven() or cells is None or Action.OFFLOAD not in self.allowed:
             return
         fluid = self.bound_problem(cells)
         if fluid.serial or fluid.fluid_d2h_bw == fluid.d2h_bw:
