@@ -140,6 +140,31 @@ def _overlapped_row(
         out[g] = max(out[g], t)
 
 
+@njit(cache=True)
+def _release(
+    rates: np.ndarray,
+    sizes: np.ndarray,
+    count: int,
+    pool: float,
+    k: int,
+    u: int,
+    released: np.ndarray,
+    ends: np.ndarray,
+    saved: np.ndarray,
+    hold: np.ndarray,
+    rerun: np.ndarray,
+) -> tuple[int, float]:  # pragma: no cover - compiled
+    """Into the forward rows' knapsack (first `count` entries, `pool` bytes), the held bytes of the layers >= k whose
+    hold ends at F_u (`released[ends[u]:ends[u + 1]]`): free from row u + 1 on. Returns the new count and pool."""
+    for q in range(ends[u], ends[u + 1]):
+        i = released[q]
+        if i >= k and saved[i] > 0:
+            held = min(hold[i], saved[i])
+            count = _insert(rates, sizes, count, rerun[i] / saved[i], float(held))
+            pool += held
+    return count, pool
+
+
 _NO_POOL = 1e300
 """The pool of the pending tables' rows: no grid point is out of reach (pending bytes leave by the link)."""
 
@@ -169,6 +194,8 @@ def future_table(
     stride: int,
     boundaries: np.ndarray,
     pending: bool,
+    hold: np.ndarray,
+    hold_until: np.ndarray,
     loss_transient: int = 0,
 ) -> np.ndarray:  # pragma: no cover - compiled
     """tables[FUTURE, k, g]: a lower bound on the cost to come for a label at boundary k retaining g * step bytes.
@@ -188,18 +215,53 @@ def future_table(
     there unless recomputed or offloaded by a copy that ended during the forwards of k..n-1 (or a forward stall),
     on top of what the label retains, so they must free r + sum(s_k..s_{n-1}) + loss_transient - limit bytes; an
     F row's pricing. Where the loss's own bytes are large (a language model's logits), it is the row that decides,
-    and no other row sees it."""
+    and no other row sees it.
+
+    The forward rows (F_m and the loss point's, not the pending ones) also see when bytes exist and what the
+    model's code holds (docs/formulation.md, 'Future-cost bound'): layer j's bytes reach the link at the end of
+    F_j, so by F_m the link drains at most min over i of (the bytes of layers k..i-1 + bandwidth x the forwards of
+    layers i+1..m-1); and `hold[j]` bytes of layer j (the output it saved itself, which the model's code holds once
+    the layer lets go of it: simulate.skip_holds) stay on the device whatever j does through F_{hold_until[j]}, so
+    those rows cannot free them."""
     n = len(saved)
     tables = np.zeros((TABLES, n + 1, grid + 1))
     table = tables[FUTURE]
     rates = np.empty(n + 1)
     sizes = np.empty(n + 1)
+    # The forward rows' knapsack: layer j's entry without its held bytes until row hold_until[j] has passed (the
+    # same entries as the other rows' where the code holds nothing).
+    holds = False
+    for j in range(n):
+        holds |= hold_until[j] >= 0 and hold[j] > 0
+    rates_f = np.empty(2 * n + 2) if holds else rates
+    sizes_f = np.empty(2 * n + 2) if holds else sizes
     serial_rate = 1.0 / d2h_bw + 1.0 / h2d_bw
+    # Layers by the last forward row that holds their bytes (hold_until), as CSR: `released[ends[u]:ends[u + 1]]`.
+    ends = np.zeros(n + 2, np.int64)
+    for j in range(n):
+        if hold_until[j] >= 0 and hold[j] > 0:
+            ends[min(hold_until[j], n) + 1] += 1
+    for u in range(n + 1):
+        ends[u + 1] += ends[u]
+    released = np.empty(ends[n + 1], np.int64)
+    filled = ends[:-1].copy()
+    for j in range(n):
+        if hold_until[j] >= 0 and hold[j] > 0:
+            u = min(hold_until[j], n)
+            released[filled[u]] = j
+            filled[u] += 1
     for k in boundaries:
         count = 0
+        count_f = 0
         pool = 0.0
+        pool_f = 0.0
         sum_f = 0.0
         sum_b = 0.0
+        # The link's reach by F_m: bytes of layers k..i-1 (`reach_bytes`, for i = m) or bandwidth x the forwards of
+        # i+1..m-1 more, least over i: d2h_bw * after_k + reach_min, with after_k the forwards of k+1..m-1.
+        after_k = 0.0
+        reach_min = 0.0  # min over i in [k, m-1] of (bytes of k..i-1 - d2h_bw x forwards of k+1..i)
+        reach_bytes = 0.0
         row = table[k]
         soft_f = tables[PENDING_F, k]
         soft_b = tables[PENDING_B, k]
@@ -209,8 +271,22 @@ def future_table(
                 if saved[j] > 0:
                     count = _insert(rates, sizes, count, rerun[j] / saved[j], float(saved[j]))
                     pool += saved[j]
+                    held = min(hold[j], saved[j]) if hold_until[j] >= m else 0
+                    if holds and saved[j] > held:
+                        count_f = _insert(rates_f, sizes_f, count_f, rerun[j] / saved[j], float(saved[j] - held))
+                        pool_f += saved[j] - held
                 sum_f += fwd[j]
                 sum_b += bwd[j]
+                if j > k:
+                    after_k += fwd[j]
+                    reach_min = min(reach_min, reach_bytes - d2h_bw * after_k)  # i = j: layers k..j-1 drain
+                reach_bytes += saved[j]
+                if holds:
+                    count_f, pool_f = _release(
+                        rates_f, sizes_f, count_f, pool_f, k, m - 1, released, ends, saved, hold, rerun
+                    )
+                else:
+                    count_f, pool_f = count, pool
             if m - k > window and (m - k) % stride != 0 and m != n - 1:
                 continue
             base_f = pool + saved[m] + trans_f[m] - limit
@@ -219,8 +295,10 @@ def future_table(
                 # Copies run on the compute thread: every offloaded byte costs both transfers, no overlap.
                 _additive_row(row, max(base_f, base_b), step, pool, 0.0, serial_rate, rates, sizes, count)
                 continue
-            # F_m: offloads of layers k..m-1 drain during their forwards; a forward stall is pure overhead.
-            _additive_row(row, base_f, step, pool, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
+            # F_m: offloads of layers k..m-1 drain during the forwards after their own, as far as the link reaches;
+            # a forward stall is pure overhead. The bytes the code holds are left out of the pool.
+            reach = min(reach_bytes, d2h_bw * after_k + reach_min)
+            _additive_row(row, base_f, step, pool_f, reach, 1.0 / d2h_bw, rates_f, sizes_f, count_f)
             # B_m, read in reverse time: prefetches drain during the backwards of k..m-1 and during any paid
             # time (stalls and recomputations), so the paid time t bounds both at once.
             _overlapped_row(row, base_b, step, pool, h2d_bw * sum_b, h2d_bw, rates, sizes, count)
@@ -233,13 +311,27 @@ def future_table(
         if saved[j] > 0:
             count = _insert(rates, sizes, count, rerun[j] / saved[j], float(saved[j]))
             pool += saved[j]
+            held = min(hold[j], saved[j]) if hold_until[j] >= n else 0
+            if holds and saved[j] > held:
+                count_f = _insert(rates_f, sizes_f, count_f, rerun[j] / saved[j], float(saved[j] - held))
+                pool_f += saved[j] - held
         sum_f += fwd[j]
+        if j > k:
+            after_k += fwd[j]
+            reach_min = min(reach_min, reach_bytes - d2h_bw * after_k)
+        reach_bytes += saved[j]
+        if holds:
+            count_f, pool_f = _release(rates_f, sizes_f, count_f, pool_f, k, n - 1, released, ends, saved, hold, rerun)
+        else:
+            count_f, pool_f = count, pool
         base_loss = pool + loss_transient - limit
         if serial:
             _additive_row(tables[LOSS, k], base_loss, step, pool, 0.0, serial_rate, rates, sizes, count)
         else:
             free = d2h_bw * sum_f
-            _additive_row(tables[LOSS, k], base_loss, step, pool, free, 1.0 / d2h_bw, rates, sizes, count)
+            # As F rows: the link's reach through F_{n-1}, and the bytes the code holds across the loss point.
+            reach = min(reach_bytes, d2h_bw * after_k + reach_min)
+            _additive_row(tables[LOSS, k], base_loss, step, pool_f, reach, 1.0 / d2h_bw, rates_f, sizes_f, count_f)
             if pending:
                 _additive_row(
                     tables[LOSS_PENDING, k], base_loss, step, _NO_POOL, free, 1.0 / d2h_bw, rates, sizes, count

@@ -612,6 +612,10 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
     window, stride = _future_rows(n)
 
     concurrent = trace.device.concurrent_copies
+    # What the model's code holds of each layer's own saved output whatever the layer does, and through which
+    # forward row (simulate.skip_holds): the future table's forward rows cannot free it.
+    hold_until = np.array(code_hold_until(trace), dtype=np.int64)
+    hold = np.array([x.output_saved for x in layers], dtype=np.int64)
 
     def tables(window: int, stride: int, boundaries: np.ndarray, pending: bool) -> np.ndarray:
         return future_table(
@@ -631,6 +635,8 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
             stride,
             boundaries,
             pending,
+            hold,
+            hold_until,
             int(row_floor[n]),
         )
 

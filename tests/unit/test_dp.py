@@ -370,6 +370,8 @@ def test_future_root_sees_every_row_on_a_long_trace() -> None:
         stride,
         np.zeros(1, np.int64),
         False,
+        np.zeros(trace.n, np.int64),
+        np.full(trace.n, -1, np.int64),
     )[0]
     assert p.future[0, 0] >= strided[0, 0] and p.future[0, 0] > 0.0
     saved_limit = problem_module.FUTURE_MAX_LAYERS
@@ -462,3 +464,64 @@ def test_future_bound_sees_the_loss_point() -> None:
     fluid = run_sweep(p, SweepConfig(deadline=FAR))  # the fluid optimum: below every schedule's overhead
     assert fluid.finished and fluid.bound_s is not None
     assert without[0, 0] < root <= fluid.bound_s * (1 + 1e-9) + 1e-12
+
+
+def _outputs_held(trace: Trace, seed: int) -> Trace:
+    """`trace` with every layer saving its own output alone and the code holding it through its reader's forward,
+    and some layers' outputs further (a skip), as PipeDream's ResNet-50 with every node output saved has them."""
+    rng = random.Random(seed)
+    doc = trace.model_dump(mode="json")
+    for j, layer in enumerate(doc["layers"]):
+        layer["output_bytes"] = layer["saved_bytes"] = max(layer["saved_bytes"], 1)
+        layer["saved_tensor_bytes"] = []
+        layer["output_saved_bytes"] = layer["saved_bytes"]
+        layer["input_saved_bytes"] = layer["shared_input_bytes"] = None
+        if j + 2 < len(doc["layers"]) and rng.random() < 0.5:
+            layer["output_held_until"] = j + 2
+    return Trace.model_validate(doc)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_future_rows_see_when_bytes_exist_and_what_the_code_holds(seed: int) -> None:
+    """The forward rows of the future table let the link drain a layer's bytes only after its forward, and leave
+    on the device what the model's code holds of a layer's own output (simulate.skip_holds) whatever the layer
+    does: the empty plan's entry stays below the exact optimum (brute force over every action, the simulator's
+    default timing) on traces with every memory rule and with every output held, with copy latency and slow links."""
+    from helpers.pricing import every_action_plan, every_rule_trace
+
+    rng = random.Random(seed)
+    n = rng.randint(2, 4)
+    tr = make_trace(n, 500 + seed, dag=seed % 2 == 0, copy_latency_s=rng.choice([0.0, 2e-4, 5e-3]))
+    tr.device.d2h_bytes_per_s = tr.device.h2d_bytes_per_s = rng.choice([12e9, 3e9, 0.5e9])
+    tr = every_rule_trace(tr, seed) if seed % 2 else _outputs_held(tr, seed)
+    plans = every_action_plan(tr)
+    for frac in (0.05, 0.3, 0.6):
+        budget = budget_between(tr, frac)
+        fits = [s.overhead_s for s in (simulate(tr, ds, budget, with_events=False) for ds in plans) if s.feasible]
+        if fits:
+            assert build_problem(tr, budget).future[0, 0] <= min(fits) * (1 + 1e-9) + 1e-12
+
+
+def test_future_forward_rows_drain_a_layer_after_its_forward() -> None:
+    """Three layers whose last forward row needs one layer's bytes gone: the link has only layer 1's forward for
+    layer 0's bytes (they exist from the end of layer 0's long forward) and none for layer 1's, so the table's root
+    recomputes what the link cannot drain, where counting every forward as drain time priced it at nothing."""
+    from helpers.pricing import every_action_plan
+
+    doc = make_trace(3, 7, dag=False).model_dump(mode="json")
+    for layer, fwd in zip(doc["layers"], (0.5, 0.05, 0.05), strict=True):
+        layer["saved_bytes"] = layer["output_bytes"] = 10**9
+        layer["saved_tensor_bytes"] = []
+        layer["forward_s"], layer["backward_s"], layer["recompute_s"] = fwd, 0.5, None
+    doc["baseline"]["step_s"] = 2.2
+    tr = Trace.model_validate(doc)
+    tr.device.d2h_bytes_per_s = tr.device.h2d_bytes_per_s = 10e9
+    probe = build_problem(tr, tr.static.total + 3 * 10**9)
+    budget = tr.static.total + 2 * 10**9 + int(probe.trans_f_rec[2])
+    root = float(build_problem(tr, budget).future[0, 0])
+    # F_2: layer 1's 0.05 s forward drains 0.5 GB of layer 0's; the other 0.5 GB cheapest by recomputing layer 1
+    # (0.05 s a GB).
+    assert root == pytest.approx(0.5 * 0.05, rel=1e-3)
+    sims = (simulate(tr, ds, budget, with_events=False) for ds in every_action_plan(tr))
+    fits = [s.overhead_s for s in sims if s.feasible]
+    assert fits and root <= min(fits)
