@@ -168,12 +168,14 @@ def _release(
 _NO_POOL = 1e300
 """The pool of the pending tables' rows: no grid point is out of reach (pending bytes leave by the link)."""
 
-TABLES = 5
+TABLES = 6
 """future_table's tables: [FUTURE] the bound by retained bytes, [PENDING_F] / [PENDING_B] its forward / backward
 rows by retained plus pending bytes (docs/formulation.md, 'Pending copies in the future-cost bound'), and the loss
 point's row apart, [LOSS] by retained bytes and [LOSS_PENDING] by retained plus forward pending bytes (the bound is
-the largest of the rows: the caller takes the maximum, and the beams rank by the tables without it)."""
-FUTURE, PENDING_F, PENDING_B, LOSS, LOSS_PENDING = 0, 1, 2, 3, 4
+the largest of the rows: the caller takes the maximum, and the beams rank by the tables without it); [REACH] the
+forward rows and the loss point's again with the link's reach and the code's holds (`hold`), which the proving
+sweeps' bound takes too and the beams' ranking does not."""
+FUTURE, PENDING_F, PENDING_B, LOSS, LOSS_PENDING, REACH = 0, 1, 2, 3, 4, 5
 
 
 @njit(cache=True)
@@ -297,8 +299,9 @@ def future_table(
                 continue
             # F_m: offloads of layers k..m-1 drain during the forwards after their own, as far as the link reaches;
             # a forward stall is pure overhead. The bytes the code holds are left out of the pool.
+            _additive_row(row, base_f, step, pool, d2h_bw * sum_f, 1.0 / d2h_bw, rates, sizes, count)
             reach = min(reach_bytes, d2h_bw * after_k + reach_min)
-            _additive_row(row, base_f, step, pool_f, reach, 1.0 / d2h_bw, rates_f, sizes_f, count_f)
+            _additive_row(tables[REACH, k], base_f, step, pool_f, reach, 1.0 / d2h_bw, rates_f, sizes_f, count_f)
             # B_m, read in reverse time: prefetches drain during the backwards of k..m-1 and during any paid
             # time (stalls and recomputations), so the paid time t bounds both at once.
             _overlapped_row(row, base_b, step, pool, h2d_bw * sum_b, h2d_bw, rates, sizes, count)
@@ -329,9 +332,10 @@ def future_table(
             _additive_row(tables[LOSS, k], base_loss, step, pool, 0.0, serial_rate, rates, sizes, count)
         else:
             free = d2h_bw * sum_f
+            _additive_row(tables[LOSS, k], base_loss, step, pool, free, 1.0 / d2h_bw, rates, sizes, count)
             # As F rows: the link's reach through F_{n-1}, and the bytes the code holds across the loss point.
             reach = min(reach_bytes, d2h_bw * after_k + reach_min)
-            _additive_row(tables[LOSS, k], base_loss, step, pool_f, reach, 1.0 / d2h_bw, rates_f, sizes_f, count_f)
+            _additive_row(tables[REACH, k], base_loss, step, pool_f, reach, 1.0 / d2h_bw, rates_f, sizes_f, count_f)
             if pending:
                 _additive_row(
                     tables[LOSS_PENDING, k], base_loss, step, _NO_POOL, free, 1.0 / d2h_bw, rates, sizes, count

@@ -22,6 +22,7 @@ from memsched.optimizer.dp.future import (
     LOSS_PENDING,
     PENDING_B,
     PENDING_F,
+    REACH,
     TABLES,
     future_table,
 )
@@ -250,8 +251,9 @@ class DpProblem:
     row holds the bytes of the plan's latest copy, or stalls until that backlog is empty (docs/formulation.md,
     'Bytes in flight under link work'). A label carries one more value, so its sweeps keep more labels."""
     beam_future: np.ndarray = field(default_factory=lambda: np.zeros((3, 0, 0)))
-    """float64 (3, n + 1, GRID_POINTS + 1): `future` and `future_pending` without the loss point's row
-    (future_table's FUTURE, PENDING_F, PENDING_B), which the beams rank and prune by (`for_beams`). A beam keeps a
+    """float64 (4, n + 1, GRID_POINTS + 1): `future` and `future_pending` without the loss point's row (future_table's
+    FUTURE, PENDING_F, PENDING_B) and the loss point's row (LOSS), neither with the forward rows' reach and holds
+    (REACH), which the beams rank and prune by (`for_beams`). A beam keeps a
     few labels per run of retained bytes, and what it keeps shifts with whatever it prunes, so a stronger table
     moves its answers either way (bert-large on an H200 at 65%: 0.00925 -> 0.00963 s; at 55% 0.01241 -> 0.01195
     s): its series run as before, and one more runs with the row where it decides (`loss_row_decides`). Empty: the
@@ -393,17 +395,21 @@ class DpProblem:
         own bytes make the loss point the peak (a language model's logits)."""
         if self.beam_future.size == 0:
             return False
-        return bool(self.future[0, 0] > self.beam_future[FUTURE, 0, 0] * (1.0 + LOSS_ROW_GAIN))
+        with_loss = max(self.beam_future[FUTURE, 0, 0], self.beam_future[LOSS, 0, 0])
+        return bool(with_loss > self.beam_future[FUTURE, 0, 0] * (1.0 + LOSS_ROW_GAIN))
 
     def for_beams(self, loss_row: bool = False) -> DpProblem:
         """This problem as the beams see it: its future tables without the loss point's row (`beam_future`), or
-        with it (`loss_row`: the problem itself)."""
-        if loss_row or self.beam_future.size == 0:
+        with it (`loss_row`), and without the forward rows' reach and holds either way (future_table's REACH: a
+        stronger table moves a beam's answers either way, `beam_future`)."""
+        if self.beam_future.size == 0:
             return self
         return dataclasses.replace(
             self,
-            future=self.beam_future[FUTURE],
-            future_pending=self.beam_future[PENDING_F : PENDING_B + 1],
+            future=np.maximum(self.beam_future[FUTURE], self.beam_future[LOSS])
+            if loss_row
+            else self.beam_future[FUTURE],
+            future_pending=self.future_pending if loss_row else self.beam_future[PENDING_F : PENDING_B + 1],
             beam_future=np.zeros((3, 0, 0)),
             _remaps={},
         )
@@ -648,7 +654,9 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         if window < n and _future_affordable(1, n, 1, deadline, n):
             # The root with every row: one boundary is cheap, and its bound is the one reported where no sweep
             # finishes (synthetic 1,000-layer DAG at 20%: 0.0736 -> 0.0739 s).
-            built[FUTURE, 0] = np.maximum(built[FUTURE, 0], tables(n, 1, root_only, False)[FUTURE, 0])
+            every = tables(n, 1, root_only, False)
+            for t in (FUTURE, REACH):
+                built[t, 0] = np.maximum(built[t, 0], every[t, 0])
     elif _future_affordable(1, n, 1, deadline, n):
         # Beyond FUTURE_MAX_LAYERS (or its time) the whole table costs too much, its root row alone does not: a
         # true bound where the sweep cannot finish (synthetic 3,000-layer chain at 20%: 0 -> 0.211 s, 0.2 s).
@@ -656,8 +664,9 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         built = tables(n, 1, root_only, False)
     else:  # no time even for its root: no future bound (zeros are always valid)
         built = np.zeros((TABLES, n + 1, GRID_POINTS + 1))
-    # The bound is the largest row: the loss point's too. The beams rank without it (`for_beams`).
-    future = np.maximum(built[FUTURE], built[LOSS])
+    # The bound is the largest row: the loss point's too, and the forward rows with the link's reach and the code's
+    # holds. The beams rank without them (`for_beams`; with the loss row: `beam_future[LOSS]`).
+    future = np.maximum(np.maximum(built[FUTURE], built[LOSS]), built[REACH])
     future_pending = built[PENDING_F : PENDING_B + 1].copy()
     future_pending[0] = np.maximum(future_pending[0], built[LOSS_PENDING])
     return DpProblem(
@@ -701,7 +710,7 @@ def build_problem(trace: Trace, budget_bytes: int, deadline: float | None = None
         future=future,
         future_pending=future_pending,
         future_step=future_step,
-        beam_future=built[FUTURE : PENDING_B + 1],
+        beam_future=built[FUTURE : LOSS + 1],
         ckpt_state=checkpoint_state_bytes(trace),
         snap_prefix=np.concatenate([[0], np.cumsum([x.changed_buffers for x in layers])]).astype(np.int64),
         ctx_prefix=np.concatenate([[0], np.cumsum([x.ctx_held for x in layers])]).astype(np.int64),
