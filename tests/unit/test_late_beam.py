@@ -8,6 +8,7 @@ import time
 import pytest
 
 from memsched.optimizer.budget import budget_between
+from memsched.optimizer.dp.future import FUTURE, LOSS
 from memsched.optimizer.flow import shares
 from memsched.optimizer.flow.phases import Flow
 from memsched.optimizer.polish import LocalSearch, PolishResult
@@ -342,7 +343,12 @@ def test_the_beams_rank_without_the_loss_row_and_a_series_runs_with_it(monkeypat
     assert p.loss_row_decides
     beams = p.for_beams()
     assert beams.future[0, 0] < p.future[0, 0] and (beams.future <= p.future).all()
-    assert (beams.future_pending <= p.future_pending).all() and p.for_beams(loss_row=True) is p
+    assert (beams.future_pending <= p.future_pending).all()
+    # With the row: the loss row's table, not the forward rows' reach and holds (future_table's REACH), which only
+    # the proving sweeps take.
+    with_loss = p.for_beams(loss_row=True)
+    assert with_loss.future_pending is p.future_pending and (with_loss.future <= p.future).all()
+    assert with_loss.future[0, 0] == max(p.beam_future[FUTURE, 0, 0], p.beam_future[LOSS, 0, 0])
     assert not beams.loss_row_decides and beams.for_beams() is beams
     # Without the loss's own bytes the row decides nothing (a synthetic chain: its loss point is F_{n-1}'s).
     assert not _flow(make_trace(12, 1)).problem().loss_row_decides

@@ -860,8 +860,9 @@ def test_the_local_search_starts_from_the_dp_optimum_where_its_timing_made_it_de
     # PipeDream ResNet-50 at 56%: the exact sweep's optimum (0.026937 s) decodes, at this incumbent's threshold, to
     # a plan whose copies' default timing simulates at 0.0275 s, dearer than the incumbent (0.02728 s, another
     # of the sweep's plans), from which the local search finds nothing better. From the DP's plan it re-times the
-    # copies and reaches the bound, so the solve is proven. (The sweeps run without the pending-copies tables,
-    # whose pruning leads this sweep to a plan that times at its optimum: the case needs one that does not.)
+    # copies and reaches the bound, so the solve is proven. (The sweeps run without the pending-copies tables and
+    # the forward rows' reach and holds (future_table's REACH, which the beams' table leaves out too), whose
+    # pruning leads this sweep to a plan that times at its optimum: the case needs one that does not.)
     import time
     from dataclasses import replace
 
@@ -874,7 +875,7 @@ def test_the_local_search_starts_from_the_dp_optimum_where_its_timing_made_it_de
     resnet = import_pipedream(require_pipedream() / "resnet50.graph.txt", 128)
     budget = resnet.static.total + round(keepall_activation_peak(resnet) * 0.56)
     far = time.perf_counter() + 600
-    p = build_problem(resnet, budget)
+    p = build_problem(resnet, budget).for_beams(loss_row=True)
     p = replace(p, future_pending=np.zeros_like(p.future_pending))
     seed = exact_search(resnet, budget, far, 0.027405991999999973, 0.01, problem=p)
     others = exact_search(resnet, budget, far, 0.0281, 0.01, problem=replace(p, _remaps={}))
