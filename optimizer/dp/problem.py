@@ -251,13 +251,12 @@ class DpProblem:
     row holds the bytes of the plan's latest copy, or stalls until that backlog is empty (docs/formulation.md,
     'Bytes in flight under link work'). A label carries one more value, so its sweeps keep more labels."""
     beam_future: np.ndarray = field(default_factory=lambda: np.zeros((3, 0, 0)))
-    """float64 (4, n + 1, GRID_POINTS + 1): `future` and `future_pending` without the loss point's row (future_table's
-    FUTURE, PENDING_F, PENDING_B) and the loss point's row (LOSS), neither with the forward rows' reach and holds
-    (REACH), which the beams rank and prune by (`for_beams`). A beam keeps a
-    few labels per run of retained bytes, and what it keeps shifts with whatever it prunes, so a stronger table
-    moves its answers either way (bert-large on an H200 at 65%: 0.00925 -> 0.00963 s; at 55% 0.01241 -> 0.01195
-    s): its series run as before, and one more runs with the row where it decides (`loss_row_decides`). Empty: the
-    same as `future`."""
+    """float64 (4, n + 1, GRID_POINTS + 1): future_table's FUTURE, PENDING_F, PENDING_B and LOSS, the tables the beams
+    rank and prune by (`for_beams`): `future` and `future_pending` without the loss point's row (LOSS apart) and without
+    the forward rows' reach and holds (REACH). A beam keeps a few labels per run of retained bytes, and what it keeps
+    shifts with whatever it prunes, so a stronger table moves its answers either way (bert-large on an H200 at 65%:
+    0.00925 -> 0.00963 s; at 55% 0.01241 -> 0.01195 s): its series run as before, and one more runs with the row where
+    it decides (`loss_row_decides`). Empty: the same as `future`."""
 
     def remap_held(self, held: np.ndarray, src: int, dst: int) -> np.ndarray:
         """Held masks re-expressed from crossing[src] bit order in crossing[dst] bit order (producers that no
@@ -399,9 +398,8 @@ class DpProblem:
         return bool(with_loss > self.beam_future[FUTURE, 0, 0] * (1.0 + LOSS_ROW_GAIN))
 
     def for_beams(self, loss_row: bool = False) -> DpProblem:
-        """This problem as the beams see it: its future tables without the loss point's row (`beam_future`), or
-        with it (`loss_row`), and without the forward rows' reach and holds either way (future_table's REACH: a
-        stronger table moves a beam's answers either way, `beam_future`)."""
+        """This problem as the beams see it (`beam_future`): its future tables without the loss point's row, or with
+        it (`loss_row`), and in both without the forward rows' reach and holds (future_table's REACH)."""
         if self.beam_future.size == 0:
             return self
         return dataclasses.replace(
